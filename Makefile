@@ -1,0 +1,63 @@
+# The user-facing verbs of the distribution. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYTHONPATH := $(CURDIR)/build:$(CURDIR)/tools:$(CURDIR)/overlays/graphpersist
+export PYTHONDONTWRITEBYTECODE := 1
+
+ENGINE ?= all
+VERSION ?=
+DIST ?= dist
+PYTEST_ARGS ?=
+
+.PHONY: help setup build test check lint rebase edit export bundle gpu-test prove clean
+
+help: ## list the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.ready: requirements-dev.txt
+	@echo "setup: creating $(VENV) with the pinned developer tools"
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (tomllib)")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt
+	@touch $@
+
+setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-commit)
+
+build: setup ## fetch + verify pinned upstream, patch, overlay, stamp and write wheels to dist/
+	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST)
+
+test: build ## build, then run the CPU test-suite (what CI runs)
+	GP_DIST_DIR=$(CURDIR)/$(DIST) $(PY) -m pytest $(PYTEST_ARGS)
+
+check: setup ## lint code and patch series, dry-run the series against pinned upstream (zero fuzz)
+	$(VENV)/bin/pre-commit run --all-files
+	$(PY) -m gptools apply --engine $(ENGINE) --dry-run
+
+lint: check
+
+rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0: re-apply the series on a new upstream and report
+	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version>"; exit 2; }
+	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION)
+
+edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git work tree to edit
+	$(PY) -m gptools edit --engine $(ENGINE)
+
+export: setup ## make export ENGINE=vllm: write the edited work tree back to patches/<engine>/
+	$(PY) -m gptools export --engine $(ENGINE)
+
+bundle: build ## make bundle FREEZE=host-freeze.txt: offline bundle of dist/ + missing deps, in parts
+	$(PY) -m gptools bundle --dist $(DIST) $(if $(FREEZE),--host-freeze $(FREEZE)) $(BUNDLE_ARGS)
+
+gpu-test: setup ## GPU tests (needs an NVIDIA GPU; run on the GPU host)
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+prove: ## make prove RECIPE=runtime-single-gpu: run a recipe's proof and write its report
+	@test -n "$(RECIPE)" || { echo "usage: make prove RECIPE=<name under recipes/>"; exit 2; }
+	$(MAKE) -C recipes/$(RECIPE) prove
+
+clean: ## remove build outputs (the download cache outside the repo stays)
+	rm -rf dist .work .bundle

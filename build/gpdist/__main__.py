@@ -1,0 +1,74 @@
+"""Command line of the distribution build: `python -m gpdist build|fetch`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpdist import pins as pins_mod
+from gpdist.engine import BuildError, build_engine
+from gpdist.fetch import FetchError, fetch
+from gpdist.report import write_report
+from gpdist.runtime import build_runtime
+
+
+def _engines(pins: pins_mod.Pins, which: str) -> list[pins_mod.EnginePin]:
+    if which == "all":
+        return list(pins.engines.values())
+    return [pins.engine(which)]
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    pins = pins_mod.load()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("*.whl"), *out.glob("*.partial")]:
+        stale.unlink()
+    start = time.monotonic()
+    runtime = build_runtime(pins, out)
+    builds = [build_engine(pins, engine, out, offline=args.offline) for engine in _engines(pins, args.engine)]
+    _, md_path = write_report(pins, builds, runtime, out)
+    print(f"gpdist: built {len(builds) + 1} wheel(s) in {time.monotonic() - start:.1f} s; report: {md_path}")
+    for wheel in sorted(out.glob("*.whl")):
+        print(f"  {wheel}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    pins = pins_mod.load()
+    for engine in _engines(pins, args.engine):
+        artifacts = [engine.wheel] + ([engine.sdist] if args.sdist and engine.sdist else [])
+        for artifact in artifacts:
+            print(fetch(artifact, offline=args.offline))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpdist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    engines = ["all", *pins_mod.load().engines]
+
+    build = sub.add_parser("build", help="fetch, verify, patch, overlay, stamp and write wheels")
+    build.add_argument("--engine", choices=engines, default="all")
+    build.add_argument("--out", default="dist", help="output folder for wheels and the build report (default dist)")
+    build.add_argument("--offline", action="store_true", help="use only the download cache; never the network")
+    build.set_defaults(func=cmd_build)
+
+    fetch_p = sub.add_parser("fetch", help="download and verify the pinned upstream artifacts into the cache")
+    fetch_p.add_argument("--engine", choices=engines, default="all")
+    fetch_p.add_argument("--sdist", action="store_true", help="also fetch the sdist where one is pinned")
+    fetch_p.add_argument("--offline", action="store_true", help="only verify what is cached")
+    fetch_p.set_defaults(func=cmd_fetch)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (BuildError, FetchError) as exc:
+        print(f"gpdist: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Unpack a pinned upstream wheel into a pristine tree that patches are applied to.
+
+Trees live under .work/ (git-ignored). A tree is reused only when its marker names the same sha256, so a stale
+or half-written tree is never patched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+from gpdist import REPO_ROOT
+from gpdist.fetch import fetch
+from gpdist.pins import EnginePin
+
+WORK_DIR = REPO_ROOT / ".work"
+MARKER = ".gpdist-unpacked"
+
+
+def unpack_wheel(wheel: Path, dest: Path, marker: str = "") -> Path:
+    """Extract every member of the wheel into dest (replacing it), keeping unix permission bits."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            target = tmp / info.filename
+            if not target.resolve().is_relative_to(tmp.resolve()):
+                raise RuntimeError(f"{wheel.name}: member {info.filename} escapes the tree")
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, target.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                target.chmod(mode)
+    (tmp / MARKER).write_text(marker)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def upstream_tree(engine: EnginePin, offline: bool = False) -> Path:
+    """A pristine unpacked copy of the engine's pinned wheel (do not modify it: copy first)."""
+    dest = WORK_DIR / "upstream" / f"{engine.name}-{engine.version}"
+    marker = dest / MARKER
+    if marker.exists() and marker.read_text() == engine.wheel.sha256:
+        return dest
+    wheel = fetch(engine.wheel, offline=offline)
+    print(f"gpdist: unpacking {wheel.name}", file=sys.stderr)
+    return unpack_wheel(wheel, dest, marker=engine.wheel.sha256)
+
+
+def tree_files(tree: Path) -> list[str]:
+    """Relative POSIX paths of every file in a tree, sorted, without our marker."""
+    return sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file() and p.name != MARKER)

@@ -1,0 +1,412 @@
+"""SAVE / LOAD of captured CUDA graphs across processes (single rank): the runtime's public surface.
+
+Process A (SAVE) runs under the interposer (region.reexec_with_interposer or LD_PRELOAD), builds its model,
+calls mark_setup(), warms up and captures with PersistentCUDAGraph (or torch.cuda.CUDAGraph(keep_graph=True)),
+registers the graphs on a Saver with their static input/output tensors, and saves. Process B (LOAD) runs the
+same setup code, so every setup allocation lands at the same address, then load() validates the archive,
+recreates the memory the graphs reference beyond the setup, loads the kernel images and rebuilds the graphs.
+No warm-up and no capture happen in B.
+
+Caveat (by design for now): memory allocated after mark_setup() is recreated empty at LOAD. Graphs may use it
+as scratch or outputs, and inputs the caller refills, but must not read values computed during A's warm-up.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphpersist import graphs, images, region
+from graphpersist.archive import ArchiveWriter, open_archive
+from graphpersist.liveenv import collect_live, world_facts
+from graphpersist.validate import check_or_refuse
+
+_setup_mark: tuple[int, int] | None = None
+
+
+class PersistError(RuntimeError):
+    """SAVE or LOAD cannot proceed; the message names what differs or is unsupported."""
+
+
+def start_region() -> region.RegionInfo:
+    """Creates the CUDA context and the fixed region now (before any library allocates on its own)."""
+    torch.cuda.init()
+    torch.cuda.current_device()
+    torch.empty(0, device="cuda")  # context is current on this thread
+    return region.start()
+
+
+def mark_setup() -> int:
+    """Marks the end of deterministic setup (weights, static buffers): allocations after it are capture-time.
+
+    Returns the number of allocation events so far. SAVE records the mark; LOAD checks that its own setup
+    produced exactly those events, and recreates the later ones from the archive.
+    """
+    global _setup_mark
+    torch.cuda.synchronize()
+    evs = region.events()
+    _setup_mark = (len(evs), region.info().cursor)
+    return len(evs)
+
+
+# ------------------------------------------------------------------------------------------- tensors
+
+
+def tensor_spec(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "addr": t.data_ptr(),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+    }
+
+
+class _RawCuda:
+    """A device pointer presented through __cuda_array_interface__ so torch can view it without copying."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def tensor_at(spec: Mapping[str, Any]) -> torch.Tensor:
+    """A tensor over the recorded address (memory owned by the region, not by torch's allocator)."""
+    dtype = getattr(torch, spec["dtype"])
+    item = torch.empty(0, dtype=dtype).element_size()
+    extent = 1 + sum((s - 1) * st for s, st in zip(spec["shape"], spec["stride"], strict=True) if s > 0)
+    if any(s == 0 for s in spec["shape"]):
+        extent = 0
+    raw = torch.as_tensor(_RawCuda(spec["addr"], max(extent, 1) * item), device="cuda")
+    return raw.view(dtype).as_strided(spec["shape"], spec["stride"])
+
+
+# ------------------------------------------------------------------------------------------- SAVE
+
+
+class PersistentCUDAGraph(torch.cuda.CUDAGraph):
+    """torch.cuda.CUDAGraph that keeps its cudaGraph_t so it can be saved; use with torch.cuda.graph(g)."""
+
+    def __new__(cls, keep_graph: bool = True) -> PersistentCUDAGraph:
+        return super().__new__(cls, True)
+
+    def __init__(self, keep_graph: bool = True) -> None:
+        super().__init__(True)  # the pybind constructor reads keep_graph again
+
+    def persist(
+        self, saver: Saver, name: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], **kw: Any
+    ) -> None:
+        saver.add(name, self, inputs, outputs, **kw)
+
+
+@dataclass
+class _Entry:
+    graph: Any
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    capture_size: int | None
+    mode: str | None
+    capture_s: float | None
+
+
+@dataclass
+class Saver:
+    """Collects captured graphs with their static tensors, then writes one archive."""
+
+    entries: dict[str, _Entry] = field(default_factory=dict)
+
+    def add(
+        self,
+        name: str,
+        graph: Any,
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        *,
+        capture_size: int | None = None,
+        mode: str | None = None,
+        capture_s: float | None = None,
+    ) -> None:
+        if not hasattr(graph, "raw_cuda_graph"):
+            raise PersistError(f"graph {name!r}: needs a torch CUDAGraph captured with keep_graph=True")
+        self.entries[name] = _Entry(graph, list(inputs), list(outputs), capture_size, mode, capture_s)
+
+    def save(
+        self,
+        root: Path | str,
+        *,
+        engine: Mapping[str, str],
+        model: Mapping[str, str],
+        rank: int = 0,
+        flags: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> dict[str, Any]:
+        """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes."""
+        from cuda.bindings import driver as drv
+
+        if _setup_mark is None:
+            raise PersistError("call graphpersist.api.mark_setup() after the model setup and before warm-up/capture")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        info = region.info()
+        if not info.base:
+            raise PersistError("no region: the interposer is not active (GP_REGION_BASE unset?)")
+        lo, hi = info.base, info.base + info.size
+        evs = region.events()
+        bad = [e for e in evs if e.kind == "refused"]
+        if bad:
+            raise PersistError(f"{len(bad)} allocation(s) could not be placed in the region: {region.last_error()}")
+        table = images.ImageTable.current()
+        saved: dict[str, graphs.SavedGraph] = {}
+        for name, e in self.entries.items():
+            g = drv.CUgraph(e.graph.raw_cuda_graph())
+            try:
+                saved[name] = graphs.serialize(g, table, lo, hi)
+            except graphs.GraphFormatError as exc:
+                raise PersistError(f"graph {name!r}: {exc}") from None
+            for t in (*e.inputs, *e.outputs):
+                if not lo <= t.data_ptr() < hi:
+                    raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
+        serialize_s = time.perf_counter() - t0
+
+        sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
+        modes = sorted({e.mode for e in self.entries.values() if e.mode})
+        live = collect_live(
+            engine=dict(engine),
+            model=dict(model),
+            capture={"sizes": sizes, "modes": modes},
+            parallel={"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1},
+            flags=dict(flags or {}),
+        )
+        used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
+        for sg in saved.values():
+            for nd in sg.desc["nodes"]:
+                if nd["type"] == "kernel":
+                    used.setdefault(nd["image"], (table.by_sha[nd["image"]], set()))[1].add(nd["name"])
+        pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
+        inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        with ArchiveWriter(root, world_facts(live), overwrite=overwrite) as w:
+            image_records = []
+            for sha, (load, names) in sorted(used.items()):
+                rel = w.add_file(rank, f"images/{sha}.bin", load.data())
+                image_records.append(
+                    {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
+                )
+            graph_records = []
+            content_fps = {}
+            for name, sg in saved.items():
+                e = self.entries[name]
+                rel = w.add_json(rank, f"graphs/{name}.json", sg.desc)
+                w.add_file(rank, f"graphs/{name}.bin", sg.blob)
+                w.add_file(rank, f"graphs/{name}.knodes", sg.table)
+                by_type: dict[str, int] = {}
+                for nd in sg.desc["nodes"]:
+                    by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+                graph_records.append(
+                    {
+                        "name": name,
+                        "file": rel,
+                        "topology_fingerprint": graphs.topology_fingerprint(sg.desc),
+                        "node_count": len(sg.desc["nodes"]),
+                        "nodes_by_type": by_type,
+                        "kernel_count": by_type.get("kernel", 0),
+                        "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
+                        "capture_size": e.capture_size,
+                        "mode": e.mode,
+                    }
+                )
+                content_fps[name] = graphs.address_fingerprint(sg.desc, sg.blob, lo, hi)
+            w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
+            w.add_json(rank, "pointers.json", pointers)
+            w.add_json(
+                rank,
+                "tensors.json",
+                {
+                    name: {"inputs": [tensor_spec(t) for t in e.inputs], "outputs": [tensor_spec(t) for t in e.outputs]}
+                    for name, e in self.entries.items()
+                },
+            )
+            w.set_rank_facts(
+                rank,
+                {
+                    "rank": rank,
+                    "device": torch.cuda.current_device(),
+                    "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
+                    "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
+                    "graphs": graph_records,
+                    "images": image_records,
+                    "extra": {
+                        "setup_events": _setup_mark[0],
+                        "setup_cursor": _setup_mark[1],
+                        "address_fingerprints": content_fps,
+                        "granularity": info.granularity,
+                    },
+                },
+            )
+            w.commit()
+        return {
+            "serialize_s": serialize_s,
+            "total_s": time.perf_counter() - t0,
+            "final_offset": info.cursor,
+            "pointer_fingerprint": inv_fp,
+            "pointers": len(pointers),
+            "images": len(used),
+            "image_bytes": sum(ld.size for ld, _ in used.values()),
+            "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
+        }
+
+
+# ------------------------------------------------------------------------------------------- LOAD
+
+
+@dataclass
+class LoadedGraph:
+    """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses."""
+
+    name: str
+    exec: Any
+    graph: Any
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    node_count: int
+    rebuild_s: float
+    instantiate_s: float
+
+    def replay(self) -> None:
+        from cuda.bindings import driver as drv
+
+        images.check(drv.cuGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), f"replay {self.name}")
+
+
+@dataclass
+class LoadResult:
+    graphs: dict[str, LoadedGraph]
+    timings: dict[str, float]
+
+
+def _check_memory(archive: Any, rank: int) -> tuple[list[tuple[int, int]], int]:
+    """Setup prefix must match exactly; then map every capture-time allocation live at SAVE. Returns ranges."""
+    rec = archive.rank_facts(rank)
+    saved = archive.read_json(rank, "alloc_log.json")
+    setup_n = rec.extra["setup_events"]
+    live_evs = region.events()
+    info = region.info()
+    if info.base != rec.region.base:
+        raise PersistError(f"region base: saved {rec.region.base:#x}, live {info.base:#x}")
+    for i, ev in enumerate(live_evs):
+        if i >= setup_n:
+            raise PersistError(
+                f"allocation event {i} ({ev.kind} {ev.size} bytes at {ev.addr:#x}) happened after the setup that "
+                f"SAVE recorded ({setup_n} events): LOAD must run before any further allocation"
+            )
+        want = saved[i]
+        if (ev.kind, ev.addr, ev.size) != (want[0], want[1], want[2]):
+            raise PersistError(
+                f"address drift at allocation event {i}: saved {want[0]} {want[2]} bytes at {want[1]:#x}, "
+                f"live {ev.kind} {ev.size} bytes at {ev.addr:#x} (setup code or its inputs differ)"
+            )
+    if len(live_evs) != setup_n:
+        raise PersistError(f"setup made {len(live_evs)} allocation events, SAVE recorded {setup_n}")
+    later = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(saved)]
+    before = {a for a, _ in region.live_ranges(later[:setup_n])}
+    for kind in {e.kind for e in later[setup_n:]} - {"alloc", "free"}:
+        raise PersistError(f"capture-time allocation kind {kind!r} is not restorable yet")
+    for addr, size in region.live_ranges(later):
+        if addr not in before:
+            region.map_fixed(addr, size)
+    region.set_cursor(rec.region.final_offset)
+    return region.live_ranges(region.events()), setup_n
+
+
+def load(
+    root: Path | str,
+    *,
+    engine: Mapping[str, str],
+    model: Mapping[str, str],
+    sizes: Sequence[int],
+    modes: Sequence[str] = (),
+    rank: int = 0,
+    flags: Mapping[str, Any] | None = None,
+) -> LoadResult:
+    """Validates the archive against this process, restores memory, images and graphs. Raises before replay."""
+    t0 = time.perf_counter()
+    archive = open_archive(root)
+    t_open = time.perf_counter()
+    info = region.info()
+    live = collect_live(
+        engine=dict(engine),
+        model=dict(model),
+        capture={"sizes": list(sizes), "modes": list(modes)},
+        parallel={"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1},
+        flags=dict(flags or {}),
+        region={"base": info.base, "size": info.size},
+    )
+    t_facts = time.perf_counter()
+    check_or_refuse(archive, live, rank)
+    rec = archive.rank_facts(rank)
+    # Graph files are checked before anything is mapped or loaded.
+    descs = {}
+    for g in rec.graphs:
+        desc = archive.read_json(rank, f"graphs/{g.name}.json")
+        blob = archive.read(rank, f"graphs/{g.name}.bin")
+        table = archive.read(rank, f"graphs/{g.name}.knodes")
+        graphs.verify_blob(g.name, desc, blob)
+        if graphs.topology_fingerprint(desc) != g.topology_fingerprint:
+            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
+        descs[g.name] = (desc, blob, table)
+    pointers = archive.read_json(rank, "pointers.json")
+    if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != rec.pointers.fingerprint:
+        raise PersistError("pointer inventory does not match its recorded fingerprint")
+    t_validate = time.perf_counter()
+
+    ranges, _ = _check_memory(archive, rank)
+    starts = [a for a, _ in ranges]
+    for p in pointers:
+        i = bisect.bisect_right(starts, p) - 1
+        if i < 0 or p >= ranges[i][0] + ranges[i][1]:
+            raise PersistError(f"graph address {p:#x} is not backed by memory after LOAD's mapping")
+    t_memory = time.perf_counter()
+
+    loaded = images.LoadedImages()
+    for im in rec.images:
+        loaded.load(im.sha256, im.kind, archive.read_path(im.file))
+    resolved = {name: [loaded.function(sha, kname, fattrs) for sha, kname, fattrs in d[0]["funcs"]]
+                for name, d in descs.items()}  # fmt: skip
+    t_images = time.perf_counter()
+
+    tensors = archive.read_json(rank, "tensors.json")
+    out: dict[str, LoadedGraph] = {}
+    for name, (desc, blob, table) in descs.items():
+        a = time.perf_counter()
+        g = graphs.rebuild_native(name, desc, blob, table, resolved[name])
+        b = time.perf_counter()
+        ex = graphs.instantiate(name, g)
+        c = time.perf_counter()
+        out[name] = LoadedGraph(
+            name,
+            ex,
+            g,
+            [tensor_at(s) for s in tensors[name]["inputs"]],
+            [tensor_at(s) for s in tensors[name]["outputs"]],
+            len(desc["nodes"]),
+            b - a,
+            c - b,
+        )
+    t_end = time.perf_counter()
+    return LoadResult(
+        out,
+        {
+            "open_archive_s": t_open - t0,
+            "collect_live_s": t_facts - t_open,
+            "validate_s": t_validate - t0,
+            "memory_s": t_memory - t_validate,
+            "images_s": t_images - t_memory,
+            "graphs_s": t_end - t_images,
+            "total_s": t_end - t0,
+        },
+    )

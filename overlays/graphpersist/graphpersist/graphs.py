@@ -1,0 +1,398 @@
+"""Serialize a captured CUDA graph's DAG and rebuild it in another process.
+
+Supported nodes: kernel (parameters read through kernelParams or the `extra` buffer, laid out by
+cuFuncGetParamInfo; every readable launch attribute copied byte for byte), memset, device-to-device memcpy
+and empty nodes, plus edges with their edge data. Anything else makes SAVE fail naming the node: a silent
+archive would replay something different. The description is JSON; parameter bytes go in one binary blob.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from graphpersist.images import ImageTable, check, func_attributes
+
+# Launch attributes whose values are process-local handles: they cannot be persisted.
+_EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
+_ATTR_BYTES = 64  # sizeof(CUlaunchAttributeValue)
+_MEMCPY_FIELDS = (
+    "srcXInBytes", "srcY", "srcZ", "srcLOD", "srcPitch", "srcHeight", "srcDevice",
+    "dstXInBytes", "dstY", "dstZ", "dstLOD", "dstPitch", "dstHeight", "dstDevice",
+    "WidthInBytes", "Height", "Depth",
+)  # fmt: skip
+_DEVICE_MEMORY = (2, 4)  # CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_UNIFIED
+
+
+class GraphFormatError(RuntimeError):
+    """The graph holds something the format cannot persist, or a saved graph file is damaged."""
+
+
+def _drv() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _attr_ids() -> list[Any]:
+    drv = _drv()
+    return [a for a in drv.CUkernelNodeAttrID if a.name != "CU_LAUNCH_ATTRIBUTE_IGNORE"]
+
+
+def _param_layout(func: Any) -> list[tuple[int, int]]:
+    drv = _drv()
+    out = []
+    i = 0
+    while True:
+        err, off, size = drv.cuFuncGetParamInfo(func, i)
+        if int(err) != 0:
+            return out
+        out.append((int(off), int(size)))
+        i += 1
+
+
+def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
+    """The parameter buffer as the kernel sees it: each parameter at its offset."""
+    total = max((o + s for o, s in layout), default=0)
+    buf = bytearray(total)
+    kp = int(p.kernelParams) if p.kernelParams else 0
+    extra = int(p.extra) if p.extra else 0
+    if kp:
+        ptrs = (ctypes.c_void_p * len(layout)).from_address(kp)
+        for i, (off, size) in enumerate(layout):
+            buf[off : off + size] = ctypes.string_at(ptrs[i], size)
+        return bytes(buf)
+    if extra:
+        # {CU_LAUNCH_PARAM_BUFFER_POINTER, ptr, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}
+        data_ptr, data_size, i = 0, None, 0
+        while True:
+            key = ctypes.c_void_p.from_address(extra + 8 * i).value or 0
+            if key == 0:
+                break
+            val = ctypes.c_void_p.from_address(extra + 8 * (i + 1)).value or 0
+            if key == 1:
+                data_ptr = val
+            elif key == 2:
+                data_size = ctypes.c_size_t.from_address(val).value
+            else:
+                raise GraphFormatError(f"kernel {name!r}: unknown `extra` launch key {key:#x}")
+            i += 2
+        if not data_ptr or data_size is None or data_size < total:
+            raise GraphFormatError(f"kernel {name!r}: `extra` buffer missing or smaller than its parameters")
+        return ctypes.string_at(data_ptr, total)
+    if layout:
+        raise GraphFormatError(f"kernel {name!r}: has parameters but neither kernelParams nor extra")
+    return b""
+
+
+@dataclass
+class SavedGraph:
+    """A serialized graph: `desc` (JSON-able), `blob` (parameter bytes), and the in-region addresses it uses."""
+
+    desc: dict[str, Any]
+    blob: bytes
+    pointers: set[int]
+    table: bytes
+
+
+def _pointers_in(data: bytes, lo: int, hi: int) -> set[int]:
+    n = len(data) // 8
+    return {v for v in struct.unpack_from(f"<{n}Q", data) if lo <= v < hi} if n else set()
+
+
+def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> SavedGraph:
+    """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
+    drv = _drv()
+    T = drv.CUgraphNodeType
+    n = check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
+    nodes = check(drv.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0] if n else []
+    index = {int(nd): i for i, nd in enumerate(nodes)}
+    blob = bytearray()
+    pointers: set[int] = set()
+    out_nodes: list[dict[str, Any]] = []
+    attr_ids = _attr_ids()
+    funcs: dict[str, int] = {}
+    func_list: list[list[Any]] = []
+    for i, nd in enumerate(nodes):
+        t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
+        where = f"node {i} ({t.name})"
+        if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
+            p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
+            sha, name, _load = table.resolve(p.func)
+            layout = _param_layout(p.func)
+            params = _read_params(p, layout, name)
+            attrs: dict[str, str] = {}
+            for a in attr_ids:
+                err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
+                if int(err) != 0:
+                    continue
+                raw = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
+                if a.name in _EVENT_ATTRS and any(raw):
+                    raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
+                attrs[str(int(a))] = raw.hex()
+            pointers |= _pointers_in(params, region_lo, region_hi)
+            fattrs = func_attributes(p.func)
+            fkey = json.dumps([sha, name, fattrs], sort_keys=True)
+            if fkey not in funcs:
+                funcs[fkey] = len(func_list)
+                func_list.append([sha, name, fattrs])
+            out_nodes.append(
+                {
+                    "type": "kernel",
+                    "func": funcs[fkey],
+                    "image": sha,
+                    "name": name,
+                    "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
+                    "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
+                    "smem": p.sharedMemBytes,
+                    "layout": layout,
+                    "params": [len(blob), len(params)],
+                    "attrs": attrs,
+                }
+            )
+            blob += params
+        elif t == T.CU_GRAPH_NODE_TYPE_MEMSET:
+            m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
+            fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
+            pointers |= {fields["dst"]} if region_lo <= fields["dst"] < region_hi else set()
+            out_nodes.append({"type": "memset", **fields})
+        elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
+            c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
+            kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
+            if kinds[0] not in _DEVICE_MEMORY or kinds[1] not in _DEVICE_MEMORY:
+                raise GraphFormatError(f"{where}: memcpy with host or array memory (types {kinds}) is not supported")
+            fields = {k: int(getattr(c, k)) for k in _MEMCPY_FIELDS}
+            for k in ("srcDevice", "dstDevice"):
+                if region_lo <= fields[k] < region_hi:
+                    pointers.add(fields[k])
+            out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
+        elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
+            out_nodes.append({"type": "empty"})
+        else:
+            raise GraphFormatError(f"{where}: node type {t.name} cannot be persisted (SAVE refused)")
+    edges: list[list[int]] = []
+    count = drv.cuGraphGetEdges(graph, 0)[-1]
+    if count:
+        err, frm, to, data, count = drv.cuGraphGetEdges(graph, count)
+        if int(err) != 0:
+            raise GraphFormatError(f"cuGraphGetEdges failed: {err!r}")
+        for a, b, d in zip(frm, to, data, strict=True):
+            edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
+    desc = {"format": 1, "nodes": out_nodes, "edges": edges, "funcs": func_list, "blob_size": len(blob)}
+    desc["blob_sha256"] = hashlib.sha256(blob).hexdigest()
+    table = pack_kernel_table(desc)
+    desc["table_size"] = len(table)
+    desc["table_sha256"] = hashlib.sha256(table).hexdigest()
+    return SavedGraph(desc, bytes(blob), pointers, table)
+
+
+# Packed kernel-node table for the native fast path (native/gp_core.h: gp_knode_t, gp_kattr_t):
+# header (4 x u64: kernel nodes, parameter offsets, attributes, 0), nodes, u32 offsets, attributes.
+_KNODE = struct.Struct("<II3I3IIIQIIII")
+_KATTR = struct.Struct("<II64s")
+_HEADER = struct.Struct("<4Q")
+
+
+def pack_kernel_table(desc: dict[str, Any]) -> bytes:
+    """The kernel nodes of `desc` in the native layout; written at SAVE so LOAD does no per-node Python."""
+    nodes, offsets, attrs = bytearray(), [], bytearray()
+    n_k = n_a = 0
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] != "kernel":
+            continue
+        a_off = n_a
+        for aid, hexval in sorted(nd["attrs"].items(), key=lambda kv: int(kv[0])):
+            attrs += _KATTR.pack(int(aid), 0, bytes.fromhex(hexval))
+            n_a += 1
+        layout = nd["layout"]
+        nodes += _KNODE.pack(i, nd["func"], *nd["grid"], *nd["block"], nd["smem"], len(layout), nd["params"][0],
+                             len(offsets), n_a - a_off, a_off, 0)  # fmt: skip
+        offsets += [o for o, _s in layout]
+        n_k += 1
+    head = _HEADER.pack(n_k, len(offsets), n_a, 0)
+    return head + bytes(nodes) + struct.pack(f"<{len(offsets)}I", *offsets) + bytes(attrs)
+
+
+def topology_fingerprint(desc: dict[str, Any]) -> str:
+    """Hash of node kinds, kernels, launch shapes, attributes and edges (not parameter values)."""
+    topo = [
+        {k: v for k, v in nd.items() if k not in ("params", "dst", "srcDevice", "dstDevice")} for nd in desc["nodes"]
+    ]
+    text = json.dumps({"nodes": topo, "edges": desc["edges"]}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def address_fingerprint(desc: dict[str, Any], blob: bytes, lo: int, hi: int) -> str:
+    """Hash of the topology plus every in-region address each node embeds, with its position.
+
+    Raw parameter bytes are not hashed: structs passed by value carry uninitialized padding from the launching
+    host stack, which differs between two identical SAVEs without changing what the kernel does.
+    """
+    where = []
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] == "kernel":
+            off, size = nd["params"]
+            chunk = blob[off : off + size]
+            words = struct.unpack_from(f"<{size // 8}Q", chunk) if size >= 8 else ()
+            where.append([i, [[8 * j, v] for j, v in enumerate(words) if lo <= v < hi]])
+        else:
+            where.append([i, [nd.get(k) for k in ("dst", "srcDevice", "dstDevice") if k in nd]])
+    text = json.dumps([topology_fingerprint(desc), where], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verify_blob(name: str, desc: dict[str, Any], blob: bytes) -> None:
+    """Refuses a graph whose parameter file is truncated or altered, before anything is rebuilt."""
+    if len(blob) != desc["blob_size"]:
+        raise GraphFormatError(
+            f"graph {name!r}: parameter file is truncated or padded ({len(blob)} bytes, expected {desc['blob_size']})"
+        )
+    if hashlib.sha256(blob).hexdigest() != desc["blob_sha256"]:
+        raise GraphFormatError(f"graph {name!r}: parameter file content does not match its recorded sha256")
+
+
+class _AttrDefaults:
+    """Launch-attribute values a freshly added kernel node has; only differing saved values are set."""
+
+    values: dict[str, bytes] | None = None
+
+
+def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any) -> Any:
+    """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
+
+    `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node.
+    """
+    drv = _drv()
+    verify_blob(name, desc, blob)
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    keep = ctypes.create_string_buffer(blob, len(blob) or 1)
+    base = ctypes.addressof(keep)
+    made: list[Any] = []
+    kp = drv.CUDA_KERNEL_NODE_PARAMS()
+    attr_val = drv.CUkernelNodeAttrValue()
+    val_ptr = attr_val.getPtr()
+    for i, nd in enumerate(desc["nodes"]):
+        kind = nd["type"]
+        if kind == "kernel":
+            off, _size = nd["params"]
+            layout = nd["layout"]
+            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off + o for o, _s in layout])
+            kp.func = funcs(*desc["funcs"][nd["func"]])
+            kp.gridDimX, kp.gridDimY, kp.gridDimZ = nd["grid"]
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = nd["block"]
+            kp.sharedMemBytes = nd["smem"]
+            kp.kernelParams = ctypes.addressof(ptrs) if layout else None
+            kp.extra = 0
+            node = check(drv.cuGraphAddKernelNode(graph, None, 0, kp), f"graph {name!r} node {i} ({nd['name']})")
+            if _AttrDefaults.values is None:
+                defaults = {}
+                for a in _attr_ids():
+                    err, v = drv.cuGraphKernelNodeGetAttribute(node, a)
+                    if int(err) == 0:
+                        defaults[str(int(a))] = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
+                _AttrDefaults.values = defaults
+            for aid, hexval in nd["attrs"].items():
+                raw = bytes.fromhex(hexval)
+                if _AttrDefaults.values.get(aid) == raw:
+                    continue
+                ctypes.memmove(val_ptr, raw, _ATTR_BYTES)
+                check(
+                    drv.cuGraphKernelNodeSetAttribute(node, drv.CUkernelNodeAttrID(int(aid)), attr_val),
+                    f"graph {name!r} node {i}: set launch attribute {aid}",
+                )
+        else:
+            node = _add_plain_node(drv, graph, ctx, name, i, nd)
+        made.append(node)
+    if desc["edges"]:
+        _add_edges(drv, graph, name, made, desc["edges"])
+    del keep
+    return graph
+
+
+def _add_plain_node(drv: Any, graph: Any, ctx: Any, name: str, i: int, nd: dict[str, Any]) -> Any:
+    kind = nd["type"]
+    if kind == "memset":
+        m = drv.CUDA_MEMSET_NODE_PARAMS()
+        for k in ("dst", "pitch", "value", "elementSize", "width", "height"):
+            setattr(m, k, nd[k])
+        return check(drv.cuGraphAddMemsetNode(graph, None, 0, m, ctx), f"graph {name!r} node {i} (memset)")
+    if kind == "memcpy":
+        c = drv.CUDA_MEMCPY3D()
+        c.srcMemoryType = drv.CUmemorytype(nd["srcMemoryType"])
+        c.dstMemoryType = drv.CUmemorytype(nd["dstMemoryType"])
+        for k in _MEMCPY_FIELDS:
+            setattr(c, k, nd[k])
+        return check(drv.cuGraphAddMemcpyNode(graph, None, 0, c, ctx), f"graph {name!r} node {i} (memcpy)")
+    if kind == "empty":
+        return check(drv.cuGraphAddEmptyNode(graph, None, 0), f"graph {name!r} node {i} (empty)")
+    raise GraphFormatError(f"graph {name!r} node {i}: unknown node type {kind!r} in the archive")
+
+
+def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[list[int]]) -> None:
+    frm = [made[e[0]] for e in edges]
+    to = [made[e[1]] for e in edges]
+    data = None
+    if any(e[2] or e[3] or e[4] for e in edges):
+        data = []
+        for e in edges:
+            d = drv.CUgraphEdgeData()
+            d.from_port, d.to_port, d.type = e[2], e[3], e[4]
+            data.append(d)
+    check(drv.cuGraphAddDependencies(graph, frm, to, data, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
+
+
+def rebuild_native(name: str, desc: dict[str, Any], blob: bytes, table: bytes, funcs: Sequence[Any]) -> Any:
+    """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
+
+    `funcs[i]` is the live CUfunction for desc["funcs"][i]. Non-kernel nodes and edges with edge data take
+    the Python path.
+    """
+    from graphpersist import region
+
+    drv = _drv()
+    verify_blob(name, desc, blob)
+    if len(table) != desc["table_size"] or hashlib.sha256(table).hexdigest() != desc["table_sha256"]:
+        raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
+    lib = region.lib()
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    n = len(desc["nodes"])
+    out = (ctypes.c_void_p * max(n, 1))()
+    n_k, n_off, n_attr, _ = _HEADER.unpack_from(table)
+    tbuf = ctypes.create_string_buffer(table, len(table))
+    bbuf = ctypes.create_string_buffer(blob, len(blob) or 1)
+    t0 = ctypes.addressof(tbuf) + _HEADER.size
+    t_off = t0 + n_k * _KNODE.size
+    t_attr = t_off + 4 * n_off
+    fn = (ctypes.c_void_p * max(len(funcs), 1))(*[int(f) for f in funcs])
+    rc = lib.gp_add_kernel_nodes(
+        ctypes.c_void_p(int(graph)), ctypes.c_size_t(n_k), ctypes.c_void_p(t0), bbuf, ctypes.c_void_p(t_off),
+        ctypes.c_void_p(t_attr), fn, out,
+    )  # fmt: skip
+    if rc != 0:
+        raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
+    ctx = None
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] != "kernel":
+            ctx = ctx or check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd))
+    edges = desc["edges"]
+    if edges and not any(e[2] or e[3] or e[4] for e in edges):
+        frm = (ctypes.c_uint32 * len(edges))(*[e[0] for e in edges])
+        to = (ctypes.c_uint32 * len(edges))(*[e[1] for e in edges])
+        if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(len(edges)), frm, to) != 0:
+            raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
+    elif edges:
+        nodes = [drv.CUgraphNode(out[i]) for i in range(n)]
+        _add_edges(drv, graph, name, nodes, edges)
+    return graph
+
+
+def instantiate(name: str, graph: Any) -> Any:
+    drv = _drv()
+    return check(drv.cuGraphInstantiate(graph, 0), f"graph {name!r}: cuGraphInstantiate")

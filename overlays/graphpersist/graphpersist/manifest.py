@@ -1,0 +1,392 @@
+"""The archive's manifest: every fact LOAD must match, as typed records that round-trip through JSON.
+
+An archive is one directory::
+
+    manifest.json          format, creation info, the world facts all ranks share, the ranks, the file table
+    rank_<r>/rank.json     that rank's own facts: device, region, pointer inventory, graphs, kernel images
+    rank_<r>/...           that rank's payload files (graphs, images, allocation log ...)
+    <name>                 payload shared by all ranks (optional)
+
+The records are strict on purpose: a field that is missing, mistyped or unknown to this format version makes
+the manifest unreadable, because LOAD must never guess what a SAVE meant. A change to the meaning of any field
+bumps FORMAT_VERSION; a reader refuses versions it does not know instead of half-understanding them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import socket
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+FORMAT_NAME = "graphpersist-archive"
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
+MANIFEST_NAME = "manifest.json"
+RANK_RECORD_NAME = "rank.json"
+
+
+class ManifestError(ValueError):
+    """A manifest or rank record that cannot be trusted: malformed JSON, a missing or mistyped field."""
+
+
+class UnsupportedFormat(ManifestError):
+    """An archive written in a format version this graphpersist does not read."""
+
+
+def rank_dir(rank: int) -> str:
+    """The folder of one rank inside the archive."""
+    return f"rank_{rank}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# World facts: shared by every rank, recorded once in manifest.json and compared field by field at LOAD.
+# The dotted path of each leaf (e.g. "parallel.tp_size") is the field name users see in mismatch messages.
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """Which engine build captured the graphs; a different build may lay out memory or kernels differently."""
+
+    name: str
+    version: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class DistributionFacts:
+    """The distribution release (= graphpersist's version): the runtime that wrote the archive."""
+
+    version: str
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """torch's own version; its allocator and kernels shape every address and image in the archive."""
+
+    version: str | None
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """CUDA runtime torch was built with, the driver release, and the CUDA version the driver implements.
+
+    Saved graphs embed driver-specific kernel handles and parameter layouts, so all three must match.
+    """
+
+    runtime: str | None
+    driver: str | None
+    driver_api: str | None
+
+
+@dataclass(frozen=True)
+class NcclFacts:
+    """NCCL's version decides its buffers, channels and algorithms, i.e. what collectives the graphs replay."""
+
+    version: str | None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """The GPU model and compute capability: kernel images are compiled for, and tuned on, exactly these."""
+
+    model: str | None
+    compute_capability: str | None
+
+
+@dataclass(frozen=True)
+class ParallelFacts:
+    """The parallel layout: it decides how many ranks exist and what each rank's graphs communicate."""
+
+    world_size: int
+    tp_size: int
+    pp_size: int
+    ep_size: int
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model: dtype plus a fingerprint of the engine's model config (weights' shapes decide addresses)."""
+
+    dtype: str
+    config_fingerprint: str
+
+
+@dataclass(frozen=True)
+class CaptureFacts:
+    """Which graphs the engine captures: batch sizes and modes (e.g. full / piecewise)."""
+
+    sizes: tuple[int, ...]
+    modes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class World:
+    """Facts shared by all ranks of one SAVE. Every leaf is compared with the live value before LOAD.
+
+    `env` maps each pinned environment variable to its value, None when it was unset (unset is a value too:
+    setting NCCL_ALGO later changes the collectives). `flags` holds engine flags that change what is captured
+    and are not covered above; the engine integration chooses them.
+    """
+
+    engine: EngineFacts
+    distribution: DistributionFacts
+    torch: TorchFacts
+    cuda: CudaFacts
+    nccl: NcclFacts
+    gpu: GpuFacts
+    parallel: ParallelFacts
+    model: ModelFacts
+    capture: CaptureFacts
+    env: dict[str, str | None] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> World:
+        """Builds the world from a nested mapping (e.g. liveenv.collect_live's); unknown keys are refused."""
+        return _from_json(cls, data, "world")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-rank facts: rank_<r>/rank.json.
+
+
+@dataclass(frozen=True)
+class RegionFacts:
+    """The rank's fixed virtual range and how far SAVE's bump cursor got; LOAD must land on the same bytes."""
+
+    base: int
+    size: int
+    final_offset: int
+
+
+@dataclass(frozen=True)
+class PointerInventory:
+    """A digest of every device address the graphs reference, so LOAD can prove it recreated all of them."""
+
+    fingerprint: str
+    count: int
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One saved graph: where its serialized DAG lives and what LOAD must rebuild.
+
+    `file` and the image hashes point into the archive; `topology_fingerprint` lets LOAD check the rebuilt DAG
+    and lets graphs of equal topology share instantiation work.
+    """
+
+    name: str
+    file: str
+    topology_fingerprint: str
+    node_count: int
+    nodes_by_type: dict[str, int]
+    kernel_count: int
+    images: tuple[str, ...]
+    capture_size: int | None = None
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One kernel image (cubin / fatbin / PTX / library) keyed by its content hash, with its kernel names.
+
+    `file` is archive-relative, so ranks with identical images may share one top-level file.
+    """
+
+    sha256: str
+    file: str
+    size: int
+    kind: str
+    entries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank saved. `extra` is informational (never compared): room for the runtime's own notes."""
+
+    rank: int
+    device: int
+    region: RegionFacts
+    pointers: PointerInventory
+    graphs: tuple[GraphRecord, ...] = ()
+    images: tuple[ImageRecord, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RankRecord:
+        return _from_json(cls, data, "rank")
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RankRecord:
+        return cls.from_dict(_loads(text, RANK_RECORD_NAME))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The manifest itself.
+
+
+@dataclass(frozen=True)
+class Creation:
+    """Who wrote the archive, when and where. Informational only: never compared at LOAD."""
+
+    created_at: str
+    host: str
+    graphpersist_version: str
+    python: str
+
+    @classmethod
+    def now(cls) -> Creation:
+        from graphpersist import __version__
+
+        return cls(
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            host=socket.gethostname(),
+            graphpersist_version=__version__,
+            python=platform.python_version(),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One payload file's checksum and size; LOAD trusts no byte that does not match both."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The top-level manifest.json. `files` maps archive-relative posix paths to their checksums."""
+
+    format_version: int
+    created: Creation
+    world: World
+    ranks: tuple[int, ...]
+    files: dict[str, FileEntry]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT_NAME, **_to_json(self)}
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        """Parses a manifest, refusing other formats and unknown versions before reading anything else."""
+        if not isinstance(data, Mapping):
+            raise ManifestError("the manifest must be a JSON object")
+        if data.get("format") != FORMAT_NAME:
+            raise ManifestError(f"not a graphpersist manifest (format {data.get('format')!r}, want {FORMAT_NAME!r})")
+        version = data.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ManifestError(f"format_version must be an integer, got {version!r}")
+        if version not in SUPPORTED_FORMAT_VERSIONS:
+            supported = ", ".join(str(v) for v in sorted(SUPPORTED_FORMAT_VERSIONS))
+            newer = "newer than" if version > max(SUPPORTED_FORMAT_VERSIONS) else "older than"
+            raise UnsupportedFormat(
+                f"archive format version {version} is {newer} what this graphpersist reads (format {supported})"
+            )
+        body = {k: v for k, v in data.items() if k != "format"}
+        return _from_json(cls, body, "manifest")
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        return cls.from_dict(_loads(text, MANIFEST_NAME))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON <-> dataclass. Small and strict: the records above use only str, int, bool, float, None, tuples,
+# str-keyed dicts, nested records and Any (free-form JSON).
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _loads(text: str | bytes, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _to_json(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _to_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_to_json(v) for v in obj]
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _from_json(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _from_json(option, value, where)
+            except ManifestError as exc:
+                errors.append(str(exc))
+        raise ManifestError(errors[0] if len(errors) == 1 else f"{where}: unexpected value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        known = {f.name: f for f in dataclasses.fields(tp)}
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ManifestError(f"{where}: unknown field(s) {', '.join(unknown)} for this format version")
+        kwargs = {}
+        for name, f in known.items():
+            if name not in value:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ManifestError(f"{where}.{name} is missing")
+                continue
+            kwargs[name] = _from_json(hints[name], value[name], f"{where}.{name}")
+        return tp(**kwargs)
+    if origin is tuple:
+        (item, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            raise ManifestError(f"{where} must be a list, got {type(value).__name__}")
+        return tuple(_from_json(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        _key, item = typing.get_args(tp)
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ManifestError(f"{where} must be an object with string keys")
+        return {k: _from_json(item, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ManifestError(f"{where} must be an integer, got {value!r}")
+    if tp is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ManifestError(f"{where} must be a number, got {value!r}")
+    if tp in (str, bool) and not isinstance(value, tp):
+        raise ManifestError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+    return value

@@ -1,0 +1,130 @@
+/* Pure bookkeeping for the interposer (see gp_core.h). */
+#include "gp_core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t gp_knode_size(void) { return sizeof(gp_knode_t); }
+size_t gp_kattr_size(void) { return sizeof(gp_kattr_t); }
+
+uint64_t gp_round_up(uint64_t v, uint64_t gran) {
+    if (gran == 0) return v;
+    return (v + gran - 1) / gran * gran;
+}
+
+int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped) {
+    if (b->base == 0 || b->gran == 0) return -1;
+    uint64_t sz = gp_round_up(req ? req : 1, b->gran);
+    if (b->cursor + sz > b->size || b->cursor + sz < b->cursor) return -1;
+    *addr = b->base + b->cursor;
+    *mapped = sz;
+    b->cursor += sz;
+    return 0;
+}
+
+int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset) {
+    if (offset < b->cursor || offset > b->size) return -1;
+    b->cursor = gp_round_up(offset, b->gran);
+    return 0;
+}
+
+static int grow(void **arr, size_t *cap, size_t n, size_t elem) {
+    if (n < *cap) return 0;
+    size_t nc = *cap ? *cap * 2 : 256;
+    void *p = realloc(*arr, nc * elem);
+    if (!p) return -1;
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
+uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req) {
+    if (grow((void **)&log->ev, &log->cap, log->n, sizeof(gp_event_t))) return UINT64_MAX;
+    gp_event_t *e = &log->ev[log->n++];
+    memset(e, 0, sizeof *e);
+    e->seq = log->next_seq++;
+    e->addr = addr;
+    e->size = size;
+    e->req = req;
+    e->kind = kind;
+    return e->seq;
+}
+
+long gp_log_find_live(const gp_log_t *log, uint64_t addr) {
+    /* Newest first: the latest event for this address decides whether it is live. */
+    for (size_t i = log->n; i-- > 0;) {
+        const gp_event_t *e = &log->ev[i];
+        if (e->addr != addr) continue;
+        if (e->kind == GP_EV_FREE) return -1;
+        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED) return (long)i;
+    }
+    return -1;
+}
+
+uint64_t gp_images_append(gp_images_t *ims, uint32_t kind, uint64_t handle, uint64_t ptr, uint64_t size,
+                          uint32_t owned) {
+    if (grow((void **)&ims->im, &ims->cap, ims->n, sizeof(gp_image_t))) return UINT64_MAX;
+    gp_image_t *m = &ims->im[ims->n++];
+    m->seq = ims->next_seq++;
+    m->handle = handle;
+    m->ptr = ptr;
+    m->size = size;
+    m->kind = kind;
+    m->owned = owned;
+    return m->seq;
+}
+
+static uint64_t elf64_size(const unsigned char *p) {
+    uint64_t shoff, phoff, end = 64;
+    uint16_t shentsize, shnum, phentsize, phnum;
+    memcpy(&phoff, p + 0x20, 8);
+    memcpy(&shoff, p + 0x28, 8);
+    memcpy(&phentsize, p + 0x36, 2);
+    memcpy(&phnum, p + 0x38, 2);
+    memcpy(&shentsize, p + 0x3A, 2);
+    memcpy(&shnum, p + 0x3C, 2);
+    if (shoff && shoff + (uint64_t)shentsize * shnum > end) end = shoff + (uint64_t)shentsize * shnum;
+    if (phoff && phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
+    for (uint16_t i = 0; shoff && shentsize >= 64 && i < shnum; i++) {
+        const unsigned char *sh = p + shoff + (uint64_t)i * shentsize;
+        uint32_t type;
+        uint64_t off, sz;
+        memcpy(&type, sh + 4, 4);
+        memcpy(&off, sh + 0x18, 8);
+        memcpy(&sz, sh + 0x20, 8);
+        if (type != 8 /* SHT_NOBITS */ && off + sz > end) end = off + sz;
+    }
+    for (uint16_t i = 0; phoff && phentsize >= 56 && i < phnum; i++) {
+        const unsigned char *ph = p + phoff + (uint64_t)i * phentsize;
+        uint64_t off, filesz;
+        memcpy(&off, ph + 0x08, 8);
+        memcpy(&filesz, ph + 0x20, 8);
+        if (off + filesz > end) end = off + filesz;
+    }
+    return end;
+}
+
+uint64_t gp_image_size(const void *image, const void **start) {
+    const unsigned char *p = (const unsigned char *)image;
+    uint32_t magic;
+    *start = image;
+    if (!p) return 0;
+    memcpy(&magic, p, 4);
+    if (magic == 0x466243b1u) { /* fatbin wrapper: {int magic; int version; const void *data; void *x;} */
+        const void *data;
+        memcpy(&data, p + 8, sizeof data);
+        return gp_image_size(data, start);
+    }
+    if (magic == 0xBA55ED50u) { /* fatbin: {u32 magic; u16 version; u16 headerSize; u64 fatSize;} */
+        uint16_t hdr;
+        uint64_t fat;
+        memcpy(&hdr, p + 6, 2);
+        memcpy(&fat, p + 8, 8);
+        return (uint64_t)hdr + fat;
+    }
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F') {
+        if (p[4] != 2) return 0; /* only ELF64 */
+        return elf64_size(p);
+    }
+    return (uint64_t)strlen((const char *)p) + 1; /* PTX text */
+}

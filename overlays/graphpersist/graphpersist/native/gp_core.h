@@ -1,0 +1,83 @@
+/* Pure bookkeeping of the graphpersist interposer: no CUDA calls, so a CPU test can exercise it.
+ * The bump cursor makes every placement a function of the allocation sequence alone; the event log
+ * is what SAVE records and LOAD compares; image sizing finds how many bytes a module image spans. */
+#ifndef GP_CORE_H
+#define GP_CORE_H
+#include <stddef.h>
+#include <stdint.h>
+
+enum gp_event_kind {
+    GP_EV_ALLOC = 1,      /* cuMemAlloc_v2 / cuMemAllocPitch_v2 placed in the region */
+    GP_EV_FREE = 2,       /* cuMemFree_v2 of a region allocation (VA never reused) */
+    GP_EV_RESERVE = 3,    /* cuMemAddressReserve carved from the region */
+    GP_EV_MAP_FIXED = 4,  /* gp_map_fixed: LOAD recreating a recorded allocation */
+    GP_EV_REFUSED = 5,    /* an allocation the region cannot place (async pools, exhausted region) */
+    GP_EV_OUTSIDE = 6     /* allocation passed through before the region was enabled */
+};
+
+typedef struct {
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;   /* bytes mapped (rounded to the granularity) */
+    uint64_t req;    /* bytes the caller asked for */
+    uint32_t kind;
+    uint32_t pad;
+} gp_event_t;
+
+typedef struct {
+    uint64_t base, size, cursor, gran;
+} gp_bump_t;
+
+typedef struct {
+    gp_event_t *ev;
+    size_t n, cap;
+    uint64_t next_seq;
+} gp_log_t;
+
+typedef struct {
+    uint64_t seq;
+    uint64_t handle;   /* CUmodule or CUlibrary */
+    uint64_t ptr;      /* start of the image bytes (stable: static data or our own copy) */
+    uint64_t size;
+    uint32_t kind;     /* 1 module-data, 2 module-data-ex, 3 fatbinary, 4 library-data */
+    uint32_t owned;    /* 1 when ptr is our malloc'd copy */
+} gp_image_t;
+
+typedef struct {
+    gp_image_t *im;
+    size_t n, cap;
+    uint64_t next_seq;
+} gp_images_t;
+
+/* One kernel node of a saved graph, packed by Python (graphs.py KNODE) and replayed by gp_add_kernel_nodes.
+ * Offsets index the parameter blob, the uint32 parameter-offset table and the attribute table. */
+typedef struct {
+    uint32_t node_index, func_index;
+    uint32_t grid[3], block[3];
+    uint32_t smem, n_params;
+    uint64_t params_off;
+    uint32_t layout_off, n_attrs, attrs_off, pad;
+} gp_knode_t;
+
+typedef struct {
+    uint32_t id, pad;
+    unsigned char value[64]; /* raw CUlaunchAttributeValue */
+} gp_kattr_t;
+
+size_t gp_knode_size(void);
+size_t gp_kattr_size(void);
+
+uint64_t gp_round_up(uint64_t v, uint64_t gran);
+/* Place `req` bytes at the cursor: 0 on success, -1 if the region is exhausted or not set. */
+int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped);
+/* Move the cursor to base+offset; refuses to move backwards or past the end (returns -1). */
+int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset);
+uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req);
+/* Index of the live (allocated, not freed) event holding exactly `addr`, or -1. */
+long gp_log_find_live(const gp_log_t *log, uint64_t addr);
+uint64_t gp_images_append(gp_images_t *ims, uint32_t kind, uint64_t handle, uint64_t ptr, uint64_t size,
+                          uint32_t owned);
+/* Image sizing: fatbin wrapper (0x466243b1), fatbin (0xBA55ED50), ELF64 cubin or NUL-terminated PTX.
+ * Returns the byte size and writes the start of the image bytes to *start (the wrapper points elsewhere). */
+uint64_t gp_image_size(const void *image, const void **start);
+#endif

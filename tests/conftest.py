@@ -1,0 +1,74 @@
+"""Shared fixtures: the pins, pristine upstream trees and the built dist/ directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for sub in ("build", "tools", "overlays/graphpersist"):
+    path = str(REPO_ROOT / sub)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from gpdist import pins as pins_mod  # noqa: E402
+from gpdist.unpack import upstream_tree as _upstream_tree  # noqa: E402
+
+
+def has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(
+        reason="no NVIDIA GPU on this machine: GPU test NOT RUN (run `make gpu-test` on a GPU host)"
+    )
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def pins() -> pins_mod.Pins:
+    return pins_mod.load()
+
+
+@pytest.fixture(scope="session")
+def upstream_tree(pins: pins_mod.Pins):
+    """Callable: engine name -> pristine unpacked upstream wheel tree (read-only by convention)."""
+
+    def get(engine: str) -> Path:
+        return _upstream_tree(pins.engine(engine))
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def dist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheels `make build` wrote (GP_DIST_DIR), or a fresh build into a temporary folder."""
+    given = os.environ.get("GP_DIST_DIR")
+    if given:
+        path = Path(given)
+        assert any(path.glob("*.whl")), f"GP_DIST_DIR={given} holds no wheels: run `make build` first"
+        return path
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "gpdist", "build", "--engine", "all", "--out", str(out)],
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    return out

@@ -1,0 +1,114 @@
+"""Small, deterministic archives for the CPU tests and the README's examples.
+
+The payload bytes are stand-ins (no GPU here), but the structure is the real one: world facts, per-rank
+records whose graphs and images point at files that exist, and every file in the manifest's table.
+Run it to make one: `PYTHONPATH=overlays/graphpersist python tests/cpu/archive_fixtures.py /tmp/demo-archive`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from graphpersist.archive import ArchiveWriter
+from graphpersist.liveenv import PINNED_ENV, set_field
+from graphpersist.manifest import FORMAT_VERSION
+
+REGION_BASE = 0x7E0000000000
+REGION_SIZE = 64 << 30
+CAPTURE_SIZES = (1, 2, 4, 8)
+
+
+def world(**changes: Any) -> dict[str, Any]:
+    """World facts of a plausible TP=2 vLLM SAVE; `changes` use dotted names ("parallel.tp_size": 4)."""
+    facts: dict[str, Any] = {
+        "engine": {"name": "vllm", "version": "0.26.0+gp.1", "commit": "0123456789abcdef0123456789abcdef01234567"},
+        "distribution": {"version": "1"},
+        "torch": {"version": "2.9.0+cu128"},
+        "cuda": {"runtime": "12.8", "driver": "570.133.20", "driver_api": "12.8"},
+        "nccl": {"version": "2.27.3"},
+        "gpu": {"model": "NVIDIA H200", "compute_capability": "9.0"},
+        "parallel": {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 1},
+        "model": {"dtype": "bfloat16", "config_fingerprint": "sha256:" + "ab" * 32},
+        "capture": {"sizes": list(CAPTURE_SIZES), "modes": ["full"]},
+        "env": {name: None for name in PINNED_ENV} | {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "1"},
+        "flags": {"enforce_eager": False},
+    }
+    for dotted, value in changes.items():
+        set_field(facts, dotted, value)
+    return facts
+
+
+def _blob(*parts: object) -> bytes:
+    seed = "/".join(str(p) for p in parts).encode()
+    return b"".join(hashlib.sha256(seed + bytes([i])).digest() for i in range(32))
+
+
+def write_rank(writer: ArchiveWriter, rank: int) -> dict[str, Any]:
+    """Writes one rank's payload (two kernel images, one graph per capture size) and its record."""
+    images = []
+    for kind in ("cubin", "fatbin"):
+        data = _blob("image", kind, rank)
+        sha = hashlib.sha256(data).hexdigest()
+        path = writer.add_file(rank, f"images/{sha}.{kind}", data)
+        entries = [f"kernel_{kind}_{i}" for i in range(3)]
+        images.append({"sha256": sha, "file": path, "size": len(data), "kind": kind, "entries": entries})
+    graphs = []
+    for size in CAPTURE_SIZES:
+        nodes = [{"type": "kernel", "image": images[i % 2]["sha256"]} for i in range(4 + size)]
+        nodes.append({"type": "memcpy"})
+        path = writer.add_json(rank, f"graphs/bs{size}.json", {"nodes": nodes})
+        topology = hashlib.sha256(f"topology-{size}".encode()).hexdigest()
+        graphs.append(
+            {
+                "name": f"full-bs{size}",
+                "file": path,
+                "topology_fingerprint": topology,
+                "node_count": len(nodes),
+                "nodes_by_type": {"kernel": len(nodes) - 1, "memcpy": 1},
+                "kernel_count": 3,
+                "images": [image["sha256"] for image in images],
+                "capture_size": size,
+                "mode": "full",
+            }
+        )
+    writer.add_file(rank, "allocations.log", _blob("allocations", rank))
+    facts = {
+        "device": rank,
+        "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": (3 << 30) + rank * 4096},
+        "pointers": {"fingerprint": hashlib.sha256(f"pointers-{rank}".encode()).hexdigest(), "count": 1200 + rank},
+        "graphs": graphs,
+        "images": images,
+    }
+    writer.set_rank_facts(rank, facts)
+    return facts
+
+
+def write_archive(root: Path, *, overwrite: bool = False, **world_changes: Any) -> Path:
+    """A complete archive at `root` for world(**world_changes), one rank per parallel.world_size."""
+    facts = world(**world_changes)
+    with ArchiveWriter(root, facts, overwrite=overwrite) as writer:
+        writer.add_json(None, "engine.json", {"kv_cache_blocks": 4096})
+        for rank in range(facts["parallel"]["world_size"]):
+            write_rank(writer, rank)
+        return writer.commit()
+
+
+def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:
+    """Live facts (as collect_live nests them) that match write_archive()'s archive, with `changes` applied."""
+    live = copy.deepcopy(world())
+    live["format_version"] = FORMAT_VERSION
+    live["parallel"]["rank"] = rank
+    live["region"] = {"base": REGION_BASE, "size": REGION_SIZE}
+    for dotted, value in changes.items():
+        set_field(live, dotted, value)
+    return live
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: archive_fixtures.py OUT_DIR")
+    print(write_archive(Path(sys.argv[1])))

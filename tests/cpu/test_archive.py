@@ -1,0 +1,416 @@
+"""Archives are written atomically and read back only when every byte matches the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from archive_fixtures import world, write_archive, write_rank
+
+from graphpersist import archive as archive_mod
+from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, remove_stale_partials
+from graphpersist.manifest import FORMAT_VERSION, RankRecord
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    return write_archive(tmp_path / "archive")
+
+
+def error_of(root: Path, **kwargs) -> str:
+    with pytest.raises(ArchiveError) as info:
+        open_archive(root, **kwargs)
+    return str(info.value)
+
+
+def siblings(root: Path) -> list[str]:
+    return sorted(p.name for p in root.parent.iterdir() if p.name != root.name)
+
+
+# --- round trip
+
+
+def test_written_archive_reads_back(saved: Path):
+    archive = open_archive(saved)
+    assert archive.ranks == (0, 1)
+    assert archive.manifest.format_version == FORMAT_VERSION
+    assert archive.manifest.world.parallel.tp_size == 2
+    assert archive.read_json(None, "engine.json") == {"kv_cache_blocks": 4096}
+    record = archive.rank_facts(1)
+    assert isinstance(record, RankRecord) and record.rank == 1 and record.device == 1
+    graph = record.graphs[0]
+    assert json.loads(archive.read_path(graph.file))["nodes"][0]["type"] == "kernel"
+    image = record.images[0]
+    assert (
+        archive.read(1, image.file.removeprefix("rank_1/"))[:4] == archive.file_path(1, image.file[7:]).read_bytes()[:4]
+    )
+    assert set(archive.names(1)) == {
+        "allocations.log",
+        *(i.file[7:] for i in record.images),
+        *(g.file[7:] for g in record.graphs),
+    }
+    assert archive.names(None) == ["engine.json"]
+
+
+def test_manifest_is_written_last_and_lists_every_file(saved: Path):
+    manifest = json.loads((saved / "manifest.json").read_text())
+    on_disk = {p.relative_to(saved).as_posix() for p in saved.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(manifest["files"]) == on_disk
+    assert all(entry["size"] == (saved / rel).stat().st_size for rel, entry in manifest["files"].items())
+    assert siblings(saved) == [], "no staging or trash folder may be left behind"
+
+
+def test_two_saves_of_the_same_content_have_equal_file_tables(tmp_path: Path):
+    one = open_archive(write_archive(tmp_path / "one")).manifest
+    two = open_archive(write_archive(tmp_path / "two")).manifest
+    assert one.files == two.files and one.world == two.world
+
+
+# --- what readers refuse, each with its own message
+
+
+def test_missing_directory(tmp_path: Path):
+    assert (
+        error_of(tmp_path / "nope") == f"graphpersist: cannot open archive {tmp_path / 'nope'}: no such directory\n"
+        "Re-run with mode=save to write a fresh archive."
+    )
+
+
+def test_directory_without_manifest_is_not_an_archive(saved: Path):
+    (saved / "manifest.json").unlink()
+    assert "no manifest.json: the SAVE did not finish" in error_of(saved)
+
+
+def test_garbled_manifest(saved: Path):
+    (saved / "manifest.json").write_text('{"format": "graphpersist-archive", "format_vers')
+    assert "manifest.json is unreadable: manifest.json is not valid JSON" in error_of(saved)
+
+
+def test_manifest_missing_a_field(saved: Path):
+    data = json.loads((saved / "manifest.json").read_text())
+    del data["world"]["model"]["dtype"]
+    (saved / "manifest.json").write_text(json.dumps(data))
+    assert "manifest.world.model.dtype is missing" in error_of(saved)
+
+
+def test_unsupported_format_version(saved: Path):
+    data = json.loads((saved / "manifest.json").read_text())
+    data["format_version"] = FORMAT_VERSION + 1
+    (saved / "manifest.json").write_text(json.dumps(data))
+    message = error_of(saved)
+    assert f"archive format version {FORMAT_VERSION + 1} is newer than what this graphpersist reads" in message
+    assert message.splitlines()[-1].startswith("Use the graphpersist release that wrote it")
+
+
+def test_missing_file(saved: Path):
+    (saved / "rank_1" / "allocations.log").unlink()
+    assert error_of(saved).splitlines()[0].endswith(": missing file rank_1/allocations.log (listed in manifest.json)")
+
+
+def test_truncated_file(saved: Path):
+    path = saved / "rank_0" / "allocations.log"
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:100])
+    assert f"truncated file rank_0/allocations.log: 100 bytes, manifest.json says {size}" in error_of(saved)
+
+
+def test_oversized_file(saved: Path):
+    path = saved / "rank_0" / "allocations.log"
+    path.write_bytes(path.read_bytes() + b"x")
+    assert "oversized file rank_0/allocations.log" in error_of(saved)
+
+
+def test_corrupted_file_same_size(saved: Path):
+    path = saved / "engine.json"
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert "corrupted file engine.json: sha256 " in error_of(saved)
+
+
+def test_extra_file_is_refused(saved: Path):
+    (saved / "rank_0" / "stray.bin").write_bytes(b"?")
+    assert "unexpected file rank_0/stray.bin (not listed in manifest.json)" in error_of(saved)
+
+
+def test_corrupt_rank_record_is_reported_once(saved: Path):
+    path = saved / "rank_1" / "rank.json"
+    path.write_bytes(path.read_bytes()[:-5])
+    message = error_of(saved)
+    assert "truncated file rank_1/rank.json" in message
+    assert message.count("rank_1/rank.json") == 1
+
+
+def test_all_problems_are_listed(saved: Path):
+    (saved / "rank_0" / "allocations.log").unlink()
+    (saved / "rank_1" / "allocations.log").write_bytes(b"short")
+    (saved / "extra").write_bytes(b"")
+    lines = error_of(saved).splitlines()
+    assert lines[0] == f"graphpersist: cannot open archive {saved}: 3 problems"
+    assert [line.split()[0] for line in lines[1:4]] == ["missing", "truncated", "unexpected"]
+    assert lines[-1] == "Re-run with mode=save to write a fresh archive."
+
+
+def test_read_verifies_the_bytes_it_returns(saved: Path):
+    archive = open_archive(saved)
+    path = saved / "rank_0" / "allocations.log"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_0/allocations\.log"):
+        archive.read(0, "allocations.log")
+
+
+def test_skipping_checksums_at_open_still_checks_sizes_and_reads(saved: Path):
+    path = saved / "engine.json"
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0x01
+    path.write_bytes(bytes(data))
+    archive = open_archive(saved, verify_checksums=False)
+    with pytest.raises(ArchiveError, match=r"corrupted file engine\.json"):
+        archive.read_json(None, "engine.json")
+    path.write_bytes(b"{}")
+    assert "truncated file engine.json" in error_of(saved, verify_checksums=False)
+
+
+def test_unknown_names_and_ranks(saved: Path):
+    archive = open_archive(saved)
+    with pytest.raises(ArchiveError, match="it has no file rank_0/nope"):
+        archive.read(0, "nope")
+    with pytest.raises(ArchiveError, match=r"it holds no rank 5 \(ranks \[0, 1\]\)"):
+        archive.rank_facts(5)
+
+
+# --- the writer
+
+
+def test_existing_archive_is_not_replaced_without_overwrite(saved: Path):
+    with pytest.raises(ArchiveError, match="it already exists"):
+        ArchiveWriter(saved, world())
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a//b", "a/./b", "a\\b", ""])
+def test_file_names_cannot_escape_the_archive(tmp_path: Path, name: str):
+    with ArchiveWriter(tmp_path / "a", world()) as writer, pytest.raises(ValueError):
+        writer.add_file(0, name, b"")
+
+
+def test_reserved_names(tmp_path: Path):
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        for rank, name in [(None, "manifest.json"), (None, "rank_0/x"), (0, "rank.json")]:
+            with pytest.raises(ValueError):
+                writer.add_file(rank, name, b"")
+        writer.add_file(0, "x", b"1")
+        with pytest.raises(ArchiveError, match="rank_0/x was already written"):
+            writer.add_file(0, "x", b"2")
+
+
+def test_invalid_world_or_rank_facts_fail_the_save(tmp_path: Path):
+    with pytest.raises(ArchiveError, match=r"invalid world facts: world\.parallel is missing"):
+        ArchiveWriter(tmp_path / "a", {k: v for k, v in world().items() if k != "parallel"})
+    with (
+        ArchiveWriter(tmp_path / "a", world()) as writer,
+        pytest.raises(ArchiveError, match=r"invalid facts for rank 0: rank\.region is missing"),
+    ):
+        writer.set_rank_facts(0, {"device": 0, "pointers": {"fingerprint": "x", "count": 0}})
+    assert siblings(tmp_path / "a") == []
+
+
+def test_commit_refuses_an_incomplete_archive_and_publishes_nothing(tmp_path: Path):
+    root = tmp_path / "a"
+    writer = ArchiveWriter(root, world())
+    write_rank(writer, 0)  # world_size is 2: rank 1 never arrives
+    with pytest.raises(ArchiveError, match=r"ranks written \[0\], expected \[0, 1\]"):
+        writer.commit()
+    assert not root.exists() and siblings(root) == []
+
+
+def test_commit_refuses_records_that_name_missing_files(tmp_path: Path):
+    root = tmp_path / "a"
+    writer = ArchiveWriter(root, world(**{"parallel.world_size": 1}))
+    facts = write_rank(writer, 0)
+    (writer.staging / facts["graphs"][0]["file"]).unlink()
+    with pytest.raises(ArchiveError, match=r"rank 0: graph full-bs1 names missing file rank_0/graphs/bs1\.json"):
+        writer.commit()
+    assert not root.exists()
+
+
+def test_an_exception_inside_the_writer_leaves_nothing(tmp_path: Path):
+    root = tmp_path / "a"
+    with pytest.raises(RuntimeError, match="capture failed"), ArchiveWriter(root, world()) as writer:
+        write_rank(writer, 0)
+        raise RuntimeError("capture failed")
+    assert not root.exists() and siblings(root) == []
+
+
+def test_overwrite_keeps_the_old_archive_until_the_new_one_is_complete(saved: Path):
+    old_manifest = (saved / "manifest.json").read_bytes()
+    writer = ArchiveWriter(saved, world(**{"model.dtype": "float16"}), overwrite=True)
+    for rank in (0, 1):
+        write_rank(writer, rank)
+    assert open_archive(saved).manifest.world.model.dtype == "bfloat16"  # still the old one, still valid
+    assert (saved / "manifest.json").read_bytes() == old_manifest
+    writer.commit()
+    assert open_archive(saved).manifest.world.model.dtype == "float16"
+    assert siblings(saved) == []
+
+
+def test_failed_overwrite_leaves_the_old_archive_intact(saved: Path):
+    with pytest.raises(RuntimeError), ArchiveWriter(saved, world(), overwrite=True) as writer:
+        write_rank(writer, 0)
+        raise RuntimeError("crash")
+    open_archive(saved)
+    assert siblings(saved) == []
+
+
+def test_swap_without_rename_exchange_restores_the_old_archive_if_the_second_rename_fails(
+    saved: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(archive_mod, "_exchange", lambda a, b: False)
+    real_rename = os.rename
+    calls = []
+
+    def flaky_rename(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == 2:
+            raise OSError("disk on fire")
+        real_rename(src, dst)
+
+    writer = ArchiveWriter(saved, world(**{"model.dtype": "float16"}), overwrite=True)
+    for rank in (0, 1):
+        write_rank(writer, rank)
+    monkeypatch.setattr(archive_mod.os, "rename", flaky_rename)
+    with pytest.raises(OSError, match="disk on fire"):
+        writer.commit()
+    monkeypatch.setattr(archive_mod.os, "rename", real_rename)
+    assert calls[0][0] == "archive" and ".trash-" in calls[0][1]
+    assert open_archive(saved).manifest.world.model.dtype == "bfloat16"
+    assert siblings(saved) == []
+
+
+def test_swap_without_rename_exchange_works(saved: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(archive_mod, "_exchange", lambda a, b: False)
+    write_archive(saved, overwrite=True, **{"model.dtype": "float16"})
+    assert open_archive(saved).manifest.world.model.dtype == "float16"
+    assert siblings(saved) == []
+
+
+def test_ranks_in_other_processes_join_the_owners_staging_folder(tmp_path: Path):
+    root = tmp_path / "a"
+    owner = ArchiveWriter(root, world())
+    joiner = subprocess.run(
+        [sys.executable, "-c", JOIN_SCRIPT, str(root), str(owner.staging)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert joiner.returncode == 0, joiner.stderr
+    write_rank(owner, 0)
+    owner.commit()
+    assert open_archive(root).rank_facts(1).pointers.count == 1201
+
+
+JOIN_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, "tests/cpu")
+    from archive_fixtures import world, write_rank
+    from graphpersist.archive import ArchiveWriter
+
+    with ArchiveWriter(Path(sys.argv[1]), world(), staging=Path(sys.argv[2])) as writer:
+        write_rank(writer, 1)
+    """
+)
+
+
+# --- a writer killed mid-way (a real process, SIGKILL: no cleanup code runs)
+
+KILLED_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, "tests/cpu")
+    from archive_fixtures import world, write_rank
+    from graphpersist import archive as archive_mod
+    from graphpersist.archive import ArchiveWriter
+
+    root, where, overwrite = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+
+    def hang(*args, **kwargs):
+        print("ready", flush=True)
+        time.sleep(600)
+
+    if where == "before-publish":
+        archive_mod._publish = hang  # manifest.json is written, the rename has not happened
+    writer = ArchiveWriter(root, world(**{"model.dtype": "float16"}), overwrite=overwrite)
+    write_rank(writer, 0)
+    if where == "mid-write":
+        hang()
+    write_rank(writer, 1)
+    writer.commit()
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO / "overlays" / "graphpersist"), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _kill_writer_at(root: Path, where: str, overwrite: bool) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SCRIPT, str(root), where, "1" if overwrite else "0"],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", proc.stderr.read()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("where", ["mid-write", "before-publish"])
+def test_a_killed_writer_leaves_no_loadable_archive(tmp_path: Path, where: str):
+    root = tmp_path / "archive"
+    _kill_writer_at(root, where, overwrite=False)
+    assert not root.exists()
+    [partial] = [tmp_path / name for name in siblings(root)]
+    assert ".partial-" in partial.name
+    assert (partial / "manifest.json").exists() == (where == "before-publish")
+    assert "an unfinished SAVE left" in error_of(root)
+    assert remove_stale_partials(root) == [partial]
+    assert siblings(root) == []
+
+
+@pytest.mark.parametrize("where", ["mid-write", "before-publish"])
+def test_a_killed_overwrite_leaves_the_old_archive_whole(saved: Path, where: str):
+    _kill_writer_at(saved, where, overwrite=True)
+    assert open_archive(saved).manifest.world.model.dtype == "bfloat16"
+
+
+def test_the_next_writer_clears_what_a_dead_one_left(tmp_path: Path):
+    root = tmp_path / "archive"
+    _kill_writer_at(root, "mid-write", overwrite=False)
+    write_archive(root)
+    open_archive(root)
+    assert siblings(root) == []
+
+
+def test_missing_parent_folders_are_created(tmp_path: Path):
+    root = write_archive(tmp_path / "deep" / "er" / "archive")
+    assert open_archive(root).ranks == (0, 1)

@@ -1,0 +1,139 @@
+"""Unit behaviour of the build steps that needs no download: wheel names, stamping, RECORD, zip writing, fetch."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gpdist import fetch as fetch_mod
+from gpdist.engine import BuildError, _copy_overlay
+from gpdist.pins import Artifact
+from gpdist.wheelmeta import WheelName, parse_record, record_digest, render_record, stamp_metadata
+from gpdist.wheelzip import ReproducibleZip, read_raw
+
+METADATA = (
+    "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\nRequires-Dist: a>=1\nRequires-Dist: b; extra == 'x'\n\nbody\n"
+)
+
+
+def test_wheel_name_keeps_tags_and_stamps_version() -> None:
+    name = WheelName.parse("vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl").with_version("0.26.0+gp.1")
+    assert name.filename == "vllm-0.26.0+gp.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert name.dist_info == "vllm-0.26.0+gp.1.dist-info"
+    with pytest.raises(ValueError):
+        WheelName.parse("vllm-0.26.0.tar.gz")
+
+
+def test_stamp_metadata_sets_version_and_adds_requirement_after_the_others() -> None:
+    out = stamp_metadata(METADATA, "1.0+gp.1", "graphpersist==1")
+    head, _, body = out.partition("\n\n")
+    assert "Version: 1.0+gp.1" in head.split("\n")
+    assert head.split("\n")[-1] == "Requires-Dist: graphpersist==1"
+    assert body == "body\n"
+    with pytest.raises(ValueError, match="already requires"):
+        stamp_metadata(out, "1.0+gp.1", "graphpersist==1")
+
+
+def test_record_round_trip() -> None:
+    rows = [("a/b.py", record_digest(b"x"), "1"), ("d-1.dist-info/RECORD", "", "")]
+    parsed = parse_record(render_record(rows).decode())
+    assert parsed["a/b.py"] == (record_digest(b"x"), "1")
+    assert record_digest(b"x").startswith("sha256=") and "=" not in record_digest(b"x")[7:]
+
+
+def test_reproducible_zip_copies_raw_members_and_is_deterministic(tmp_path: Path) -> None:
+    src = tmp_path / "src.zip"
+    with zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("lib.so", b"\x7fELF" + bytes(range(256)) * 100)
+    outs = []
+    for name in ("one.zip", "two.zip"):
+        out = tmp_path / name
+        with zipfile.ZipFile(src) as zsrc, ReproducibleZip(out, 1795996800) as zout:
+            zout.add_raw("pkg/lib.so", read_raw(zsrc, zsrc.getinfo("lib.so")), executable=True)
+            zout.add_bytes("pkg/mod.py", b"print('hi')\n")
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    with zipfile.ZipFile(tmp_path / "one.zip") as zf:
+        assert zf.testzip() is None
+        assert zf.read("pkg/lib.so") == b"\x7fELF" + bytes(range(256)) * 100
+        info = zf.getinfo("pkg/lib.so")
+        assert (info.external_attr >> 16) & 0o777 == 0o755
+        assert info.date_time == (2026, 11, 30, 0, 0, 0)
+
+
+def test_overlay_may_not_replace_an_upstream_file(tmp_path: Path) -> None:
+    tree, overlay = tmp_path / "tree", tmp_path / "overlay"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "engine.py").write_text("upstream\n")
+    (overlay / "pkg").mkdir(parents=True)
+    (overlay / "pkg" / "glue.py").write_text("ours\n")
+    assert _copy_overlay(tree, overlay) == ["pkg/glue.py"]
+    (overlay / "pkg" / "engine.py").write_text("ours\n")
+    with pytest.raises(BuildError, match="would replace an upstream file"):
+        _copy_overlay(tree, overlay)
+
+
+def _artifact(data: bytes) -> Artifact:
+    return Artifact(project="demo", filename="demo-1.0-py3-none-any.whl", sha256=hashlib.sha256(data).hexdigest())
+
+
+def _fake_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, served: bytes, advertised: str) -> list[str]:
+    monkeypatch.setenv("GP_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list[str] = []
+    monkeypatch.setattr(fetch_mod, "resolve_url", lambda project, filename: ("file://demo", advertised))
+
+    def download(url: str, dest: Path, label: str) -> None:
+        calls.append(url)
+        dest.write_bytes(served)
+
+    monkeypatch.setattr(fetch_mod, "_download", download)
+    return calls
+
+
+def test_fetch_verifies_and_caches_by_hash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    good = b"good wheel"
+    art = _artifact(good)
+    calls = _fake_index(monkeypatch, tmp_path, good, art.sha256)
+    path = fetch_mod.fetch(art)
+    assert path.read_bytes() == good and path.parent.name == art.sha256
+    fetch_mod.fetch(art)
+    assert len(calls) == 1, "a warm cache must not download again"
+    assert fetch_mod.fetch(art, offline=True) == path
+
+
+def test_fetch_deletes_and_refuses_a_download_with_the_wrong_hash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    art = _artifact(b"expected")
+    _fake_index(monkeypatch, tmp_path, b"tampered", art.sha256)
+    with pytest.raises(fetch_mod.FetchError, match="sha256 mismatch") as err:
+        fetch_mod.fetch(art)
+    assert art.sha256 in str(err.value)
+    assert not fetch_mod.cached_path(art).exists()
+
+
+def test_fetch_refuses_when_the_index_advertises_another_hash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    art = _artifact(b"expected")
+    calls = _fake_index(monkeypatch, tmp_path, b"expected", "0" * 64)
+    with pytest.raises(fetch_mod.FetchError, match="refusing to download"):
+        fetch_mod.fetch(art)
+    assert calls == []
+
+
+def test_fetch_replaces_a_corrupted_cache_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    art = _artifact(b"expected")
+    calls = _fake_index(monkeypatch, tmp_path, b"expected", art.sha256)
+    cached = fetch_mod.cached_path(art)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"bit rot")
+    assert fetch_mod.fetch(art).read_bytes() == b"expected"
+    assert len(calls) == 1
+
+
+def test_offline_fetch_of_an_uncached_file_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GP_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(fetch_mod.FetchError, match="not in the cache"):
+        fetch_mod.fetch(_artifact(b"x"), offline=True)

@@ -1,0 +1,158 @@
+"""The manifest and per-rank records survive JSON unchanged, and anything unexpected is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from archive_fixtures import world
+
+from graphpersist.manifest import (
+    FORMAT_VERSION,
+    Creation,
+    FileEntry,
+    GraphRecord,
+    ImageRecord,
+    Manifest,
+    ManifestError,
+    PointerInventory,
+    RankRecord,
+    RegionFacts,
+    UnsupportedFormat,
+    World,
+    rank_dir,
+)
+
+
+def a_manifest() -> Manifest:
+    return Manifest(
+        format_version=FORMAT_VERSION,
+        created=Creation(created_at="2026-01-01T00:00:00+00:00", host="h", graphpersist_version="1", python="3.12"),
+        world=World.from_dict(world()),
+        ranks=(0, 1),
+        files={"rank_0/rank.json": FileEntry("aa" * 32, 10), "rank_1/rank.json": FileEntry("bb" * 32, 11)},
+    )
+
+
+def a_rank_record() -> RankRecord:
+    image = ImageRecord(sha256="cd" * 32, file="rank_0/images/x.cubin", size=4, kind="cubin", entries=("k0", "k1"))
+    graph = GraphRecord(
+        name="full-bs8",
+        file="rank_0/graphs/bs8.json",
+        topology_fingerprint="ef" * 32,
+        node_count=13,
+        nodes_by_type={"kernel": 12, "memcpy": 1},
+        kernel_count=2,
+        images=(image.sha256,),
+        capture_size=8,
+        mode="full",
+    )
+    return RankRecord(
+        rank=0,
+        device=0,
+        region=RegionFacts(base=0x7E0000000000, size=1 << 36, final_offset=1 << 30),
+        pointers=PointerInventory(fingerprint="01" * 32, count=7),
+        graphs=(graph,),
+        images=(image,),
+        extra={"note": ["anything", 1]},
+    )
+
+
+def test_manifest_round_trips_through_json():
+    manifest = a_manifest()
+    text = manifest.to_json()
+    assert Manifest.from_json(text) == manifest
+    assert json.loads(text)["format"] == "graphpersist-archive"
+    assert json.loads(text)["format_version"] == FORMAT_VERSION
+
+
+def test_rank_record_round_trips_through_json():
+    record = a_rank_record()
+    assert RankRecord.from_json(record.to_json()) == record
+    assert RankRecord.from_dict(json.loads(record.to_json())) == record
+
+
+def test_world_round_trips_and_keeps_unset_pins():
+    facts = world()
+    parsed = World.from_dict(facts)
+    assert parsed.to_dict() == facts
+    assert parsed.env["NCCL_ALGO"] is None
+    assert parsed.env["NCCL_NVLS_ENABLE"] == "0"
+    assert parsed.capture.sizes == (1, 2, 4, 8)
+
+
+def test_unknown_future_format_version_is_refused_with_a_clear_message():
+    data = a_manifest().to_dict() | {"format_version": FORMAT_VERSION + 1}
+    with pytest.raises(UnsupportedFormat, match=rf"format version {FORMAT_VERSION + 1} is newer than"):
+        Manifest.from_dict(data)
+
+
+def test_unknown_version_is_refused_before_the_rest_is_read():
+    """A future format may change every field; the version alone must decide."""
+    with pytest.raises(UnsupportedFormat):
+        Manifest.from_dict({"format": "graphpersist-archive", "format_version": 99, "whatever": 1})
+
+
+def test_other_formats_are_not_manifests():
+    with pytest.raises(ManifestError, match="not a graphpersist manifest"):
+        Manifest.from_dict(a_manifest().to_dict() | {"format": "something-else"})
+    with pytest.raises(ManifestError, match="format_version must be an integer"):
+        Manifest.from_dict(a_manifest().to_dict() | {"format_version": "1"})
+
+
+def test_garbled_json_is_a_manifest_error():
+    with pytest.raises(ManifestError, match=r"manifest\.json is not valid JSON"):
+        Manifest.from_json('{"format": ')
+
+
+def test_missing_field_is_named():
+    data = a_manifest().to_dict()
+    del data["world"]["parallel"]["tp_size"]
+    with pytest.raises(ManifestError, match=r"manifest\.world\.parallel\.tp_size is missing"):
+        Manifest.from_dict(data)
+
+
+def test_unknown_field_is_refused():
+    data = a_manifest().to_dict()
+    data["world"]["gpu"]["memory"] = "141GB"
+    with pytest.raises(ManifestError, match=r"manifest\.world\.gpu: unknown field\(s\) memory"):
+        Manifest.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("world", "parallel", "tp_size"), "2", r"world\.parallel\.tp_size must be an integer"),
+        (("world", "parallel", "tp_size"), True, r"world\.parallel\.tp_size must be an integer"),
+        (("world", "capture", "sizes"), 8, r"world\.capture\.sizes must be a list"),
+        (("world", "engine", "name"), None, r"world\.engine\.name must be a str"),
+        (("files",), [], r"manifest\.files must be an object"),
+    ],
+)
+def test_mistyped_fields_are_refused(path, value, message):
+    data = a_manifest().to_dict()
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_dict(data)
+
+
+def test_rank_record_defaults_are_empty_and_rank_dir_is_stable():
+    record = RankRecord.from_dict(
+        {
+            "rank": 3,
+            "device": 1,
+            "region": {"base": 1, "size": 2, "final_offset": 0},
+            "pointers": {"fingerprint": "x", "count": 0},
+        }
+    )
+    assert record.graphs == () and record.images == () and record.extra == {}
+    assert rank_dir(3) == "rank_3"
+
+
+def test_creation_now_records_who_wrote_it():
+    created = Creation.now()
+    assert created.created_at.endswith("+00:00")
+    assert created.host and created.graphpersist_version and created.python

@@ -1,0 +1,196 @@
+"""The interposer's pure bookkeeping (native/gp_core.c), built with gcc and driven through ctypes, no GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from graphpersist import graphs, region
+
+NATIVE = region.NATIVE_DIR
+CUDA_H = Path("/usr/local/cuda/include/cuda.h")
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+class Bump(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("base", "size", "cursor", "gran")]
+
+
+class Log(ctypes.Structure):
+    _fields_ = [("ev", ctypes.c_void_p), ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t), ("next_seq", ctypes.c_uint64)]
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("gpcore") / "libgpcore_test.so"
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+                    str(NATIVE / "gp_core.c")], check=True)  # fmt: skip
+    lib = ctypes.CDLL(str(out))
+    lib.gp_round_up.restype = ctypes.c_uint64
+    lib.gp_round_up.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    lib.gp_bump_place.argtypes = [ctypes.POINTER(Bump), ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
+                                  ctypes.POINTER(ctypes.c_uint64)]  # fmt: skip
+    lib.gp_bump_set_cursor.argtypes = [ctypes.POINTER(Bump), ctypes.c_uint64]
+    lib.gp_log_append.restype = ctypes.c_uint64
+    lib.gp_log_append.argtypes = [ctypes.POINTER(Log), ctypes.c_uint32] + [ctypes.c_uint64] * 3
+    lib.gp_log_find_live.restype = ctypes.c_long
+    lib.gp_log_find_live.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
+    lib.gp_image_size.restype = ctypes.c_uint64
+    lib.gp_image_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.gp_knode_size.restype = ctypes.c_size_t
+    lib.gp_kattr_size.restype = ctypes.c_size_t
+    return lib
+
+
+def place(lib: ctypes.CDLL, b: Bump, req: int) -> tuple[int, int, int]:
+    addr, mapped = ctypes.c_uint64(), ctypes.c_uint64()
+    rc = lib.gp_bump_place(ctypes.byref(b), req, ctypes.byref(addr), ctypes.byref(mapped))
+    return rc, addr.value, mapped.value
+
+
+def test_round_up(core: ctypes.CDLL) -> None:
+    mib2 = 2 << 20
+    assert [core.gp_round_up(v, mib2) for v in (0, 1, mib2, mib2 + 1)] == [0, mib2, mib2, 2 * mib2]
+
+
+def test_bump_is_a_function_of_the_sequence(core: ctypes.CDLL) -> None:
+    """Two processes making the same requests get the same addresses: the heart of SAVE/LOAD equality."""
+    seq = [1024, 20 << 20, 1, 64 << 20, 3 << 20]
+    runs = []
+    for _ in range(2):
+        b = Bump(0x500000000000, 1 << 30, 0, 2 << 20)
+        runs.append([place(core, b, r) for r in seq])
+    assert runs[0] == runs[1]
+    addrs = [a for _, a, _ in runs[0]]
+    assert addrs[0] == 0x500000000000 and addrs == sorted(addrs)
+    assert [m for _, _, m in runs[0]] == [2 << 20, 20 << 20, 2 << 20, 64 << 20, 4 << 20]
+
+
+def test_bump_exhaustion_and_unset_region(core: ctypes.CDLL) -> None:
+    b = Bump(0x500000000000, 4 << 20, 0, 2 << 20)
+    assert place(core, b, 3 << 20)[0] == 0
+    assert place(core, b, 1)[0] == -1  # full: refused, cursor unchanged
+    assert b.cursor == 4 << 20
+    assert place(core, Bump(0, 0, 0, 0), 1)[0] == -1
+
+
+def test_set_cursor_never_moves_back(core: ctypes.CDLL) -> None:
+    b = Bump(0x500000000000, 1 << 30, 0, 2 << 20)
+    place(core, b, 10 << 20)
+    assert core.gp_bump_set_cursor(ctypes.byref(b), 4 << 20) == -1
+    assert core.gp_bump_set_cursor(ctypes.byref(b), (30 << 20) + 1) == 0
+    assert b.cursor == 32 << 20  # rounded to the granularity
+    assert core.gp_bump_set_cursor(ctypes.byref(b), 2 << 30) == -1
+
+
+def test_event_log_tracks_liveness(core: ctypes.CDLL) -> None:
+    log = Log()
+    for i in range(600):  # forces growth past the initial capacity
+        assert core.gp_log_append(ctypes.byref(log), region.EV_ALLOC, 0x1000 * i, 4096, 100) == i
+    core.gp_log_append(ctypes.byref(log), region.EV_FREE, 0x1000 * 5, 4096, 0)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 5) == -1
+    assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 6) == 6
+    assert core.gp_log_find_live(ctypes.byref(log), 0xDEAD) == -1
+
+
+def image_size(core: ctypes.CDLL, data: bytes) -> tuple[int, int, int]:
+    buf = ctypes.create_string_buffer(data, len(data))
+    start = ctypes.c_void_p()
+    n = core.gp_image_size(buf, ctypes.byref(start))
+    return n, start.value or 0, ctypes.addressof(buf)
+
+
+def test_image_size_fatbin_and_wrapper(core: ctypes.CDLL) -> None:
+    fat = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 1000) + bytes(1000)
+    n, start, addr = image_size(core, fat)
+    assert (n, start) == (1016, addr)
+    fat_buf = ctypes.create_string_buffer(fat, len(fat))
+    wrapper = struct.pack("<iiQQ", 0x466243B1, 1, ctypes.addressof(fat_buf), 0)
+    n, start, _ = image_size(core, wrapper)
+    assert (n, start) == (1016, ctypes.addressof(fat_buf))
+
+
+def test_image_size_elf_and_ptx(core: ctypes.CDLL) -> None:
+    # ELF64 header (64 bytes) + one 100-byte section at 64 + section header table (2 x 64) at 200.
+    ehdr = bytearray(64)
+    ehdr[0:4] = b"\x7fELF"
+    ehdr[4] = 2
+    struct.pack_into("<Q", ehdr, 0x28, 200)  # e_shoff
+    struct.pack_into("<HH", ehdr, 0x3A, 64, 2)  # e_shentsize, e_shnum
+    body = bytearray(200 - 64)
+    sh0, sh1 = bytearray(64), bytearray(64)
+    struct.pack_into("<I", sh1, 4, 1)  # SHT_PROGBITS
+    struct.pack_into("<QQ", sh1, 0x18, 64, 100)
+    elf = bytes(ehdr + body + sh0 + sh1)
+    assert image_size(core, elf)[0] == 328
+    assert image_size(core, b".version 8.0\n.target sm_90\n\0garbage")[0] == len(".version 8.0\n.target sm_90\n") + 1
+
+
+def test_native_tables_match_python_packing(core: ctypes.CDLL) -> None:
+    """graphs.pack_kernel_table writes what gp_add_kernel_nodes reads."""
+    assert core.gp_knode_size() == graphs._KNODE.size
+    assert core.gp_kattr_size() == graphs._KATTR.size
+
+
+def test_pack_kernel_table_layout() -> None:
+    desc = {"nodes": [
+        {"type": "empty"},
+        {"type": "kernel", "func": 3, "grid": [4, 2, 1], "block": [128, 1, 1], "smem": 99, "params": [16, 24],
+         "layout": [[0, 8], [8, 4], [16, 8]], "attrs": {"4": "04" + "00" * 63}},
+    ]}  # fmt: skip
+    table = graphs.pack_kernel_table(desc)
+    n_k, n_off, n_attr, _ = graphs._HEADER.unpack_from(table)
+    assert (n_k, n_off, n_attr) == (1, 3, 1)
+    node = graphs._KNODE.unpack_from(table, graphs._HEADER.size)
+    assert node[:2] == (1, 3) and node[2:8] == (4, 2, 1, 128, 1, 1) and node[8:11] == (99, 3, 16)
+    offs = struct.unpack_from("<3I", table, graphs._HEADER.size + graphs._KNODE.size)
+    assert offs == (0, 8, 16)
+
+
+def test_blob_checks_refuse_truncation() -> None:
+    blob = bytes(range(64))
+    desc = {"blob_size": 64, "blob_sha256": __import__("hashlib").sha256(blob).hexdigest()}
+    graphs.verify_blob("g", desc, blob)
+    with pytest.raises(graphs.GraphFormatError, match="truncated"):
+        graphs.verify_blob("g", desc, blob[:32])
+    with pytest.raises(graphs.GraphFormatError, match="sha256"):
+        graphs.verify_blob("g", desc, bytes(64))
+
+
+def test_address_fingerprint_ignores_padding_not_addresses() -> None:
+    lo, hi = 0x500000000000, 0x500000000000 + (1 << 30)
+    desc = {"nodes": [{"type": "kernel", "params": [0, 16], "name": "k", "attrs": {}}], "edges": []}
+    a = struct.pack("<QQ", lo + 4096, 0x1111)
+    b = struct.pack("<QQ", lo + 4096, 0x2222)  # padding differs
+    c = struct.pack("<QQ", lo + 8192, 0x1111)  # an address differs
+    fa, fb, fc = (graphs.address_fingerprint(desc, x, lo, hi) for x in (a, b, c))
+    assert fa == fb != fc
+
+
+def test_live_ranges() -> None:
+    ev = region.Event
+    evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "alloc", 0x2000, 0x100, 1), ev(2, "free", 0x1000, 0x100, 0),
+           ev(3, "map_fixed", 0x3000, 0x200, 0x200)]  # fmt: skip
+    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200)]
+
+
+@needs_gcc
+@pytest.mark.skipif(not CUDA_H.exists(), reason=f"{CUDA_H} not present: the interposer needs the CUDA headers")
+def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
+    """gcc + cuda.h only; nothing links against libcuda, and the hooked entry points are exported."""
+    so = region.build_interposer(tmp_path)
+    needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True).stdout
+    assert "libcuda" not in needed
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+    for name in ("cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAddressReserve", "cuMemAllocAsync",
+                 "cuGetProcAddress", "cuGetProcAddress_v2", "cuModuleLoadData", "cuModuleLoadDataEx",
+                 "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
+                 "gp_set_cursor", "gp_map_fixed", "gp_add_kernel_nodes", "gp_add_edges"):  # fmt: skip
+        assert f" {name}\n" in syms, name

@@ -1,0 +1,188 @@
+"""Rebase onto a new upstream: per-patch and per-hunk classification, conflicts left as markers, pins updated only
+when the whole series is clean (always on a temporary copy of a pins file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gptools_fixtures import make_series, make_wheel, standard_changes, upstream_files, write_pins, write_tree
+
+from gpdist import pins as pins_mod
+from gptools.apply import CLEAN, CONFLICT, FUZZY
+from gptools.rebase import NewWheel, RebaseError, finish, pick_wheel, rebase, update_pins_text
+from gptools.series import read_series
+from gptools.worktree import git
+
+OLD_WHEEL = "fakepkg-1.0.0-py3-none-any.whl"
+NEW_WHEEL = "fakepkg-1.1.0-py3-none-any.whl"
+
+
+class Setup:
+    def __init__(self, tmp: Path, new_files: dict[str, str]) -> None:
+        self.patches = make_series(tmp, upstream_files(), standard_changes()).patches_dir
+        self.names = read_series(self.patches).names
+        old_sha, old_size = make_wheel(tmp / OLD_WHEEL, upstream_files(), version="1.0.0", commit="1111111")
+        self.pins = write_pins(tmp / "pins.toml", OLD_WHEEL, old_size, old_sha)
+        self.pins_before = self.pins.read_text()
+        self.old_tree = write_tree(tmp / "old-tree", dict(upstream_files()))
+        sha, size = make_wheel(tmp / NEW_WHEEL, new_files, version="1.1.0", commit="abcdef1234")
+        self.wheel = NewWheel(NEW_WHEEL, tmp / NEW_WHEEL, sha, size)
+        self.work = tmp / "rebase"
+
+    def run(self):
+        return rebase(
+            "fakepkg",
+            "1.1.0",
+            pins_path=self.pins,
+            work_root=self.work,
+            patches_dir=self.patches,
+            old_tree=self.old_tree,
+            new_wheel=self.wheel,
+        )
+
+
+def with_unrelated_change() -> dict[str, str]:
+    files = upstream_files()
+    files["fakepkg/utils.py"] += "\n\ndef utils_new(x):\n    return x\n"
+    files["fakepkg/extra.py"] = "VALUE = 2\n"
+    return files
+
+
+def test_conflict_is_classified_left_with_markers_and_pins_stay(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/engine.py"] = files["fakepkg/engine.py"].replace("    y = x + 9\n", "    y = x + 9 * 2\n")
+    s = Setup(tmp_path, files)
+    report = s.run()
+    first, second = report.patches
+    assert (first.name, first.status) == (s.names[0], CLEAN)
+    assert (second.name, second.status) == (s.names[1], CONFLICT)
+    assert [(h.file, h.index, h.status) for h in second.hunks] == [
+        ("fakepkg/engine.py", 1, "exact"),
+        ("fakepkg/engine.py", 2, "failed"),
+    ]
+    assert second.conflict_files == ["fakepkg/engine.py"]
+    # The editable tree: first patch carried, stopped at the second with markers in the conflicting file.
+    tree = Path(report.worktree)
+    assert report.stopped_at == s.names[1] and report.conflict_markers == ["fakepkg/engine.py"]
+    engine = (tree / "fakepkg/engine.py").read_text()
+    assert "<<<<<<<" in engine and ">>>>>>>" in engine and "# after capture" in engine and "9 * 2" in engine
+    assert "hook(y)" in (tree / "fakepkg/config.py").read_text()
+    assert "def utils_new" in (tree / "fakepkg/utils.py").read_text()
+    # Pins untouched; reports written.
+    assert not report.pins_updated and s.pins.read_text() == s.pins_before
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    assert md.splitlines()[0] == f"1 of 2 patches need work on fakepkg 1.1.0: {s.names[1]} (conflict)"
+    assert "fakepkg/engine.py hunk #2" in md and "FAILED" in md
+    data = json.loads((s.work / "fakepkg-1.1.0/report.json").read_text())
+    assert data["counts"] == {CLEAN: 1, FUZZY: 0, CONFLICT: 1} and data["pins_updated"] is False
+
+
+def test_offset_makes_a_patch_fuzzy_and_blocks_the_pin_update(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/config.py"] = "import os\n\n" + files["fakepkg/config.py"]
+    s = Setup(tmp_path, files)
+    report = s.run()
+    assert [p.status for p in report.patches] == [FUZZY, CLEAN]
+    assert [(h.status, h.offset) for h in report.patches[0].hunks] == [("offset", 2)]
+    assert report.patches[0].merge == "applied" and not report.stopped_at
+    assert not report.pins_updated and s.pins.read_text() == s.pins_before
+
+
+def test_clean_series_updates_the_pins_copy(tmp_path: Path) -> None:
+    s = Setup(tmp_path, with_unrelated_change())
+    report = s.run()
+    assert [p.status for p in report.patches] == [CLEAN, CLEAN] and report.clean
+    assert report.pins_updated
+    text = s.pins.read_text()
+    assert "# test pins: comments must survive a rebase" in text and "# The wheel we patch." in text
+    assert (
+        "sdist" not in pins_mod.load(s.pins).engine("fakepkg").__dict__
+        or pins_mod.load(s.pins).engine("fakepkg").sdist is None
+    )
+    pin = pins_mod.load(s.pins).engine("fakepkg")
+    assert (pin.version, pin.wheel.filename, pin.wheel.sha256, pin.wheel.size) == (
+        "1.1.0",
+        NEW_WHEEL,
+        s.wheel.sha256,
+        s.wheel.size,
+    )
+    assert pin.commit_wheel == "abcdef1234" and pin.requires_torch == "2.12.0"
+    other = pins_mod.load(s.pins).engine("other")
+    assert other.version == "9.9"  # other engines untouched
+    assert (s.work / "fakepkg-1.1.0/report.md").read_text().startswith("all 2 patches apply cleanly to fakepkg 1.1.0")
+
+
+def test_change_already_upstream_is_not_reported_clean(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/config.py"] = files["fakepkg/config.py"].replace("y = x + 3\n", "y = x + 3\n    y = hook(y)\n")
+    s = Setup(tmp_path, files)
+    report = s.run()
+    assert report.patches[0].status != CLEAN and "already upstream" in report.patches[0].merge
+    assert s.pins.read_text() == s.pins_before
+
+
+def test_update_pins_text_on_the_real_pins_keeps_everything_else(repo_root: Path, tmp_path: Path) -> None:
+    real = (repo_root / "build/pins.toml").read_text()
+    wheel = NewWheel("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", tmp_path / "x", "ab" * 32, 123)
+    new = update_pins_text(real, "vllm", version="0.33.0", wheel=wheel, commit="deadbeef", torch="2.12.0")
+    copy = tmp_path / "pins.toml"
+    copy.write_text(new)
+    loaded = pins_mod.load(copy)
+    vllm = loaded.engine("vllm")
+    assert (vllm.version, vllm.wheel.filename, vllm.wheel.sha256, vllm.commit_wheel) == (
+        "0.33.0",
+        wheel.filename,
+        "ab" * 32,
+        "deadbeef",
+    )
+    assert vllm.sdist is None and vllm.requires_torch == "2.12.0"
+    assert loaded.engine("sglang") == pins_mod.load(repo_root / "build/pins.toml").engine("sglang")
+    assert loaded.dependencies == pins_mod.load(repo_root / "build/pins.toml").dependencies
+    assert "# The only place where upstream versions" in new
+    assert (repo_root / "build/pins.toml").read_text() == real
+
+
+@pytest.mark.parametrize(
+    ("candidates", "expected"),
+    [
+        (["vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl"], 0),
+        (["vllm-0.33.0-cp38-abi3-manylinux_2_31_aarch64.whl", "vllm-0.33.0-cp38-abi3-manylinux_2_34_x86_64.whl"], 1),
+    ],
+)
+def test_pick_wheel_matches_tags_and_architecture(candidates: list[str], expected: int) -> None:
+    pinned = "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert (
+        pick_wheel(
+            pinned, "0.33.0", [*candidates, "vllm-0.33.0.tar.gz", "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"]
+        )
+        == candidates[expected]
+    )
+
+
+def test_pick_wheel_refuses_when_nothing_matches() -> None:
+    with pytest.raises(RebaseError, match=r"no wheel for version 0\.33\.0"):
+        pick_wheel(
+            "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", "0.33.0", ["vllm-0.33.0-cp312-cp312-win_amd64.whl"]
+        )
+
+
+def test_resolve_then_finish_refreshes_the_series_and_repins(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/engine.py"] = files["fakepkg/engine.py"].replace("    y = x + 9\n", "    y = x + 9 * 2\n")
+    s = Setup(tmp_path, files)
+    report = s.run()
+    tree = Path(report.worktree)
+    with pytest.raises(RebaseError):  # nothing is exported or re-pinned while the conflict is open
+        finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    assert s.pins.read_text() == s.pins_before
+    resolved = files["fakepkg/engine.py"].replace("    y = x + 2\n", "    y = x + 2  # before capture\n")
+    resolved = resolved.replace("    y = x + 9 * 2\n", "    y = x + 9 * 2  # after capture\n")
+    (tree / "fakepkg/engine.py").write_text(resolved)
+    git(tree, "add", "fakepkg/engine.py")
+    git(tree, "cherry-pick", "--continue", env={"GIT_EDITOR": "true"})
+    names = finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    assert names == s.names  # same names: subjects unchanged
+    assert "+    y = x + 9 * 2  # after capture" in (s.patches / s.names[1]).read_text()
+    assert pins_mod.load(s.pins).engine("fakepkg").version == "1.1.0"
