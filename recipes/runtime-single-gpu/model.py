@@ -35,6 +35,11 @@ class Model:
         self.ws = torch.empty(max_batch, hidden, device="cuda", dtype=dtype)  # preallocated workspace
         torch.cuda.synchronize()
 
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The setup tensors the graphs read or write, in a stable order (LOAD checks their addresses)."""
+        named = {f"w1.{i}": w for i, w in enumerate(self.w1)} | {f"w2.{i}": w for i, w in enumerate(self.w2)}
+        return named | {"x": self.x, "ws": self.ws}
+
     def facts(self) -> dict[str, str]:
         shapes = {"layers": self.layers, "hidden": self.hidden, "max_batch": self.max_batch}
         fp = hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:32]

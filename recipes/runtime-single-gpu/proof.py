@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import socket
@@ -51,7 +50,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     from graphpersist import region
 
     t_setup = time.perf_counter()
-    api.mark_setup()
+    api.mark_setup(model.named_tensors())
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -123,7 +122,9 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     from graphpersist import region
 
     t_setup = time.perf_counter()
-    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"])
+    res = api.load(
+        archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
+    )
     t_load = time.perf_counter()
     refs = torch.load(ref)
     results = {}
@@ -135,8 +136,11 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         torch.cuda.synchronize()
         got = [o.detach().cpu() for o in lg.outputs]
         want = refs[f"b{b}"]
-        equal = all(g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want))
-        maxdiff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
+        if len(got) != len(want):
+            raise RuntimeError(f"b{b}: {len(got)} outputs loaded, {len(want)} saved")
+        pairs = list(zip(got, want, strict=True))
+        equal = all(g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w) for g, w in pairs)
+        maxdiff = max(float((g.float() - w.float()).abs().max()) for g, w in pairs)
         results[f"b{b}"] = {
             "bit_identical": equal,
             "max_abs_diff": maxdiff,
@@ -181,7 +185,7 @@ def _resign(root: Path, rel: str) -> None:
 
 def step_drift(archive: Path, work: Path) -> dict[str, Any]:
     """Refusals that need no other process: model facts, truncated graph file, tampered kernel image."""
-    torch, model, api = _setup()
+    _torch, model, api = _setup()
     from model import SIZES
 
     out: dict[str, Any] = {}
@@ -203,7 +207,9 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
         return dst
 
     def run(root: Path) -> Any:
-        return api.load(root, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"])
+        return api.load(
+            root, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
+        )
 
     trunc = copy("truncated")
     gfile = trunc / "rank_0" / "graphs" / "b8.bin"
@@ -226,7 +232,7 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
 
 
 def step_drift_region(archive: Path) -> dict[str, Any]:
-    torch, model, api = _setup()
+    _torch, model, api = _setup()
     from model import SIZES
 
     return {
@@ -234,6 +240,25 @@ def step_drift_region(archive: Path) -> dict[str, Any]:
             lambda: api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"])
         )
     }
+
+
+def step_drift_setup(archive: Path) -> dict[str, Any]:
+    """LOAD after a setup that allocated one extra buffer first: every address shifts, LOAD must abort."""
+    import torch
+    from model import SIZES, Model
+
+    from graphpersist import api
+
+    api.start_region()
+    extra = torch.empty(1 << 20, device="cuda")  # an allocation SAVE's setup did not make
+    model = Model(LAYERS, HIDDEN, max(SIZES))
+    tensors = model.named_tensors()
+    facts = model.facts()
+    result = _expect_refusal(
+        lambda: api.load(archive, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=tensors)
+    )
+    del extra
+    return {"setup_addresses": result}
 
 
 # ------------------------------------------------------------------------------------------- orchestration
@@ -346,6 +371,7 @@ def prove(out: Path, report: Path) -> int:
     res["load"] = _child(["load", str(a1), str(ref1)], out, "load", BASE) if ok_saves else {"_rc": "skipped"}
     res["drift"] = _child(["drift", str(a1), str(out / "drift")], out, "drift", BASE) if ok_saves else {}
     res["drift_region"] = _child(["drift-region", str(a1)], out, "drift_region", OTHER_BASE) if ok_saves else {}
+    res["drift_setup"] = _child(["drift-setup", str(a1)], out, "drift_setup", BASE) if ok_saves else {}
     res["compare"] = _equal_archives(a1, a2) if ok_saves else {}
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     text, failed = render(res, started)
@@ -364,7 +390,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     graphs = ld.get("graphs", {})
     n_ok = sum(1 for g in graphs.values() if g["bit_identical"])
     checks.append(("graphs restored and replayed (>= 8 batch sizes)", len(graphs) >= 8, f"{len(graphs)} graphs"))
-    checks.append(("LOAD outputs bit-identical to SAVE's replay of the same inputs", bool(graphs) and n_ok == len(graphs),
+    bit_label = "LOAD outputs bit-identical to SAVE's replay of the same inputs"
+    checks.append((bit_label, bool(graphs) and n_ok == len(graphs),
                    f"{n_ok}/{len(graphs)} bit-identical; max abs diff "
                    f"{max((g['max_abs_diff'] for g in graphs.values()), default=float('nan'))}"))  # fmt: skip
     checks.append(("LOAD's static input is the model's own buffer (same address)",
@@ -379,9 +406,10 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     cmp_ = res.get("compare", {}).get("same", {})
     for k, v in cmp_.items():
         checks.append((f"SAVE twice: {k} identical", bool(v), ""))
-    drift = {**res.get("drift", {}), **res.get("drift_region", {})}
+    drift = {**res.get("drift", {}), **res.get("drift_region", {}), **res.get("drift_setup", {})}
     want = {
         "region_base": ("different region base", "LoadRefused", "region.base"),
+        "setup_addresses": ("setup allocated differently (first differing address)", "PersistError", "differs: saved"),
         "dtype": ("different dtype", "LoadRefused", "model.dtype"),
         "model_shapes": ("different model shapes", "LoadRefused", "model.config_fingerprint"),
         "tampered_image": ("tampered kernel image (archive checksum)", "ArchiveError", "images/"),
@@ -410,7 +438,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         cap = s1.get("graphs", {}).get(name, {})
         tot = (g["rebuild_s"] + g["instantiate_s"]) * 1e3
         lines.append(
-            f"| {name} | {g['nodes']} | {cap.get('capture_s', 0) * 1e3:.1f} | {cap.get('instantiate_s', 0) * 1e3:.1f} | "
+            f"| {name} | {g['nodes']} | {cap.get('capture_s', 0) * 1e3:.1f} | "
+            f"{cap.get('instantiate_s', 0) * 1e3:.1f} | "
             f"{g['rebuild_s'] * 1e3:.1f} | {g['instantiate_s'] * 1e3:.1f} | {tot:.1f} | {tot / g['nodes'] * 1e3:.1f} |"
         )
     lt = ld.get("load_timings", {})
@@ -439,7 +468,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prove", "save", "load", "drift", "drift-region"])
+    ap.add_argument("step", choices=["prove", "save", "load", "drift", "drift-region", "drift-setup"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--result")
     ap.add_argument("--out", default=str(HERE / "out"))
@@ -450,7 +479,13 @@ def main() -> int:
     from graphpersist import region
 
     region.reexec_with_interposer()
-    fn = {"save": step_save, "load": step_load, "drift": step_drift, "drift-region": step_drift_region}[a.step]
+    fn = {
+        "save": step_save,
+        "load": step_load,
+        "drift": step_drift,
+        "drift-region": step_drift_region,
+        "drift-setup": step_drift_setup,
+    }[a.step]
     data = fn(*[Path(p) for p in a.paths])
     Path(a.result).write_text(json.dumps(data, indent=2, default=str))
     return 0

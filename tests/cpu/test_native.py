@@ -22,7 +22,12 @@ class Bump(ctypes.Structure):
 
 
 class Log(ctypes.Structure):
-    _fields_ = [("ev", ctypes.c_void_p), ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t), ("next_seq", ctypes.c_uint64)]
+    _fields_ = [
+        ("ev", ctypes.c_void_p),
+        ("n", ctypes.c_size_t),
+        ("cap", ctypes.c_size_t),
+        ("next_seq", ctypes.c_uint64),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +199,27 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
                  "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
                  "gp_set_cursor", "gp_map_fixed", "gp_add_kernel_nodes", "gp_add_edges"):  # fmt: skip
         assert f" {name}\n" in syms, name
+
+
+def _evs(*items: tuple[str, int, int]) -> list[region.Event]:
+    return [region.Event(i, k, a, s, s) for i, (k, a, s) in enumerate(items)]
+
+
+def test_plan_restore_maps_capture_time_allocations() -> None:
+    saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100),
+                 ("free", 0x1100, 0x100), ("alloc", 0x1300, 0x200))  # fmt: skip
+    assert region.plan_restore(saved, 2, saved[:2]) == [(0x1200, 0x100), (0x1300, 0x200)]
+
+
+def test_plan_restore_aborts_on_first_differing_address() -> None:
+    saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100))
+    live = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x200))
+    with pytest.raises(region.RegionError, match=r"event 1: saved alloc 256 bytes at 0x1100, live alloc 512"):
+        region.plan_restore(saved, 2, live)
+    with pytest.raises(region.RegionError, match="after the setup"):
+        region.plan_restore(saved, 1, saved[:2])
+    with pytest.raises(region.RegionError, match="setup made 1"):
+        region.plan_restore(saved, 2, saved[:1])
+    reserved = [*saved[:2], region.Event(2, "reserve", 0x1200, 0x100, 0x100)]
+    with pytest.raises(region.RegionError, match="'reserve' is not restorable"):
+        region.plan_restore(reserved, 2, saved[:2])

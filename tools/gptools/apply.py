@@ -271,22 +271,9 @@ def classify_series(tree: Path, patches_dir: Path) -> list[PatchClassification]:
     return out
 
 
-def copy_tree(src: Path, dest: Path, writable: set[str]) -> None:
-    """Copy an unpacked tree cheaply: hard links for files the series leaves alone, real copies for the rest."""
-    for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src).as_posix()
-        target = dest / rel
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if rel in writable:
-            shutil.copy2(path, target)
-        else:
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+def copy_tree(src: Path, dest: Path) -> None:
+    """A real copy (not hard links): editing the copy in place must never reach the pristine upstream tree."""
+    shutil.copytree(src, dest, symlinks=True)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -339,7 +326,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             dest = REPO_ROOT / ".work" / "apply" / f"{engine}-{pin.version}"
             print(f"apply {engine}: copying the pristine tree to {dest}", file=sys.stderr)
             shutil.rmtree(dest, ignore_errors=True)
-            copy_tree(tree, dest, touched_paths(load_series(pdir)))
+            copy_tree(tree, dest)
             tree = dest
         print(f"apply {engine}: {'checking' if args.dry_run else 'applying'} {pdir}/series", file=sys.stderr)
         try:

@@ -359,7 +359,7 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         "root": root,
         "size": split.total,
         "sha256": split.whole.hexdigest(),
-        "wheels_size": total,
+        "wheels_size": sum(w["size"] for w in wheels),
         "pack_seconds": round(pack_s, 1),
     }
     manifest["parts"] = [{"name": p.name, "size": p.size, "sha256": p.sha256} for p in split.parts]

@@ -12,12 +12,14 @@ it, so the manifest can say why each wheel is there.
 
 from __future__ import annotations
 
+import contextlib
 import email.parser
 import re
 import subprocess
 import sys
 import zipfile
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,6 +248,7 @@ def resolve(
     exclude: dict[str, str] | None = None,
     accept_host: set[str] | None = None,
     progress: Callable[[str], None] = lambda s: None,
+    workers: int = 8,
 ) -> Closure:
     """Walk the requirements of `roots` (our engine wheels) level by level and decide every package.
 
@@ -260,6 +263,14 @@ def resolve(
     pinned_by_name: dict[str, list[PinnedWheel]] = {}
     for p in pinned:
         pinned_by_name.setdefault(canonicalize_name(p.name), []).append(p)
+
+    memo: dict[tuple[str, str], Path] = {}
+
+    def fetch(name: str, spec: SpecifierSet, tgt: Target) -> Path:
+        key = (name, str(spec))
+        if key not in memo:
+            memo[key] = fetcher(name, spec, tgt)
+        return memo[key]
 
     picks: dict[str, Pick] = {}
     conflicts: list[str] = []
@@ -304,6 +315,7 @@ def resolve(
             grouped.setdefault(canonicalize_name(req.name), []).append((req, reason))
         fresh = [n for n in grouped if n not in picks]
         progress(f"level {level}: {len(batch)} requirements, {len(fresh)} new packages")
+        _prefetch(fresh, grouped, fetch, host, local, prefer, exclude, accept_host, pinned_by_name, target, workers)
         for name in sorted(grouped):
             reqs = grouped[name]
             reasons = [r for _, r in reqs]
@@ -336,7 +348,7 @@ def resolve(
             if name in prefer:
                 want = prefer[name]
                 reasons.append(Reason("--prefer", str(want)))
-                path = fetcher(name, want.specifier, target)
+                path = fetch(name, want.specifier, target)
                 version = read_wheel_meta(path).version
                 if not _version_ok(spec, version):
                     conflicts.append(_conflict_text(name, version, "--prefer", reqs))
@@ -363,11 +375,38 @@ def resolve(
                 best = max(fitting, key=lambda p: Version(p.version))
                 take_wheel(best.get(), PINNED, reasons, extras, "pinned in build/pins.toml" + replaces)
                 continue
-            path = fetcher(name, spec, target)
+            path = fetch(name, spec, target)
             take_wheel(path, DOWNLOADED, reasons, extras, f"newest satisfying '{spec or 'any'}'" + replaces)
     for name in sorted(set(prefer) - set(picks)):
         warnings.append(f"--prefer {prefer[name]}: nothing in the closure requires {name}; ignored")
     return Closure(target, picks, conflicts, warnings)
+
+
+def _prefetch(names, grouped, fetch, host, local, prefer, exclude, accept_host, pinned_by_name, target, workers):
+    """Start the downloads one level will need in parallel (pip is slow to start); the sequential walk then finds
+    them in `fetch`'s memo. A failure here is ignored: the walk repeats the call and reports it."""
+    jobs = []
+    for name in names:
+        spec = SpecifierSet()
+        for req, _ in grouped[name]:
+            spec &= req.specifier
+        host_version = host.get(name)
+        if name in exclude or name in local:
+            continue
+        if name in prefer:
+            jobs.append((name, prefer[name].specifier))
+            continue
+        if host_version is not None and (host_version == "" or _version_ok(spec, host_version) or name in accept_host):
+            continue
+        if any(_version_ok(spec, p.version) for p in pinned_by_name.get(name, [])):
+            continue
+        jobs.append((name, spec))
+    if workers <= 1 or len(jobs) <= 1:
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for fut in [pool.submit(fetch, name, spec, target) for name, spec in jobs]:
+            with contextlib.suppress(Exception):  # reported by the sequential walk
+                fut.result()
 
 
 def _recheck(pick: Pick, reqs: list[tuple[Requirement, Reason]], conflicts: list[str]) -> None:

@@ -30,6 +30,7 @@ from graphpersist.liveenv import collect_live, world_facts
 from graphpersist.validate import check_or_refuse
 
 _setup_mark: tuple[int, int] | None = None
+_setup_tensors: list[list[Any]] = []
 
 
 class PersistError(RuntimeError):
@@ -44,17 +45,38 @@ def start_region() -> region.RegionInfo:
     return region.start()
 
 
-def mark_setup() -> int:
+def mark_setup(tensors: Mapping[str, torch.Tensor] | None = None) -> int:
     """Marks the end of deterministic setup (weights, static buffers): allocations after it are capture-time.
 
-    Returns the number of allocation events so far. SAVE records the mark; LOAD checks that its own setup
-    produced exactly those events, and recreates the later ones from the archive.
+    `tensors` names the setup tensors the graphs use (parameters, buffers, KV cache, static inputs). Identical
+    driver-level allocations do not prove identical tensors (torch's caching allocator sub-allocates segments),
+    so LOAD compares each named tensor's address, dtype and shape too. Returns the number of allocation events.
     """
-    global _setup_mark
+    global _setup_mark, _setup_tensors
     torch.cuda.synchronize()
     evs = region.events()
     _setup_mark = (len(evs), region.info().cursor)
+    _setup_tensors = [[name, *_tensor_key(t)] for name, t in (tensors or {}).items()]
     return len(evs)
+
+
+def _tensor_key(t: torch.Tensor) -> list[Any]:
+    return [t.data_ptr(), str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride())]
+
+
+def check_setup_tensors(saved: list[list[Any]], live: Mapping[str, torch.Tensor] | None) -> None:
+    """Aborts at the first named setup tensor whose address, dtype, shape or stride differs from SAVE's."""
+    if saved and live is None:
+        raise PersistError(f"the archive records {len(saved)} setup tensors: pass setup_tensors= to load()")
+    live_rows = [[name, *_tensor_key(t)] for name, t in (live or {}).items()]
+    for i, (want, got) in enumerate(zip(saved, live_rows, strict=False)):
+        if want != got:
+            raise PersistError(
+                f"setup tensor {i} differs: saved {want[0]!r} at {want[1]:#x} {want[2]} {want[3]}, "
+                f"live {got[0]!r} at {got[1]:#x} {got[2]} {got[3]} (setup code or its order differs)"
+            )
+    if len(saved) != len(live_rows):
+        raise PersistError(f"setup tensors: SAVE recorded {len(saved)}, LOAD passed {len(live_rows)}")
 
 
 # ------------------------------------------------------------------------------------------- tensors
@@ -223,6 +245,7 @@ class Saver:
                 content_fps[name] = graphs.address_fingerprint(sg.desc, sg.blob, lo, hi)
             w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
             w.add_json(rank, "pointers.json", pointers)
+            w.add_json(rank, "setup_tensors.json", _setup_tensors)
             w.add_json(
                 rank,
                 "tensors.json",
@@ -294,31 +317,16 @@ def _check_memory(archive: Any, rank: int) -> tuple[list[tuple[int, int]], int]:
     rec = archive.rank_facts(rank)
     saved = archive.read_json(rank, "alloc_log.json")
     setup_n = rec.extra["setup_events"]
-    live_evs = region.events()
     info = region.info()
     if info.base != rec.region.base:
         raise PersistError(f"region base: saved {rec.region.base:#x}, live {info.base:#x}")
-    for i, ev in enumerate(live_evs):
-        if i >= setup_n:
-            raise PersistError(
-                f"allocation event {i} ({ev.kind} {ev.size} bytes at {ev.addr:#x}) happened after the setup that "
-                f"SAVE recorded ({setup_n} events): LOAD must run before any further allocation"
-            )
-        want = saved[i]
-        if (ev.kind, ev.addr, ev.size) != (want[0], want[1], want[2]):
-            raise PersistError(
-                f"address drift at allocation event {i}: saved {want[0]} {want[2]} bytes at {want[1]:#x}, "
-                f"live {ev.kind} {ev.size} bytes at {ev.addr:#x} (setup code or its inputs differ)"
-            )
-    if len(live_evs) != setup_n:
-        raise PersistError(f"setup made {len(live_evs)} allocation events, SAVE recorded {setup_n}")
-    later = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(saved)]
-    before = {a for a, _ in region.live_ranges(later[:setup_n])}
-    for kind in {e.kind for e in later[setup_n:]} - {"alloc", "free"}:
-        raise PersistError(f"capture-time allocation kind {kind!r} is not restorable yet")
-    for addr, size in region.live_ranges(later):
-        if addr not in before:
-            region.map_fixed(addr, size)
+    saved_evs = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(saved)]
+    try:
+        to_map = region.plan_restore(saved_evs, setup_n, region.events())
+    except region.RegionError as exc:
+        raise PersistError(str(exc)) from None
+    for addr, size in to_map:
+        region.map_fixed(addr, size)
     region.set_cursor(rec.region.final_offset)
     return region.live_ranges(region.events()), setup_n
 
@@ -332,6 +340,8 @@ def load(
     modes: Sequence[str] = (),
     rank: int = 0,
     flags: Mapping[str, Any] | None = None,
+    native: bool = True,
+    setup_tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay."""
     t0 = time.perf_counter()
@@ -362,6 +372,7 @@ def load(
     pointers = archive.read_json(rank, "pointers.json")
     if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != rec.pointers.fingerprint:
         raise PersistError("pointer inventory does not match its recorded fingerprint")
+    check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
     t_validate = time.perf_counter()
 
     ranges, _ = _check_memory(archive, rank)
@@ -383,7 +394,10 @@ def load(
     out: dict[str, LoadedGraph] = {}
     for name, (desc, blob, table) in descs.items():
         a = time.perf_counter()
-        g = graphs.rebuild_native(name, desc, blob, table, resolved[name])
+        if native:
+            g = graphs.rebuild_native(name, desc, blob, table, resolved[name])
+        else:  # reference path: one cuda-bindings call per node (about 5x slower)
+            g = graphs.rebuild(name, desc, blob, loaded.function)
         b = time.perf_counter()
         ex = graphs.instantiate(name, g)
         c = time.perf_counter()

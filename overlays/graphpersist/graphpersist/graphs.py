@@ -134,7 +134,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 raw = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
                 if a.name in _EVENT_ATTRS and any(raw):
                     raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
-                attrs[str(int(a))] = raw.hex()
+                attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
             pointers |= _pointers_in(params, region_lo, region_hi)
             fattrs = func_attributes(p.func)
             fkey = json.dumps([sha, name, fattrs], sort_keys=True)
@@ -207,7 +207,7 @@ def pack_kernel_table(desc: dict[str, Any]) -> bytes:
             continue
         a_off = n_a
         for aid, hexval in sorted(nd["attrs"].items(), key=lambda kv: int(kv[0])):
-            attrs += _KATTR.pack(int(aid), 0, bytes.fromhex(hexval))
+            attrs += _KATTR.pack(int(aid), 0, bytes.fromhex(hexval).ljust(_ATTR_BYTES, b"\0"))
             n_a += 1
         layout = nd["layout"]
         nodes += _KNODE.pack(i, nd["func"], *nd["grid"], *nd["block"], nd["smem"], len(layout), nd["params"][0],
@@ -298,7 +298,7 @@ def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any) -> Any:
                         defaults[str(int(a))] = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
                 _AttrDefaults.values = defaults
             for aid, hexval in nd["attrs"].items():
-                raw = bytes.fromhex(hexval)
+                raw = bytes.fromhex(hexval).ljust(_ATTR_BYTES, b"\0")
                 if _AttrDefaults.values.get(aid) == raw:
                     continue
                 ctypes.memmove(val_ptr, raw, _ATTR_BYTES)
@@ -363,7 +363,7 @@ def rebuild_native(name: str, desc: dict[str, Any], blob: bytes, table: bytes, f
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     n = len(desc["nodes"])
     out = (ctypes.c_void_p * max(n, 1))()
-    n_k, n_off, n_attr, _ = _HEADER.unpack_from(table)
+    n_k, n_off, _n_attr, _ = _HEADER.unpack_from(table)
     tbuf = ctypes.create_string_buffer(table, len(table))
     bbuf = ctypes.create_string_buffer(blob, len(blob) or 1)
     t0 = ctypes.addressof(tbuf) + _HEADER.size

