@@ -33,9 +33,10 @@ build: setup ## fetch + verify pinned upstream, patch, overlay, stamp and write 
 test: build ## build, then run the CPU test-suite (what CI runs)
 	GP_DIST_DIR=$(CURDIR)/$(DIST) $(PY) -m pytest $(PYTEST_ARGS)
 
-check: setup ## lint code and patch series, dry-run the series against pinned upstream (zero fuzz)
+check: setup ## lint code + series, zero-fuzz dry run against pinned upstream, check hooked functions
 	$(VENV)/bin/pre-commit run --all-files
 	$(PY) -m gptools apply --engine $(ENGINE) --dry-run
+	$(PY) -m gptools hooks --engine $(ENGINE)
 
 lint: check
 
@@ -49,8 +50,8 @@ edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git wor
 export: setup ## make export ENGINE=vllm: write the edited work tree back to patches/<engine>/
 	$(PY) -m gptools export --engine $(ENGINE)
 
-bundle: build ## make bundle FREEZE=host-freeze.txt: offline bundle of dist/ + missing deps, in parts
-	$(PY) -m gptools bundle --dist $(DIST) $(if $(FREEZE),--host-freeze $(FREEZE)) $(BUNDLE_ARGS)
+bundle: build ## make bundle FREEZE=host-freeze.txt BUNDLE_ARGS=@recipes/gpu-host/vllm.args: offline bundle
+	$(PY) -m gptools bundle --dist $(DIST) --engine $(ENGINE) $(if $(FREEZE),--host-freeze $(FREEZE)) $(BUNDLE_ARGS)
 
 gpu-test: setup ## GPU tests (needs an NVIDIA GPU; run on the GPU host)
 	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ set -uo pipefail
 B=${BUNDLE_DIR:-/root/gpbundle}
 SITE=${SITE:-/root/gpsite}
 OUT=${OUT:-/tmp/gpbundle-proof}
+W=$(mktemp -d /tmp/gpbundle-proof.XXXXXX)  # per-step outputs; only proof.txt and proof.json go to $OUT
 mkdir -p "$OUT"
 LOG=$OUT/proof.txt
 : >"$LOG"
@@ -30,33 +31,33 @@ for p in "$B"/*.part*; do ln -s "$p" "$BAD/$(basename "$p")"; done
 victim=$(cd "$B" && ls *.part* | sed -n 2p); [[ -n "$victim" ]] || victim=$(cd "$B" && ls *.part* | head -1)
 rm "$BAD/$victim"; cp "$B/$victim" "$BAD/$victim"
 python3 -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(12345); b=f.read(1); f.seek(12345); f.write(bytes([b[0]^1]))" "$BAD/$victim"
-t=$(now); bash "$BAD/install.sh" --target /tmp/gpbundle-bad-site >"$OUT/corrupt.out" 2>&1; rc=$?
-cat "$OUT/corrupt.out" >>"$LOG"
-ok=$([[ $rc == 1 ]] && grep -q "part $victim is CORRUPTED" "$OUT/corrupt.out" && [[ ! -e /tmp/gpbundle-bad-site ]] && echo pass || echo FAIL)
+t=$(now); bash "$BAD/install.sh" --target /tmp/gpbundle-bad-site >"$W/corrupt.out" 2>&1; rc=$?
+cat "$W/corrupt.out" >>"$LOG"
+ok=$([[ $rc == 1 ]] && grep -q "part $victim is CORRUPTED" "$W/corrupt.out" && [[ ! -e /tmp/gpbundle-bad-site ]] && echo pass || echo FAIL)
 record "corrupted part $victim refused (rc=$rc, nothing installed)" "$ok" "$(dt "$t" "$(now)")"
 
 last=$(cd "$B" && ls *.part* | tail -1); rm "$BAD/$last"
-t=$(now); bash "$BAD/install.sh" --verify-only >"$OUT/missing.out" 2>&1; rc=$?
-cat "$OUT/missing.out" >>"$LOG"
-ok=$([[ $rc == 1 ]] && grep -q "part $last is MISSING" "$OUT/missing.out" && echo pass || echo FAIL)
+t=$(now); bash "$BAD/install.sh" --verify-only >"$W/missing.out" 2>&1; rc=$?
+cat "$W/missing.out" >>"$LOG"
+ok=$([[ $rc == 1 ]] && grep -q "part $last is MISSING" "$W/missing.out" && echo pass || echo FAIL)
 record "missing part $last refused (rc=$rc)" "$ok" "$(dt "$t" "$(now)")"
 rm -rf "$BAD"
 
 rm -rf "$SITE"
-t=$(now); bash "$B/install.sh" --target "$SITE" -- --no-compile >"$OUT/install.out" 2>&1; rc=$?
-cat "$OUT/install.out" >>"$LOG"
+t=$(now); bash "$B/install.sh" --target "$SITE" -- --no-compile >"$W/install.out" 2>&1; rc=$?
+cat "$W/install.out" >>"$LOG"
 record "install.sh --target $SITE (rc=$rc)" "$([[ $rc == 0 ]] && echo pass || echo FAIL)" "$(dt "$t" "$(now)")"
 
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 t=$(now)
-python3 -c "import vllm; print(vllm.__version__)" >"$OUT/import.out" 2>"$OUT/import.err"; rc=$?
-log "\$ python3 -c \"import vllm; print(vllm.__version__)\""; cat "$OUT/import.out" | tee -a "$LOG"
-tail -5 "$OUT/import.err" >>"$LOG"
-ok=$([[ $rc == 0 ]] && grep -Eq '^0\.26\.0(\+gp\.1)?$' "$OUT/import.out" && echo pass || echo FAIL)
-record "import vllm (version $(tail -1 "$OUT/import.out"))" "$ok" "$(dt "$t" "$(now)")"
+python3 -c "import vllm; print(vllm.__version__)" >"$W/import.out" 2>"$W/import.err"; rc=$?
+log "\$ python3 -c \"import vllm; print(vllm.__version__)\""; cat "$W/import.out" | tee -a "$LOG"
+tail -5 "$W/import.err" >>"$LOG"
+ok=$([[ $rc == 0 ]] && grep -Eq '^0\.26\.0(\+gp\.1)?$' "$W/import.out" && echo pass || echo FAIL)
+record "import vllm (version $(tail -1 "$W/import.out"))" "$ok" "$(dt "$t" "$(now)")"
 
 t=$(now)
-python3 - >"$OUT/import2.out" 2>"$OUT/import2.err" <<'EOF'
+python3 - >"$W/import2.out" 2>"$W/import2.err" <<'EOF'
 import importlib.metadata as md
 import graphpersist
 import vllm
@@ -67,14 +68,14 @@ print("vllm from:", vllm.__file__)
 print("LLM:", LLM)
 EOF
 rc=$?
-cat "$OUT/import2.out" | tee -a "$LOG"; tail -5 "$OUT/import2.err" >>"$LOG"
-ok=$([[ $rc == 0 ]] && grep -q "importlib.metadata vllm: 0.26.0+gp.1" "$OUT/import2.out" && echo pass || echo FAIL)
+cat "$W/import2.out" | tee -a "$LOG"; tail -5 "$W/import2.err" >>"$LOG"
+ok=$([[ $rc == 0 ]] && grep -q "importlib.metadata vllm: 0.26.0+gp.1" "$W/import2.out" && echo pass || echo FAIL)
 record "import graphpersist; from vllm import LLM; metadata says 0.26.0+gp.1" "$ok" "$(dt "$t" "$(now)")"
 
 # Informational (not checks): flashinfer imports; what pip check says about the recorded exclusions.
-python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" >>"$LOG" 2>&1 || log "flashinfer import failed"
+python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1 | tee -a "$LOG"
 log "\$ python3 -m pip check (informational: excluded/accepted requirements show up here)"
-python3 -m pip check 2>&1 | tee "$OUT/pipcheck.out" | head -40 >>"$LOG"
+python3 -m pip check 2>&1 | head -40 | tee -a "$LOG"
 
 python3 - "$OUT/proof.json" "${RESULTS[@]}" <<'EOF'
 import json, sys

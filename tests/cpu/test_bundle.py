@@ -386,3 +386,57 @@ def test_help_exits_0(capsys):
         bundle.main(["bundle", "--help"])
     assert exc.value.code == 0
     assert "--drop-path" in capsys.readouterr().out
+
+
+def test_engine_all_writes_one_self_contained_bundle_per_engine(small_bundle):
+    root, argv, bdir = small_bundle
+    make_wheel(root / "dist", "sglang", "0.5.17+gp.1", ["graphpersist==1", "numpy"])
+    i = argv.index("--engine")
+    assert run_cli([*argv[:i], "--engine", "all", *argv[i + 2 :]]) == 0
+    for engine in ("vllm", "sglang"):
+        m = json.loads((bdir.parent / engine / "manifest.json").read_text())
+        assert m["engine"] == engine and "graphpersist" in {w["name"] for w in m["wheels"]}
+        assert ba.verify_bundle(bdir.parent / engine).ok
+
+
+def test_pip_fetcher_asks_pip_for_the_targets_tags_and_finds_the_saved_wheel(tmp_path):
+    """The real fetcher, with a stand-in for `python -m pip` that records its arguments (no network)."""
+    made = make_wheel(tmp_path / "made", "pydantic-core", "2.50.5", tag="cp312-cp312-manylinux_2_17_x86_64")
+    fake = tmp_path / "fakepython"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$@" > {tmp_path}/args\n'
+        "while [[ $# -gt 0 ]]; do [[ $1 == -d ]] && dest=$2; shift; done\n"
+        f'cp {made} "$dest/" && echo "Saved $dest/{made.name}"\n'
+    )
+    fake.chmod(0o755)
+    fetch = bc.PipFetcher(tmp_path / "cache", python=str(fake), log=lambda s: None)
+    from packaging.specifiers import SpecifierSet
+
+    path = fetch("pydantic-core", SpecifierSet("==2.50.5"), TARGET)
+    assert path.name == made.name and path.parent == tmp_path / "cache"
+    args = (tmp_path / "args").read_text().split()
+    assert args[:6] == ["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
+    assert "--python-version" in args and args[args.index("--python-version") + 1] == "3.12"
+    plats = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+    assert plats[0] == "manylinux_2_39_x86_64" and "manylinux_2_28_x86_64" in plats and plats[-1] == "manylinux1_x86_64"
+    assert args[-1] == "pydantic-core==2.50.5"
+
+
+def test_options_file_with_comments_and_quoted_reasons(small_bundle, tmp_path):
+    """The recipe passes its options as @recipes/gpu-host/vllm.args: one option per line, # comments, quotes."""
+    _, argv, bdir = small_bundle
+    opts = tmp_path / "opts.args"
+    opts.write_text('# a comment\n--exclude "tinydep=not needed: see README"   # trailing comment\n--dry-run\n')
+    assert run_cli([*argv, f"@{opts}"]) == 0
+    assert not (bdir / "manifest.json").exists()  # --dry-run came from the file
+    assert run_cli([*argv, f"@{opts}", "--json"]) == 0
+
+
+def test_recipe_options_files_parse():
+    here = Path(__file__).resolve().parents[2] / "recipes" / "gpu-host"
+    parser = bundle._ArgFileParser(fromfile_prefix_chars="@")
+    bundle.add_arguments(parser)
+    for name in ("vllm.args", "sglang.args"):
+        args = parser.parse_args([f"@{here / name}"])
+        assert args.engine == name.split(".")[0] and args.compression == "xz" and args.exclude

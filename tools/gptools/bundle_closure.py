@@ -273,7 +273,7 @@ def resolve(
         return memo[key]
 
     picks: dict[str, Pick] = {}
-    conflicts: list[str] = []
+    conflicts = _Conflicts()
     warnings: list[str] = []
     pending: list[tuple[Requirement, Reason]] = []
 
@@ -292,7 +292,7 @@ def resolve(
         if not target.accepts_wheel(path.name):
             raise ClosureError(f"{path.name} is not installable on the target ({target.describe()})")
         if meta.requires_python and not _version_ok(SpecifierSet(meta.requires_python), target.python_full_version):
-            conflicts.append(
+            conflicts.other.append(
                 f"{meta.display_name} {meta.version} requires Python {meta.requires_python}; "
                 f"the target has {target.python_full_version}"
             )
@@ -341,7 +341,7 @@ def resolve(
             if name in local:
                 local_meta = read_wheel_meta(local[name])
                 if not _version_ok(spec, local_meta.version):
-                    conflicts.append(_conflict_text(name, local_meta.version, "dist/", reqs))
+                    conflicts.add(name, local_meta.version, "dist/", [w for _, w in reqs])
                 over = f"; the host's {host_version} is overridden" if host_version else ""
                 take_wheel(local[name], DIST, reasons, extras, "from dist/" + over)
                 continue
@@ -351,7 +351,9 @@ def resolve(
                 path = fetch(name, want.specifier, target)
                 version = read_wheel_meta(path).version
                 if not _version_ok(spec, version):
-                    conflicts.append(_conflict_text(name, version, "--prefer", reqs))
+                    conflicts.add(
+                        name, version, "--prefer", [w for r, w in reqs if not _version_ok(r.specifier, version)]
+                    )
                 over = f"; the host's {host_version} is overridden" if host_version else ""
                 take_wheel(path, PREFERRED, reasons, extras, f"--prefer {want}" + over)
                 continue
@@ -379,7 +381,7 @@ def resolve(
             take_wheel(path, DOWNLOADED, reasons, extras, f"newest satisfying '{spec or 'any'}'" + replaces)
     for name in sorted(set(prefer) - set(picks)):
         warnings.append(f"--prefer {prefer[name]}: nothing in the closure requires {name}; ignored")
-    return Closure(target, picks, conflicts, warnings)
+    return Closure(target, picks, conflicts.lines(), warnings)
 
 
 def _prefetch(names, grouped, fetch, host, local, prefer, exclude, accept_host, pinned_by_name, target, workers):
@@ -409,20 +411,34 @@ def _prefetch(names, grouped, fetch, host, local, prefer, exclude, accept_host, 
                 fut.result()
 
 
-def _recheck(pick: Pick, reqs: list[tuple[Requirement, Reason]], conflicts: list[str]) -> None:
-    if pick.source == EXCLUDED or (pick.source == HOST and pick.version == ""):
+class _Conflicts:
+    """Requirements that a picked version does not satisfy, one entry per package however many levels found them."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict] = {}
+        self.other: list[str] = []
+
+    def add(self, name: str, version: str, source: str, bad: Iterable[Reason], picked_for: Iterable[Reason] = ()):
+        item = self.items.setdefault(name, {"version": version, "source": source, "bad": [], "for": []})
+        item["bad"] += [str(r) for r in bad if str(r) not in item["bad"]]
+        item["for"] += [str(r) for r in picked_for if str(r) not in item["for"] and str(r) not in item["bad"]]
+
+    def lines(self) -> list[str]:
+        out = list(self.other)
+        for name, it in self.items.items():
+            text = f"{name}: {it['source']} version {it['version']} does not satisfy " + "; ".join(it["bad"])
+            if it["for"]:
+                text += " (picked for " + "; ".join(it["for"]) + ")"
+            out.append(text)
+        return out
+
+
+def _recheck(pick: Pick, reqs: list[tuple[Requirement, Reason]], conflicts: _Conflicts) -> None:
+    if pick.source in (EXCLUDED, HOST_ACCEPTED) or (pick.source == HOST and pick.version == ""):
         return
-    bad = [(r, why) for r, why in reqs if not _version_ok(r.specifier, pick.version)]
-    if bad and pick.source != HOST_ACCEPTED:
-        conflicts.append(_conflict_text(pick.name, pick.version, pick.source, bad, earlier=pick.reasons))
-
-
-def _conflict_text(name, version, source, reqs, earlier=()) -> str:
-    asked = "; ".join(str(why) for _, why in reqs)
-    text = f"{name}: {source} version {version} does not satisfy {asked}"
-    if earlier:
-        text += " (picked for " + "; ".join(str(r) for r in earlier) + ")"
-    return text
+    bad = [why for r, why in reqs if not _version_ok(r.specifier, pick.version)]
+    if bad:
+        conflicts.add(pick.name, pick.version, pick.source, bad, pick.reasons)
 
 
 # --------------------------------------------------------------------------------------------------------------------
