@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpdist.fetch import fetch
+from gpdist.fetch import fetch, sha256_file
 from gpdist.pins import EnginePin, Pins
 from gpdist.unpack import MARKER, WORK_DIR, tree_files, upstream_tree
 from gpdist.wheelmeta import WheelName, hex_to_record_digest, parse_record, render_record, stamp_metadata
@@ -42,14 +41,6 @@ class EngineBuild:
 def is_native(path: str, data_head: bytes) -> bool:
     """Native code: shared objects and other ELF files (e.g. vLLM's vllm-rs binary), plus GPU code images."""
     return path.endswith(NATIVE_SUFFIXES) or ".so." in path or data_head.startswith(b"\x7fELF")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _apply_series(tree: Path, engine: EnginePin) -> list[str]:
@@ -131,7 +122,7 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
             path = stage / rel
             executable = bool(path.stat().st_mode & 0o111)
             upstream_rel = old_info + rel[len(new_info) :] if rel.startswith(f"{new_info}/") else rel
-            digest_hex = _sha256(path)
+            digest_hex = sha256_file(path)
             digest = hex_to_record_digest(digest_hex)
             size = path.stat().st_size
             rows.append((rel, digest, str(size)))
@@ -161,7 +152,7 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
         rows.append((record_name, "", ""))
         out.add_bytes(record_name, render_record(rows))
     tmp_wheel.replace(result.wheel)
-    result.wheel_sha256 = _sha256(result.wheel)
+    result.wheel_sha256 = sha256_file(result.wheel)
     _check_record_complete(upstream_record, old_info, new_info, rows)
     log(
         f"wrote {result.wheel} ({result.wheel.stat().st_size / 2**20:.1f} MiB): {len(result.patched_files)} patched, "

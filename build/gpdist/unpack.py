@@ -6,6 +6,7 @@ or half-written tree is never patched.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import zipfile
@@ -20,8 +21,12 @@ MARKER = ".gpdist-unpacked"
 
 
 def unpack_wheel(wheel: Path, dest: Path, marker: str = "") -> Path:
-    """Extract every member of the wheel into dest (replacing it), keeping unix permission bits."""
-    tmp = dest.with_name(dest.name + ".tmp")
+    """Extract every member of the wheel into dest (replacing it), keeping unix permission bits.
+
+    The tree is written beside dest under a per-process name and renamed into place, so two processes unpacking
+    at once (parallel tests, a build beside `make check`) never see each other's half-written tree.
+    """
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as zf:
@@ -39,8 +44,16 @@ def unpack_wheel(wheel: Path, dest: Path, marker: str = "") -> Path:
             if mode:
                 target.chmod(mode)
     (tmp / MARKER).write_text(marker)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        dest.rename(old)
+    try:
+        tmp.rename(dest)
+    except OSError:
+        if not (dest / MARKER).is_file() or (dest / MARKER).read_text() != marker:
+            raise
+        shutil.rmtree(tmp)  # another process finished the same tree first: use theirs
+    shutil.rmtree(old, ignore_errors=True)
     return dest
 
 

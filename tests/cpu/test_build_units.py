@@ -137,3 +137,28 @@ def test_offline_fetch_of_an_uncached_file_says_so(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GP_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(fetch_mod.FetchError, match="not in the cache"):
         fetch_mod.fetch(_artifact(b"x"), offline=True)
+
+
+def test_unpack_keeps_modes_replaces_old_trees_and_refuses_escaping_members(tmp_path: Path) -> None:
+    from gpdist.unpack import MARKER, tree_files, unpack_wheel
+
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        script = zipfile.ZipInfo("demo/run.sh")
+        script.external_attr = 0o100755 << 16
+        zf.writestr(script, "#!/bin/sh\n")
+        zf.writestr("demo/__init__.py", "")
+    dest = tmp_path / "tree"
+    (dest / "stale").mkdir(parents=True)
+    unpack_wheel(wheel, dest, marker="abc")
+    assert tree_files(dest) == ["demo/__init__.py", "demo/run.sh"]
+    assert (dest / "demo" / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (dest / MARKER).read_text() == "abc"
+    assert not list(tmp_path.glob("tree.*")), "no temporary trees may be left behind"
+
+    evil = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(evil, "w") as zf:
+        zf.writestr("../outside.py", "")
+    with pytest.raises(RuntimeError, match="escapes the tree"):
+        unpack_wheel(evil, tmp_path / "evil")
+    assert not (tmp_path / "outside.py").exists()

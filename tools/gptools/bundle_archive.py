@@ -13,23 +13,17 @@ import shutil
 import subprocess
 import tarfile
 import zipfile
-from base64 import urlsafe_b64encode
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpdist.fetch import sha256_file
+from gpdist.wheelmeta import record_digest
 
 MiB = 1 << 20
 CHUNK = 1 << 20
 FORMAT = "gpbundle/1"
 COMPRESSIONS = {"gz": ".tar.gz", "xz": ".tar.xz", "none": ".tar"}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def parse_size(text: str) -> int:
@@ -52,10 +46,6 @@ def parse_size(text: str) -> int:
 class TrimResult:
     dropped: list[tuple[str, int]]  # (path inside the wheel, uncompressed size)
     unmatched: list[str]  # globs that matched nothing
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def trim_wheel(src: Path, dest: Path, globs: list[str], original_sha256: str, store: bool = False) -> TrimResult:
@@ -110,7 +100,7 @@ def trim_wheel(src: Path, dest: Path, globs: list[str], original_sha256: str, st
                 lines.append(line)
             lines.insert(
                 len(lines) - 1 if lines and lines[-1].startswith(record_name) else len(lines),
-                f"{note_name},{_record_hash(note)},{len(note)}",
+                f"{note_name},{record_digest(note)},{len(note)}",
             )
             if not any(ln.startswith(record_name + ",") for ln in lines):
                 lines.append(f"{record_name},,")
@@ -140,7 +130,7 @@ def check_record(wheel: Path) -> list[str]:
             if n == record:
                 continue
             data = zf.read(n)
-            if digest != _record_hash(data) or size != str(len(data)):
+            if digest != record_digest(data) or size != str(len(data)):
                 problems.append(f"{n}: RECORD hash/size mismatch")
         problems += [f"{p}: in RECORD but not in the wheel" for p in listed if p not in names]
     return problems
