@@ -72,7 +72,11 @@ class Result:
 
 
 class NotRun(Exception):
-    """Raised by a check that could not run here; the message says why."""
+    """Raised by a check that could not run here; the message says why, ``evidence`` may show where."""
+
+    def __init__(self, why: str, evidence: str = "") -> None:
+        super().__init__(why)
+        self.evidence = evidence
 
 
 class Captured(logging.Handler):
@@ -156,7 +160,7 @@ class Checker:
             detail, evidence = fn()
             result = Result(name, "PASS", detail, evidence)
         except NotRun as why:
-            result = Result(name, "NOT RUN", str(why))
+            result = Result(name, "NOT RUN", str(why), why.evidence)
         except Exception as err:
             result = Result(name, "FAIL", f"{type(err).__name__}: {err}".splitlines()[0], traceback.format_exc())
         print(f"[{result.status}] {name}: {result.detail}", flush=True)
@@ -188,14 +192,21 @@ class Checker:
     def check_full_build(self) -> tuple[str, str]:
         """Plain ServerArgs(model_path=<Qwen3 dir>) builds completely (context for the other checks)."""
         with env(**NO_ENV):
-            args, _, module = self.build()
-        if module is not None:
-            self.full_build_blocker = module
-            raise NotRun(
-                f"ServerArgs(model_path=<Qwen3 dir>) imports `{module}` on CUDA (model config -> quantization "
-                "layers); its kernel wheel is not in the carried set, so the switch checks below use the Qwen3 "
-                "dir up to that point and model_path='dummy' for complete builds"
-            )
+            try:
+                args = self.ServerArgs(model_path=str(self.model), random_seed=1)
+            except Exception as err:
+                module = missing_kernel(err)
+                if module is None:
+                    raise
+                self.full_build_blocker = module
+                frames = [f for f in traceback.extract_tb(err.__traceback__) if "/sglang/" in f.filename]
+                where = "\n".join(f"{f.filename.split('/sglang/', 1)[1]}:{f.lineno} {f.line}" for f in frames)
+                raise NotRun(
+                    f"ServerArgs(model_path=<Qwen3 dir>) imports `{module}` on CUDA (import chain in the evidence); "
+                    "its kernel wheel is not in the carried set, so the switch checks below use the Qwen3 dir up to "
+                    "that point and model_path='dummy' for complete builds",
+                    "sglang frames, outermost first:\n" + where,
+                ) from None
         return f"built: model_path={args.model_path} dtype={args.dtype} attention_backend={args.attention_backend}", ""
 
     def check_save_kwargs(self) -> tuple[str, str]:
@@ -373,7 +384,11 @@ class Checker:
         try:
             from sglang.srt.entrypoints.engine import Engine
         except Exception as err:
-            raise NotRun(f"importing sglang.srt.entrypoints.engine failed: {type(err).__name__}: {err}") from None
+            frames = [f for f in traceback.extract_tb(err.__traceback__) if "/sglang/" in f.filename]
+            raise NotRun(
+                f"importing sglang.srt.entrypoints.engine failed: {type(err).__name__}: {err}",
+                "\n".join(f"{f.filename.split('/sglang/', 1)[1]}:{f.lineno} {f.line}" for f in frames[-8:]),
+            ) from None
         from graphpersist.switch import SwitchError
 
         launched: list[str] = []

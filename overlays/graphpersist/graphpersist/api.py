@@ -289,7 +289,14 @@ class Saver:
 
 @dataclass
 class LoadedGraph:
-    """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses."""
+    """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses.
+
+    `events[i]` is the live CUevent (cuda-bindings) standing for event index i of the saved graph (distinct
+    events numbered in order of first appearance at SAVE). The graph's event record/wait nodes use these fresh
+    events, not the ones captured in the SAVE process: an engine that records or waits on those events outside
+    the graph must use these (e.g. `cuEventRecord(lg.events[i], stream)` before replay, `cuStreamWaitEvent`
+    after). They are created with CU_EVENT_DISABLE_TIMING and live as long as this object.
+    """
 
     name: str
     exec: Any
@@ -299,6 +306,7 @@ class LoadedGraph:
     node_count: int
     rebuild_s: float
     instantiate_s: float
+    events: list[Any] = field(default_factory=list)
 
     def replay(self) -> None:
         from cuda.bindings import driver as drv
@@ -366,6 +374,7 @@ def load(
         blob = archive.read(rank, f"graphs/{g.name}.bin")
         table = archive.read(rank, f"graphs/{g.name}.knodes")
         graphs.verify_blob(g.name, desc, blob)
+        graphs.check_events(g.name, desc)
         if graphs.topology_fingerprint(desc) != g.topology_fingerprint:
             raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
         descs[g.name] = (desc, blob, table)
@@ -394,10 +403,11 @@ def load(
     out: dict[str, LoadedGraph] = {}
     for name, (desc, blob, table) in descs.items():
         a = time.perf_counter()
+        events = graphs.create_events(name, desc)
         if native:
-            g = graphs.rebuild_native(name, desc, blob, table, resolved[name])
+            g = graphs.rebuild_native(name, desc, blob, table, resolved[name], events)
         else:  # reference path: one cuda-bindings call per node (about 5x slower)
-            g = graphs.rebuild(name, desc, blob, loaded.function)
+            g = graphs.rebuild(name, desc, blob, loaded.function, events)
         b = time.perf_counter()
         ex = graphs.instantiate(name, g)
         c = time.perf_counter()
@@ -410,6 +420,7 @@ def load(
             len(desc["nodes"]),
             b - a,
             c - b,
+            events,
         )
     t_end = time.perf_counter()
     return LoadResult(

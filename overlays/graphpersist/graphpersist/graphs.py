@@ -1,9 +1,17 @@
 """Serialize a captured CUDA graph's DAG and rebuild it in another process.
 
 Supported nodes: kernel (parameters read through kernelParams or the `extra` buffer, laid out by
-cuFuncGetParamInfo; every readable launch attribute copied byte for byte), memset, device-to-device memcpy
-and empty nodes, plus edges with their edge data. Anything else makes SAVE fail naming the node: a silent
-archive would replay something different. The description is JSON; parameter bytes go in one binary blob.
+cuFuncGetParamInfo; every readable launch attribute copied byte for byte), memset, device-to-device memcpy,
+empty, event record and event wait nodes, plus edges with their edge data. Anything else makes SAVE fail naming
+the node: a silent archive would replay something different. The description is JSON; parameter bytes go in one
+binary blob.
+
+Events: a CUevent handle is process-local, so the description holds only an event *index* (distinct handles
+numbered in order of first appearance). LOAD creates one fresh event per index (`create_events`) and the loaded
+graph records/waits on those; an engine that records or waits on the same events outside the graph must use the
+live ones (`LoadedGraph.events`). The driver has no call to read an event's creation flags, so every event is
+recreated with CU_EVENT_DISABLE_TIMING, what torch.cuda.Event() uses by default (external events included):
+an engine that times such events with cuEventElapsedTime would get an error, not a wrong number.
 """
 
 from __future__ import annotations
@@ -27,10 +35,100 @@ _MEMCPY_FIELDS = (
     "WidthInBytes", "Height", "Depth",
 )  # fmt: skip
 _DEVICE_MEMORY = (2, 4)  # CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_UNIFIED
+EVENT_DISABLE_TIMING = 0x2  # CU_EVENT_DISABLE_TIMING: the flags every event is recreated with (see above)
+
+# CUgraphNodeType name -> the description's node kind, for the node types the format persists.
+NODE_KINDS = {
+    "CU_GRAPH_NODE_TYPE_KERNEL": "kernel",
+    "CU_GRAPH_NODE_TYPE_MEMCPY": "memcpy",
+    "CU_GRAPH_NODE_TYPE_MEMSET": "memset",
+    "CU_GRAPH_NODE_TYPE_EMPTY": "empty",
+    "CU_GRAPH_NODE_TYPE_EVENT_RECORD": "event_record",
+    "CU_GRAPH_NODE_TYPE_WAIT_EVENT": "event_wait",
+}
+# Why the other node types are refused; each names what would be lost or replayed differently.
+_REFUSED = {
+    "CU_GRAPH_NODE_TYPE_HOST": "a host callback: its function pointer and user data exist only in this process",
+    "CU_GRAPH_NODE_TYPE_GRAPH": "child graphs are not walked",
+    "CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL": "external semaphores are process-local handles",
+    "CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT": "external semaphores are process-local handles",
+    "CU_GRAPH_NODE_TYPE_MEM_ALLOC": "graph-owned allocations are not placed in the fixed region",
+    "CU_GRAPH_NODE_TYPE_MEM_FREE": "graph-owned allocations are not placed in the fixed region",
+    "CU_GRAPH_NODE_TYPE_BATCH_MEM_OP": "batched memory operations are not serialized",
+    "CU_GRAPH_NODE_TYPE_CONDITIONAL": "conditional handles and their body graphs are not serialized",
+}
 
 
 class GraphFormatError(RuntimeError):
     """The graph holds something the format cannot persist, or a saved graph file is damaged."""
+
+
+def node_kind(i: int, type_name: str) -> str:
+    """The description kind for node `i` of CUgraphNodeType `type_name`; refuses unsupported types naming it."""
+    kind = NODE_KINDS.get(type_name)
+    if kind is None:
+        why = _REFUSED.get(type_name, "unknown node type")
+        raise GraphFormatError(f"node {i} ({type_name}): node type cannot be persisted (SAVE refused): {why}")
+    return kind
+
+
+def check_memcpy_kinds(where: str, src_type: int, dst_type: int) -> None:
+    """Refuses memcpy nodes touching host or array memory: host pointers do not survive the process."""
+    if src_type not in _DEVICE_MEMORY or dst_type not in _DEVICE_MEMORY:
+        raise GraphFormatError(
+            f"{where}: memcpy with host or array memory (types {(src_type, dst_type)}) is not supported"
+        )
+
+
+class EventNumbering:
+    """Numbers distinct CUevent handles in order of first appearance; only the numbers reach the archive.
+
+    Handle values differ in every process (and between two captures), so they must never enter a description
+    or a fingerprint: two SAVEs of the same code give the same description.
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[int, int] = {}
+
+    def index(self, handle: int) -> int:
+        return self._index.setdefault(int(handle), len(self._index))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def event_node(kind: str, handle: int, numbering: EventNumbering) -> dict[str, Any]:
+    """The description of an event record/wait node: its kind and event index, never the handle."""
+    if kind not in ("event_record", "event_wait"):
+        raise ValueError(f"not an event node kind: {kind!r}")
+    return {"type": kind, "event": numbering.index(handle)}
+
+
+def event_table(numbering: EventNumbering) -> list[dict[str, int]]:
+    """One entry per event index: the creation flags LOAD uses (not queryable from the driver, see above)."""
+    return [{"flags": EVENT_DISABLE_TIMING} for _ in range(len(numbering))]
+
+
+def check_events(name: str, desc: dict[str, Any]) -> list[int]:
+    """Flags of each event index; refuses a description whose event nodes and event table disagree."""
+    table = desc.get("events", [])
+    try:
+        flags = [int(e["flags"]) for e in table]
+    except (KeyError, TypeError, ValueError):
+        raise GraphFormatError(f"graph {name!r}: malformed event table {table!r}") from None
+    used = set()
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] in ("event_record", "event_wait"):
+            idx = nd.get("event")
+            if not isinstance(idx, int) or not 0 <= idx < len(flags):
+                raise GraphFormatError(
+                    f"graph {name!r} node {i} ({nd['type']}): event index {idx!r} outside the event table "
+                    f"({len(flags)} events)"
+                )
+            used.add(idx)
+    if used != set(range(len(flags))):
+        raise GraphFormatError(f"graph {name!r}: event table lists {len(flags)} events, nodes use {sorted(used)}")
+    return flags
 
 
 def _drv() -> Any:
@@ -118,9 +216,11 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     attr_ids = _attr_ids()
     funcs: dict[str, int] = {}
     func_list: list[list[Any]] = []
+    numbering = EventNumbering()
     for i, nd in enumerate(nodes):
         t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
         where = f"node {i} ({t.name})"
+        kind = node_kind(i, t.name)
         if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
             p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
             sha, name, _load = table.resolve(p.func)
@@ -164,8 +264,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
         elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
             c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
             kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
-            if kinds[0] not in _DEVICE_MEMORY or kinds[1] not in _DEVICE_MEMORY:
-                raise GraphFormatError(f"{where}: memcpy with host or array memory (types {kinds}) is not supported")
+            check_memcpy_kinds(where, *kinds)
             fields = {k: int(getattr(c, k)) for k in _MEMCPY_FIELDS}
             for k in ("srcDevice", "dstDevice"):
                 if region_lo <= fields[k] < region_hi:
@@ -173,7 +272,13 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
             out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
         elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
             out_nodes.append({"type": "empty"})
-        else:
+        elif t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
+            out_nodes.append(event_node(kind, int(ev), numbering))
+        elif t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
+            out_nodes.append(event_node(kind, int(ev), numbering))
+        else:  # node_kind() only lets the kinds above through
             raise GraphFormatError(f"{where}: node type {t.name} cannot be persisted (SAVE refused)")
     edges: list[list[int]] = []
     count = drv.cuGraphGetEdges(graph, 0)[-1]
@@ -184,6 +289,8 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
         for a, b, d in zip(frm, to, data, strict=True):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
     desc = {"format": 1, "nodes": out_nodes, "edges": edges, "funcs": func_list, "blob_size": len(blob)}
+    if len(numbering):
+        desc["events"] = event_table(numbering)
     desc["blob_sha256"] = hashlib.sha256(blob).hexdigest()
     table = pack_kernel_table(desc)
     desc["table_size"] = len(table)
@@ -219,11 +326,18 @@ def pack_kernel_table(desc: dict[str, Any]) -> bytes:
 
 
 def topology_fingerprint(desc: dict[str, Any]) -> str:
-    """Hash of node kinds, kernels, launch shapes, attributes and edges (not parameter values)."""
+    """Hash of node kinds, kernels, launch shapes, attributes, event indices and edges (not parameter values).
+
+    Event nodes enter as (kind, event index): handle values are never in a description. The event table is
+    hashed only when present, so graphs without events keep the fingerprint they had before events existed.
+    """
     topo = [
         {k: v for k, v in nd.items() if k not in ("params", "dst", "srcDevice", "dstDevice")} for nd in desc["nodes"]
     ]
-    text = json.dumps({"nodes": topo, "edges": desc["edges"]}, sort_keys=True, separators=(",", ":"))
+    shape: dict[str, Any] = {"nodes": topo, "edges": desc["edges"]}
+    if desc.get("events"):
+        shape["events"] = desc["events"]
+    text = json.dumps(shape, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -262,13 +376,25 @@ class _AttrDefaults:
     values: dict[str, bytes] | None = None
 
 
-def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any) -> Any:
-    """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
+def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
+    """One fresh CUevent per event index of `desc`, in index order (empty when the graph has no event nodes).
 
-    `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node.
+    The caller keeps them alive as long as the graph and its executable exist: the nodes hold the handles.
     """
     drv = _drv()
+    return [check(drv.cuEventCreate(flags), f"graph {name!r}: cuEventCreate(event {i}, flags {flags:#x})")
+            for i, flags in enumerate(check_events(name, desc))]  # fmt: skip
+
+
+def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Sequence[Any] = ()) -> Any:
+    """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
+
+    `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node; `events[i]` is the live
+    CUevent for event index i (from create_events).
+    """
     verify_blob(name, desc, blob)
+    _check_event_count(name, desc, events)
+    drv = _drv()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
     keep = ctypes.create_string_buffer(blob, len(blob) or 1)
@@ -307,7 +433,7 @@ def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any) -> Any:
                     f"graph {name!r} node {i}: set launch attribute {aid}",
                 )
         else:
-            node = _add_plain_node(drv, graph, ctx, name, i, nd)
+            node = _add_plain_node(drv, graph, ctx, name, i, nd, events)
         made.append(node)
     if desc["edges"]:
         _add_edges(drv, graph, name, made, desc["edges"])
@@ -315,7 +441,16 @@ def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any) -> Any:
     return graph
 
 
-def _add_plain_node(drv: Any, graph: Any, ctx: Any, name: str, i: int, nd: dict[str, Any]) -> Any:
+def _check_event_count(name: str, desc: dict[str, Any], events: Sequence[Any]) -> None:
+    want = len(check_events(name, desc))
+    if len(events) != want:
+        raise GraphFormatError(f"graph {name!r}: {want} events needed (create_events), {len(events)} given")
+
+
+def _add_plain_node(
+    drv: Any, graph: Any, ctx: Any, name: str, i: int, nd: dict[str, Any], events: Sequence[Any]
+) -> Any:
+    """Adds one non-kernel node without dependencies (edges come afterwards, by node index)."""
     kind = nd["type"]
     if kind == "memset":
         m = drv.CUDA_MEMSET_NODE_PARAMS()
@@ -331,6 +466,12 @@ def _add_plain_node(drv: Any, graph: Any, ctx: Any, name: str, i: int, nd: dict[
         return check(drv.cuGraphAddMemcpyNode(graph, None, 0, c, ctx), f"graph {name!r} node {i} (memcpy)")
     if kind == "empty":
         return check(drv.cuGraphAddEmptyNode(graph, None, 0), f"graph {name!r} node {i} (empty)")
+    if kind == "event_record":
+        ev = events[nd["event"]]
+        return check(drv.cuGraphAddEventRecordNode(graph, None, 0, ev), f"graph {name!r} node {i} (event_record)")
+    if kind == "event_wait":
+        ev = events[nd["event"]]
+        return check(drv.cuGraphAddEventWaitNode(graph, None, 0, ev), f"graph {name!r} node {i} (event_wait)")
     raise GraphFormatError(f"graph {name!r} node {i}: unknown node type {kind!r} in the archive")
 
 
@@ -347,16 +488,20 @@ def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[lis
     check(drv.cuGraphAddDependencies(graph, frm, to, data, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
 
 
-def rebuild_native(name: str, desc: dict[str, Any], blob: bytes, table: bytes, funcs: Sequence[Any]) -> Any:
+def rebuild_native(
+    name: str, desc: dict[str, Any], blob: bytes, table: bytes, funcs: Sequence[Any], events: Sequence[Any] = ()
+) -> Any:
     """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
 
-    `funcs[i]` is the live CUfunction for desc["funcs"][i]. Non-kernel nodes and edges with edge data take
-    the Python path.
+    `funcs[i]` is the live CUfunction for desc["funcs"][i]; `events` as for rebuild(). Non-kernel nodes (event
+    nodes included) are added from Python into the same node-index slots after the kernel nodes, so the edges,
+    which refer to node indices, stay right; edges with edge data take the Python path.
     """
     from graphpersist import region
 
-    drv = _drv()
     verify_blob(name, desc, blob)
+    _check_event_count(name, desc, events)
+    drv = _drv()
     if len(table) != desc["table_size"] or hashlib.sha256(table).hexdigest() != desc["table_sha256"]:
         raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
     lib = region.lib()
@@ -380,7 +525,7 @@ def rebuild_native(name: str, desc: dict[str, Any], blob: bytes, table: bytes, f
     for i, nd in enumerate(desc["nodes"]):
         if nd["type"] != "kernel":
             ctx = ctx or check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
-            out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd))
+            out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd, events))
     edges = desc["edges"]
     if edges and not any(e[2] or e[3] or e[4] for e in edges):
         frm = (ctypes.c_uint32 * len(edges))(*[e[0] for e in edges])
