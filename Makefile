@@ -53,8 +53,9 @@ export: setup ## make export ENGINE=vllm: write the edited work tree back to pat
 bundle: build ## make bundle FREEZE=host-freeze.txt BUNDLE_ARGS=@recipes/gpu-host/vllm.args: offline bundle
 	$(PY) -m gptools bundle --dist $(DIST) --engine $(ENGINE) $(if $(FREEZE),--host-freeze $(FREEZE)) $(BUNDLE_ARGS)
 
-gpu-test: setup ## GPU tests (needs an NVIDIA GPU; run on the GPU host)
-	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+gpu-test: ## GPU tests with the host's own python3 + torch (on the GPU host; no .venv, no network there)
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+	  $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider -rA $(PYTEST_ARGS)
 
 prove: ## make prove RECIPE=runtime-single-gpu: run a recipe's proof and write its report
 	@test -n "$(RECIPE)" || { echo "usage: make prove RECIPE=<name under recipes/>"; exit 2; }

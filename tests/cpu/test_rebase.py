@@ -186,3 +186,20 @@ def test_resolve_then_finish_refreshes_the_series_and_repins(tmp_path: Path) -> 
     assert names == s.names  # same names: subjects unchanged
     assert "+    y = x + 9 * 2  # after capture" in (s.patches / s.names[1]).read_text()
     assert pins_mod.load(s.pins).engine("fakepkg").version == "1.1.0"
+
+
+def test_clean_series_with_a_changed_hooked_function_is_reported_and_not_repinned(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/utils.py"] = files["fakepkg/utils.py"].replace("def utils_2(x):", "def utils_2(x, *, mode):")
+    s = Setup(tmp_path, files)
+    (s.patches / "hooks.toml").write_text(
+        '[[hook]]\ntarget = "fakepkg.utils:utils_2"\nparams = ["x"]\nused_by = "test"\nwhy = "the overlay calls it"\n'
+        '[[hook]]\ntarget = "fakepkg.utils:utils_3"\nparams = ["x"]\nused_by = "test"\nwhy = "unchanged"\n'
+    )
+    report = s.run()
+    assert report.clean, "the series itself still applies cleanly"
+    assert len(report.hook_findings) == 1 and "utils_2" in report.hook_findings[0]
+    assert not report.pins_updated and s.pins.read_text() == s.pins_before
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    assert md.splitlines()[0].endswith("but 1 hooked upstream function(s) changed")
+    assert "## Hook points that changed" in md

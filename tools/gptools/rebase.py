@@ -90,6 +90,7 @@ class RebaseReport:
     pins_updated: bool = False
     pins_path: str = ""
     pins_note: str = ""
+    hook_findings: list[str] = field(default_factory=list)  # hooked upstream functions that moved or changed
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.patches if p.status == status)
@@ -97,6 +98,11 @@ class RebaseReport:
     @property
     def clean(self) -> bool:
         return all(p.status == CLEAN for p in self.patches)
+
+    @property
+    def repinnable(self) -> bool:
+        """Re-pin only when the series applies cleanly AND every hooked upstream function is where we expect it."""
+        return self.clean and not self.hook_findings
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -108,6 +114,8 @@ class RebaseReport:
         bad = [p for p in self.patches if p.status != CLEAN]
         if not bad:
             first = f"all {n} patches apply cleanly to {self.project} {self.new_version}"
+            if self.hook_findings:
+                first += f", but {len(self.hook_findings)} hooked upstream function(s) changed"
         else:
             first = f"{len(bad)} of {n} patches need work on {self.project} {self.new_version}: " + ", ".join(
                 f"{p.name} ({p.status})" for p in bad
@@ -122,6 +130,7 @@ class RebaseReport:
             f"- counts: {self.count(CLEAN)} clean, {self.count(FUZZY)} fuzzy, {self.count(CONFLICT)} conflicting",
             f"- work tree: {self.worktree}",
             f"- pins: {'updated' if self.pins_updated else 'NOT updated'} ({self.pins_path}): {self.pins_note}",
+            f"- hook points: {len(self.hook_findings)} changed" if self.hook_findings else "- hook points: all match",
             "",
             "| # | patch | status | hunks not exact | 3-way merge |",
             "|---|---|---|---|---|",
@@ -139,6 +148,9 @@ class RebaseReport:
                     out.append(f"- 3-way merge left conflicts in: {', '.join(p.conflict_files)}")
                 if p.note:
                     out.append(f"- note: {p.note}")
+        if self.hook_findings:
+            out += ["", "## Hook points that changed (patches/<engine>/hooks.toml)", ""]
+            out += [f"- {f}" for f in self.hook_findings]
         out += ["", "## Next steps", ""]
         if self.stopped_at:
             out += [
@@ -428,13 +440,21 @@ def rebase(
             report.stopped_at = patches[min(done, len(patches) - 1)].name
             report.conflict_markers = _marker_files(repo) or _conflict_files(repo)
 
-    if report.clean and update:
+    hooks_file = patches_dir / "hooks.toml"
+    if hooks_file.is_file():
+        from gptools.hooks import check_hooks
+
+        say(f"checking the hooked upstream functions ({hooks_file.name}) in {pin.project} {version}")
+        report.hook_findings = check_hooks(new_tree, hooks_file)
+    if report.repinnable and update:
         say(f"every patch is clean: re-pinning {engine} to {version} in {pins_path}")
         update_pins(pins_path, engine, version=version, wheel=new_wheel, commit=commit, torch=torch)
         report.pins_updated = True
         report.pins_note = f"{engine} now pins {new_wheel.filename}"
-    elif report.clean:
+    elif report.repinnable:
         report.pins_note = "every patch is clean; pins left alone as asked (--no-update-pins)"
+    elif report.clean:
+        report.pins_note = "every patch is clean, but hooked upstream functions changed: fix hooks.toml, overlays"
     else:
         report.pins_note = "left at the old pin because not every patch is clean"
     (work / "report.md").write_text(report.markdown())
@@ -533,7 +553,7 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     else:
         print(report.markdown())
         print(f"report: {Path(report.worktree).parent / 'report.md'} (and report.json)")
-    return 0 if report.clean else 1
+    return 0 if report.repinnable else 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
