@@ -124,11 +124,14 @@ def _forward(torch: Any, t: dict[str, Any], side: Any, evapi: Any = None, evs: A
 
 
 def _node_types(drv: Any, graph: Any) -> dict[str, int]:
+    """Node count per CUgraphNodeType name, read from the driver (what the graph really holds)."""
+    from graphpersist.graphs import node_type_name
+
     n = _ck(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
     nodes = _ck(drv.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0] if n else []
     out: dict[str, int] = {}
     for nd in nodes:
-        name = _ck(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType").name
+        name = node_type_name(_ck(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType"))
         out[name] = out.get(name, 0) + 1
     return out
 
@@ -204,6 +207,7 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
     if chosen is None:
         return {"tried": tried, "event_nodes_captured": False}
     evapi, g, outs, evs, counts = chosen
+    g.instantiate()
 
     saver = api.Saver()
     saver.add("ev", g, [t["x"]], outs, capture_size=1, mode="full")
@@ -272,9 +276,7 @@ def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
 
-    res = api.load(
-        archive, engine=ENGINE, model=MODEL, sizes=[1], modes=["full"], setup_tensors=t, native=native
-    )
+    res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[1], modes=["full"], setup_tensors=t, native=native)
     lg = res.graphs["ev"]
     desc = json.loads((archive / "rank_0" / "graphs" / "ev.json").read_text())
     wait_idx = [nd["event"] for nd in desc["nodes"] if nd["type"] == "event_wait"]
@@ -291,9 +293,12 @@ def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
         "rec_idx": rec_idx,
         "input_at_setup_buffer": lg.inputs[0].data_ptr() == t["x"].data_ptr(),
         "protocol": proto,
-        "bit_identical": [bool(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
-                          for a, b in zip(got, ref, strict=True)],  # fmt: skip
+        "bit_identical": [_same(torch, a, b) for a, b in zip(got, ref, strict=True)],
     }
+
+
+def _same(torch: Any, a: Any, b: Any) -> bool:
+    return bool(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
 
 def main() -> int:
@@ -302,10 +307,7 @@ def main() -> int:
 
     region.reexec_with_interposer()
     step, archive, out, result = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-    if step == "save":
-        data = step_save(archive, out)
-    else:
-        data = step_load(archive, out, native=step == "load-native")
+    data = step_save(archive, out) if step == "save" else step_load(archive, out, native=step == "load-native")
     result.write_text(json.dumps(data, indent=2, default=str))
     return 0
 

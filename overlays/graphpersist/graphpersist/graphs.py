@@ -137,6 +137,17 @@ def _drv() -> Any:
     return driver
 
 
+_type_names: dict[int, str] = {}
+
+
+def node_type_name(t: Any) -> str:
+    """The CUgraphNodeType's name as NODE_KINDS spells it, matched by value (whatever the bindings print)."""
+    if not _type_names:
+        T = _drv().CUgraphNodeType
+        _type_names.update({int(getattr(T, n)): n for n in (*NODE_KINDS, *_REFUSED) if hasattr(T, n)})
+    return _type_names.get(int(t), getattr(t, "name", str(t)))
+
+
 def _attr_ids() -> list[Any]:
     drv = _drv()
     return [a for a in drv.CUkernelNodeAttrID if a.name != "CU_LAUNCH_ATTRIBUTE_IGNORE"]
@@ -219,8 +230,9 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     numbering = EventNumbering()
     for i, nd in enumerate(nodes):
         t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
-        where = f"node {i} ({t.name})"
-        kind = node_kind(i, t.name)
+        type_name = node_type_name(t)
+        where = f"node {i} ({type_name})"
+        kind = node_kind(i, type_name)
         if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
             p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
             sha, name, _load = table.resolve(p.func)
@@ -279,7 +291,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
             ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
             out_nodes.append(event_node(kind, int(ev), numbering))
         else:  # node_kind() only lets the kinds above through
-            raise GraphFormatError(f"{where}: node type {t.name} cannot be persisted (SAVE refused)")
+            raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
     edges: list[list[int]] = []
     count = drv.cuGraphGetEdges(graph, 0)[-1]
     if count:
