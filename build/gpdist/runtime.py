@@ -19,14 +19,19 @@ SKIP_SUFFIXES = (".pyc", ".o", ".so")
 
 
 def package_files() -> list[Path]:
-    """The runtime's files: everything under the package except caches and local build outputs."""
+    """The runtime's files: everything under the package except caches, dotfiles and local build outputs
+    (the interposer is compiled on the GPU host from the shipped C sources, into native/build/)."""
     if not (PACKAGE / "__init__.py").is_file():
         raise SystemExit(f"gpdist: {PACKAGE}/__init__.py is missing: the runtime package is not there")
-    return sorted(
-        p
-        for p in PACKAGE.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(SKIP_SUFFIXES)
-    )
+    files = []
+    for p in PACKAGE.rglob("*"):
+        rel = p.relative_to(PACKAGE)
+        if not p.is_file() or p.name.endswith(SKIP_SUFFIXES) or any(part.startswith(".") for part in rel.parts):
+            continue
+        if "__pycache__" in rel.parts or rel.parts[:2] == ("native", "build"):
+            continue
+        files.append(p)
+    return sorted(files)
 
 
 def metadata(pins: Pins) -> str:
