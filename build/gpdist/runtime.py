@@ -20,7 +20,7 @@ SKIP_SUFFIXES = (".pyc", ".o", ".so")
 
 def package_files() -> list[Path]:
     """The runtime's files: everything under the package except caches, dotfiles and local build outputs
-    (the interposer is compiled on the GPU host from the shipped C sources, into native/build/)."""
+    (the interposer is compiled on the GPU host from the shipped C sources: graphpersist.region)."""
     if not (PACKAGE / "__init__.py").is_file():
         raise SystemExit(f"gpdist: {PACKAGE}/__init__.py is missing: the runtime package is not there")
     files = []

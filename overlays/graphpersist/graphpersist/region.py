@@ -8,9 +8,11 @@ bookkeeping (region, allocation events, recorded kernel images) and drives LOAD'
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,21 +92,47 @@ class ImageLoad:
         return ctypes.string_at(self.ptr, self.size)
 
 
+def native_build_dir() -> Path:
+    """Where the compiled interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is writable
+    (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name carries
+    a hash of the sources, so a new release never picks up an old build."""
+    if os.environ.get("GP_NATIVE_DIR"):
+        return Path(os.environ["GP_NATIVE_DIR"])
+    digest = hashlib.sha256()
+    for name in ("interposer.c", "gp_core.c", "gp_core.h", "build.sh"):
+        digest.update((NATIVE_DIR / name).read_bytes())
+    tag = digest.hexdigest()[:16]
+    if os.access(NATIVE_DIR, os.W_OK):
+        return NATIVE_DIR / "build" / tag
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "graphpersist" / "native" / tag
+
+
 def build_interposer(out_dir: Path | None = None) -> Path:
-    """Compiles the interposer with gcc against the CUDA headers (no libcuda needed); returns the .so path."""
-    out = out_dir or NATIVE_DIR / "build"
-    proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), str(out)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RegionError(f"building the interposer failed:\n{proc.stdout}{proc.stderr}")
+    """Compiles the interposer with gcc against the CUDA headers (no libcuda needed); returns the .so path.
+
+    It builds into a private folder and renames the results into place, so ranks that start together and all
+    build on first use never load a half-written library.
+    """
+    out = out_dir or native_build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
+        proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RegionError(
+                f"building the interposer failed (gcc and the CUDA headers in $CUDA_HOME or /usr/local/cuda are "
+                f"needed):\n{proc.stdout}{proc.stderr}"
+            )
+        for built in Path(tmp).glob("*.so"):
+            os.replace(built, out / built.name)
     return out / LIB_NAME
 
 
 def interposer_path() -> Path:
     """The built interposer, building it on first use."""
-    path = NATIVE_DIR / "build" / LIB_NAME
-    srcs = [NATIVE_DIR / n for n in ("interposer.c", "gp_core.c", "gp_core.h")]
-    if not path.exists() or any(s.stat().st_mtime > path.stat().st_mtime for s in srcs):
-        build_interposer()
+    path = native_build_dir() / LIB_NAME
+    if not path.exists():
+        build_interposer(path.parent)
     return path
 
 
