@@ -203,3 +203,10 @@ def test_clean_series_with_a_changed_hooked_function_is_reported_and_not_repinne
     md = (s.work / "fakepkg-1.1.0/report.md").read_text()
     assert md.splitlines()[0].endswith("but 1 hooked upstream function(s) changed")
     assert "## Hook points that changed" in md
+    with pytest.raises(RebaseError, match="hooked upstream functions changed"):
+        finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    assert s.pins.read_text() == s.pins_before
+    hooks = (s.patches / "hooks.toml").read_text()
+    (s.patches / "hooks.toml").write_text(hooks.replace('params = ["x"]', 'params = ["x", "*", "mode"]', 1))
+    finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    assert pins_mod.load(s.pins).engine("fakepkg").version == "1.1.0"

@@ -493,6 +493,15 @@ def finish(
             raise RebaseError("the exported series has lint findings:\n  " + "\n  ".join(result.findings))
         print(f"rebase: checking the refreshed series against {engine} {version} (zero fuzz)", file=sys.stderr)
         applied = apply_series(work / "upstream-new", trial, dry_run=True)
+        if (pdir / "hooks.toml").is_file():
+            from gptools.hooks import check_hooks
+
+            moved = check_hooks(work / "upstream-new", pdir / "hooks.toml")
+            if moved:
+                raise RebaseError(
+                    f"hooked upstream functions changed in {engine} {version}; update {pdir / 'hooks.toml'} and the "
+                    "overlays that call them, then --finish again:\n  " + "\n  ".join(moved)
+                )
         print(f"rebase: exporting {repo} to {pdir}", file=sys.stderr)
         export(repo, pdir)
         shutil.rmtree(trial, ignore_errors=True)
