@@ -31,7 +31,7 @@ build: setup ## fetch + verify pinned upstream, patch, overlay, stamp and write 
 	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST)
 
 test: build ## build, then run the CPU test-suite (what CI runs)
-	GP_DIST_DIR=$(CURDIR)/$(DIST) $(PY) -m pytest $(PYTEST_ARGS)
+	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest $(PYTEST_ARGS)
 
 check: setup ## lint code + series, zero-fuzz dry run against pinned upstream, check hooked functions
 	$(VENV)/bin/pre-commit run --all-files

@@ -24,8 +24,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     pins = pins_mod.load()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("*.whl"), *out.glob("*.partial")]:
-        stale.unlink()
+    # Remove only what a build of ours writes: --out may be a folder that holds other wheels too.
+    ours = [pins.runtime_name, *(e.project for e in pins.engines.values())]
+    for stale in [*out.glob("*.partial"), out / "BUILD-REPORT.md", out / "build-report.json"]:
+        stale.unlink(missing_ok=True)
+    for project in ours:
+        for stale in out.glob(f"{project}-*.whl"):
+            stale.unlink()
     start = time.monotonic()
     runtime = build_runtime(pins, out)
     builds = [build_engine(pins, engine, out, offline=args.offline) for engine in _engines(pins, args.engine)]

@@ -56,6 +56,14 @@ def _apply_series(tree: Path, engine: EnginePin) -> list[str]:
     return [r.name for r in results]
 
 
+def _series_paths(engine: EnginePin) -> set[str]:
+    """The files the series may change; anything else that differs from upstream is a stale or edited tree."""
+    from gptools.apply import touched_paths
+    from gptools.series import load_series
+
+    return touched_paths(load_series(engine.patches_dir))
+
+
 def _copy_overlay(tree: Path, overlay: Path) -> list[str]:
     """Copy whole new modules onto the wheel root; an overlay never replaces an upstream file."""
     added = []
@@ -106,6 +114,7 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
     log(f"stamped version {new_version}, added Requires-Dist: {requirement}")
 
     upstream_record = parse_record((pristine / old_info / "RECORD").read_text())
+    patchable = _series_paths(engine)
     result = EngineBuild(engine.name, engine.wheel.filename, engine.wheel.sha256, out_dir / new_name.filename)
     result.patches = applied
 
@@ -145,15 +154,24 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
                 result.overlay_files.append(rel)
             elif rel.startswith(f"{new_info}/"):
                 result.metadata_files.append(rel)
-            else:
+            elif rel in patchable:
                 result.patched_files.append(rel)
+            else:
+                raise BuildError(
+                    f"{rel} differs from upstream but no patch or overlay changes it (was {pristine} edited?); "
+                    "run `make clean` and build again"
+                )
             out.add_bytes(rel, path.read_bytes(), executable)
         record_name = f"{new_info}/RECORD"
         rows.append((record_name, "", ""))
         out.add_bytes(record_name, render_record(rows))
+    try:
+        _check_record_complete(upstream_record, old_info, new_info, rows)
+    except BuildError:
+        tmp_wheel.unlink(missing_ok=True)
+        raise
     tmp_wheel.replace(result.wheel)
     result.wheel_sha256 = sha256_file(result.wheel)
-    _check_record_complete(upstream_record, old_info, new_info, rows)
     log(
         f"wrote {result.wheel} ({result.wheel.stat().st_size / 2**20:.1f} MiB): {len(result.patched_files)} patched, "
         f"{len(result.overlay_files)} overlay, {result.unchanged_files} byte-identical "

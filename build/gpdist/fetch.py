@@ -7,6 +7,7 @@ The cache lives outside the repository ($GP_CACHE_DIR, else $XDG_CACHE_HOME/grap
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import sys
@@ -83,6 +84,14 @@ def _download(url: str, dest: Path, label: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _download_or_explain(url: str, dest: Path, label: str) -> None:
+    """A failed transfer (HTTP error, reset, time-out, short read) becomes one FetchError line, never a traceback."""
+    try:
+        _download(url, dest, label)
+    except (OSError, http.client.HTTPException) as exc:
+        raise FetchError(f"downloading {label} failed ({exc}); check the network and run the build again") from exc
+
+
 def fetch(artifact: Artifact, offline: bool = False) -> Path:
     """Return a verified local copy of the artifact, downloading it at most once."""
     path = cached_path(artifact)
@@ -103,7 +112,7 @@ def fetch(artifact: Artifact, offline: bool = False) -> Path:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"gpdist: downloading {artifact.filename}", file=sys.stderr)
-    _download(url, path, artifact.filename)
+    _download_or_explain(url, path, artifact.filename)
     actual = sha256_file(path)
     if actual != artifact.sha256:
         path.unlink()
@@ -111,9 +120,10 @@ def fetch(artifact: Artifact, offline: bool = False) -> Path:
             f"{artifact.filename}: sha256 mismatch: expected {artifact.sha256} (build/pins.toml), "
             f"got {actual}. The file was deleted and not used."
         )
-    if artifact.size is not None and path.stat().st_size != artifact.size:
+    size = path.stat().st_size
+    if artifact.size is not None and size != artifact.size:
         path.unlink()
-        raise FetchError(f"{artifact.filename}: size {path.stat().st_size} != pinned {artifact.size}; deleted")
+        raise FetchError(f"{artifact.filename}: size {size} != pinned {artifact.size}; deleted")
     print(f"gpdist: verified {artifact.filename} sha256 {artifact.sha256[:16]}…", file=sys.stderr)
     return path
 
@@ -128,7 +138,7 @@ def fetch_unpinned(project: str, filename: str) -> tuple[Path, str]:
     if not (path.exists() and sha256_file(path) == artifact.sha256):
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"gpdist: downloading {filename} (not pinned; verified against the index's sha256)", file=sys.stderr)
-        _download(url, path, filename)
+        _download_or_explain(url, path, filename)
         if sha256_file(path) != artifact.sha256:
             path.unlink()
             raise FetchError(f"{filename}: downloaded file does not match the index's sha256; deleted")

@@ -154,8 +154,14 @@ def test_real_series_applies_with_zero_fuzz_to_the_pinned_upstream(
         shutil.copy2(pristine / rel, scratch / rel)
     results = apply_series(scratch, pdir)
     assert [r.name for r in results] == listed
-    assert sum(r.hunks for r in results) == sum(p.hunk_count for p in patches)
     for patch in patches:  # every patched file really changed
         for f in patch.files:
             if f.old_path and f.new_path:
                 assert (scratch / f.new_path).read_bytes() != (pristine / f.old_path).read_bytes(), f.path
+
+
+def test_a_missing_series_file_is_an_error_not_an_empty_series(tmp_path: Path) -> None:
+    """A deleted or mis-pathed series must never let the build ship unpatched wheels."""
+    (tmp_path / "tree").mkdir()
+    with pytest.raises(PatchApplyError, match="no series file"):
+        apply_series(tmp_path / "tree", tmp_path / "no-such-patches")

@@ -162,3 +162,24 @@ def test_unpack_keeps_modes_replaces_old_trees_and_refuses_escaping_members(tmp_
     with pytest.raises(RuntimeError, match="escapes the tree"):
         unpack_wheel(evil, tmp_path / "evil")
     assert not (tmp_path / "outside.py").exists()
+
+
+def test_a_failed_transfer_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    art = _artifact(b"expected")
+    _fake_index(monkeypatch, tmp_path, b"", art.sha256)
+
+    def broken(url: str, dest: Path, label: str) -> None:
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(fetch_mod, "_download", broken)
+    with pytest.raises(fetch_mod.FetchError, match=r"downloading demo-1\.0-py3-none-any\.whl failed"):
+        fetch_mod.fetch(art)
+
+
+def test_a_download_of_the_wrong_size_is_deleted_and_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    data = b"expected"
+    art = Artifact(project="demo", filename="demo-1.0-py3-none-any.whl", sha256=_artifact(data).sha256, size=99)
+    _fake_index(monkeypatch, tmp_path, data, art.sha256)
+    with pytest.raises(fetch_mod.FetchError, match="size 8 != pinned 99"):
+        fetch_mod.fetch(art)
+    assert not fetch_mod.cached_path(art).exists()

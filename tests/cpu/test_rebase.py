@@ -97,10 +97,7 @@ def test_clean_series_updates_the_pins_copy(tmp_path: Path) -> None:
     assert report.pins_updated
     text = s.pins.read_text()
     assert "# test pins: comments must survive a rebase" in text and "# The wheel we patch." in text
-    assert (
-        "sdist" not in pins_mod.load(s.pins).engine("fakepkg").__dict__
-        or pins_mod.load(s.pins).engine("fakepkg").sdist is None
-    )
+    assert pins_mod.load(s.pins).engine("fakepkg").sdist is None, "the old sdist pin must not survive a re-pin"
     pin = pins_mod.load(s.pins).engine("fakepkg")
     assert (pin.version, pin.wheel.filename, pin.wheel.sha256, pin.wheel.size) == (
         "1.1.0",
@@ -210,3 +207,17 @@ def test_clean_series_with_a_changed_hooked_function_is_reported_and_not_repinne
     (s.patches / "hooks.toml").write_text(hooks.replace('params = ["x"]', 'params = ["x", "*", "mode"]', 1))
     finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
     assert pins_mod.load(s.pins).engine("fakepkg").version == "1.1.0"
+
+
+def test_finish_refuses_when_a_patch_was_lost_from_the_rebased_tree(tmp_path: Path) -> None:
+    files = with_unrelated_change()
+    files["fakepkg/engine.py"] = files["fakepkg/engine.py"].replace("    y = x + 9\n", "    y = x + 9 * 2\n")
+    s = Setup(tmp_path, files)
+    report = s.run()
+    series_before = (s.patches / "series").read_text()
+    git(Path(report.worktree), "cherry-pick", "--abort")  # the user gives up instead of resolving
+    with pytest.raises(RebaseError, match=r"holds 0 patch\(es\), the series had 2; missing: Add a persistence"):
+        finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    assert s.pins.read_text() == s.pins_before
+    assert (s.patches / "series").read_text() == series_before
+    assert all((s.patches / name).is_file() for name in s.names)

@@ -165,3 +165,13 @@ def test_upstream_trailer_forms(good: Path, trailer: str, ok: bool) -> None:
     name = read_series(good).names[0]
     _rewrite(good, name, "Upstream: not forwarded", trailer)
     assert (findings(good) == []) is ok
+
+
+def test_a_line_outside_every_hunk_is_refused_not_dropped(tmp_path: Path) -> None:
+    """git apply and GNU patch both ignore lines a hunk header does not count: lint must catch them."""
+    from gptools.series import SeriesError, parse_diff
+
+    diff = "diff --git a/f.txt b/f.txt\n--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,4 @@\n a\n+X\n b\n c\n+Y\n"
+    with pytest.raises(SeriesError, match="outside every hunk"):
+        parse_diff(diff)
+    assert len(parse_diff(diff.replace("+Y\n", ""))[0].hunks) == 1

@@ -231,8 +231,10 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         raise UsageError(f"no {engine} wheel in {args.dist}: run `make build` first (or pass --engine-wheel)")
     local = {}
     runtime = _find_dist_wheel(args.dist, RUNTIME) if args.dist.exists() else None
-    if runtime is not None:
-        local[RUNTIME] = runtime
+    if runtime is None:
+        # Never let the resolver fetch "graphpersist" from an index: only our own build is the runtime.
+        raise UsageError(f"no {RUNTIME} wheel in {args.dist}: run `make build` first (the engines require it)")
+    local[RUNTIME] = runtime
     prefer_lines = list(args.prefer) + [c.read_text() for c in args.constraints]
     try:
         prefer = bc.parse_prefer(prefer_lines)
@@ -316,6 +318,14 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         f"{sum(p['source'] == bc.EXCLUDED for p in not_bundled)} excluded, "
         f"{sum(p['source'] == bc.HOST_ACCEPTED for p in not_bundled)} host versions accepted"
     )
+    out_dir = args.out / engine
+    if closure.conflicts and not args.dry_run:
+        # Nothing is written, and an older bundle must not be mistaken for this run's result.
+        for old in [
+            *out_dir.glob("*.part[0-9][0-9][0-9]"),
+            *(out_dir / n for n in ("manifest.json", "install.sh", "SHA256SUMS", "requirements.lock")),
+        ]:
+            old.unlink(missing_ok=True)
     if closure.conflicts:
         for c in closure.conflicts:
             log(f"CONFLICT: {c}")

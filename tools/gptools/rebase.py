@@ -10,7 +10,8 @@ one (tag `gp-base`), so git knows the common base for 3-way merges. Each patch i
 
 Finally the series is cherry-picked onto `gp-base` on branch `rebased`; git stops at the first conflict and
 leaves the markers in the tree, ready to be resolved (`git cherry-pick --continue` carries on with the rest) and
-exported with `gptools export --dir <tree>`. build/pins.toml is updated only when every patch is clean.
+exported (`gptools rebase ... --finish`). build/pins.toml is updated only when every patch is clean and every
+hooked upstream function (patches/<engine>/hooks.toml) still matches.
 """
 
 from __future__ import annotations
@@ -168,6 +169,12 @@ class RebaseReport:
                 f"Every patch was carried onto {self.new_version} in `{self.worktree}` (branch `rebased`); review it, "
                 f"then `python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish` "
                 "refreshes the patches and re-pins."
+            )
+        elif self.hook_findings:
+            out.append(
+                "The series applies cleanly, but hooked upstream functions changed: update "
+                f"patches/{self.engine}/hooks.toml and the overlays that call them, then "
+                f"`python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish`."
             )
         else:
             out.append(f"Refresh the patches' index lines with `python -m gptools export --dir {self.worktree}`.")
@@ -344,7 +351,8 @@ def rebase(
     update: bool = True,
 ) -> RebaseReport:
     """Replay the series onto `version`, classify every patch, leave an editable tree, write report.md/.json,
-    and re-pin only if every patch is clean. Injectable paths keep tests away from the real pins and downloads."""
+    and re-pin only if every patch is clean and every hooked upstream function still matches.
+    Injectable paths keep tests away from the real pins and downloads."""
     from gpdist.unpack import unpack_wheel, upstream_tree
 
     pins = pins_mod.load(pins_path)
@@ -491,6 +499,16 @@ def finish(
         result = export(repo, trial)
         if result.findings:
             raise RebaseError("the exported series has lint findings:\n  " + "\n  ".join(result.findings))
+        expected = [p["subject"] for p in data["patches"]]
+        exported = [patch.header.subject for patch in load_series(trial)]
+        if exported != expected:
+            missing = [subject for subject in expected if subject not in exported]
+            raise RebaseError(
+                f"the rebased tree holds {len(exported)} patch(es), the series had {len(expected)}"
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + ". Was a cherry-pick aborted or skipped? Finish it (or drop a patch from the series on purpose "
+                "and rebase again); nothing was exported or re-pinned."
+            )
         print(f"rebase: checking the refreshed series against {engine} {version} (zero fuzz)", file=sys.stderr)
         applied = apply_series(work / "upstream-new", trial, dry_run=True)
         if (pdir / "hooks.toml").is_file():
@@ -572,7 +590,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Fetch the new upstream wheel (same python/ABI/platform tags as the pinned one), replay the "
         "series with 3-way merges, classify each patch clean / fuzzy / conflict with per-hunk detail, leave an "
         "editable tree in .work/rebase/<engine>-<version>/tree and write report.md/.json next to it. "
-        "build/pins.toml is updated only when every patch is clean. Exit 1 when some patch needs work.",
+        "build/pins.toml is updated only when every patch is clean and every hook in hooks.toml matches. "
+        "Exit 1 when something needs work.",
     )
     p.add_argument("--engine", required=True, help="vllm or sglang")
     p.add_argument("--version", required=True, help="the new upstream version, e.g. 0.33.0")

@@ -246,6 +246,13 @@ def parse_diff(diff: str) -> tuple[FileDiff, ...]:
                 continue
             elif line.startswith("-- ") and hunks:
                 break  # mail signature after the last hunk
+            elif hunks and line[:1] in ("+", "-", " "):
+                # git apply and GNU patch both ignore such a line: a hunk whose header undercounts would
+                # silently lose it. Refuse, so lint reports it.
+                raise SeriesError(
+                    f"line {i + 1} of the diff ({line.rstrip()!r}) lies outside every hunk: "
+                    "a hunk header undercounts its lines (re-export the patch instead of editing it by hand)"
+                )
             i += 1
         if not (seen_old and seen_new) and not binary:
             # Pure mode changes or renames carry no ---/+++ lines; take the names from the diff --git line.
@@ -265,9 +272,13 @@ def read_patch(path: Path) -> Patch:
 
 
 def load_series(patches_dir: Path) -> list[Patch]:
-    """The listed patches in order; raises SeriesError when one is missing (lint says more)."""
+    """The listed patches in order; raises SeriesError when the series file or a listed patch is missing (a
+    mis-pathed or deleted series must never read as "no patches": the build would ship unpatched wheels)."""
+    series = read_series(patches_dir)
+    if not series.exists:
+        raise SeriesError(f"{series.path}: no series file (create an empty one if the engine has no patches)")
     patches = []
-    for entry in read_series(patches_dir).entries:
+    for entry in series.entries:
         path = patches_dir / entry.name
         if not path.is_file():
             raise SeriesError(f"{patches_dir / SERIES_FILE}:{entry.line}: {entry.name} is listed but missing")
