@@ -43,7 +43,9 @@ def is_native(path: str, data_head: bytes) -> bool:
     return path.endswith(NATIVE_SUFFIXES) or ".so." in path or data_head.startswith(b"\x7fELF")
 
 
-def _apply_series(tree: Path, engine: EnginePin) -> list[str]:
+def _apply_series(tree: Path, engine: EnginePin) -> tuple[list[str], set[str]]:
+    """Apply the series exactly; return the patch names and the files they changed (the only files besides
+    overlays and metadata that may differ from upstream)."""
     from gptools.apply import PatchApplyError, apply_series
 
     try:
@@ -53,15 +55,7 @@ def _apply_series(tree: Path, engine: EnginePin) -> list[str]:
             f"{exc}\nThe pinned upstream must take the series with zero fuzz: run "
             f"`make edit ENGINE={engine.name}`, fix the patch, then `make export ENGINE={engine.name}`."
         ) from exc
-    return [r.name for r in results]
-
-
-def _series_paths(engine: EnginePin) -> set[str]:
-    """The files the series may change; anything else that differs from upstream is a stale or edited tree."""
-    from gptools.apply import touched_paths
-    from gptools.series import load_series
-
-    return touched_paths(load_series(engine.patches_dir))
+    return [r.name for r in results], {path for r in results for path in r.files}
 
 
 def _copy_overlay(tree: Path, overlay: Path) -> list[str]:
@@ -96,7 +90,7 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
     shutil.copytree(pristine, stage, ignore=shutil.ignore_patterns(MARKER))
 
     log(f"applying patches/{engine.name}/series (zero fuzz)")
-    applied = _apply_series(stage, engine)
+    applied, patchable = _apply_series(stage, engine)
     log(f"applied {len(applied)} patch(es)")
     overlay_files = _copy_overlay(stage, engine.overlay_dir)
     log(f"copied {len(overlay_files)} overlay file(s) from overlays/{engine.name}/")
@@ -114,7 +108,6 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
     log(f"stamped version {new_version}, added Requires-Dist: {requirement}")
 
     upstream_record = parse_record((pristine / old_info / "RECORD").read_text())
-    patchable = _series_paths(engine)
     result = EngineBuild(engine.name, engine.wheel.filename, engine.wheel.sha256, out_dir / new_name.filename)
     result.patches = applied
 

@@ -68,6 +68,11 @@ class Pins:
         return str(self.release)
 
 
+def engine_names(path: Path = PINS_PATH) -> tuple[str, ...]:
+    """The pinned engines, in pins.toml order: what `--engine all` means everywhere."""
+    return tuple(load(path).engines)
+
+
 def _artifact(project: str, table: dict) -> Artifact:
     return Artifact(
         project=table.get("project", project),

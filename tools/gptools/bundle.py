@@ -28,11 +28,14 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from gpdist.pins import engine_names
+from gpdist.pins import load as load_pins
 from gptools import bundle_archive as ba
 from gptools import bundle_closure as bc
+from gptools.series import engines_arg
 
-ENGINES = ("vllm", "sglang")
-RUNTIME = "graphpersist"
+RUNTIME = load_pins().runtime_name
+
 DEFAULT_PART_SIZE = "60MiB"
 DEFAULT_OUT = ".bundle"
 
@@ -56,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist", type=Path, default=Path("dist"), help="folder with our built wheels (default: dist)")
     p.add_argument(
         "--engine",
-        choices=[*ENGINES, "all"],
+        choices=[*engine_names(), "all"],
         default="vllm",
         help="which engine to bundle; 'all' writes one self-contained bundle per engine (default: vllm)",
     )
@@ -467,7 +470,7 @@ def _run(args: argparse.Namespace) -> int:
     target = bc.Target(python_version=".".join(parts[:2]), python_full_version=full, glibc=args.glibc)
     if args.engine_wheel is not None and args.engine == "all":
         raise UsageError("--engine-wheel needs one --engine")
-    engines = list(ENGINES) if args.engine == "all" else [args.engine]
+    engines = engines_arg(args.engine)
     results = [build_one(e, args, host, target) for e in engines]
     if args.json:
         print(json.dumps(results, indent=2, default=str))

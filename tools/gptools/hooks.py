@@ -26,7 +26,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINES = ("vllm", "sglang")
 HOOKS_FILE = "hooks.toml"
 KINDS = ("function", "class")
 _Def = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
@@ -205,10 +204,6 @@ def check_hooks(tree: Path, hooks_file: Path) -> list[str]:
     return findings
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def default_tree(engine: str) -> Path:
     """The pristine pinned upstream tree (unpacked on first use)."""
     from gpdist import pins
@@ -217,10 +212,16 @@ def default_tree(engine: str) -> Path:
     return upstream_tree(pins.load().engine(engine))
 
 
+def default_hooks_file(engine: str) -> Path:
+    from gpdist import pins
+
+    return pins.load().engine(engine).patches_dir / HOOKS_FILE
+
+
 def run(engine: str, tree: Path | None = None, hooks_file: Path | None = None) -> Report:
     """Check one engine; tree defaults to the pristine pinned upstream, hooks_file to patches/<engine>/."""
     tree = tree if tree is not None else default_tree(engine)
-    hooks_file = hooks_file if hooks_file is not None else _repo_root() / "patches" / engine / HOOKS_FILE
+    hooks_file = hooks_file if hooks_file is not None else default_hooks_file(engine)
     report = Report(engine=engine, tree=tree)
     report.checked = len(load_hooks(hooks_file))
     report.findings = check_hooks(tree, hooks_file)
@@ -228,7 +229,9 @@ def run(engine: str, tree: Path | None = None, hooks_file: Path | None = None) -
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
-    engines = ENGINES if args.engine == "all" else (args.engine,)
+    from gptools.series import engines_arg
+
+    engines = engines_arg(args.engine)
     if (args.tree or args.hooks_file) and len(engines) > 1:
         print("gptools hooks: --tree/--hooks-file need a single --engine", file=sys.stderr)
         return 2
@@ -270,7 +273,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read patches/<engine>/hooks.toml and check each declared function/class against an unpacked "
         "tree by AST (nothing is imported). Default tree: the pristine pinned upstream. Exit 1 on a finding.",
     )
-    p.add_argument("--engine", default="all", choices=(*ENGINES, "all"), help="engine name or `all` (default)")
+    from gpdist.pins import engine_names
+
+    p.add_argument("--engine", default="all", choices=(*engine_names(), "all"), help="engine name or `all` (default)")
     p.add_argument("--tree", help="unpacked tree to check instead of the pristine pinned upstream")
     p.add_argument("--hooks-file", help="hooks declaration to use instead of patches/<engine>/hooks.toml")
     p.add_argument("--json", action="store_true", help="machine-readable output")

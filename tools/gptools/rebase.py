@@ -448,10 +448,10 @@ def rebase(
             report.stopped_at = patches[min(done, len(patches) - 1)].name
             report.conflict_markers = _marker_files(repo) or _conflict_files(repo)
 
-    hooks_file = patches_dir / "hooks.toml"
-    if hooks_file.is_file():
-        from gptools.hooks import check_hooks
+    from gptools.hooks import HOOKS_FILE, check_hooks
 
+    hooks_file = patches_dir / HOOKS_FILE
+    if hooks_file.is_file():
         say(f"checking the hooked upstream functions ({hooks_file.name}) in {pin.project} {version}")
         report.hook_findings = check_hooks(new_tree, hooks_file)
     if report.repinnable and update:
@@ -511,13 +511,13 @@ def finish(
             )
         print(f"rebase: checking the refreshed series against {engine} {version} (zero fuzz)", file=sys.stderr)
         applied = apply_series(work / "upstream-new", trial, dry_run=True)
-        if (pdir / "hooks.toml").is_file():
-            from gptools.hooks import check_hooks
+        from gptools.hooks import HOOKS_FILE, check_hooks
 
-            moved = check_hooks(work / "upstream-new", pdir / "hooks.toml")
+        if (pdir / HOOKS_FILE).is_file():
+            moved = check_hooks(work / "upstream-new", pdir / HOOKS_FILE)
             if moved:
                 raise RebaseError(
-                    f"hooked upstream functions changed in {engine} {version}; update {pdir / 'hooks.toml'} and the "
+                    f"hooked upstream functions changed in {engine} {version}; update {pdir / HOOKS_FILE} and the "
                     "overlays that call them, then --finish again:\n  " + "\n  ".join(moved)
                 )
         print(f"rebase: exporting {repo} to {pdir}", file=sys.stderr)

@@ -371,12 +371,12 @@ def lint(patches_dir: Path) -> list[Finding]:
 
 
 def engines_arg(value: str) -> list[str]:
-    """`--engine all` means every engine that has a patches/<engine>/ folder or a pin."""
+    """`--engine all` means every pinned engine."""
     if value != "all":
         return [value]
-    from gpdist import pins
+    from gpdist.pins import engine_names
 
-    return sorted(pins.load().engines)
+    return list(engine_names())
 
 
 def patches_dir_for(engine: str, override: str | None) -> Path:
