@@ -49,6 +49,11 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.gp_log_find_live.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
     lib.gp_image_size.restype = ctypes.c_uint64
     lib.gp_image_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.gp_image_format.restype = ctypes.c_uint32
+    lib.gp_image_format.argtypes = [ctypes.c_void_p]
+    lib.gp_free_add.argtypes = [ctypes.POINTER(Free), ctypes.c_uint64, ctypes.c_uint64]
+    lib.gp_free_take.argtypes = [ctypes.POINTER(Free), ctypes.c_uint64, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_uint64)]  # fmt: skip
     lib.gp_knode_size.restype = ctypes.c_size_t
     lib.gp_kattr_size.restype = ctypes.c_size_t
     return lib
@@ -63,6 +68,15 @@ def place(lib: ctypes.CDLL, b: Bump, req: int) -> tuple[int, int, int]:
 def test_round_up(core: ctypes.CDLL) -> None:
     mib2 = 2 << 20
     assert [core.gp_round_up(v, mib2) for v in (0, 1, mib2, mib2 + 1)] == [0, mib2, mib2, 2 * mib2]
+    assert core.gp_round_up(2**64 - 1, mib2) == 0  # does not fit: 0, never a wrapped small size
+    assert core.gp_round_up(2**64 - mib2, mib2) == 2**64 - mib2
+
+
+def test_absurd_request_is_refused_not_wrapped(core: ctypes.CDLL) -> None:
+    b = Bump(0x500000000000, 1 << 30, 0, 2 << 20)
+    assert place(core, b, 2**64 - 1)[0] == -1
+    assert b.cursor == 0
+    assert core.gp_bump_set_cursor(ctypes.byref(b), 2**64 - 1) == -1
 
 
 def test_bump_is_a_function_of_the_sequence(core: ctypes.CDLL) -> None:
@@ -103,6 +117,52 @@ def test_event_log_tracks_liveness(core: ctypes.CDLL) -> None:
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 5) == -1
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 6) == 6
     assert core.gp_log_find_live(ctypes.byref(log), 0xDEAD) == -1
+    seq = core.gp_log_append(ctypes.byref(log), region.EV_RESERVE, 0x900000, 8192, 8000)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == seq  # a carved reservation is live ...
+    core.gp_log_append(ctypes.byref(log), region.EV_UNRESERVE, 0x900000, 8192, 8000)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == -1  # ... until it is given back
+
+
+class Free(ctypes.Structure):
+    _fields_ = [("r", ctypes.c_void_p), ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+
+def free_ranges(f: Free) -> list[tuple[int, int]]:
+    arr = (ctypes.c_uint64 * (2 * f.n)).from_address(f.r) if f.n else []
+    return [(arr[2 * i], arr[2 * i + 1]) for i in range(f.n)]
+
+
+def take(core: ctypes.CDLL, f: Free, size: int, align: int) -> int | None:
+    addr = ctypes.c_uint64()
+    return addr.value if core.gp_free_take(ctypes.byref(f), size, align, ctypes.byref(addr)) == 0 else None
+
+
+def test_free_list_coalesces_and_refuses_overlap(core: ctypes.CDLL) -> None:
+    f = Free()
+    m = 2 << 20
+    for a in (10 * m, 14 * m, 12 * m):  # out of order; 12 sits between 10 and 14 with gaps on both sides
+        assert core.gp_free_add(ctypes.byref(f), a, m) == 0
+    assert free_ranges(f) == [(10 * m, m), (12 * m, m), (14 * m, m)]
+    assert core.gp_free_add(ctypes.byref(f), 11 * m, m) == 0  # joins 10 and 12
+    assert core.gp_free_add(ctypes.byref(f), 13 * m, m) == 0  # joins everything
+    assert free_ranges(f) == [(10 * m, 5 * m)]
+    assert core.gp_free_add(ctypes.byref(f), 12 * m, m) == -1  # already free: a double free is refused
+    assert core.gp_free_add(ctypes.byref(f), 9 * m, 2 * m) == -1  # overlaps the head
+    assert core.gp_free_add(ctypes.byref(f), 0, 0) == -1
+    assert free_ranges(f) == [(10 * m, 5 * m)]
+
+
+def test_free_list_first_fit_with_alignment_splits(core: ctypes.CDLL) -> None:
+    f = Free()
+    m = 2 << 20
+    core.gp_free_add(ctypes.byref(f), 3 * m, 6 * m)  # [3m, 9m)
+    assert take(core, f, m, 4 * m) == 4 * m  # aligned inside: head [3m,4m) and tail [5m,9m) stay
+    assert free_ranges(f) == [(3 * m, m), (5 * m, 4 * m)]
+    assert take(core, f, m, m) == 3 * m  # exact fit removes the range
+    assert take(core, f, 4 * m, m) == 5 * m
+    assert free_ranges(f) == []
+    assert take(core, f, m, m) is None
+    assert take(core, f, m, 3 * m) is None  # alignment must be a power of two
 
 
 def image_size(core: ctypes.CDLL, data: bytes) -> tuple[int, int, int]:
@@ -136,6 +196,11 @@ def test_image_size_elf_and_ptx(core: ctypes.CDLL) -> None:
     elf = bytes(ehdr + body + sh0 + sh1)
     assert image_size(core, elf)[0] == 328
     assert image_size(core, b".version 8.0\n.target sm_90\n\0garbage")[0] == len(".version 8.0\n.target sm_90\n") + 1
+    fmt = {v: k for k, v in region.IMAGE_FORMATS.items()}
+    buf = ctypes.create_string_buffer(elf, len(elf))
+    assert core.gp_image_format(buf) == fmt["elf"]
+    assert core.gp_image_format(b".version 8.0\n\0") == fmt["ptx"]
+    assert core.gp_image_format(struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 0)) == fmt["fatbin"]
 
 
 def test_native_tables_match_python_packing(core: ctypes.CDLL) -> None:
@@ -182,8 +247,18 @@ def test_address_fingerprint_ignores_padding_not_addresses() -> None:
 def test_live_ranges() -> None:
     ev = region.Event
     evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "alloc", 0x2000, 0x100, 1), ev(2, "free", 0x1000, 0x100, 0),
-           ev(3, "map_fixed", 0x3000, 0x200, 0x200)]  # fmt: skip
-    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200)]
+           ev(3, "map_fixed", 0x3000, 0x200, 0x200), ev(4, "reserve", 0x4000, 0x100, 0x80),
+           ev(5, "reserve", 0x5000, 0x100, 0x80), ev(6, "unreserve", 0x5000, 0x100, 0x80)]  # fmt: skip
+    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200), (0x4000, 0x100)]
+
+
+def test_outside_events_are_named_for_the_refusal() -> None:
+    ev = region.Event
+    evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "outside", 0x7F0000000000, 4096, 4096, 2),
+           ev(2, "refused", 0, 0, 64)]  # fmt: skip
+    assert [e.seq for e in region.outside(evs)] == [1, 2]
+    assert "cuMemAllocManaged" in evs[1].describe() and "0x7f0000000000" in evs[1].describe()
+    assert region.outside(evs[:1]) == []
 
 
 @needs_gcc
@@ -197,12 +272,22 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
     for name in ("cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAddressReserve", "cuMemAllocAsync",
                  "cuGetProcAddress", "cuGetProcAddress_v2", "cuModuleLoadData", "cuModuleLoadDataEx",
                  "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
-                 "gp_set_cursor", "gp_map_fixed", "gp_add_kernel_nodes", "gp_add_edges"):  # fmt: skip
+                 "gp_set_cursor", "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
+                 "cuMemAllocManaged", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
+                 "cuMemAllocAsync_ptsz"):  # fmt: skip
         assert f" {name}\n" in syms, name
 
 
 def _evs(*items: tuple[str, int, int]) -> list[region.Event]:
     return [region.Event(i, k, a, s, s) for i, (k, a, s) in enumerate(items)]
+
+
+def test_plan_restore_compares_requested_sizes() -> None:
+    """Two setups can map the same rounded size from different requests: that is drift too."""
+    saved = [region.Event(0, "alloc", 0x1000, 0x200000, 1000)]
+    live = [region.Event(0, "alloc", 0x1000, 0x200000, 2000)]
+    with pytest.raises(region.RegionError, match=r"saved alloc of 1000 bytes .* live alloc of 2000 bytes"):
+        region.plan_restore(saved, 1, live)
 
 
 def test_plan_restore_maps_capture_time_allocations() -> None:
@@ -214,7 +299,8 @@ def test_plan_restore_maps_capture_time_allocations() -> None:
 def test_plan_restore_aborts_on_first_differing_address() -> None:
     saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100))
     live = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x200))
-    with pytest.raises(region.RegionError, match=r"event 1: saved alloc 256 bytes at 0x1100, live alloc 512"):
+    drift = r"event 1: saved alloc of 256 bytes \(256 mapped\) at 0x1100, live alloc of 512"
+    with pytest.raises(region.RegionError, match=drift):
         region.plan_restore(saved, 2, live)
     with pytest.raises(region.RegionError, match="after the setup"):
         region.plan_restore(saved, 1, saved[:2])
@@ -223,3 +309,24 @@ def test_plan_restore_aborts_on_first_differing_address() -> None:
     reserved = [*saved[:2], region.Event(2, "reserve", 0x1200, 0x100, 0x100)]
     with pytest.raises(region.RegionError, match="'reserve' is not restorable"):
         region.plan_restore(reserved, 2, saved[:2])
+
+
+@needs_gcc
+@pytest.mark.skipif(not CUDA_H.exists(), reason=f"{CUDA_H} not present: the interposer needs the CUDA headers")
+def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Path) -> None:
+    """`python -c` (and -m) must survive the re-exec; a preload that does not take must not loop forever."""
+    import os
+    import sys
+
+    code = (
+        "import os, sys\nfrom graphpersist import region\nregion.reexec_with_interposer()\n"
+        "print('loaded', region.loaded(), os.environ.get('GP_REEXECED'), sys.argv)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(NATIVE.parents[1]), "GP_NATIVE_DIR": str(tmp_path)}
+    env.pop("GP_REEXECED", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "loaded True 1 ['-c']"
+    looped = subprocess.run([sys.executable, "-c", code], env={**env, "GP_REEXECED": "1"}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert looped.returncode != 0 and "still not loaded" in looped.stderr

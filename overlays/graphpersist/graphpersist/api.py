@@ -31,6 +31,7 @@ from graphpersist.validate import check_or_refuse
 
 _setup_mark: tuple[int, int] | None = None
 _setup_tensors: list[list[Any]] = []
+_setup_torch: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # torch's segments, live blocks
 
 
 class PersistError(RuntimeError):
@@ -45,19 +46,67 @@ def start_region() -> region.RegionInfo:
     return region.start()
 
 
-def mark_setup(tensors: Mapping[str, torch.Tensor] | None = None) -> int:
+def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = False) -> int:
     """Marks the end of deterministic setup (weights, static buffers): allocations after it are capture-time.
 
     `tensors` names the setup tensors the graphs use (parameters, buffers, KV cache, static inputs). Identical
     driver-level allocations do not prove identical tensors (torch's caching allocator sub-allocates segments),
-    so LOAD compares each named tensor's address, dtype and shape too. Returns the number of allocation events.
+    so LOAD compares each named tensor's address, dtype and shape too; an empty mapping is refused unless
+    `allow_unnamed=True` says the setup has no torch tensors worth naming. It also records which parts of
+    torch's segments hold live blocks now: SAVE refuses graph addresses in the rest (see Saver.save). Returns the
+    number of allocation events.
     """
-    global _setup_mark, _setup_tensors
+    global _setup_mark, _setup_tensors, _setup_torch
+    if tensors is None or (not tensors and not allow_unnamed):
+        raise PersistError(
+            "mark_setup() needs the named setup tensors the graphs use (parameters, buffers, static inputs), so "
+            "LOAD can prove they sit where SAVE had them; pass allow_unnamed=True only if there are none"
+        )
     torch.cuda.synchronize()
     evs = region.events()
     _setup_mark = (len(evs), region.info().cursor)
-    _setup_tensors = [[name, *_tensor_key(t)] for name, t in (tensors or {}).items()]
+    _setup_tensors = [[name, *_tensor_key(t)] for name, t in tensors.items()]
+    _setup_torch = _torch_blocks()
     return len(evs)
+
+
+def _torch_blocks() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(segments, live blocks) of torch's caching allocator on this device, each sorted (addr, size)."""
+    dev = torch.cuda.current_device()
+    segments, blocks = [], []
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", dev) != dev:
+            continue
+        segments.append((int(seg["address"]), int(seg["total_size"])))
+        for b in seg["blocks"]:
+            if b["state"] != "inactive":
+                blocks.append((int(b["address"]), int(b["size"])))
+    return sorted(segments), sorted(blocks)
+
+
+def _find(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
+    """The (start, size) in sorted, disjoint `ranges` holding `addr`, or None."""
+    i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1
+    return ranges[i] if i >= 0 and addr < ranges[i][0] + ranges[i][1] else None
+
+
+def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) -> None:
+    """Every in-region address a graph uses must be memory LOAD recreates exactly and nobody else can take:
+    live at SAVE, and, inside a torch segment that existed at mark_setup(), inside a block that was live then
+    (the rest of such a segment is free space torch may hand to any later tensor at LOAD)."""
+    segments, blocks = _setup_torch
+    for p in sorted(pointers):
+        if _find(live, p) is None:
+            raise PersistError(f"graph {name!r}: address {p:#x} is not backed by live region memory at SAVE "
+                               "(freed before SAVE?): SAVE refused")  # fmt: skip
+        seg = _find(segments, p)
+        if seg is not None and _find(blocks, p) is None:
+            raise PersistError(
+                f"graph {name!r}: address {p:#x} lies in free space of torch segment {seg[0]:#x}+{seg[1]} as it "
+                "was at mark_setup(): memory allocated there after mark_setup() is not recreated at LOAD and could "
+                "be handed to another tensor. Allocate it before mark_setup() (and name it) or inside the graph "
+                "pool: SAVE refused"
+            )
 
 
 def _tensor_key(t: torch.Tensor) -> list[Any]:
@@ -180,20 +229,26 @@ class Saver:
             raise PersistError("no region: the interposer is not active (GP_REGION_BASE unset?)")
         lo, hi = info.base, info.base + info.size
         evs = region.events()
-        bad = [e for e in evs if e.kind == "refused"]
+        bad = region.outside(evs)
         if bad:
-            raise PersistError(f"{len(bad)} allocation(s) could not be placed in the region: {region.last_error()}")
+            listed = "; ".join(e.describe() for e in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise PersistError(
+                f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
+                f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
+            )
+        live_mem = region.live_ranges(evs)
         table = images.ImageTable.current()
         saved: dict[str, graphs.SavedGraph] = {}
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
                 saved[name] = graphs.serialize(g, table, lo, hi)
-            except graphs.GraphFormatError as exc:
+            except (graphs.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
             for t in (*e.inputs, *e.outputs):
                 if not lo <= t.data_ptr() < hi:
                     raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
+            check_ownership(name, saved[name].pointers, live_mem)
         serialize_s = time.perf_counter() - t0
 
         sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
@@ -206,10 +261,16 @@ class Saver:
             flags=dict(flags or {}),
         )
         used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
-        for sg in saved.values():
+        for gname, sg in saved.items():
             for nd in sg.desc["nodes"]:
                 if nd["type"] == "kernel":
-                    used.setdefault(nd["image"], (table.by_sha[nd["image"]], set()))[1].add(nd["name"])
+                    load = table.by_sha[nd["image"]]
+                    if load.format == "ptx" and load.n_jit:
+                        raise PersistError(
+                            f"graph {gname!r}: kernel {nd['name']!r} comes from PTX compiled with {load.n_jit} JIT "
+                            "option(s) at load time; LOAD would compile it without them: SAVE refused"
+                        )
+                    used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
         pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
         inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
         with ArchiveWriter(root, world_facts(live), overwrite=overwrite) as w:
@@ -272,6 +333,7 @@ class Saver:
                 },
             )
             w.commit()
+        region.freeze()
         return {
             "serialize_s": serialize_s,
             "total_s": time.perf_counter() - t0,
@@ -329,13 +391,12 @@ def _check_memory(archive: Any, rank: int) -> tuple[list[tuple[int, int]], int]:
     if info.base != rec.region.base:
         raise PersistError(f"region base: saved {rec.region.base:#x}, live {info.base:#x}")
     saved_evs = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(saved)]
+    live_evs = region.events()
     try:
-        to_map = region.plan_restore(saved_evs, setup_n, region.events())
+        to_map = region.plan_restore(saved_evs, setup_n, live_evs)
+        region.restore(to_map, len(live_evs), rec.region.final_offset)
     except region.RegionError as exc:
         raise PersistError(str(exc)) from None
-    for addr, size in to_map:
-        region.map_fixed(addr, size)
-    region.set_cursor(rec.region.final_offset)
     return region.live_ranges(region.events()), setup_n
 
 
@@ -359,7 +420,7 @@ def load(
     live = collect_live(
         engine=dict(engine),
         model=dict(model),
-        capture={"sizes": list(sizes), "modes": list(modes)},
+        capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
         parallel={"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1},
         flags=dict(flags or {}),
         region={"base": info.base, "size": info.size},
@@ -422,6 +483,7 @@ def load(
             c - b,
             events,
         )
+    region.freeze()
     t_end = time.perf_counter()
     return LoadResult(
         out,

@@ -153,16 +153,103 @@ def _attr_ids() -> list[Any]:
     return [a for a in drv.CUkernelNodeAttrID if a.name != "CU_LAUNCH_ATTRIBUTE_IGNORE"]
 
 
-def _param_layout(func: Any) -> list[tuple[int, int]]:
+def _param_layout(func: Any, name: str) -> list[tuple[int, int]]:
+    """(offset, size) of each kernel parameter. The driver answers CUDA_ERROR_INVALID_VALUE past the last
+    one; any other error would silently truncate the parameters, so it refuses."""
     drv = _drv()
     out = []
     i = 0
     while True:
         err, off, size = drv.cuFuncGetParamInfo(func, i)
-        if int(err) != 0:
+        if err == drv.CUresult.CUDA_ERROR_INVALID_VALUE:
             return out
+        if int(err) != 0:
+            raise GraphFormatError(f"kernel {name!r}: cuFuncGetParamInfo(parameter {i}) failed: {err!r}")
         out.append((int(off), int(size)))
         i += 1
+
+
+# Values that can be user-space addresses on x86-64/aarch64 (48- or 57-bit); smaller words are counts or flags.
+_ADDR_LO, _ADDR_HI = 1 << 32, 1 << 57
+
+
+class _ForeignPointers:
+    """Refuses device addresses outside the fixed region: LOAD cannot recreate them (pinned host memory, managed
+    memory, module globals, allocations made before the region existed). A parameter word counts as an address
+    when the driver knows it (cuPointerGetAttribute succeeds); answers are cached per value."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self.known: dict[int, str | None] = {}
+
+    def kind(self, v: int) -> str | None:
+        """The memory type of a CUDA-known address, or None for a plain number."""
+        if v not in self.known:
+            drv = _drv()
+            attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+            err, mtype = drv.cuPointerGetAttribute(attr, v)
+            if err == drv.CUresult.CUDA_ERROR_INVALID_VALUE:
+                self.known[v] = None
+            elif int(err) != 0:
+                raise GraphFormatError(f"cuPointerGetAttribute({v:#x}) failed: {err!r}")
+            else:
+                self.known[v] = _MEMORY_TYPES.get(int(mtype), str(int(mtype)))
+        return self.known[v]
+
+    def check_params(self, where: str, data: bytes) -> None:
+        n = len(data) // 8
+        for j, v in enumerate(struct.unpack_from(f"<{n}Q", data) if n else ()):
+            if _ADDR_LO <= v < _ADDR_HI and not self.lo <= v < self.hi and self.kind(v) is not None:
+                raise GraphFormatError(
+                    f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, {self.kind(v)} memory outside the "
+                    f"fixed region [{self.lo:#x}, {self.hi:#x}) that LOAD cannot recreate (SAVE refused)"
+                )
+
+    def check_address(self, where: str, field: str, v: int) -> None:
+        """A memset/memcpy address is always an address: outside the region it is refused outright."""
+        if not self.lo <= v < self.hi:
+            kind = self.kind(v) if _ADDR_LO <= v < _ADDR_HI else None
+            raise GraphFormatError(
+                f"{where}: {field} {v:#x} ({kind or 'unknown'} memory) lies outside the fixed region "
+                f"[{self.lo:#x}, {self.hi:#x}) that LOAD recreates (SAVE refused)"
+            )
+
+
+_MEMORY_TYPES = {1: "host", 2: "device", 3: "array", 4: "unified"}
+
+
+class _AttrProbe:
+    """Decides whether a launch attribute that cannot be read from a captured node is simply not a kernel-node
+    attribute: it must fail the same way on a fresh node of the same kernel in a scratch graph. Anything else
+    (readable on a fresh node, or another error) refuses SAVE, because a value that was set would be lost."""
+
+    def __init__(self) -> None:
+        self.graph: Any = None
+        self.answers: dict[tuple[int, int], int] = {}
+
+    def unreadable_on_fresh(self, p: Any, layout: list[tuple[int, int]], params: bytes, attr: Any) -> int:
+        """The error code a fresh node of `p.func` gives for `attr` (0 when it reads fine)."""
+        drv = _drv()
+        key = (int(p.func), int(attr))
+        if key not in self.answers:
+            if self.graph is None:
+                self.graph = check(drv.cuGraphCreate(0), "cuGraphCreate (attribute probe)")
+            keep = ctypes.create_string_buffer(params, len(params) or 1)
+            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[ctypes.addressof(keep) + o for o, _s in layout])
+            kp = drv.CUDA_KERNEL_NODE_PARAMS()
+            kp.func = p.func
+            kp.gridDimX, kp.gridDimY, kp.gridDimZ = p.gridDimX, p.gridDimY, p.gridDimZ
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = p.blockDimX, p.blockDimY, p.blockDimZ
+            kp.sharedMemBytes = p.sharedMemBytes
+            kp.kernelParams = ctypes.addressof(ptrs) if layout else None
+            node = check(drv.cuGraphAddKernelNode(self.graph, None, 0, kp), "cuGraphAddKernelNode (attribute probe)")
+            self.answers[key] = int(drv.cuGraphKernelNodeGetAttribute(node, attr)[0])
+        return self.answers[key]
+
+    def close(self) -> None:
+        if self.graph is not None:
+            _drv().cuGraphDestroy(self.graph)
+            self.graph = None
 
 
 def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
@@ -228,70 +315,83 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     funcs: dict[str, int] = {}
     func_list: list[list[Any]] = []
     numbering = EventNumbering()
-    for i, nd in enumerate(nodes):
-        t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
-        type_name = node_type_name(t)
-        where = f"node {i} ({type_name})"
-        kind = node_kind(i, type_name)
-        if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
-            sha, name, _load = table.resolve(p.func)
-            layout = _param_layout(p.func)
-            params = _read_params(p, layout, name)
-            attrs: dict[str, str] = {}
-            for a in attr_ids:
-                err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
-                if int(err) != 0:
-                    continue
-                raw = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
-                if a.name in _EVENT_ATTRS and any(raw):
-                    raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
-                attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
-            pointers |= _pointers_in(params, region_lo, region_hi)
-            fattrs = func_attributes(p.func)
-            fkey = json.dumps([sha, name, fattrs], sort_keys=True)
-            if fkey not in funcs:
-                funcs[fkey] = len(func_list)
-                func_list.append([sha, name, fattrs])
-            out_nodes.append(
-                {
-                    "type": "kernel",
-                    "func": funcs[fkey],
-                    "image": sha,
-                    "name": name,
-                    "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
-                    "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
-                    "smem": p.sharedMemBytes,
-                    "layout": layout,
-                    "params": [len(blob), len(params)],
-                    "attrs": attrs,
-                }
-            )
-            blob += params
-        elif t == T.CU_GRAPH_NODE_TYPE_MEMSET:
-            m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
-            fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
-            pointers |= {fields["dst"]} if region_lo <= fields["dst"] < region_hi else set()
-            out_nodes.append({"type": "memset", **fields})
-        elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-            c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
-            kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
-            check_memcpy_kinds(where, *kinds)
-            fields = {k: int(getattr(c, k)) for k in _MEMCPY_FIELDS}
-            for k in ("srcDevice", "dstDevice"):
-                if region_lo <= fields[k] < region_hi:
+    foreign = _ForeignPointers(region_lo, region_hi)
+    probe = _AttrProbe()
+    try:
+        for i, nd in enumerate(nodes):
+            t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
+            type_name = node_type_name(t)
+            where = f"node {i} ({type_name})"
+            kind = node_kind(i, type_name)
+            if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
+                p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
+                sha, name, _load = table.resolve(p.func)
+                layout = _param_layout(p.func, name)
+                params = _read_params(p, layout, name)
+                foreign.check_params(f"{where} kernel {name!r}", params)
+                attrs: dict[str, str] = {}
+                for a in attr_ids:
+                    err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
+                    if int(err) != 0:
+                        fresh = probe.unreadable_on_fresh(p, layout, params, a)
+                        if fresh != int(err):
+                            raise GraphFormatError(
+                                f"{where} kernel {name!r}: reading launch attribute {a.name} failed ({err!r}) but a "
+                                f"fresh node of the same kernel answers {fresh}: its value would be lost (SAVE refused)"
+                            )
+                        continue
+                    raw = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
+                    if a.name in _EVENT_ATTRS and any(raw):
+                        raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
+                    attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
+                pointers |= _pointers_in(params, region_lo, region_hi)
+                fattrs = func_attributes(p.func)
+                fkey = json.dumps([sha, name, fattrs], sort_keys=True)
+                if fkey not in funcs:
+                    funcs[fkey] = len(func_list)
+                    func_list.append([sha, name, fattrs])
+                out_nodes.append(
+                    {
+                        "type": "kernel",
+                        "func": funcs[fkey],
+                        "image": sha,
+                        "name": name,
+                        "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
+                        "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
+                        "smem": p.sharedMemBytes,
+                        "layout": layout,
+                        "params": [len(blob), len(params)],
+                        "attrs": attrs,
+                    }
+                )
+                blob += params
+            elif t == T.CU_GRAPH_NODE_TYPE_MEMSET:
+                m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
+                fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
+                foreign.check_address(where, "dst", fields["dst"])
+                pointers.add(fields["dst"])
+                out_nodes.append({"type": "memset", **fields})
+            elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
+                c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
+                kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
+                check_memcpy_kinds(where, *kinds)
+                fields = {k: int(getattr(c, k)) for k in _MEMCPY_FIELDS}
+                for k in ("srcDevice", "dstDevice"):
+                    foreign.check_address(where, k, fields[k])
                     pointers.add(fields[k])
-            out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
-        elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
-            out_nodes.append({"type": "empty"})
-        elif t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
-            ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
-            out_nodes.append(event_node(kind, int(ev), numbering))
-        elif t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
-            ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
-            out_nodes.append(event_node(kind, int(ev), numbering))
-        else:  # node_kind() only lets the kinds above through
-            raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
+                out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
+            elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
+                out_nodes.append({"type": "empty"})
+            elif t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+                ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
+                out_nodes.append(event_node(kind, int(ev), numbering))
+            elif t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+                ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
+                out_nodes.append(event_node(kind, int(ev), numbering))
+            else:  # node_kind() only lets the kinds above through
+                raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
+    finally:
+        probe.close()
     edges: list[list[int]] = []
     count = drv.cuGraphGetEdges(graph, 0)[-1]
     if count:
@@ -382,12 +482,6 @@ def verify_blob(name: str, desc: dict[str, Any], blob: bytes) -> None:
         raise GraphFormatError(f"graph {name!r}: parameter file content does not match its recorded sha256")
 
 
-class _AttrDefaults:
-    """Launch-attribute values a freshly added kernel node has; only differing saved values are set."""
-
-    values: dict[str, bytes] | None = None
-
-
 def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
     """One fresh CUevent per event index of `desc`, in index order (empty when the graph has no event nodes).
 
@@ -412,6 +506,7 @@ def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Se
     keep = ctypes.create_string_buffer(blob, len(blob) or 1)
     base = ctypes.addressof(keep)
     made: list[Any] = []
+    defaults: dict[int, dict[str, bytes]] = {}  # per function index; only differing saved values are set
     kp = drv.CUDA_KERNEL_NODE_PARAMS()
     attr_val = drv.CUkernelNodeAttrValue()
     val_ptr = attr_val.getPtr()
@@ -428,16 +523,16 @@ def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Se
             kp.kernelParams = ctypes.addressof(ptrs) if layout else None
             kp.extra = 0
             node = check(drv.cuGraphAddKernelNode(graph, None, 0, kp), f"graph {name!r} node {i} ({nd['name']})")
-            if _AttrDefaults.values is None:
-                defaults = {}
+            if nd["func"] not in defaults:  # what a fresh node of this function reads back, attribute by attribute
+                fresh = {}
                 for a in _attr_ids():
                     err, v = drv.cuGraphKernelNodeGetAttribute(node, a)
                     if int(err) == 0:
-                        defaults[str(int(a))] = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
-                _AttrDefaults.values = defaults
+                        fresh[str(int(a))] = ctypes.string_at(v.getPtr(), _ATTR_BYTES)
+                defaults[nd["func"]] = fresh
             for aid, hexval in nd["attrs"].items():
                 raw = bytes.fromhex(hexval).ljust(_ATTR_BYTES, b"\0")
-                if _AttrDefaults.values.get(aid) == raw:
+                if defaults[nd["func"]].get(aid) == raw:
                     continue
                 ctypes.memmove(val_ptr, raw, _ATTR_BYTES)
                 check(
@@ -529,7 +624,7 @@ def rebuild_native(
     fn = (ctypes.c_void_p * max(len(funcs), 1))(*[int(f) for f in funcs])
     rc = lib.gp_add_kernel_nodes(
         ctypes.c_void_p(int(graph)), ctypes.c_size_t(n_k), ctypes.c_void_p(t0), bbuf, ctypes.c_void_p(t_off),
-        ctypes.c_void_p(t_attr), fn, out,
+        ctypes.c_void_p(t_attr), fn, ctypes.c_size_t(len(funcs)), out,
     )  # fmt: skip
     if rc != 0:
         raise GraphFormatError(f"graph {name!r}: {region.last_error()}")

@@ -116,7 +116,12 @@ class LoadedImages:
         if fn is not None:
             return fn
         drv = _driver()
-        handle = self.handles[sha]
+        handle = self.handles.get(sha)
+        if handle is None:
+            raise ImageError(
+                f"kernel {name!r} needs image {sha[:16]}…, which the archive's rank record does not list: the graph "
+                "description and the image list disagree (a damaged or hand-edited archive); re-run SAVE"
+            )
         if isinstance(handle, drv.CUlibrary):
             kern = check(drv.cuLibraryGetKernel(handle, name.encode()), f"cuLibraryGetKernel({name})")
             fn = check(drv.cuKernelGetFunction(kern), f"cuKernelGetFunction({name})")

@@ -19,11 +19,19 @@ from pathlib import Path
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 LIB_NAME = "libgpinterpose.so"
 DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR placed libraries over 0x7f0000000000
-DEFAULT_SIZE = 128 << 30
+DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
 
-EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE = 1, 2, 3, 4, 5, 6
-EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside"}
+EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE, EV_UNRESERVE = 1, 2, 3, 4, 5, 6, 7
+EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside", 7: "unreserve"}
+# Why device memory landed outside the region (native enum gp_outside_why); SAVE refuses any of them.
+OUTSIDE_WHY = {
+    1: "cuMemAlloc before the region was enabled",
+    2: "cuMemAllocManaged (managed memory is not placed in the region)",
+    3: "cuMemAddressReserve at a caller-chosen address",
+    4: "cuMemMap into a range the region did not hand out",
+}
 IMAGE_KINDS = {1: "module", 2: "module-ex", 3: "fatbinary", 4: "library"}
+IMAGE_FORMATS = {0: "unknown", 1: "fatbin", 2: "elf", 3: "ptx"}
 
 
 class RegionError(RuntimeError):
@@ -39,14 +47,13 @@ class _Info(ctypes.Structure):
 class _Event(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("seq", "addr", "size", "req")] + [
         ("kind", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("detail", ctypes.c_uint32),
     ]
 
 
 class _Image(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("seq", "handle", "ptr", "size")] + [
-        ("kind", ctypes.c_uint32),
-        ("owned", ctypes.c_uint32),
+        (n, ctypes.c_uint32) for n in ("kind", "owned", "format", "n_jit")
     ]
 
 
@@ -66,16 +73,21 @@ class RegionInfo:
 
 @dataclass(frozen=True)
 class Event:
-    """One allocation event; `seq` orders them, (kind, addr, size) is what SAVE and LOAD compare."""
+    """One allocation event; `seq` orders them, (kind, addr, size, req) is what SAVE and LOAD compare."""
 
     seq: int
     kind: str
     addr: int
     size: int
     req: int
+    detail: int = 0
 
-    def key(self) -> tuple[str, int, int]:
-        return (self.kind, self.addr, self.size)
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.kind, self.addr, self.size, self.req)
+
+    def describe(self) -> str:
+        what = f"{self.kind} of {self.req} bytes at {self.addr:#x}"
+        return f"{what} ({OUTSIDE_WHY.get(self.detail, 'unknown reason')})" if self.kind == "outside" else what
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,8 @@ class ImageLoad:
     handle: int
     ptr: int
     size: int
+    format: str = "unknown"
+    n_jit: int = 0
 
     def data(self) -> bytes:
         return ctypes.string_at(self.ptr, self.size)
@@ -136,23 +150,41 @@ def interposer_path() -> Path:
     return path
 
 
-def preload_env(base: int = DEFAULT_BASE, size: int = DEFAULT_SIZE, env: dict[str, str] | None = None) -> dict:
-    """The environment a worker process needs so the interposer is active from its first CUDA call."""
+def preload_env(base: int = DEFAULT_BASE, size: int | None = DEFAULT_SIZE, env: dict[str, str] | None = None) -> dict:
+    """The environment a worker process needs so the interposer is active from its first CUDA call.
+
+    `size` None keeps the interposer's default (4x the device's memory) unless GP_REGION_SIZE is already set.
+    """
     env = dict(os.environ if env is None else env)
     lib = str(interposer_path())
     pre = [p for p in env.get("LD_PRELOAD", "").split(":") if p and LIB_NAME not in p]
     env["LD_PRELOAD"] = ":".join([lib, *pre])
     env["GP_REGION_BASE"] = hex(base)
-    env["GP_REGION_SIZE"] = str(size)
+    if size is not None:
+        env["GP_REGION_SIZE"] = str(size)
     return env
 
 
-def reexec_with_interposer(base: int = DEFAULT_BASE, size: int = DEFAULT_SIZE) -> None:
-    """Re-executes this Python process under the interposer unless it is already loaded (call it first thing)."""
+REEXEC_GUARD = "GP_REEXECED"
+
+
+def reexec_with_interposer(base: int = DEFAULT_BASE, size: int | None = DEFAULT_SIZE) -> None:
+    """Re-executes this Python process under the interposer unless it is already loaded (call it first thing).
+
+    The command line is the interpreter's own (`sys.orig_argv`), so `python -m pkg`, `python -c ...` and option
+    flags survive. A guard variable stops a loop when the preload does not take (e.g. a setuid interpreter).
+    """
     if loaded():
         return
+    if os.environ.get(REEXEC_GUARD):
+        raise RegionError(
+            f"re-executed with LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r} but the interposer is still not "
+            "loaded: check that the library exists and that the loader honours LD_PRELOAD for this interpreter"
+        )
     env = preload_env(base, size)
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    env[REEXEC_GUARD] = "1"
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
 
 
 _lib: ctypes.CDLL | None = None
@@ -182,7 +214,8 @@ def lib() -> ctypes.CDLL:
         cdll.gp_images.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         cdll.gp_images.restype = ctypes.c_size_t
         cdll.gp_set_cursor.argtypes = [ctypes.c_uint64]
-        cdll.gp_map_fixed.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+        cdll.gp_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64,
+                                    ctypes.c_uint64]  # fmt: skip
         cdll.gp_enable.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_last_error.restype = ctypes.c_char_p
         _lib = cdll
@@ -214,14 +247,18 @@ def events() -> list[Event]:
     n = lib().gp_events(None, 0)
     buf = (_Event * max(n, 1))()
     n = min(n, lib().gp_events(buf, n))
-    return [Event(e.seq, EVENT_KINDS.get(e.kind, str(e.kind)), e.addr, e.size, e.req) for e in buf[:n]]
+    return [Event(e.seq, EVENT_KINDS.get(e.kind, str(e.kind)), e.addr, e.size, e.req, e.detail) for e in buf[:n]]
 
 
 def image_loads() -> list[ImageLoad]:
     n = lib().gp_images(None, 0)
     buf = (_Image * max(n, 1))()
     n = min(n, lib().gp_images(buf, n))
-    return [ImageLoad(m.seq, IMAGE_KINDS.get(m.kind, str(m.kind)), m.handle, m.ptr, m.size) for m in buf[:n]]
+    return [
+        ImageLoad(m.seq, IMAGE_KINDS.get(m.kind, str(m.kind)), m.handle, m.ptr, m.size,
+                  IMAGE_FORMATS.get(m.format, "unknown"), m.n_jit)
+        for m in buf[:n]
+    ]  # fmt: skip
 
 
 def set_cursor(offset: int) -> None:
@@ -229,21 +266,35 @@ def set_cursor(offset: int) -> None:
         raise RegionError(f"cannot move the region cursor to offset {offset:#x} (now {info().cursor:#x})")
 
 
-def map_fixed(addr: int, size: int) -> None:
-    """Maps fresh device memory at exactly `addr` (LOAD recreating memory the graphs reference)."""
-    if lib().gp_map_fixed(addr, size) != 0:
-        raise RegionError(f"cannot map {size} bytes at {addr:#x}: {last_error()}")
+def restore(ranges: list[tuple[int, int]], expect_events: int, final_offset: int) -> None:
+    """Maps fresh device memory at exactly each (addr, size) and moves the cursor to SAVE's final offset, as
+    one locked native step that refuses if any allocation happened after the caller read `expect_events`."""
+    addrs = (ctypes.c_uint64 * max(len(ranges), 1))(*[a for a, _ in ranges])
+    sizes = (ctypes.c_uint64 * max(len(ranges), 1))(*[s for _, s in ranges])
+    if lib().gp_restore(addrs, sizes, len(ranges), expect_events, final_offset) != 0:
+        raise RegionError(f"restoring SAVE's memory layout failed: {last_error()}")
+
+
+def freeze() -> None:
+    """The layout is saved or restored: freed ranges may now be reused (long-lived engines churn memory)."""
+    lib().gp_freeze()
 
 
 def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
-    """(addr, size) of allocations still live after `evs` (allocated or fixed-mapped, not freed)."""
+    """(addr, size) of region ranges still live after `evs`: allocated, fixed-mapped or reserved (a library
+    maps its carved reservation itself, in setup, at the same place every time), and not freed."""
     live: dict[int, int] = {}
     for e in evs:
-        if e.kind in ("alloc", "map_fixed"):
+        if e.kind in ("alloc", "map_fixed", "reserve"):
             live[e.addr] = e.size
-        elif e.kind == "free":
+        elif e.kind in ("free", "unreserve"):
             live.pop(e.addr, None)
     return sorted(live.items())
+
+
+def outside(evs: list[Event]) -> list[Event]:
+    """Device memory that bypassed the region (or was refused): a graph may point into it, so SAVE refuses."""
+    return [e for e in evs if e.kind in ("outside", "refused")]
 
 
 def plan_restore(saved: list[Event], setup_n: int, live: list[Event]) -> list[tuple[int, int]]:
@@ -261,12 +312,16 @@ def plan_restore(saved: list[Event], setup_n: int, live: list[Event]) -> list[tu
         want = saved[i]
         if ev.key() != want.key():
             raise RegionError(
-                f"address drift at allocation event {i}: saved {want.kind} {want.size} bytes at {want.addr:#x}, "
-                f"live {ev.kind} {ev.size} bytes at {ev.addr:#x} (setup code or its inputs differ)"
+                f"address drift at allocation event {i}: saved {want.kind} of {want.req} bytes "
+                f"({want.size} mapped) at {want.addr:#x}, live {ev.kind} of {ev.req} bytes ({ev.size} mapped) at "
+                f"{ev.addr:#x} (setup code or its inputs differ)"
             )
     if len(live) != setup_n:
         raise RegionError(f"setup made {len(live)} allocation events, SAVE recorded {setup_n}")
     for kind in sorted({e.kind for e in saved[setup_n:]} - {"alloc", "free"}):
-        raise RegionError(f"capture-time allocation kind {kind!r} is not restorable yet")
+        raise RegionError(
+            f"capture-time allocation kind {kind!r} is not restorable: reservations and mappings (NCCL, IPC) "
+            "must happen before mark_setup(), e.g. connect all peers during setup"
+        )
     before = {a for a, _ in live_ranges(saved[:setup_n])}
     return [(a, s) for a, s in live_ranges(saved) if a not in before]

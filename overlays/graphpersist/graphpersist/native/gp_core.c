@@ -9,13 +9,14 @@ size_t gp_kattr_size(void) { return sizeof(gp_kattr_t); }
 
 uint64_t gp_round_up(uint64_t v, uint64_t gran) {
     if (gran == 0) return v;
+    if (v > UINT64_MAX - (gran - 1)) return 0;
     return (v + gran - 1) / gran * gran;
 }
 
 int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped) {
     if (b->base == 0 || b->gran == 0) return -1;
     uint64_t sz = gp_round_up(req ? req : 1, b->gran);
-    if (b->cursor + sz > b->size || b->cursor + sz < b->cursor) return -1;
+    if (sz == 0 || b->cursor + sz > b->size || b->cursor + sz < b->cursor) return -1;
     *addr = b->base + b->cursor;
     *mapped = sz;
     b->cursor += sz;
@@ -24,7 +25,9 @@ int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped) 
 
 int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset) {
     if (offset < b->cursor || offset > b->size) return -1;
-    b->cursor = gp_round_up(offset, b->gran);
+    uint64_t c = gp_round_up(offset, b->gran);
+    if (c > b->size || (c == 0 && offset != 0)) return -1;
+    b->cursor = c;
     return 0;
 }
 
@@ -55,14 +58,70 @@ long gp_log_find_live(const gp_log_t *log, uint64_t addr) {
     for (size_t i = log->n; i-- > 0;) {
         const gp_event_t *e = &log->ev[i];
         if (e->addr != addr) continue;
-        if (e->kind == GP_EV_FREE) return -1;
-        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED) return (long)i;
+        if (e->kind == GP_EV_FREE || e->kind == GP_EV_UNRESERVE) return -1;
+        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED || e->kind == GP_EV_RESERVE) return (long)i;
+    }
+    return -1;
+}
+
+int gp_free_add(gp_free_t *f, uint64_t addr, uint64_t size) {
+    if (size == 0 || addr + size < addr) return -1;
+    size_t i = 0;
+    while (i < f->n && f->r[i].addr < addr) i++; /* insertion point: r[i-1] < addr <= r[i] */
+    if (i > 0 && f->r[i - 1].addr + f->r[i - 1].size > addr) return -1;
+    if (i < f->n && addr + size > f->r[i].addr) return -1;
+    int join_prev = i > 0 && f->r[i - 1].addr + f->r[i - 1].size == addr;
+    int join_next = i < f->n && addr + size == f->r[i].addr;
+    if (join_prev && join_next) {
+        f->r[i - 1].size += size + f->r[i].size;
+        memmove(&f->r[i], &f->r[i + 1], (f->n - i - 1) * sizeof *f->r);
+        f->n--;
+    } else if (join_prev) {
+        f->r[i - 1].size += size;
+    } else if (join_next) {
+        f->r[i].addr = addr;
+        f->r[i].size += size;
+    } else {
+        if (grow((void **)&f->r, &f->cap, f->n, sizeof *f->r)) return -1;
+        memmove(&f->r[i + 1], &f->r[i], (f->n - i) * sizeof *f->r);
+        f->r[i].addr = addr;
+        f->r[i].size = size;
+        f->n++;
+    }
+    return 0;
+}
+
+int gp_free_take(gp_free_t *f, uint64_t size, uint64_t align, uint64_t *addr) {
+    if (size == 0 || align == 0 || (align & (align - 1))) return -1;
+    for (size_t i = 0; i < f->n; i++) {
+        gp_range_t r = f->r[i];
+        uint64_t a = gp_round_up(r.addr, align);
+        if (a == 0 || a < r.addr || a - r.addr > r.size || r.size - (a - r.addr) < size) continue;
+        uint64_t head = a - r.addr, tail = r.size - head - size;
+        if (head && tail) { /* split in two: keep the head here, insert the tail after it */
+            if (grow((void **)&f->r, &f->cap, f->n, sizeof *f->r)) return -1;
+            memmove(&f->r[i + 2], &f->r[i + 1], (f->n - i - 1) * sizeof *f->r);
+            f->r[i].size = head;
+            f->r[i + 1].addr = a + size;
+            f->r[i + 1].size = tail;
+            f->n++;
+        } else if (head) {
+            f->r[i].size = head;
+        } else if (tail) {
+            f->r[i].addr = a + size;
+            f->r[i].size = tail;
+        } else {
+            memmove(&f->r[i], &f->r[i + 1], (f->n - i - 1) * sizeof *f->r);
+            f->n--;
+        }
+        *addr = a;
+        return 0;
     }
     return -1;
 }
 
 uint64_t gp_images_append(gp_images_t *ims, uint32_t kind, uint64_t handle, uint64_t ptr, uint64_t size,
-                          uint32_t owned) {
+                          uint32_t owned, uint32_t format, uint32_t n_jit) {
     if (grow((void **)&ims->im, &ims->cap, ims->n, sizeof(gp_image_t))) return UINT64_MAX;
     gp_image_t *m = &ims->im[ims->n++];
     m->seq = ims->next_seq++;
@@ -71,6 +130,8 @@ uint64_t gp_images_append(gp_images_t *ims, uint32_t kind, uint64_t handle, uint
     m->size = size;
     m->kind = kind;
     m->owned = owned;
+    m->format = format;
+    m->n_jit = n_jit;
     return m->seq;
 }
 
@@ -127,4 +188,19 @@ uint64_t gp_image_size(const void *image, const void **start) {
         return elf64_size(p);
     }
     return (uint64_t)strlen((const char *)p) + 1; /* PTX text */
+}
+
+uint32_t gp_image_format(const void *image) {
+    const unsigned char *p = (const unsigned char *)image;
+    uint32_t magic;
+    if (!p) return GP_IMG_UNKNOWN;
+    memcpy(&magic, p, 4);
+    if (magic == 0x466243b1u) {
+        const void *data;
+        memcpy(&data, p + 8, sizeof data);
+        return gp_image_format(data);
+    }
+    if (magic == 0xBA55ED50u) return GP_IMG_FATBIN;
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F') return GP_IMG_ELF;
+    return GP_IMG_PTX;
 }

@@ -12,7 +12,16 @@ enum gp_event_kind {
     GP_EV_RESERVE = 3,    /* cuMemAddressReserve carved from the region */
     GP_EV_MAP_FIXED = 4,  /* gp_map_fixed: LOAD recreating a recorded allocation */
     GP_EV_REFUSED = 5,    /* an allocation the region cannot place (async pools, exhausted region) */
-    GP_EV_OUTSIDE = 6     /* allocation passed through before the region was enabled */
+    GP_EV_OUTSIDE = 6,    /* device memory placed outside the region (see gp_outside_why): SAVE refuses */
+    GP_EV_UNRESERVE = 7   /* cuMemAddressFree of a carved reservation */
+};
+
+/* Why an allocation landed outside the region (gp_event_t.detail of a GP_EV_OUTSIDE event). */
+enum gp_outside_why {
+    GP_OUT_NOT_ENABLED = 1, /* cuMemAlloc/cuMemAllocPitch before the region was enabled */
+    GP_OUT_MANAGED = 2,     /* cuMemAllocManaged */
+    GP_OUT_HINT = 3,        /* cuMemAddressReserve with an address hint */
+    GP_OUT_MAP = 4          /* cuMemMap into a range the region did not hand out */
 };
 
 typedef struct {
@@ -21,12 +30,22 @@ typedef struct {
     uint64_t size;   /* bytes mapped (rounded to the granularity) */
     uint64_t req;    /* bytes the caller asked for */
     uint32_t kind;
-    uint32_t pad;
+    uint32_t detail; /* GP_EV_OUTSIDE: enum gp_outside_why; otherwise 0 */
 } gp_event_t;
 
 typedef struct {
     uint64_t base, size, cursor, gran;
 } gp_bump_t;
+
+/* Freed region ranges, sorted by address and coalesced; reused only once the layout is frozen. */
+typedef struct {
+    uint64_t addr, size;
+} gp_range_t;
+
+typedef struct {
+    gp_range_t *r;
+    size_t n, cap;
+} gp_free_t;
 
 typedef struct {
     gp_event_t *ev;
@@ -41,7 +60,11 @@ typedef struct {
     uint64_t size;
     uint32_t kind;     /* 1 module-data, 2 module-data-ex, 3 fatbinary, 4 library-data */
     uint32_t owned;    /* 1 when ptr is our malloc'd copy */
+    uint32_t format;   /* enum gp_image_format */
+    uint32_t n_jit;    /* JIT options the loader passed (they shape PTX compilation) */
 } gp_image_t;
+
+enum gp_image_format { GP_IMG_UNKNOWN = 0, GP_IMG_FATBIN = 1, GP_IMG_ELF = 2, GP_IMG_PTX = 3 };
 
 typedef struct {
     gp_image_t *im;
@@ -67,17 +90,24 @@ typedef struct {
 size_t gp_knode_size(void);
 size_t gp_kattr_size(void);
 
+/* v rounded up to a multiple of gran; 0 when that does not fit in 64 bits. */
 uint64_t gp_round_up(uint64_t v, uint64_t gran);
 /* Place `req` bytes at the cursor: 0 on success, -1 if the region is exhausted or not set. */
 int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped);
 /* Move the cursor to base+offset; refuses to move backwards or past the end (returns -1). */
 int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset);
 uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req);
-/* Index of the live (allocated, not freed) event holding exactly `addr`, or -1. */
+/* Index of the live event holding exactly `addr` (allocated, fixed-mapped or reserved, and not freed), or -1. */
 long gp_log_find_live(const gp_log_t *log, uint64_t addr);
+/* Returns a freed range to the list (merging neighbours); -1 when it overlaps a range already there or on OOM. */
+int gp_free_add(gp_free_t *f, uint64_t addr, uint64_t size);
+/* First-fit: takes `size` bytes aligned to `align` (a power of two) from the list; -1 when nothing fits. */
+int gp_free_take(gp_free_t *f, uint64_t size, uint64_t align, uint64_t *addr);
 uint64_t gp_images_append(gp_images_t *ims, uint32_t kind, uint64_t handle, uint64_t ptr, uint64_t size,
-                          uint32_t owned);
+                          uint32_t owned, uint32_t format, uint32_t n_jit);
 /* Image sizing: fatbin wrapper (0x466243b1), fatbin (0xBA55ED50), ELF64 cubin or NUL-terminated PTX.
  * Returns the byte size and writes the start of the image bytes to *start (the wrapper points elsewhere). */
 uint64_t gp_image_size(const void *image, const void **start);
+/* Which kind of image gp_image_size sized (enum gp_image_format). */
+uint32_t gp_image_format(const void *image);
 #endif

@@ -5,8 +5,13 @@
  * so catching the driver entry points (and handing out our wrappers through both lookups) is the one place
  * that sees every allocation. Nothing links against libcuda at build time: the real driver is dlopen'ed.
  *
- * Environment: GP_REGION_BASE (hex/dec; enables the region), GP_REGION_SIZE (bytes, default 128 GiB),
- * GP_LOG=1 (log cuGetProcAddress names, loads and allocations to stderr). Python drives the rest via ctypes. */
+ * Environment: GP_REGION_BASE (hex/dec; enables the region), GP_REGION_SIZE (bytes; default: GP_SIZE_FACTOR times
+ * the device's memory, so allocator churn cannot exhaust it), GP_LOG=1 (log cuGetProcAddress names, loads and
+ * allocations to stderr). Python drives the rest via ctypes.
+ *
+ * Fail-closed rules: device memory that bypasses the region (before it is enabled, managed memory, reservations
+ * at a caller's address, cuMemMap outside the ranges we handed out) is passed through but logged as
+ * GP_EV_OUTSIDE, and SAVE refuses; stream-ordered pools and a second device are refused outright. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -24,9 +29,13 @@ static pthread_mutex_t g_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static gp_bump_t g_bump;
 static gp_log_t g_log;
 static gp_images_t g_images;
-static int g_enabled = -1;  /* -1: read env on first use */
-static uint64_t g_want_base, g_want_size = 128ull << 30;
+#define GP_SIZE_FACTOR 4ull
+static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
+static int g_enabled;       /* published by read_env() after the whole environment is parsed */
+static uint64_t g_want_base, g_want_size; /* size 0: GP_SIZE_FACTOR x device memory */
 static int g_log_on;
+static int g_reuse;         /* layout frozen (after SAVE/LOAD): freed ranges may be handed out again */
+static gp_free_t g_free;
 static int g_failed;        /* region reservation failed: refuse all further allocations */
 static char g_error[512];
 static CUdevice g_dev;
@@ -78,16 +87,20 @@ static void *real_fn(const char *name) {
     if (!r_##name) r_##name = (type)real_fn(#name);       \
     if (!r_##name) return CUDA_ERROR_NOT_INITIALIZED;
 
-static void read_env(void) {
-    if (g_enabled != -1) return;
+static void read_env_once(void) {
     const char *b = getenv("GP_REGION_BASE"), *s = getenv("GP_REGION_SIZE"), *l = getenv("GP_LOG");
     g_log_on = l && *l && *l != '0';
-    g_enabled = 0;
-    if (b && *b) {
-        g_want_base = strtoull(b, NULL, 0);
-        g_enabled = g_want_base != 0;
-    }
     if (s && *s) g_want_size = strtoull(s, NULL, 0);
+    if (b && *b) g_want_base = strtoull(b, NULL, 0);
+    __atomic_store_n(&g_enabled, g_want_base != 0, __ATOMIC_RELEASE); /* last: the region is fully described */
+}
+
+/* Parses the environment exactly once, whichever thread gets here first; others wait for it. */
+static void read_env(void) { pthread_once(&g_env_once, read_env_once); }
+
+static int enabled(void) {
+    read_env();
+    return __atomic_load_n(&g_enabled, __ATOMIC_ACQUIRE);
 }
 
 /* Reserve the region once a context exists (first intercepted allocation). */
@@ -97,10 +110,12 @@ static int ensure_region(void) {
     typedef CUresult (*reserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
     typedef CUresult (*gran_t)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
     typedef CUresult (*getdev_t)(CUdevice *);
+    typedef CUresult (*totalmem_t)(size_t *, CUdevice);
     reserve_t reserve = (reserve_t)real_fn("cuMemAddressReserve");
     gran_t gran = (gran_t)real_fn("cuMemGetAllocationGranularity");
     getdev_t getdev = (getdev_t)real_fn("cuCtxGetDevice");
-    if (!reserve || !gran || !getdev) {
+    totalmem_t totalmem = (totalmem_t)real_fn("cuDeviceTotalMem_v2");
+    if (!reserve || !gran || !getdev || !totalmem) {
         set_error("driver entry points missing");
         g_failed = 1;
         return -1;
@@ -118,6 +133,15 @@ static int ensure_region(void) {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t g = 0;
     if (gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS || g == 0) g = 2u << 20;
+    if (g_want_size == 0) {
+        size_t mem = 0;
+        if (totalmem(&mem, g_dev) != CUDA_SUCCESS || mem == 0) {
+            set_error("cannot read the device's memory size to size the region (set GP_REGION_SIZE)");
+            g_failed = 1;
+            return -1;
+        }
+        g_want_size = gp_round_up(GP_SIZE_FACTOR * (uint64_t)mem, 1ull << 30);
+    }
     CUdeviceptr got = 0;
     CUresult r = reserve(&got, g_want_size, 0, (CUdeviceptr)g_want_base, 0);
     if (r != CUDA_SUCCESS || got != g_want_base) {
@@ -202,18 +226,64 @@ static CUresult map_at(uint64_t addr, uint64_t size) {
 
 static int in_region(uint64_t a) { return g_bump.base && a >= g_bump.base && a < g_bump.base + g_bump.size; }
 
+static void log_outside(uint64_t addr, uint64_t size, uint32_t why) {
+    pthread_mutex_lock(&g_lock);
+    if (gp_log_append(&g_log, GP_EV_OUTSIDE, addr, size, size) != UINT64_MAX) g_log.ev[g_log.n - 1].detail = why;
+    pthread_mutex_unlock(&g_lock);
+    gp_log("outside the region (reason %u): 0x%llx size %llu", why, (unsigned long long)addr,
+           (unsigned long long)size);
+}
+
+/* One region, one device: an allocation with another device current would land in memory LOAD cannot place. */
+static int same_device(void) {
+    typedef CUresult (*getdev_t)(CUdevice *);
+    static getdev_t getdev;
+    if (!getdev) getdev = (getdev_t)real_fn("cuCtxGetDevice");
+    CUdevice d;
+    if (!getdev || getdev(&d) != CUDA_SUCCESS) return 0;
+    if (d == g_dev) return 1;
+    set_error("allocation with device %d current, but the region belongs to device %d (one device per process)",
+              (int)d, (int)g_dev);
+    return 0;
+}
+
+/* Where the next `size` bytes go: a freed range once the layout is frozen, else the bump cursor. */
+static int next_range(uint64_t bytes, uint64_t align, uint64_t *addr, uint64_t *mapped, int *reused) {
+    uint64_t sz = gp_round_up(bytes ? bytes : 1, g_bump.gran);
+    *reused = 0;
+    if (sz && g_reuse && gp_free_take(&g_free, sz, align > g_bump.gran ? align : g_bump.gran, addr) == 0) {
+        *mapped = sz;
+        *reused = 1;
+        return 0;
+    }
+    if (align > g_bump.gran) {
+        uint64_t a = gp_round_up(g_bump.base + g_bump.cursor, align);
+        if (a == 0 || a - g_bump.base > g_bump.size) return -1;
+        g_bump.cursor = a - g_bump.base;
+    }
+    return gp_bump_place(&g_bump, bytes, addr, mapped);
+}
+
 static CUresult place(CUdeviceptr *dptr, size_t bytes) {
     if (ensure_region()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!same_device()) {
+        gp_log_append(&g_log, GP_EV_REFUSED, 0, 0, bytes);
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     uint64_t addr, mapped;
-    if (gp_bump_place(&g_bump, bytes, &addr, &mapped)) {
+    int reused;
+    if (next_range(bytes, 0, &addr, &mapped, &reused)) {
         gp_log_append(&g_log, GP_EV_REFUSED, 0, 0, bytes);
         set_error("region exhausted: %zu bytes requested at offset %llu of %llu", bytes,
                   (unsigned long long)g_bump.cursor, (unsigned long long)g_bump.size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r = map_at(addr, mapped);
-    if (r != CUDA_SUCCESS) {
-        g_bump.cursor -= mapped; /* nothing mapped: give the VA back so the sequence stays deterministic */
+    if (r != CUDA_SUCCESS) { /* nothing mapped: give the VA back so the sequence stays deterministic */
+        if (reused)
+            gp_free_add(&g_free, addr, mapped);
+        else
+            g_bump.cursor -= mapped;
         return r;
     }
     gp_log_append(&g_log, GP_EV_ALLOC, addr, mapped, bytes);
@@ -225,8 +295,11 @@ static CUresult place(CUdeviceptr *dptr, size_t bytes) {
 GP_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     typedef CUresult (*fn_t)(CUdeviceptr *, size_t);
     REAL(cuMemAlloc_v2, fn_t);
-    read_env();
-    if (!g_enabled) return r_cuMemAlloc_v2(dptr, bytesize);
+    if (!enabled()) {
+        CUresult r = r_cuMemAlloc_v2(dptr, bytesize);
+        if (r == CUDA_SUCCESS) log_outside(*dptr, bytesize, GP_OUT_NOT_ENABLED);
+        return r;
+    }
     pthread_mutex_lock(&g_lock);
     CUresult r = place(dptr, bytesize);
     pthread_mutex_unlock(&g_lock);
@@ -236,9 +309,13 @@ GP_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
 GP_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int e) {
     typedef CUresult (*fn_t)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
     REAL(cuMemAllocPitch_v2, fn_t);
-    read_env();
-    if (!g_enabled) return r_cuMemAllocPitch_v2(dptr, pitch, w, h, e);
+    if (!enabled()) {
+        CUresult r = r_cuMemAllocPitch_v2(dptr, pitch, w, h, e);
+        if (r == CUDA_SUCCESS) log_outside(*dptr, *pitch * h, GP_OUT_NOT_ENABLED);
+        return r;
+    }
     size_t p = (size_t)gp_round_up(w, 512);
+    if (p == 0 || (h && p > SIZE_MAX / h)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     CUresult r = place(dptr, p * h);
     pthread_mutex_unlock(&g_lock);
@@ -251,8 +328,7 @@ GP_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
     typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
     typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
     REAL(cuMemFree_v2, fn_t);
-    read_env();
-    if (!g_enabled || !in_region(dptr)) return r_cuMemFree_v2(dptr);
+    if (!enabled() || !in_region(dptr)) return r_cuMemFree_v2(dptr);
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < g_nlive; i++) {
@@ -262,6 +338,7 @@ GP_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         r = unmap(dptr, g_live[i].size);
         if (r == CUDA_SUCCESS) r = release(g_live[i].h);
         gp_log_append(&g_log, GP_EV_FREE, dptr, g_live[i].size, 0);
+        if (r == CUDA_SUCCESS) gp_free_add(&g_free, dptr, g_live[i].size);
         gp_log("free 0x%llx", (unsigned long long)dptr);
         g_live[i] = g_live[--g_nlive];
         break;
@@ -275,61 +352,97 @@ GP_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, si
                                                unsigned long long flags) {
     typedef CUresult (*fn_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
     REAL(cuMemAddressReserve, fn_t);
-    read_env();
-    if (!g_enabled || addr != 0) return r_cuMemAddressReserve(ptr, size, alignment, addr, flags);
+    if (!enabled()) return r_cuMemAddressReserve(ptr, size, alignment, addr, flags);
+    if (addr != 0) {
+        CUresult r = r_cuMemAddressReserve(ptr, size, alignment, addr, flags);
+        if (r == CUDA_SUCCESS) log_outside(*ptr, size, GP_OUT_HINT);
+        return r;
+    }
+    if (alignment & (alignment - 1)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     if (ensure_region() == 0) {
         uint64_t a, mapped;
-        if (alignment > g_bump.gran) g_bump.cursor = gp_round_up(g_bump.cursor, alignment);
-        if (gp_bump_place(&g_bump, size, &a, &mapped) == 0) {
+        int reused;
+        if (next_range(size, alignment, &a, &mapped, &reused) == 0) {
             gp_log_append(&g_log, GP_EV_RESERVE, a, mapped, size);
             *ptr = (CUdeviceptr)a;
             r = CUDA_SUCCESS;
+        } else {
+            gp_log_append(&g_log, GP_EV_REFUSED, 0, 0, size);
+            set_error("region exhausted: reservation of %zu bytes at offset %llu of %llu", size,
+                      (unsigned long long)g_bump.cursor, (unsigned long long)g_bump.size);
         }
     }
     pthread_mutex_unlock(&g_lock);
     return r;
 }
 
+/* A carved reservation goes back to the region (reused once the layout is frozen), never to the driver. */
 GP_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     typedef CUresult (*fn_t)(CUdeviceptr, size_t);
     REAL(cuMemAddressFree, fn_t);
-    read_env();
-    if (g_enabled && in_region(ptr)) return CUDA_SUCCESS; /* carved VA stays with the region */
-    return r_cuMemAddressFree(ptr, size);
+    if (!enabled() || !in_region(ptr)) return r_cuMemAddressFree(ptr, size);
+    pthread_mutex_lock(&g_lock);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    long i = gp_log_find_live(&g_log, ptr);
+    if (i >= 0 && g_log.ev[i].kind == GP_EV_RESERVE) {
+        uint64_t mapped = g_log.ev[i].size;
+        gp_log_append(&g_log, GP_EV_UNRESERVE, ptr, mapped, size);
+        gp_free_add(&g_free, ptr, mapped);
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
 }
 
-static CUresult async_refused(size_t bytes) {
+/* Physical memory a library maps itself must go into a range we handed out (a carved reservation). */
+GP_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                                    unsigned long long flags) {
+    typedef CUresult (*fn_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    REAL(cuMemMap, fn_t);
+    CUresult r = r_cuMemMap(ptr, size, offset, h, flags);
+    if (r == CUDA_SUCCESS && enabled() && !in_region(ptr)) log_outside(ptr, size, GP_OUT_MAP);
+    return r;
+}
+
+GP_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    typedef CUresult (*fn_t)(CUdeviceptr *, size_t, unsigned int);
+    REAL(cuMemAllocManaged, fn_t);
+    CUresult r = r_cuMemAllocManaged(dptr, bytesize, flags);
+    if (r == CUDA_SUCCESS && enabled()) log_outside(*dptr, bytesize, GP_OUT_MANAGED);
+    return r;
+}
+
+static CUresult async_refused(const char *what, size_t bytes) {
     pthread_mutex_lock(&g_lock);
     gp_log_append(&g_log, GP_EV_REFUSED, 0, 0, bytes);
-    set_error("cuMemAllocAsync (stream-ordered pools) cannot be placed in the region; "
-              "use the default caching allocator (no cudaMallocAsync backend)");
+    set_error("%s (stream-ordered pools) cannot be placed in the region; use the default caching allocator "
+              "(no cudaMallocAsync backend in PYTORCH_CUDA_ALLOC_CONF)", what);
     pthread_mutex_unlock(&g_lock);
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-GP_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
-    typedef CUresult (*fn_t)(CUdeviceptr *, size_t, CUstream);
-    REAL(cuMemAllocAsync, fn_t);
-    read_env();
-    if (!g_enabled) return r_cuMemAllocAsync(dptr, bytesize, s);
-    return async_refused(bytesize);
-}
-
-GP_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
-    typedef CUresult (*fn_t)(CUdeviceptr *, size_t, CUstream);
-    REAL(cuMemAllocAsync_ptsz, fn_t);
-    read_env();
-    if (!g_enabled) return r_cuMemAllocAsync_ptsz(dptr, bytesize, s);
-    return async_refused(bytesize);
-}
+#define ASYNC_HOOK(name, params, args, ...)                                  \
+    GP_EXPORT CUresult CUDAAPI name params {                                 \
+        typedef CUresult(*fn_t) params;                                      \
+        REAL(name, fn_t);                                                    \
+        if (!enabled()) return r_##name args;                                \
+        return async_refused(#name, bytesize);                               \
+    }
+ASYNC_HOOK(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream s), (dptr, bytesize, s))
+ASYNC_HOOK(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream s), (dptr, bytesize, s))
+ASYNC_HOOK(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool p, CUstream s),
+           (dptr, bytesize, p, s))
+ASYNC_HOOK(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool p, CUstream s),
+           (dptr, bytesize, p, s))
 
 /* ---- module / library images ---- */
 
-static void record_image(uint32_t kind, uint64_t handle, const void *image) {
+static void record_image(uint32_t kind, uint64_t handle, const void *image, uint32_t n_jit) {
     const void *start = image;
     uint64_t size = gp_image_size(image, &start);
+    uint32_t format = gp_image_format(image);
     uint64_t ptr = (uint64_t)start;
     uint32_t owned = 0;
     Dl_info info;
@@ -343,7 +456,7 @@ static void record_image(uint32_t kind, uint64_t handle, const void *image) {
         }
     }
     pthread_mutex_lock(&g_lock);
-    gp_images_append(&g_images, kind, handle, ptr, size, owned);
+    gp_images_append(&g_images, kind, handle, ptr, size, owned, format, n_jit);
     pthread_mutex_unlock(&g_lock);
     gp_log("image kind %u handle 0x%llx size %llu owned %u", kind, (unsigned long long)handle,
            (unsigned long long)size, owned);
@@ -352,9 +465,8 @@ static void record_image(uint32_t kind, uint64_t handle, const void *image) {
 GP_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
     typedef CUresult (*fn_t)(CUmodule *, const void *);
     REAL(cuModuleLoadData, fn_t);
-    read_env();
     CUresult r = r_cuModuleLoadData(module, image);
-    if (r == CUDA_SUCCESS) record_image(1, (uint64_t)*module, image);
+    if (r == CUDA_SUCCESS) record_image(1, (uint64_t)*module, image, 0);
     return r;
 }
 
@@ -362,18 +474,16 @@ GP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *imag
                                               void **v) {
     typedef CUresult (*fn_t)(CUmodule *, const void *, unsigned int, CUjit_option *, void **);
     REAL(cuModuleLoadDataEx, fn_t);
-    read_env();
     CUresult r = r_cuModuleLoadDataEx(module, image, n, o, v);
-    if (r == CUDA_SUCCESS) record_image(2, (uint64_t)*module, image);
+    if (r == CUDA_SUCCESS) record_image(2, (uint64_t)*module, image, n);
     return r;
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
     typedef CUresult (*fn_t)(CUmodule *, const void *);
     REAL(cuModuleLoadFatBinary, fn_t);
-    read_env();
     CUresult r = r_cuModuleLoadFatBinary(module, fatCubin);
-    if (r == CUDA_SUCCESS) record_image(3, (uint64_t)*module, fatCubin);
+    if (r == CUDA_SUCCESS) record_image(3, (uint64_t)*module, fatCubin, 0);
     return r;
 }
 
@@ -382,9 +492,8 @@ GP_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *cod
     typedef CUresult (*fn_t)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
                              void **, unsigned int);
     REAL(cuLibraryLoadData, fn_t);
-    read_env();
     CUresult r = r_cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
-    if (r == CUDA_SUCCESS) record_image(4, (uint64_t)*library, code);
+    if (r == CUDA_SUCCESS) record_image(4, (uint64_t)*library, code, nj);
     return r;
 }
 
@@ -408,7 +517,11 @@ static const hook_t g_hooks[] = {
     {"cuMemFree", "cuMemFree_v2", (void *)cuMemFree_v2, NULL},
     {"cuMemAddressReserve", "cuMemAddressReserve", (void *)cuMemAddressReserve, NULL},
     {"cuMemAddressFree", "cuMemAddressFree", (void *)cuMemAddressFree, NULL},
+    {"cuMemMap", "cuMemMap", (void *)cuMemMap, NULL},
+    {"cuMemAllocManaged", "cuMemAllocManaged", (void *)cuMemAllocManaged, NULL},
     {"cuMemAllocAsync", "cuMemAllocAsync", (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync,
+     (void *)cuMemAllocFromPoolAsync_ptsz},
     {"cuModuleLoadData", "cuModuleLoadData", (void *)cuModuleLoadData, NULL},
     {"cuModuleLoadDataEx", "cuModuleLoadDataEx", (void *)cuModuleLoadDataEx, NULL},
     {"cuModuleLoadFatBinary", "cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary, NULL},
@@ -455,12 +568,16 @@ GP_EXPORT void *dlsym(void *handle, const char *name) {
     init_real_dlsym();
     if (name[0] == 'c' && name[1] == 'u') {
         if (strcmp(name, "cuGetProcAddress") == 0) return (void *)gp_cuGetProcAddress_v1;
-        if (strcmp(name, "cuMemAllocAsync_ptsz") == 0) return (void *)cuMemAllocAsync_ptsz;
-        for (size_t i = 0; i < NHOOKS; i++)
-            if (strcmp(g_hooks[i].symbol, name) == 0) {
+        for (size_t i = 0; i < NHOOKS; i++) {
+            const hook_t *h = &g_hooks[i];
+            size_t n = strlen(h->symbol);
+            if (strncmp(h->symbol, name, n) != 0) continue;
+            if (name[n] == 0) {
                 gp_log("dlsym %s -> wrapper", name);
-                return g_hooks[i].wrapper;
+                return h->wrapper;
             }
+            if (h->wrapper_ptsz && strcmp(name + n, "_ptsz") == 0) return h->wrapper_ptsz;
+        }
     }
     return real_dlsym(handle, name);
 }
@@ -495,7 +612,7 @@ GP_EXPORT int gp_enable(uint64_t base, uint64_t size) {
     if (!g_bump.base) {
         g_want_base = base;
         if (size) g_want_size = size;
-        g_enabled = base != 0;
+        __atomic_store_n(&g_enabled, base != 0, __ATOMIC_RELEASE);
         rc = 0;
     }
     pthread_mutex_unlock(&g_lock);
@@ -506,7 +623,7 @@ GP_EXPORT int gp_enable(uint64_t base, uint64_t size) {
 GP_EXPORT int gp_reserve_now(void) {
     read_env();
     pthread_mutex_lock(&g_lock);
-    int rc = g_enabled ? ensure_region() : -1;
+    int rc = enabled() ? ensure_region() : -1;
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -536,42 +653,74 @@ GP_EXPORT int gp_set_cursor(uint64_t offset) {
     return rc;
 }
 
-/* LOAD: map a recorded allocation at its recorded address (must lie in the region, above nothing live). */
-GP_EXPORT int gp_map_fixed(uint64_t addr, uint64_t size) {
+/* One recorded allocation at its recorded address: inside the region, aligned, above the cursor, on nothing. */
+static int map_fixed_locked(uint64_t addr, uint64_t size) {
+    if (!size || !in_region(addr) || !in_region(addr + size - 1) || size % g_bump.gran || addr % g_bump.gran ||
+        addr - g_bump.base < g_bump.cursor) {
+        set_error("restoring 0x%llx+%llu: outside the region, unaligned or below the cursor",
+                  (unsigned long long)addr, (unsigned long long)size);
+        return -1;
+    }
+    for (size_t i = 0; i < g_nlive; i++)
+        if (addr < g_live[i].addr + g_live[i].size && g_live[i].addr < addr + size) {
+            set_error("restoring 0x%llx overlaps the live allocation at 0x%llx", (unsigned long long)addr,
+                      (unsigned long long)g_live[i].addr);
+            return -1;
+        }
+    CUresult r = map_at(addr, size);
+    if (r != CUDA_SUCCESS) {
+        set_error("restoring 0x%llx+%llu: mapping failed with %d", (unsigned long long)addr,
+                  (unsigned long long)size, (int)r);
+        return -1;
+    }
+    gp_log_append(&g_log, GP_EV_MAP_FIXED, addr, size, size);
+    return 0;
+}
+
+/* LOAD's memory restore as one step under the lock: no allocation may have happened since Python checked the
+ * log (`expect_events`), then every range is mapped and the cursor moves to SAVE's final offset. */
+GP_EXPORT int gp_restore(const uint64_t *addrs, const uint64_t *sizes, size_t n, uint64_t expect_events,
+                         uint64_t final_offset) {
     pthread_mutex_lock(&g_lock);
     int rc = -1;
-    if (ensure_region() == 0 && in_region(addr) && in_region(addr + size - 1) && size % g_bump.gran == 0 &&
-        addr % g_bump.gran == 0) {
-        int clash = 0;
-        for (size_t i = 0; i < g_nlive; i++)
-            if (addr < g_live[i].addr + g_live[i].size && g_live[i].addr < addr + size) clash = 1;
-        if (clash) {
-            set_error("gp_map_fixed 0x%llx overlaps a live allocation", (unsigned long long)addr);
-        } else if (map_at(addr, size) == CUDA_SUCCESS) {
-            gp_log_append(&g_log, GP_EV_MAP_FIXED, addr, size, size);
-            rc = 0;
-        }
-    } else {
-        set_error("gp_map_fixed 0x%llx+%llu is outside the region or unaligned", (unsigned long long)addr,
-                  (unsigned long long)size);
+    if (ensure_region() != 0) goto out;
+    if (g_log.n != expect_events) {
+        set_error("%llu allocation event(s) happened while LOAD was restoring memory (another thread allocated)",
+                  (unsigned long long)(g_log.n - expect_events));
+        goto out;
     }
+    for (size_t i = 0; i < n; i++)
+        if (map_fixed_locked(addrs[i], sizes[i])) goto out;
+    if (gp_bump_set_cursor(&g_bump, final_offset)) {
+        set_error("cannot move the cursor to SAVE's final offset 0x%llx (now 0x%llx)",
+                  (unsigned long long)final_offset, (unsigned long long)g_bump.cursor);
+        goto out;
+    }
+    rc = 0;
+out:
     pthread_mutex_unlock(&g_lock);
     return rc;
+}
+
+/* The layout is recorded (SAVE) or restored (LOAD): from now on freed ranges are handed out again. */
+GP_EXPORT void gp_freeze(void) {
+    pthread_mutex_lock(&g_lock);
+    g_reuse = 1;
+    pthread_mutex_unlock(&g_lock);
 }
 
 GP_EXPORT const char *gp_last_error(void) { return g_error; }
 
 /* ---- LOAD fast path: add a graph's kernel nodes and edges without a Python round trip per node ---- */
 
-#define GP_MAX_ATTR 32
-static unsigned char g_attr_default[GP_MAX_ATTR][64];
-static int g_attr_known[GP_MAX_ATTR];
+#define GP_MAX_ATTR 64
 
-/* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. Launch attributes equal
- * to what a fresh node already has (learned from the first node added in this process) are skipped. */
+/* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. A saved launch attribute
+ * is set unless it equals what a fresh node of the same function reads back (learned per function, so a
+ * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's). */
 GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
                                   const uint32_t *offsets, const gp_kattr_t *attrs, void *const *funcs,
-                                  void **out) {
+                                  size_t n_funcs, void **out) {
     typedef CUresult (*add_t)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS *);
     typedef CUresult (*set_t)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue *);
     typedef CUresult (*get_t)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue *);
@@ -587,12 +736,21 @@ GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes
         set_error("graph entry points missing in the driver");
         return -1;
     }
+    /* per (function, attribute): 0 unknown, 1 default read, 2 unreadable (always set) */
+    unsigned char *known = calloc(n_funcs * GP_MAX_ATTR + 1, 1);
+    unsigned char(*defs)[64] = calloc(n_funcs * GP_MAX_ATTR + 1, 64);
+    int rc = -1;
+    if (!known || !defs) {
+        set_error("out of host memory");
+        goto out;
+    }
     void *ptrs[4096];
     for (size_t i = 0; i < n; i++) {
         const gp_knode_t *k = &nodes[i];
-        if (k->n_params > 4096) {
-            set_error("node %u: %u parameters", k->node_index, k->n_params);
-            return -1;
+        if (k->n_params > 4096 || k->func_index >= n_funcs) {
+            set_error("node %u: %u parameters, function %u of %zu", k->node_index, k->n_params, k->func_index,
+                      n_funcs);
+            goto out;
         }
         for (uint32_t j = 0; j < k->n_params; j++) ptrs[j] = (void *)(blob + k->params_off + offsets[k->layout_off + j]);
         CUDA_KERNEL_NODE_PARAMS p;
@@ -610,29 +768,38 @@ GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes
         CUresult r = add(&node, (CUgraph)graph, NULL, 0, &p);
         if (r != CUDA_SUCCESS) {
             set_error("node %u: cuGraphAddKernelNode failed with %d", k->node_index, (int)r);
-            return -1;
+            goto out;
         }
         out[k->node_index] = node;
         for (uint32_t j = 0; j < k->n_attrs; j++) {
             const gp_kattr_t *a = &attrs[k->attrs_off + j];
-            if (a->id >= GP_MAX_ATTR) continue;
-            if (!g_attr_known[a->id]) {
+            if (a->id >= GP_MAX_ATTR) {
+                set_error("node %u: launch attribute id %u is newer than this interposer knows (< %d): SAVE and "
+                          "LOAD need the same graphpersist build", k->node_index, a->id, GP_MAX_ATTR);
+                goto out;
+            }
+            size_t key = (size_t)k->func_index * GP_MAX_ATTR + a->id;
+            if (!known[key]) {
                 CUkernelNodeAttrValue v;
                 memset(&v, 0, sizeof v);
-                if (get(node, (CUkernelNodeAttrID)a->id, &v) == CUDA_SUCCESS) memcpy(g_attr_default[a->id], &v, 64);
-                g_attr_known[a->id] = 1;
+                known[key] = get(node, (CUkernelNodeAttrID)a->id, &v) == CUDA_SUCCESS ? 1 : 2;
+                memcpy(defs[key], &v, sizeof v < 64 ? sizeof v : 64);
             }
-            if (memcmp(g_attr_default[a->id], a->value, 64) == 0) continue;
+            if (known[key] == 1 && memcmp(defs[key], a->value, 64) == 0) continue;
             CUkernelNodeAttrValue v;
             memcpy(&v, a->value, sizeof v < 64 ? sizeof v : 64);
             r = set(node, (CUkernelNodeAttrID)a->id, &v);
             if (r != CUDA_SUCCESS) {
                 set_error("node %u: setting launch attribute %u failed with %d", k->node_index, a->id, (int)r);
-                return -1;
+                goto out;
             }
         }
     }
-    return 0;
+    rc = 0;
+out:
+    free(known);
+    free(defs);
+    return rc;
 }
 
 /* Adds plain edges (no edge data) between already created nodes. */
