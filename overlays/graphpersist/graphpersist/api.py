@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from graphpersist import graphs, images, region
+from graphpersist import graphs, images, ranks, region
 from graphpersist.archive import ArchiveWriter, open_archive
 from graphpersist.liveenv import collect_live, world_facts
 from graphpersist.validate import check_or_refuse
@@ -107,6 +107,24 @@ def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) 
                 "be handed to another tensor. Allocate it before mark_setup() (and name it) or inside the graph "
                 "pool: SAVE refused"
             )
+
+
+SINGLE = {"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1}
+
+
+def _parallel(parallel: Mapping[str, int] | None) -> dict[str, int]:
+    """The parallel layout (world_size, tp/pp/ep sizes); a single rank when not given."""
+    par = {**SINGLE, **(parallel or {})}
+    if par["world_size"] < 1 or par["tp_size"] * par["pp_size"] > par["world_size"]:
+        raise PersistError(f"inconsistent parallel layout {par}")
+    return par
+
+
+def _ranks(par: Mapping[str, int], rank: int, gather: ranks.Gather | None) -> ranks.Ranks:
+    try:
+        return ranks.Ranks(par["world_size"], rank, gather)
+    except ranks.RanksRefused as exc:
+        raise PersistError(str(exc)) from None
 
 
 def _tensor_key(t: torch.Tensor) -> list[Any]:
@@ -214,10 +232,48 @@ class Saver:
         engine: Mapping[str, str],
         model: Mapping[str, str],
         rank: int = 0,
+        parallel: Mapping[str, int] | None = None,
         flags: Mapping[str, Any] | None = None,
         overwrite: bool = False,
+        gather: ranks.Gather | None = None,
     ) -> dict[str, Any]:
-        """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes."""
+        """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
+
+        With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
+        the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
+        its `rank_<r>/` part, and rank 0 publishes it once all parts are there. Any rank's refusal refuses all.
+        """
+        par = _parallel(parallel)
+        coll = _ranks(par, rank, gather)
+        try:
+            prep = self._prepare(engine, model, par, flags)
+        except PersistError as exc:
+            prep, error = None, str(exc)
+        else:
+            error = None
+        try:
+            coll.check(error, "SAVE")
+            assert prep is not None
+            coll.same_world(prep["world"], "SAVE")
+            w = coll.writer(root, prep["world"], overwrite=overwrite)
+        except ranks.RanksRefused as exc:
+            raise PersistError(str(exc)) from None
+        try:
+            summary = self._write(w, rank, prep)
+        except Exception as exc:  # every rank must hear about it before rank 0 publishes
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            coll.commit(w, error)
+        except ranks.RanksRefused as exc:
+            raise PersistError(str(exc)) from None
+        region.freeze()
+        summary["total_s"] = time.perf_counter() - prep["t0"]
+        return summary
+
+    def _prepare(
+        self, engine: Mapping[str, str], model: Mapping[str, str], par: dict[str, int], flags: Any
+    ) -> dict[str, Any]:
+        """This rank's part of SAVE up to writing: every refusal happens here, before any file exists."""
         from cuda.bindings import driver as drv
 
         if _setup_mark is None:
@@ -254,10 +310,11 @@ class Saver:
         sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
         modes = sorted({e.mode for e in self.entries.values() if e.mode})
         live = collect_live(
+            device=torch.cuda.current_device(),
             engine=dict(engine),
             model=dict(model),
             capture={"sizes": sizes, "modes": modes},
-            parallel={"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1},
+            parallel=par,
             flags=dict(flags or {}),
         )
         used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
@@ -273,70 +330,76 @@ class Saver:
                     used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
         pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
         inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
-        with ArchiveWriter(root, world_facts(live), overwrite=overwrite) as w:
-            image_records = []
-            for sha, (load, names) in sorted(used.items()):
-                rel = w.add_file(rank, f"images/{sha}.bin", load.data())
-                image_records.append(
-                    {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
-                )
-            graph_records = []
-            content_fps = {}
-            for name, sg in saved.items():
-                e = self.entries[name]
-                rel = w.add_json(rank, f"graphs/{name}.json", sg.desc)
-                w.add_file(rank, f"graphs/{name}.bin", sg.blob)
-                w.add_file(rank, f"graphs/{name}.knodes", sg.table)
-                by_type: dict[str, int] = {}
-                for nd in sg.desc["nodes"]:
-                    by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
-                graph_records.append(
-                    {
-                        "name": name,
-                        "file": rel,
-                        "topology_fingerprint": graphs.topology_fingerprint(sg.desc),
-                        "node_count": len(sg.desc["nodes"]),
-                        "nodes_by_type": by_type,
-                        "kernel_count": by_type.get("kernel", 0),
-                        "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
-                        "capture_size": e.capture_size,
-                        "mode": e.mode,
-                    }
-                )
-                content_fps[name] = graphs.address_fingerprint(sg.desc, sg.blob, lo, hi)
-            w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
-            w.add_json(rank, "pointers.json", pointers)
-            w.add_json(rank, "setup_tensors.json", _setup_tensors)
-            w.add_json(
-                rank,
-                "tensors.json",
-                {
-                    name: {"inputs": [tensor_spec(t) for t in e.inputs], "outputs": [tensor_spec(t) for t in e.outputs]}
-                    for name, e in self.entries.items()
-                },
-            )
-            w.set_rank_facts(
-                rank,
-                {
-                    "rank": rank,
-                    "device": torch.cuda.current_device(),
-                    "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
-                    "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
-                    "graphs": graph_records,
-                    "images": image_records,
-                    "extra": {
-                        "setup_events": _setup_mark[0],
-                        "setup_cursor": _setup_mark[1],
-                        "address_fingerprints": content_fps,
-                        "granularity": info.granularity,
-                    },
-                },
-            )
-            w.commit()
-        region.freeze()
         return {
-            "serialize_s": serialize_s,
-            "total_s": time.perf_counter() - t0,
+            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
+            "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live),
+        }  # fmt: skip
+
+    def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any]) -> dict[str, Any]:
+        """Writes this rank's files and rank record into the (shared) staging folder."""
+        info, evs, saved, used = prep["info"], prep["evs"], prep["saved"], prep["used"]
+        pointers, inv_fp = prep["pointers"], prep["inv_fp"]
+        lo, hi = info.base, info.base + info.size
+        image_records = []
+        for sha, (load, names) in sorted(used.items()):
+            rel = w.add_file(rank, f"images/{sha}.bin", load.data())
+            image_records.append(
+                {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
+            )
+        graph_records = []
+        content_fps = {}
+        for name, sg in saved.items():
+            e = self.entries[name]
+            rel = w.add_json(rank, f"graphs/{name}.json", sg.desc)
+            w.add_file(rank, f"graphs/{name}.bin", sg.blob)
+            w.add_file(rank, f"graphs/{name}.knodes", sg.table)
+            by_type: dict[str, int] = {}
+            for nd in sg.desc["nodes"]:
+                by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+            graph_records.append(
+                {
+                    "name": name,
+                    "file": rel,
+                    "topology_fingerprint": graphs.topology_fingerprint(sg.desc),
+                    "node_count": len(sg.desc["nodes"]),
+                    "nodes_by_type": by_type,
+                    "kernel_count": by_type.get("kernel", 0),
+                    "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
+                    "capture_size": e.capture_size,
+                    "mode": e.mode,
+                }
+            )
+            content_fps[name] = graphs.address_fingerprint(sg.desc, sg.blob, lo, hi)
+        w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
+        w.add_json(rank, "pointers.json", pointers)
+        w.add_json(rank, "setup_tensors.json", _setup_tensors)
+        w.add_json(
+            rank,
+            "tensors.json",
+            {
+                name: {"inputs": [tensor_spec(t) for t in e.inputs], "outputs": [tensor_spec(t) for t in e.outputs]}
+                for name, e in self.entries.items()
+            },
+        )
+        w.set_rank_facts(
+            rank,
+            {
+                "rank": rank,
+                "device": torch.cuda.current_device(),
+                "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
+                "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
+                "graphs": graph_records,
+                "images": image_records,
+                "extra": {
+                    "setup_events": _setup_mark[0],
+                    "setup_cursor": _setup_mark[1],
+                    "address_fingerprints": content_fps,
+                    "granularity": info.granularity,
+                },
+            },
+        )
+        return {
+            "serialize_s": prep["serialize_s"],
             "final_offset": info.cursor,
             "pointer_fingerprint": inv_fp,
             "pointers": len(pointers),
@@ -408,26 +471,70 @@ def load(
     sizes: Sequence[int],
     modes: Sequence[str] = (),
     rank: int = 0,
+    parallel: Mapping[str, int] | None = None,
     flags: Mapping[str, Any] | None = None,
     native: bool = True,
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
+    gather: ranks.Gather | None = None,
 ) -> LoadResult:
-    """Validates the archive against this process, restores memory, images and graphs. Raises before replay."""
+    """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
+
+    With `parallel["world_size"] > 1` every rank calls it: a rank that refuses makes all of them raise (a
+    PersistError naming each failing rank), so no rank goes on to replay collectives its peers never join.
+    """
+    par = _parallel(parallel)
+    coll = _ranks(par, rank, gather)
+    try:
+        result = _load_rank(root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors)
+    except Exception as exc:
+        if coll.world_size > 1:
+            try:
+                coll.check(f"{type(exc).__name__}: {exc}", "LOAD")
+            except ranks.RanksRefused as agreed:
+                raise PersistError(str(agreed)) from exc
+        raise
+    try:
+        coll.check(None, "LOAD")
+    except ranks.RanksRefused as exc:
+        raise PersistError(str(exc)) from None
+    region.freeze()
+    return result
+
+
+def _load_rank(
+    root: Path | str,
+    engine: Mapping[str, str],
+    model: Mapping[str, str],
+    sizes: Sequence[int],
+    modes: Sequence[str],
+    rank: int,
+    par: dict[str, int],
+    flags: Mapping[str, Any] | None,
+    native: bool,
+    setup_tensors: Mapping[str, torch.Tensor] | None,
+) -> LoadResult:
+    """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
     archive = open_archive(root)
     t_open = time.perf_counter()
     info = region.info()
     live = collect_live(
+        device=torch.cuda.current_device(),
         engine=dict(engine),
         model=dict(model),
         capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
-        parallel={"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1},
+        parallel=par,
         flags=dict(flags or {}),
         region={"base": info.base, "size": info.size},
     )
     t_facts = time.perf_counter()
     check_or_refuse(archive, live, rank)
     rec = archive.rank_facts(rank)
+    dev = torch.cuda.current_device()
+    if rec.device != dev:
+        raise PersistError(
+            f"rank_{rank}.device: saved {rec.device}, live {dev} (a rank must run on the GPU it saved on)"
+        )
     # Graph files are checked before anything is mapped or loaded.
     descs = {}
     for g in rec.graphs:
@@ -483,7 +590,6 @@ def load(
             c - b,
             events,
         )
-    region.freeze()
     t_end = time.perf_counter()
     return LoadResult(
         out,

@@ -278,9 +278,12 @@ def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
             else:
                 raise GraphFormatError(f"kernel {name!r}: unknown `extra` launch key {key:#x}")
             i += 2
-        if not data_ptr or data_size is None or data_size < total:
-            raise GraphFormatError(f"kernel {name!r}: `extra` buffer missing or smaller than its parameters")
-        return ctypes.string_at(data_ptr, total)
+        if not data_ptr or data_size is None or data_size > total:
+            raise GraphFormatError(f"kernel {name!r}: `extra` buffer missing or larger than its parameters")
+        # A launcher may pass fewer bytes than the declared parameter struct (NCCL sizes its args storage for the
+        # largest work batch and passes only what it filled): the kernel reads only those, and the driver leaves
+        # the rest unspecified. The rebuilt node gets them followed by zeros.
+        return ctypes.string_at(data_ptr, data_size) + bytes(total - data_size)
     if layout:
         raise GraphFormatError(f"kernel {name!r}: has parameters but neither kernelParams nor extra")
     return b""

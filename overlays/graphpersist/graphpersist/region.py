@@ -21,8 +21,11 @@ LIB_NAME = "libgpinterpose.so"
 DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR placed libraries over 0x7f0000000000
 DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
 
-EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE, EV_UNRESERVE = 1, 2, 3, 4, 5, 6, 7
-EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside", 7: "unreserve"}
+# Allocation event kinds (native enum gp_event_kind), by number and by the name the archive's log uses.
+EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside", 7: "unreserve",
+               8: "ipc_open", 9: "ipc_close"}  # fmt: skip
+(EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE, EV_UNRESERVE, EV_IPC_OPEN,
+ EV_IPC_CLOSE) = EVENT_KINDS  # fmt: skip
 # Why device memory landed outside the region (native enum gp_outside_why); SAVE refuses any of them.
 OUTSIDE_WHY = {
     1: "cuMemAlloc before the region was enabled",
@@ -113,7 +116,7 @@ def native_build_dir() -> Path:
     if os.environ.get("GP_NATIVE_DIR"):
         return Path(os.environ["GP_NATIVE_DIR"])
     digest = hashlib.sha256()
-    for name in ("interposer.c", "gp_core.c", "gp_core.h", "build.sh"):
+    for name in ("interposer.c", "gp_core.c", "gp_core.h", "gp_ipc.c", "gp_ipc.h", "build.sh"):
         digest.update((NATIVE_DIR / name).read_bytes())
     tag = digest.hexdigest()[:16]
     if os.access(NATIVE_DIR, os.W_OK):
@@ -281,13 +284,14 @@ def freeze() -> None:
 
 
 def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
-    """(addr, size) of region ranges still live after `evs`: allocated, fixed-mapped or reserved (a library
-    maps its carved reservation itself, in setup, at the same place every time), and not freed."""
+    """(addr, size) of region ranges still live after `evs`: allocated, fixed-mapped, reserved (a library maps
+    its carved reservation itself, in setup, at the same place every time) or a peer's allocation mapped by IPC
+    (opened in setup, same place every time), and not freed, given back or closed."""
     live: dict[int, int] = {}
     for e in evs:
-        if e.kind in ("alloc", "map_fixed", "reserve"):
+        if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open"):
             live[e.addr] = e.size
-        elif e.kind in ("free", "unreserve"):
+        elif e.kind in ("free", "unreserve", "ipc_close"):
             live.pop(e.addr, None)
     return sorted(live.items())
 

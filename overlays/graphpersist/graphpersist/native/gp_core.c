@@ -58,8 +58,10 @@ long gp_log_find_live(const gp_log_t *log, uint64_t addr) {
     for (size_t i = log->n; i-- > 0;) {
         const gp_event_t *e = &log->ev[i];
         if (e->addr != addr) continue;
-        if (e->kind == GP_EV_FREE || e->kind == GP_EV_UNRESERVE) return -1;
-        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED || e->kind == GP_EV_RESERVE) return (long)i;
+        if (e->kind == GP_EV_FREE || e->kind == GP_EV_UNRESERVE || e->kind == GP_EV_IPC_CLOSE) return -1;
+        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED || e->kind == GP_EV_RESERVE ||
+            e->kind == GP_EV_IPC_OPEN)
+            return (long)i;
     }
     return -1;
 }

@@ -13,7 +13,9 @@ enum gp_event_kind {
     GP_EV_MAP_FIXED = 4,  /* gp_map_fixed: LOAD recreating a recorded allocation */
     GP_EV_REFUSED = 5,    /* an allocation the region cannot place (async pools, exhausted region) */
     GP_EV_OUTSIDE = 6,    /* device memory placed outside the region (see gp_outside_why): SAVE refuses */
-    GP_EV_UNRESERVE = 7   /* cuMemAddressFree of a carved reservation */
+    GP_EV_UNRESERVE = 7,  /* cuMemAddressFree of a carved reservation */
+    GP_EV_IPC_OPEN = 8,   /* cuIpcOpenMemHandle: a peer's allocation mapped into the region */
+    GP_EV_IPC_CLOSE = 9   /* cuIpcCloseMemHandle: that mapping removed (last reference) */
 };
 
 /* Why an allocation landed outside the region (gp_event_t.detail of a GP_EV_OUTSIDE event). */
