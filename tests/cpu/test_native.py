@@ -330,3 +330,18 @@ def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Pa
     looped = subprocess.run([sys.executable, "-c", code], env={**env, "GP_REEXECED": "1"}, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert looped.returncode != 0 and "still not loaded" in looped.stderr
+
+
+def test_late_mappings_are_what_load_cannot_recreate() -> None:
+    ev = region.Event
+    evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "reserve", 0x2000, 0x100, 1), ev(2, "alloc", 0x3000, 0x100, 1),
+           ev(3, "free", 0x1000, 0x100, 0), ev(4, "ipc_open", 0x4000, 0x200, 0x200),
+           ev(5, "reserve", 0x5000, 0x100, 1)]  # fmt: skip
+    assert region.late_mappings(evs, 2) == [evs[4], evs[5]]  # the setup reservation (seq 1) is fine
+    assert region.late_mappings(evs, 6) == []
+
+
+def test_multicast_must_be_pinned_off() -> None:
+    assert region.multicast_problems(dict(region.MULTICAST_OFF)) == []
+    wrong = region.multicast_problems({"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    assert wrong == ["NCCL_NVLS_ENABLE='1' (need '0')", "NVSHMEM_DISABLE_NVLS=None (need '1')"]

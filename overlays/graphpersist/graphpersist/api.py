@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -291,6 +292,19 @@ class Saver:
             raise PersistError(
                 f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
                 f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
+            )
+        late = region.late_mappings(evs, _setup_mark[0])
+        if late:
+            listed = "; ".join(e.describe() for e in late[:5]) + (" ..." if len(late) > 5 else "")
+            raise PersistError(
+                f"{len(late)} reservation/mapping event(s) after mark_setup(): {listed}. LOAD recreates only "
+                "allocations made after setup, so connect every peer before mark_setup() (NCCL_RUNTIME_CONNECT=0, "
+                "symmetric-memory rendezvous and cuIpcOpenMemHandle in setup). SAVE refused"
+            )
+        if par["world_size"] > 1 and (wrong := region.multicast_problems(os.environ)):
+            raise PersistError(
+                f"NVLink multicast must be off for multi-rank graphs (multicast objects are not placed in the "
+                f"fixed region): {', '.join(wrong)}. SAVE refused"
             )
         live_mem = region.live_ranges(evs)
         table = images.ImageTable.current()

@@ -296,6 +296,22 @@ def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
     return sorted(live.items())
 
 
+def late_mappings(evs: list[Event], setup_n: int) -> list[Event]:
+    """Reservations, IPC mappings and other non-allocation events after setup: LOAD recreates only allocations
+    made after mark_setup(), so SAVE refuses these (connect peers, rendezvous, open IPC handles in setup)."""
+    return [e for e in evs[setup_n:] if e.kind not in ("alloc", "free")]
+
+
+# NVLink multicast objects (NVLS, torch symmetric-memory multicast, NVSHMEM NVLS) are not placed in the region:
+# a multi-rank SAVE requires them off.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def multicast_problems(environ: dict[str, str] | os._Environ[str]) -> list[str]:
+    """`NAME=value (need X)` for each multicast switch that is not pinned off."""
+    return [f"{k}={environ.get(k)!r} (need {v!r})" for k, v in MULTICAST_OFF.items() if environ.get(k) != v]
+
+
 def outside(evs: list[Event]) -> list[Event]:
     """Device memory that bypassed the region (or was refused): a graph may point into it, so SAVE refuses."""
     return [e for e in evs if e.kind in ("outside", "refused")]
