@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,14 @@ from graphpersist.manifest import FORMAT_VERSION
 REGION_BASE = 0x7E0000000000
 REGION_SIZE = 64 << 30
 CAPTURE_SIZES = (1, 2, 4, 8)
+# The GPUs rank 0 and rank 1 saved on (a 2-GPU host: UUIDs as nvidia-smi prints them, PCI ids as sysfs does).
+GPU_UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa")
+PCI_BUS_IDS = ("0000:19:00.0", "0000:3a:00.0")
+
+
+def device(rank: int) -> dict[str, Any]:
+    """rank.json's `device` for a rank of the fixture archive: device index = rank, one GPU each."""
+    return {"index": rank, "uuid": GPU_UUIDS[rank % 2], "pci_bus_id": PCI_BUS_IDS[rank % 2]}
 
 
 def world(**changes: Any) -> dict[str, Any]:
@@ -40,6 +49,37 @@ def world(**changes: Any) -> dict[str, Any]:
     for dotted, value in changes.items():
         set_field(facts, dotted, value)
     return facts
+
+
+def fake_nvidia_smi(folder: Path) -> Path:
+    """Writes an `nvidia-smi` into `folder` that lists the fixture's two GPUs (put `folder` first on PATH).
+
+    It answers graphpersist's --query-gpu=... --format=csv,noheader with the fields asked for, spelled as
+    nvidia-smi spells them (8-digit PCI domain, upper-case hex), in PCI order like the real one.
+    """
+    rows = [
+        {
+            "index": str(i),
+            "uuid": GPU_UUIDS[i],
+            "name": "NVIDIA H200",
+            "driver_version": "580.159.04",
+            "pci.bus_id": "0000" + PCI_BUS_IDS[i].upper(),
+            "compute_cap": "9.0",
+        }
+        for i in (0, 1)
+    ]
+    script = folder / "nvidia-smi"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"rows = {rows!r}\n"
+        "query = next(a for a in sys.argv[1:] if a.startswith('--query-gpu='))\n"
+        "fields = query.split('=', 1)[1].split(',')\n"
+        "for row in rows:\n"
+        "    print(', '.join(row[f] for f in fields))\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
 
 
 def _blob(*parts: object) -> bytes:
@@ -77,7 +117,7 @@ def write_rank(writer: ArchiveWriter, rank: int) -> dict[str, Any]:
         )
     writer.add_file(rank, "allocations.log", _blob("allocations", rank))
     facts = {
-        "device": rank,
+        "device": device(rank),
         "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": (3 << 30) + rank * 4096},
         "pointers": {"fingerprint": hashlib.sha256(f"pointers-{rank}".encode()).hexdigest(), "count": 1200 + rank},
         "graphs": graphs,
@@ -102,6 +142,7 @@ def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:
     live = copy.deepcopy(world())
     live["format_version"] = FORMAT_VERSION
     live["parallel"]["rank"] = rank
+    live["device"] = device(rank)
     live["region"] = {"base": REGION_BASE, "size": REGION_SIZE}
     for dotted, value in changes.items():
         set_field(live, dotted, value)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from archive_fixtures import world, write_archive, write_rank
+from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, world, write_archive, write_rank
 
 from graphpersist import archive as archive_mod
+from graphpersist import world as world_mod
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, remove_stale_partials
-from graphpersist.manifest import FORMAT_VERSION, RankRecord
+from graphpersist.manifest import FORMAT_VERSION, DeviceFacts, RankRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +49,8 @@ def test_written_archive_reads_back(saved: Path):
     assert archive.manifest.world.parallel.tp_size == 2
     assert archive.read_json(None, "engine.json") == {"kv_cache_blocks": 4096}
     record = archive.rank_facts(1)
-    assert isinstance(record, RankRecord) and record.rank == 1 and record.device == 1
+    assert isinstance(record, RankRecord) and record.rank == 1
+    assert record.device == DeviceFacts(index=1, uuid=GPU_UUIDS[1], pci_bus_id=PCI_BUS_IDS[1])
     graph = record.graphs[0]
     assert json.loads(archive.read_path(graph.file))["nodes"][0]["type"] == "kernel"
     image = record.images[0]
@@ -108,6 +113,18 @@ def test_unsupported_format_version(saved: Path):
     message = error_of(saved)
     assert f"archive format version {FORMAT_VERSION + 1} is newer than what this graphpersist reads" in message
     assert message.splitlines()[-1].startswith("Use the graphpersist release that wrote it")
+
+
+def test_an_archive_of_an_older_format_asks_for_a_new_save(saved: Path):
+    data = json.loads((saved / "manifest.json").read_text())
+    data["format_version"] = 1
+    (saved / "manifest.json").write_text(json.dumps(data))
+    assert error_of(saved).splitlines() == [
+        f"graphpersist: cannot open archive {saved}: archive format version 1 is older than what this graphpersist "
+        f"reads (format {FORMAT_VERSION})",
+        f"Re-run with mode=save to write it again in format {FORMAT_VERSION} "
+        "(LOAD now compares facts that older formats did not record).",
+    ]
 
 
 def test_missing_file(saved: Path):
@@ -220,8 +237,36 @@ def test_invalid_world_or_rank_facts_fail_the_save(tmp_path: Path):
         ArchiveWriter(tmp_path / "a", world()) as writer,
         pytest.raises(ArchiveError, match=r"invalid facts for rank 0: rank\.region is missing"),
     ):
-        writer.set_rank_facts(0, {"device": 0, "pointers": {"fingerprint": "x", "count": 0}})
+        writer.set_rank_facts(0, {"device": device(0), "pointers": {"fingerprint": "x", "count": 0}})
     assert siblings(tmp_path / "a") == []
+
+
+def test_a_bare_device_index_is_expanded_to_the_gpu_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """api.py passes `"device": torch.cuda.current_device()`; the writer records which GPU that is."""
+    looked_up = []
+
+    def lookup(index: int) -> dict:
+        looked_up.append(index)
+        return device(1) | {"index": index}
+
+    monkeypatch.setattr(world_mod, "rank_device_facts", lookup)
+    facts = {"region": {"base": 1, "size": 2, "final_offset": 0}, "pointers": {"fingerprint": "x", "count": 0}}
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        record = writer.set_rank_facts(0, facts | {"device": 1})
+    assert looked_up == [1] and record.device == DeviceFacts(1, GPU_UUIDS[1], PCI_BUS_IDS[1])
+
+
+def test_a_device_whose_gpu_cannot_be_named_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def lookup(index: int) -> dict:
+        raise world_mod.WorldError(f"cannot learn the uuid and pci_bus_id of CUDA device {index}")
+
+    monkeypatch.setattr(world_mod, "rank_device_facts", lookup)
+    facts = {"region": {"base": 1, "size": 2, "final_offset": 0}, "pointers": {"fingerprint": "x", "count": 0}}
+    with (
+        ArchiveWriter(tmp_path / "a", world()) as writer,
+        pytest.raises(ArchiveError, match=r"cannot record rank 0's GPU: cannot learn the uuid and pci_bus_id of CUDA"),
+    ):
+        writer.set_rank_facts(0, facts | {"device": 0})
 
 
 def test_commit_refuses_an_incomplete_archive_and_publishes_nothing(tmp_path: Path):
@@ -336,7 +381,7 @@ JOIN_SCRIPT = textwrap.dedent(
 
 KILLED_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     from pathlib import Path
     sys.path.insert(0, "tests/cpu")
     from archive_fixtures import world, write_rank
@@ -351,6 +396,16 @@ KILLED_SCRIPT = textwrap.dedent(
 
     if where == "before-publish":
         archive_mod._publish = hang  # manifest.json is written, the rename has not happened
+    if where == "between-renames":  # the replace without RENAME_EXCHANGE: old archive moved aside, new not yet in
+        archive_mod._exchange = lambda a, b: False
+        real_rename = os.rename
+
+        def rename_then_hang(src, dst):
+            real_rename(src, dst)
+            if ".trash-" in os.fspath(dst):
+                hang()
+
+        archive_mod.os.rename = rename_then_hang
     writer = ArchiveWriter(root, world(**{"model.dtype": "float16"}), overwrite=overwrite)
     write_rank(writer, 0)
     if where == "mid-write":
@@ -365,7 +420,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO / "overlays" / "graphpersist"), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _kill_writer_at(root: Path, where: str, overwrite: bool) -> None:
+@contextlib.contextmanager
+def _writer_paused_at(root: Path, where: str, overwrite: bool) -> Iterator[subprocess.Popen[str]]:
+    """A real writer process stopped at `where`; SIGKILLed (no cleanup code runs) when the block ends."""
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_SCRIPT, str(root), where, "1" if overwrite else "0"],
         cwd=REPO,
@@ -377,11 +434,17 @@ def _kill_writer_at(root: Path, where: str, overwrite: bool) -> None:
     try:
         line = proc.stdout.readline()
         assert line.strip() == "ready", proc.stderr.read()
+        yield proc
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _kill_writer_at(root: Path, where: str, overwrite: bool) -> None:
+    with _writer_paused_at(root, where, overwrite):
+        pass
 
 
 @pytest.mark.parametrize("where", ["mid-write", "before-publish"])
@@ -414,3 +477,100 @@ def test_the_next_writer_clears_what_a_dead_one_left(tmp_path: Path):
 def test_missing_parent_folders_are_created(tmp_path: Path):
     root = write_archive(tmp_path / "deep" / "er" / "archive")
     assert open_archive(root).ranks == (0, 1)
+
+
+# --- a replace killed between its two renames (no RENAME_EXCHANGE): the old archive is kept and named
+
+
+def test_a_replace_stopped_between_its_renames_names_the_previous_archive_and_keeps_it(saved: Path):
+    with _writer_paused_at(saved, "between-renames", overwrite=True) as proc:
+        assert not saved.exists()
+        live = error_of(saved).splitlines()
+        assert live[0].startswith(
+            f"graphpersist: cannot open archive {saved}: no such directory: a SAVE (pid {proc.pid})"
+        )
+        assert live[1] == "Try again when that SAVE has finished."
+        assert remove_stale_partials(saved) == [], "a running writer's folders are never touched"
+    [trash] = [name for name in siblings(saved) if ".trash-" in name]
+    [partial] = [name for name in siblings(saved) if ".partial-" in name]
+    assert error_of(saved).splitlines() == [
+        f"graphpersist: cannot open archive {saved}: no such directory: a SAVE that was replacing it stopped "
+        f"between its two renames; the previous archive is whole in {trash}",
+        f"To load it, rename it back: mv '{saved.parent / trash}' '{saved}'",
+    ]
+    # the dead writer's staging folder goes; its trash, the only whole archive, stays while the archive is missing
+    assert remove_stale_partials(saved) == [saved.parent / partial]
+    assert siblings(saved) == [trash]
+    with pytest.raises(ArchiveError, match=rf"it is missing, but the previous archive is in {re.escape(trash)}"):
+        ArchiveWriter(saved, world())
+    os.rename(saved.parent / trash, saved)
+    assert open_archive(saved).manifest.world.model.dtype == "bfloat16"
+
+
+def test_a_new_save_over_a_stopped_replace_publishes_and_then_clears_the_old_archive(saved: Path):
+    _kill_writer_at(saved, "between-renames", overwrite=True)
+    assert any(".trash-" in name for name in siblings(saved))
+    write_archive(saved, overwrite=True, **{"model.dtype": "float32"})
+    assert open_archive(saved).manifest.world.model.dtype == "float32"
+    assert siblings(saved) == []
+
+
+# --- whose staging folder is it: pid and process start time, so a reused pid does not keep garbage alive
+
+
+def _own_start_time() -> int:
+    stat = Path("/proc/self/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_staging_folders_are_named_after_the_writer_pid_and_start_time(tmp_path: Path):
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        pid, start, scope, _random = writer.staging.name.removeprefix("a.partial-").split("-")
+        assert (int(pid), int(start)) == (os.getpid(), _own_start_time())
+        assert re.fullmatch(r"[0-9a-f]{8}", scope) and scope == archive_mod._scope()
+
+
+def test_a_folder_whose_pid_now_belongs_to_another_process_is_stale(tmp_path: Path):
+    """Our own pid with another start time: the writer died and the pid was reused (here: by this test)."""
+    root = tmp_path / "a"
+    scope, me, start = archive_mod._scope(), os.getpid(), _own_start_time()
+    reused = tmp_path / f"a.partial-{me}-{start + 1}-{scope}-00000001"
+    mine = tmp_path / f"a.partial-{me}-{start}-{scope}-00000002"
+    for path in (reused, mine):
+        path.mkdir()
+    assert remove_stale_partials(root) == [reused]
+    assert mine.exists(), "a folder of a running writer (same pid, same start time) is never removed"
+
+
+def test_folders_from_another_boot_or_namespace_are_never_judged(tmp_path: Path):
+    """Its pid means nothing here: even a pid that is free here may be a live writer elsewhere."""
+    other_scope = "00000000" if archive_mod._scope() != "00000000" else "11111111"
+    foreign = tmp_path / f"a.partial-{_dead_pid()}-12345-{other_scope}-00000001"
+    foreign.mkdir()
+    assert remove_stale_partials(tmp_path / "a") == []
+    assert foreign.exists()
+
+
+def test_old_style_names_are_still_judged_by_pid(tmp_path: Path):
+    root = write_archive(tmp_path / "a")  # the root exists: a dead writer's trash folder may go too
+    dead = [tmp_path / f"a.partial-{_dead_pid()}-0badc0de", tmp_path / f"a.trash-{_dead_pid()}-12345678"]
+    alive = tmp_path / f"a.trash-{os.getpid()}-12345678"
+    for path in (*dead, alive):
+        path.mkdir()
+    assert sorted(remove_stale_partials(root)) == sorted(dead)
+    assert siblings(root) == [alive.name]
+
+
+def test_an_old_style_trash_folder_is_named_when_the_archive_is_missing(tmp_path: Path):
+    root = write_archive(tmp_path / "old")
+    trash = tmp_path / f"archive.trash-{_dead_pid()}-0badc0de"
+    os.rename(root, trash)
+    message = error_of(tmp_path / "archive")
+    assert f"the previous archive is whole in {trash.name}" in message
+    assert remove_stale_partials(tmp_path / "archive") == []

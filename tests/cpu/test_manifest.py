@@ -10,6 +10,7 @@ from archive_fixtures import world
 from graphpersist.manifest import (
     FORMAT_VERSION,
     Creation,
+    DeviceFacts,
     FileEntry,
     GraphRecord,
     ImageRecord,
@@ -49,7 +50,7 @@ def a_rank_record() -> RankRecord:
     )
     return RankRecord(
         rank=0,
-        device=0,
+        device=DeviceFacts(index=0, uuid="GPU-11111111-2222-3333-4444-555555555555", pci_bus_id="0000:19:00.0"),
         region=RegionFacts(base=0x7E0000000000, size=1 << 36, final_offset=1 << 30),
         pointers=PointerInventory(fingerprint="01" * 32, count=7),
         graphs=(graph,),
@@ -85,6 +86,45 @@ def test_unknown_future_format_version_is_refused_with_a_clear_message():
     data = a_manifest().to_dict() | {"format_version": FORMAT_VERSION + 1}
     with pytest.raises(UnsupportedFormat, match=rf"format version {FORMAT_VERSION + 1} is newer than"):
         Manifest.from_dict(data)
+
+
+def test_an_older_format_is_refused_as_older_so_the_reader_can_advise_a_new_save():
+    data = a_manifest().to_dict() | {"format_version": FORMAT_VERSION - 1}
+    with pytest.raises(UnsupportedFormat, match=rf"format version {FORMAT_VERSION - 1} is older than") as info:
+        Manifest.from_dict(data)
+    assert info.value.older is True and info.value.version == FORMAT_VERSION - 1
+    with pytest.raises(UnsupportedFormat) as newer:
+        Manifest.from_dict(a_manifest().to_dict() | {"format_version": FORMAT_VERSION + 1})
+    assert newer.value.older is False
+
+
+def test_a_format_1_rank_record_with_a_bare_device_index_is_refused():
+    """Format 2 records which physical GPU each rank used; a bare index cannot be compared with a live GPU."""
+    data = json.loads(a_rank_record().to_json()) | {"device": 0}
+    with pytest.raises(ManifestError, match=r"rank\.device must be an object, got int"):
+        RankRecord.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"uuid": None}, r"rank\.device\.uuid must be a str"),
+        ({"pci_bus_id": 25}, r"rank\.device\.pci_bus_id must be a str"),
+        ({"index": "0"}, r"rank\.device\.index must be an integer"),
+    ],
+)
+def test_the_rank_gpu_must_be_fully_named(change, message):
+    data = json.loads(a_rank_record().to_json())
+    data["device"] |= change
+    with pytest.raises(ManifestError, match=message):
+        RankRecord.from_dict(data)
+
+
+def test_a_rank_gpu_without_its_pci_bus_id_is_refused():
+    data = json.loads(a_rank_record().to_json())
+    del data["device"]["pci_bus_id"]
+    with pytest.raises(ManifestError, match=r"rank\.device\.pci_bus_id is missing"):
+        RankRecord.from_dict(data)
 
 
 def test_unknown_version_is_refused_before_the_rest_is_read():
@@ -143,12 +183,13 @@ def test_rank_record_defaults_are_empty_and_rank_dir_is_stable():
     record = RankRecord.from_dict(
         {
             "rank": 3,
-            "device": 1,
+            "device": {"index": 1, "uuid": "GPU-x", "pci_bus_id": "0000:3a:00.0"},
             "region": {"base": 1, "size": 2, "final_offset": 0},
             "pointers": {"fingerprint": "x", "count": 0},
         }
     )
     assert record.graphs == () and record.images == () and record.extra == {}
+    assert record.device == DeviceFacts(index=1, uuid="GPU-x", pci_bus_id="0000:3a:00.0")
     assert rank_dir(3) == "rank_3"
 
 

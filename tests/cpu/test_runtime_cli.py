@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from archive_fixtures import write_archive
+from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, fake_nvidia_smi, write_archive
 
 from graphpersist import cli
 from graphpersist.archive import open_archive
 from graphpersist.liveenv import PINNED_ENV, collect_live
+from graphpersist.manifest import FORMAT_VERSION
 from graphpersist.validate import flatten
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +38,32 @@ ENGINE_SETS = [
 ]
 
 
+_FAKE_BIN: list[Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_gpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An nvidia-smi listing the fixture's two GPUs first on PATH, so GPU facts are the same on every host."""
+    folder = tmp_path_factory.mktemp("bin")
+    fake_nvidia_smi(folder)
+    _FAKE_BIN[:] = [folder]
+    return folder
+
+
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PINNED_ENV}
-    return env | PINS | {"PYTHONPATH": str(REPO / "overlays" / "graphpersist"), "PYTHONDONTWRITEBYTECODE": "1"} | extra
+    path = os.pathsep.join([*map(str, _FAKE_BIN), env.get("PATH", "")])
+    own = {"PYTHONPATH": str(REPO / "overlays" / "graphpersist"), "PYTHONDONTWRITEBYTECODE": "1", "PATH": path}
+    return env | PINS | own | extra
+
+
+def host_facts(**env: str) -> dict[str, object]:
+    """This host's facts as `graphpersist check` will see them in environment(**env) (GPUs from fake_gpus)."""
+    os_env = environment(**env)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", os_env["PATH"])
+        host = flatten(collect_live(environ=os_env))
+    return {k: v for k, v in host.items() if k.split(".")[0] in ("distribution", "torch", "cuda", "nccl", "gpu")}
 
 
 def graphpersist(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -50,11 +74,19 @@ def graphpersist(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def host_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An archive whose host facts are this machine's (whatever it has: torch, a GPU, neither)."""
-    os_env = environment()
-    host = flatten(collect_live(environ=os_env))
-    changes = {k: v for k, v in host.items() if k.split(".")[0] in ("distribution", "torch", "cuda", "nccl", "gpu")}
-    return write_archive(tmp_path_factory.mktemp("cli") / "archive", **changes)
+    """An archive whose host facts are this machine's (whatever it has: torch, CUDA, neither)."""
+    return write_archive(tmp_path_factory.mktemp("cli") / "archive", **host_facts())
+
+
+# Rank 0 on the GPU at 0000:19:00.0, rank 1 on 0000:3a:00.0, with device numbers in PCI order (CUDA_DEVICE_ORDER),
+# so that `check` can tell which GPU each device index is.
+PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+@pytest.fixture(scope="module")
+def tp2_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pins = {f"env.{k}": v for k, v in PCI_ORDER.items()}
+    return write_archive(tmp_path_factory.mktemp("cli") / "tp2", **host_facts(**PCI_ORDER), **pins)
 
 
 def test_every_command_has_help_and_version():
@@ -64,7 +96,7 @@ def test_every_command_has_help_and_version():
     assert top.returncode == 0 and all(name in top.stdout for name in names)
     version = graphpersist("--version")
     assert version.returncode == 0 and version.stdout.startswith("graphpersist ")
-    assert "(archive format 1)" in version.stdout
+    assert f"(archive format {FORMAT_VERSION})" in version.stdout
     for name in names:
         helped = graphpersist(name, "--help")
         assert helped.returncode == 0 and f"usage: graphpersist {name}" in helped.stdout
@@ -87,7 +119,8 @@ def test_inspect_human(host_archive: Path):
     assert "parallel    world 2: tp 2, pp 1, ep 1" in out
     assert "capture     modes full; 4 sizes: 1 2 4 8" in out
     assert "NCCL_NVLS_ENABLE='0'" in out
-    assert "rank 1 (device 1)" in out
+    assert f"rank 0\n  gpu       device 0, PCI 0000:19:00.0, {GPU_UUIDS[0]}\n" in out
+    assert f"rank 1\n  gpu       device 1, PCI 0000:3a:00.0, {GPU_UUIDS[1]}\n" in out
     assert "region    base 0x7e0000000000, size 64.0 GiB" in out
     assert "full-bs8      13        3       2" in out
 
@@ -96,7 +129,8 @@ def test_inspect_json_parses(host_archive: Path):
     result = graphpersist("inspect", "--json", str(host_archive))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["manifest"]["format_version"] == 1
+    assert data["manifest"]["format_version"] == FORMAT_VERSION
+    assert data["ranks"]["1"]["device"] == device(1)
     assert data["manifest"]["world"]["parallel"]["tp_size"] == 2
     assert sorted(data["ranks"]) == ["0", "1"]
     assert [g["node_count"] for g in data["ranks"]["0"]["graphs"]] == [6, 7, 9, 13]
@@ -109,8 +143,8 @@ def test_check_passes_on_a_matching_host_and_names_what_it_could_not_check(host_
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"graphpersist: archive {host_archive} fits this host for rank 0: ")
-    unknown = [f for f in ("torch.version", "cuda.driver", "gpu.model") if f not in flatten(collect_live())]
-    if unknown:  # e.g. CI: no torch and no GPU; those facts must be listed, never counted as passed
+    unknown = [f for f in ("torch.version", "cuda.driver_api", "nccl.version") if f not in host_facts()]
+    if unknown:  # e.g. CI: no torch and no CUDA driver; those facts must be listed, never counted as passed
         assert lines[1].startswith("not checked (") and all(f in lines[1] for f in unknown)
 
 
@@ -121,6 +155,9 @@ def test_check_without_engine_facts_lists_them_as_not_checked(host_archive: Path
     assert not_checked.startswith("not checked (")
     for field in ("engine.name", "parallel.tp_size", "model.config_fingerprint", "capture.sizes", "region.base"):
         assert field in not_checked
+    # two GPUs numbered in CUDA's default order: which one device 0 is cannot be told, so it is not claimed
+    for field in ("device.index", "device.uuid", "device.pci_bus_id"):
+        assert field in not_checked
 
 
 def test_check_reports_every_mismatch_and_exits_1(host_archive: Path):
@@ -128,7 +165,7 @@ def test_check_reports_every_mismatch_and_exits_1(host_archive: Path):
     result = graphpersist("check", str(host_archive), *(f"--set={s}" for s in sets), NCCL_ALGO="Ring")
     assert result.returncode == 1
     assert result.stdout.splitlines()[:4] == [
-        f"graphpersist: cannot LOAD {host_archive}: 2 mismatches",
+        f"graphpersist: cannot LOAD {host_archive} (rank 0): 2 mismatches",
         "  parallel.tp_size: saved 2, live 4",
         "  env.NCCL_ALGO: saved <unset>, live 'Ring'",
         "Re-run with mode=save for this configuration.",
@@ -166,10 +203,67 @@ def test_set_values_are_typed_like_the_saved_value(host_archive: Path):
     )
     assert result.returncode == 1
     assert result.stdout.splitlines()[:3] == [
-        f"graphpersist: cannot LOAD {host_archive}: 1 mismatch",
+        f"graphpersist: cannot LOAD {host_archive} (rank 0): 1 mismatch",
         "  env.NCCL_NVLS_ENABLE: saved '0', live <unset>",
         "Re-run with mode=save for this configuration.",
     ]
+
+
+def check_json(archive: Path, *args: str, **env: str) -> tuple[int, dict]:
+    result = graphpersist("check", "--json", str(archive), *args, **env)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_check_validates_each_ranks_gpu_where_it_can_name_it(tp2_archive: Path, rank: int):
+    code, data = check_json(tp2_archive, "--rank", str(rank), **PCI_ORDER)
+    assert code == 0 and data["ok"], data["mismatches"]
+    assert {"device.uuid", "device.pci_bus_id"} <= set(data["checked"])
+    assert "device.index" in data["not_checked"], "the index is assumed, not learned: never counted as passed"
+
+
+def test_check_refuses_ranks_whose_gpus_were_swapped(tp2_archive: Path):
+    """CUDA_VISIBLE_DEVICES reordered: device 0 is now the GPU rank 1 saved on, and the other way round."""
+    for rank, other in ((0, 1), (1, 0)):
+        result = graphpersist(
+            "check", "--rank", str(rank), str(tp2_archive), **(PCI_ORDER | {"CUDA_VISIBLE_DEVICES": "1,0"})
+        )
+        assert result.returncode == 1
+        assert result.stdout.splitlines()[:5] == [
+            f"graphpersist: cannot LOAD {tp2_archive} (rank {rank}): 3 mismatches",
+            "  env.CUDA_VISIBLE_DEVICES: saved '0,1', live '1,0'",
+            f"  device.uuid: saved '{GPU_UUIDS[rank]}', live '{GPU_UUIDS[other]}'",
+            f"  device.pci_bus_id: saved '{PCI_BUS_IDS[rank]}', live '{PCI_BUS_IDS[other]}'",
+            "Re-run with mode=save for this configuration.",
+        ]
+
+
+def test_check_can_be_told_which_device_a_rank_will_use(tp2_archive: Path):
+    code, data = check_json(tp2_archive, "--rank", "0", "--set", "device.index=1", **PCI_ORDER)
+    assert code == 1
+    assert [m["line"] for m in data["mismatches"]] == [
+        "device.index: saved 0, live 1",
+        f"device.uuid: saved '{GPU_UUIDS[0]}', live '{GPU_UUIDS[1]}'",
+        "device.pci_bus_id: saved '0000:19:00.0', live '0000:3a:00.0'",
+    ]
+    code, data = check_json(tp2_archive, "--rank", "1", "--set", "device.index=1", **PCI_ORDER)
+    assert code == 0 and "device.index" in data["checked"]
+
+
+def test_check_of_a_tp2_archive_at_another_tp_size_names_both_layout_fields(tp2_archive: Path):
+    result = graphpersist("check", str(tp2_archive), "--set", "parallel.world_size=4", "--set", "parallel.tp_size=4",
+                          **PCI_ORDER)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[1:3] == [
+        "  parallel.world_size: saved 2, live 4",
+        "  parallel.tp_size: saved 2, live 4",
+    ]
+
+
+def test_check_of_a_rank_the_archive_lacks(tp2_archive: Path):
+    code, data = check_json(tp2_archive, "--rank", "2", **PCI_ORDER)
+    assert code == 1 and [m["line"] for m in data["mismatches"]] == ["parallel.rank: saved [0, 1], live 2"]
 
 
 def test_check_missing_directory_is_misuse_without_a_traceback(tmp_path: Path):

@@ -22,6 +22,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
@@ -42,6 +43,10 @@ from graphpersist.manifest import (
 
 ADVICE = "Re-run with mode=save to write a fresh archive."
 ADVICE_OTHER_FORMAT = "Use the graphpersist release that wrote it, or re-run with mode=save to write a fresh archive."
+ADVICE_OLDER_FORMAT = (
+    f"Re-run with mode=save to write it again in format {FORMAT_VERSION} "
+    "(LOAD now compares facts that older formats did not record)."
+)
 _RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")
 _CHUNK = 1 << 20
 
@@ -121,10 +126,19 @@ class ArchiveWriter:
             raise ArchiveError(
                 self.root, "it already exists (pass overwrite=True to replace it)", action="write", advice=""
             )
+        if not self.root.exists() and not overwrite and (trash := _trash_folders(self.root)):
+            raise ArchiveError(
+                self.root,
+                f"it is missing, but the previous archive is in {trash[0].path.name} (a SAVE replacing it moved "
+                f"it there): rename it back (mv '{trash[0].path}' '{self.root}') or pass "
+                "overwrite=True to replace it",
+                action="write",
+                advice="",
+            )
         self.owner = staging is None
         if self.owner:
             remove_stale_partials(self.root)
-            self.staging = self.root.with_name(f"{self.root.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+            self.staging = _side_path(self.root, "partial")
             self.root.parent.mkdir(parents=True, exist_ok=True)
             self.staging.mkdir()
         else:
@@ -159,6 +173,9 @@ class ArchiveWriter:
         else:
             data = dict(facts)
             data.setdefault("rank", rank)
+            device = data.get("device")
+            if isinstance(device, int) and not isinstance(device, bool):
+                data["device"] = self._device_facts(rank, device)
             try:
                 record = RankRecord.from_dict(data)
             except ManifestError as exc:
@@ -171,6 +188,20 @@ class ArchiveWriter:
         self._write(rel, record.to_json().encode())
         self._rank_records[rank] = rel
         return record
+
+    def _device_facts(self, rank: int, device: int) -> dict[str, Any]:
+        """A bare device index (what api.py passes today) expanded to the GPU's identity, looked up here.
+
+        Only right in the rank's own process (each rank records its own facts), after CUDA is initialised.
+        """
+        from graphpersist.world import WorldError, rank_device_facts
+
+        try:
+            return rank_device_facts(device)
+        except WorldError as exc:
+            raise ArchiveError(
+                self.root, f"cannot record rank {rank}'s GPU: {exc}", action="write", advice=""
+            ) from None
 
     def _write(self, rel: str, data: bytes) -> None:
         path = self.staging / rel
@@ -209,6 +240,8 @@ class ArchiveWriter:
             self.abort()
             raise
         self._state = "committed"
+        with contextlib.suppress(OSError):  # e.g. the old archive a stopped replace left: this one supersedes it
+            remove_stale_partials(self.root)
         return self.root
 
     def abort(self) -> None:
@@ -272,29 +305,153 @@ class ArchiveWriter:
             self.abort()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Staging and trash folders next to an archive, and whether the writer that made one is still running.
+#
+# Their names carry the writer's identity: `<root>.partial-<pid>-<start>-<scope>-<random>` (also `.trash-`),
+# where <start> is the process start time (field 22 of /proc/<pid>/stat, clock ticks since boot; 0 where
+# unknown) and <scope> 8 hex digits of a hash of the boot id and the pid namespace. A folder is dead when its
+# pid is gone, or now belongs to a process that started at another time (the pid was reused); a folder from
+# another boot, host or pid namespace (other scope) is never judged: its pid means nothing here. The older
+# `<root>.partial-<pid>-<random>` names are still read and judged by pid alone.
+
+_SIDE_NAME = re.compile(r"\.(partial|trash)-([0-9]+)-(?:([0-9]+)-([0-9a-f]{8})-)?([0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class _SideFolder:
+    path: Path
+    kind: str  # "partial" or "trash"
+    pid: int
+    start: int | None  # None: old name (pid only); 0: the start time was unknown
+    scope: str | None
+
+
+def _side_path(root: Path, kind: str) -> Path:
+    pid = os.getpid()
+    return root.with_name(f"{root.name}.{kind}-{pid}-{_start_time(pid) or 0}-{_scope()}-{secrets.token_hex(4)}")
+
+
+def _side_folders(root: Path) -> list[_SideFolder]:
+    """Staging and trash folders next to `root`, newest first."""
+    try:
+        entries = list(root.parent.iterdir())
+    except OSError:  # no parent folder, or one we may not list
+        return []
+    found = []
+    for path in entries:
+        if not path.name.startswith(f"{root.name}."):
+            continue
+        match = _SIDE_NAME.fullmatch(path.name[len(root.name) :])
+        if match:
+            kind, pid, start, scope, _ = match.groups()
+            found.append(_SideFolder(path, kind, int(pid), None if start is None else int(start), scope))
+    return sorted(found, key=lambda f: (_mtime(f.path), f.path.name), reverse=True)
+
+
+def _trash_folders(root: Path) -> list[_SideFolder]:
+    return [f for f in _side_folders(root) if f.kind == "trash"]
+
+
+def _writer_state(folder: _SideFolder) -> str:
+    """One of alive, dead, or foreign (made under another boot, host or pid namespace: not judged here)."""
+    if folder.scope is not None and folder.scope != _scope():
+        return "foreign"
+    if not _pid_exists(folder.pid):
+        return "dead"
+    if folder.start:  # new-style name with a known start time: a different start means the pid was reused
+        start = _start_time(folder.pid)
+        if start is not None and start != folder.start:
+            return "dead"
+    return "alive"
+
+
 def remove_stale_partials(root: Path | str) -> list[Path]:
-    """Deletes staging/trash folders next to `root` left by writers that died (their pid is gone)."""
+    """Deletes staging/trash folders next to `root` whose writer is dead; returns what it deleted.
+
+    A trash folder is never deleted while `root` is missing: it then holds the only whole archive (a replacing
+    SAVE died between its two renames), and open_archive names it so it can be renamed back.
+    """
     root = Path(os.path.abspath(root))
     removed = []
-    pattern = re.compile(re.escape(root.name) + r"\.(partial|trash)-(\d+)-[0-9a-f]+")
-    if not root.parent.is_dir():
-        return removed
-    for path in root.parent.iterdir():
-        match = pattern.fullmatch(path.name)
-        if match and not _pid_alive(int(match.group(2))):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    for folder in _side_folders(root):
+        if folder.kind == "trash" and not root.exists():
+            continue
+        if _writer_state(folder) == "dead":
+            shutil.rmtree(folder.path, ignore_errors=True)
+            removed.append(folder.path)
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def _missing_root(root: Path) -> ArchiveError:
+    """The error for a missing archive, naming what a SAVE left next to it (and how to get the archive back)."""
+    trash = _trash_folders(root)
+    if trash:
+        newest = trash[0]
+        others = f" (older: {', '.join(f.path.name for f in trash[1:])})" if len(trash) > 1 else ""
+        restore = f"mv '{newest.path}' '{root}'"
+        state = _writer_state(newest)
+        if state == "alive":
+            return ArchiveError(
+                root,
+                f"no such directory: a SAVE (pid {newest.pid}) is replacing it right now; the previous archive "
+                f"is in {newest.path.name}{others}",
+                advice="Try again when that SAVE has finished.",
+            )
+        who = (
+            "a SAVE that was replacing it stopped between its two renames"
+            if state == "dead"
+            else f"a SAVE on another host or container (pid {newest.pid} there) was replacing it"
+        )
+        return ArchiveError(
+            root,
+            f"no such directory: {who}; the previous archive is whole in {newest.path.name}{others}",
+            advice=f"To load it, rename it back: {restore}" + ("" if state == "dead" else " (once no SAVE runs)"),
+        )
+    partials = [f for f in _side_folders(root) if f.kind == "partial"]
+    hint = f" (an unfinished SAVE left {partials[0].path.name}; it is not loadable)" if partials else ""
+    return ArchiveError(root, f"no such directory{hint}")
+
+
+def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return True  # someone else's process
     return True
+
+
+def _start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks after boot); None where it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])  # fields after "(comm)" start at field 3
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _scope() -> str:
+    """8 hex digits naming this boot and pid namespace: where a (pid, start time) pair identifies a process."""
+    parts = []
+    for read in (_boot_id, lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -331,7 +488,9 @@ def _publish(staging: Path, root: Path, *, overwrite: bool) -> None:
     elif _exchange(staging, root):
         shutil.rmtree(staging)  # now holds the old archive
     else:
-        trash = root.with_name(f"{root.name}.trash-{os.getpid()}-{secrets.token_hex(4)}")
+        # Two renames: a crash between them leaves no `root`, but the old archive whole in `trash`, which
+        # remove_stale_partials keeps and open_archive names (with the command to rename it back).
+        trash = _side_path(root, "trash")
         os.rename(root, trash)
         try:
             os.rename(staging, root)
@@ -446,9 +605,7 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     """
     root = Path(os.path.abspath(root))
     if not root.exists():
-        partials = sorted(root.parent.glob(f"{root.name}.partial-*")) if root.parent.is_dir() else []
-        hint = f" (an unfinished SAVE left {partials[0].name}; it is not loadable)" if partials else ""
-        raise ArchiveError(root, f"no such directory{hint}")
+        raise _missing_root(root)
     if not root.is_dir():
         raise ArchiveError(root, "it is not a directory")
     manifest_file = root / MANIFEST_NAME
@@ -457,7 +614,7 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     try:
         manifest = Manifest.from_json(manifest_file.read_bytes())
     except UnsupportedFormat as exc:
-        raise ArchiveError(root, str(exc), advice=ADVICE_OTHER_FORMAT) from None
+        raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
     except ManifestError as exc:
         raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
 

@@ -153,7 +153,8 @@ def describe(archive: Archive, ranks: Sequence[int]) -> str:
         nodes = sum(g.node_count for g in r.graphs)
         lines += [
             "",
-            f"rank {r.rank} (device {r.device})",
+            f"rank {r.rank}",
+            f"  gpu       device {r.device.index}, PCI {r.device.pci_bus_id}, {r.device.uuid}",
             f"  region    base {r.region.base:#x}, size {_size(r.region.size)}, used {_size(used)} "
             f"(final offset {used:#x})",
             f"  pointers  {r.pointers.count} (fingerprint {r.pointers.fingerprint})",
@@ -194,7 +195,10 @@ Host facts (torch, CUDA, NCCL, GPU, environment pins) are collected here. Facts 
 (engine.*, model.*, capture.*, parallel.*, region.*, flags.*) are not checked unless given with --set;
 they are listed as "not checked", never counted as passed. Values are read as JSON where the saved value is
 not a string (--set parallel.tp_size=2, --set capture.sizes=[1,2,4]); --set env.NAME=<unset> means unset.
-Run it in the environment the engine will start in: the environment pins are read from it.
+The rank's GPU (device.uuid, device.pci_bus_id) is looked up for the device index the rank saved with, or
+the one given with --set device.index=N, where nvidia-smi's numbering can be mapped to CUDA's (one GPU,
+CUDA_VISIBLE_DEVICES with GPU UUIDs, or CUDA_DEVICE_ORDER=PCI_BUS_ID); device.index itself is only checked
+when given. Run it in the environment the engine will start in: the environment pins are read from it.
 """
 
 
@@ -222,14 +226,23 @@ def _run_check(args: argparse.Namespace) -> int:
     archive = open_archive(args.archive, verify_checksums=not args.no_verify)
     rank = args.rank
     saved = saved_facts(archive, rank)
-    device = archive.rank_facts(rank).device if rank in archive.ranks else 0
-    live = collect_live(device=device)
+    sets: dict[str, Any] = {}
     for item in args.sets:
         field, sep, text = item.partition("=")
         if not sep or not field:
             print(f"graphpersist check: --set wants FIELD=VALUE, got {item!r}", file=sys.stderr)
             return EXIT_MISUSE
-        set_field(live, field, _parse_value(text, saved.get(field, MISSING)))
+        sets[field] = _parse_value(text, saved.get(field, MISSING))
+    # The GPU this rank would use: the one given, else the index it saved with (an assumption, so the index
+    # itself counts as checked only when given; its UUID and PCI bus id are real lookups).
+    device = sets.get("device.index", saved.get("device.index", 0))
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        print(f"graphpersist check: device.index must be a device number, got {device!r}", file=sys.stderr)
+        return EXIT_MISUSE
+    live = collect_live(device=device)
+    live.get("device", {}).pop("index", None)
+    for field, value in sets.items():
+        set_field(live, field, value)
     set_field(live, "parallel.rank", rank)
     result = evaluate(archive, live, rank, skip_unknown=True)
     mismatches, checked, not_checked = result.mismatches, result.checked, result.not_checked
@@ -260,7 +273,7 @@ def _run_check(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         if mismatches:
-            print(LoadRefused(archive.root, mismatches))
+            print(LoadRefused(archive.root, mismatches, rank))
         else:
             print(f"graphpersist: archive {archive.root} fits this host for rank {rank}: {len(checked)} fields match")
         if not_checked:

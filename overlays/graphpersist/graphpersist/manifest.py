@@ -3,7 +3,7 @@
 An archive is one directory::
 
     manifest.json          format, creation info, the world facts all ranks share, the ranks, the file table
-    rank_<r>/rank.json     that rank's own facts: device, region, pointer inventory, graphs, kernel images
+    rank_<r>/rank.json     that rank's own facts: its GPU, region, pointer inventory, graphs, kernel images
     rank_<r>/...           that rank's payload files (graphs, images, allocation log ...)
     <name>                 payload shared by all ranks (optional)
 
@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 FORMAT_NAME = "graphpersist-archive"
-FORMAT_VERSION = 1
+# 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
+FORMAT_VERSION = 2
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
@@ -37,7 +38,16 @@ class ManifestError(ValueError):
 
 
 class UnsupportedFormat(ManifestError):
-    """An archive written in a format version this graphpersist does not read."""
+    """An archive written in a format version this graphpersist does not read.
+
+    `older` tells the two cases apart: an older archive lacks facts this release compares (re-run SAVE), a newer
+    one needs a newer graphpersist.
+    """
+
+    def __init__(self, message: str, *, version: int, older: bool) -> None:
+        super().__init__(message)
+        self.version = version
+        self.older = older
 
 
 def rank_dir(rank: int) -> str:
@@ -211,11 +221,27 @@ class ImageRecord:
 
 
 @dataclass(frozen=True)
+class DeviceFacts:
+    """Which physical GPU the rank drove: its CUDA device index in the process, its UUID and its PCI bus id.
+
+    Saved graphs hold this GPU's addresses, its peers' IPC mappings and NCCL's topology-dependent choices, so a
+    rank that comes back on another GPU (ranks swapped, CUDA_VISIBLE_DEVICES reordered, another slot) must not
+    replay them. `uuid` is nvidia-smi's form ("GPU-<hex>"); `pci_bus_id` is sysfs' form ("0000:19:00.0",
+    lower-case hex, 4-digit domain). All three are compared at LOAD as `device.index`, `device.uuid` and
+    `device.pci_bus_id`.
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+
+
+@dataclass(frozen=True)
 class RankRecord:
     """What one rank saved. `extra` is informational (never compared): room for the runtime's own notes."""
 
     rank: int
-    device: int
+    device: DeviceFacts
     region: RegionFacts
     pointers: PointerInventory
     graphs: tuple[GraphRecord, ...] = ()
@@ -298,9 +324,12 @@ class Manifest:
             raise ManifestError(f"format_version must be an integer, got {version!r}")
         if version not in SUPPORTED_FORMAT_VERSIONS:
             supported = ", ".join(str(v) for v in sorted(SUPPORTED_FORMAT_VERSIONS))
-            newer = "newer than" if version > max(SUPPORTED_FORMAT_VERSIONS) else "older than"
+            older = version < max(SUPPORTED_FORMAT_VERSIONS)
             raise UnsupportedFormat(
-                f"archive format version {version} is {newer} what this graphpersist reads (format {supported})"
+                f"archive format version {version} is {'older' if older else 'newer'} than what this graphpersist "
+                f"reads (format {supported})",
+                version=version,
+                older=older,
             )
         body = {k: v for k, v in data.items() if k != "format"}
         return _from_json(cls, body, "manifest")

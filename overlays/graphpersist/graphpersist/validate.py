@@ -24,8 +24,16 @@ if TYPE_CHECKING:
 
 ADVICE = "Re-run with mode=save for this configuration."
 
-# Rank facts that must match before restoring (the rest of rank.json is outcome, checked during restore).
-RANK_FIELDS: Final = ("parallel.rank", "region.base", "region.size")
+# Rank facts that must match before restoring (the rest of rank.json is outcome, checked during restore). The
+# device fields pin each rank to the physical GPU it saved on: ranks that swap GPUs are refused.
+RANK_FIELDS: Final = (
+    "parallel.rank",
+    "device.index",
+    "device.uuid",
+    "device.pci_bus_id",
+    "region.base",
+    "region.size",
+)
 # Live-only fields in these namespaces are drift too: a pin or flag SAVE did not record may change the graphs.
 OPEN_NAMESPACES: Final = ("env.", "flags.")
 
@@ -118,13 +126,19 @@ def compare(
 
 
 class LoadRefused(RuntimeError):
-    """LOAD must not go on: the archive was saved under different conditions. The message says what to do."""
+    """LOAD must not go on: the archive was saved under different conditions. The message says what to do.
 
-    def __init__(self, archive_dir: Path | str, mismatches: Sequence[Mismatch]) -> None:
+    The first line names the rank that refused (when given): in a multi-rank job each rank checks its own
+    facts, and `device.*` or `region.*` lines only make sense knowing whose they are.
+    """
+
+    def __init__(self, archive_dir: Path | str, mismatches: Sequence[Mismatch], rank: int | None = None) -> None:
         self.archive_dir = Path(archive_dir)
         self.mismatches = list(mismatches)
+        self.rank = rank
         n = len(self.mismatches)
-        lines = [f"graphpersist: cannot LOAD {self.archive_dir}: {n} mismatch{'es' if n != 1 else ''}"]
+        who = "" if rank is None else f" (rank {rank})"
+        lines = [f"graphpersist: cannot LOAD {self.archive_dir}{who}: {n} mismatch{'es' if n != 1 else ''}"]
         lines += [f"  {m}" for m in self.mismatches]
         lines.append(ADVICE)
         super().__init__("\n".join(lines))
@@ -136,7 +150,14 @@ def saved_facts(archive: Archive, rank: int) -> dict[str, Any]:
     facts = {"format_version": manifest.format_version, **flatten(manifest.world.to_dict())}
     if rank in archive.ranks:
         record = archive.rank_facts(rank)
-        facts |= {"parallel.rank": record.rank, "region.base": record.region.base, "region.size": record.region.size}
+        facts |= {
+            "parallel.rank": record.rank,
+            "device.index": record.device.index,
+            "device.uuid": record.device.uuid,
+            "device.pci_bus_id": record.device.pci_bus_id,
+            "region.base": record.region.base,
+            "region.size": record.region.size,
+        }
     return facts
 
 
@@ -188,4 +209,4 @@ def check_or_refuse(archive: Archive, live: Mapping[str, Any], rank: int) -> Non
     """Raises LoadRefused listing every mismatch; returns quietly when the archive fits."""
     mismatches = check(archive, live, rank)
     if mismatches:
-        raise LoadRefused(archive.root, mismatches)
+        raise LoadRefused(archive.root, mismatches, rank)
