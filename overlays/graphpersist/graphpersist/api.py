@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from graphpersist import graphs, images, ranks, region
+from graphpersist import graphs, images, ranks, region, world
 from graphpersist.archive import ArchiveWriter, open_archive
 from graphpersist.liveenv import collect_live, world_facts
 from graphpersist.validate import check_or_refuse
@@ -399,7 +399,7 @@ class Saver:
             rank,
             {
                 "rank": rank,
-                "device": torch.cuda.current_device(),
+                "device": world.rank_device_facts(torch.cuda.current_device()),
                 "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
                 "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
                 "graphs": graph_records,
@@ -544,11 +544,6 @@ def _load_rank(
     t_facts = time.perf_counter()
     check_or_refuse(archive, live, rank)
     rec = archive.rank_facts(rank)
-    dev = torch.cuda.current_device()
-    if rec.device != dev:
-        raise PersistError(
-            f"rank_{rank}.device: saved {rec.device}, live {dev} (a rank must run on the GPU it saved on)"
-        )
     # Graph files are checked before anything is mapped or loaded.
     descs = {}
     for g in rec.graphs:
