@@ -272,7 +272,7 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
     for name in ("cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocPitch_v2", "cuMemAddressReserve", "cuMemAllocAsync",
                  "cuGetProcAddress", "cuGetProcAddress_v2", "cuModuleLoadData", "cuModuleLoadDataEx",
                  "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
-                 "gp_set_cursor", "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
+                 "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
                  "cuMemAllocManaged", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
                  "cuMemAllocAsync_ptsz"):  # fmt: skip
         assert f" {name}\n" in syms, name

@@ -246,12 +246,13 @@ class Saver:
         """
         par = _parallel(parallel)
         coll = _ranks(par, rank, gather)
+        prep, error = None, None
         try:
             prep = self._prepare(engine, model, par, flags)
-        except PersistError as exc:
-            prep, error = None, str(exc)
-        else:
-            error = None
+        except Exception as exc:
+            if coll.world_size == 1:
+                raise  # one rank: the refusal as it is, nobody to tell
+            error = f"{type(exc).__name__}: {exc}"
         try:
             coll.check(error, "SAVE")
             assert prep is not None
@@ -262,6 +263,9 @@ class Saver:
         try:
             summary = self._write(w, rank, prep)
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
+            if coll.world_size == 1:
+                w.abort()
+                raise
             error = f"{type(exc).__name__}: {exc}"
         try:
             coll.commit(w, error)

@@ -216,7 +216,6 @@ def lib() -> ctypes.CDLL:
         cdll.gp_events.restype = ctypes.c_size_t
         cdll.gp_images.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         cdll.gp_images.restype = ctypes.c_size_t
-        cdll.gp_set_cursor.argtypes = [ctypes.c_uint64]
         cdll.gp_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64,
                                     ctypes.c_uint64]  # fmt: skip
         cdll.gp_enable.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
@@ -262,11 +261,6 @@ def image_loads() -> list[ImageLoad]:
                   IMAGE_FORMATS.get(m.format, "unknown"), m.n_jit)
         for m in buf[:n]
     ]  # fmt: skip
-
-
-def set_cursor(offset: int) -> None:
-    if lib().gp_set_cursor(offset) != 0:
-        raise RegionError(f"cannot move the region cursor to offset {offset:#x} (now {info().cursor:#x})")
 
 
 def restore(ranges: list[tuple[int, int]], expect_events: int, final_offset: int) -> None:

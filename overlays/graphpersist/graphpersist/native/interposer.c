@@ -250,7 +250,10 @@ static int same_device(void) {
     static getdev_t getdev;
     if (!getdev) getdev = (getdev_t)real_fn("cuCtxGetDevice");
     CUdevice d;
-    if (!getdev || getdev(&d) != CUDA_SUCCESS) return 0;
+    if (!getdev || getdev(&d) != CUDA_SUCCESS) {
+        set_error("allocation without a current CUDA context");
+        return 0;
+    }
     if (d == g_dev) return 1;
     set_error("allocation with device %d current, but the region belongs to device %d (one device per process)",
               (int)d, (int)g_dev);
@@ -434,7 +437,7 @@ static CUresult async_refused(const char *what, size_t bytes) {
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-#define ASYNC_HOOK(name, params, args, ...)                                  \
+#define ASYNC_HOOK(name, params, args)                                       \
     GP_EXPORT CUresult CUDAAPI name params {                                 \
         typedef CUresult(*fn_t) params;                                      \
         REAL(name, fn_t);                                                    \
@@ -824,13 +827,6 @@ GP_EXPORT size_t gp_images(gp_image_t *buf, size_t cap) {
     size_t total = g_images.n;
     pthread_mutex_unlock(&g_lock);
     return total;
-}
-
-GP_EXPORT int gp_set_cursor(uint64_t offset) {
-    pthread_mutex_lock(&g_lock);
-    int rc = g_bump.base ? gp_bump_set_cursor(&g_bump, offset) : -1;
-    pthread_mutex_unlock(&g_lock);
-    return rc;
 }
 
 /* One recorded allocation at its recorded address: inside the region, aligned, above the cursor, on nothing. */
