@@ -196,14 +196,19 @@ class _ForeignPointers:
                 self.known[v] = _MEMORY_TYPES.get(int(mtype), str(int(mtype)))
         return self.known[v]
 
-    def check_params(self, where: str, data: bytes) -> None:
+    def scan_params(self, where: str, data: bytes) -> set[int]:
+        """The in-region addresses among a kernel's 8-byte parameter words; refuses any known memory outside."""
         n = len(data) // 8
+        inside = set()
         for j, v in enumerate(struct.unpack_from(f"<{n}Q", data) if n else ()):
-            if _ADDR_LO <= v < _ADDR_HI and not self.lo <= v < self.hi and self.kind(v) is not None:
+            if self.lo <= v < self.hi:
+                inside.add(v)
+            elif _ADDR_LO <= v < _ADDR_HI and self.kind(v) is not None:
                 raise GraphFormatError(
                     f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, {self.kind(v)} memory outside the "
                     f"fixed region [{self.lo:#x}, {self.hi:#x}) that LOAD cannot recreate (SAVE refused)"
                 )
+        return inside
 
     def check_address(self, where: str, field: str, v: int) -> None:
         """A memset/memcpy address is always an address: outside the region it is refused outright."""
@@ -299,11 +304,6 @@ class SavedGraph:
     table: bytes
 
 
-def _pointers_in(data: bytes, lo: int, hi: int) -> set[int]:
-    n = len(data) // 8
-    return {v for v in struct.unpack_from(f"<{n}Q", data) if lo <= v < hi} if n else set()
-
-
 def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> SavedGraph:
     """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
     drv = _drv()
@@ -331,7 +331,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 sha, name, _load = table.resolve(p.func)
                 layout = _param_layout(p.func, name)
                 params = _read_params(p, layout, name)
-                foreign.check_params(f"{where} kernel {name!r}", params)
+                pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
                 attrs: dict[str, str] = {}
                 for a in attr_ids:
                     err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
@@ -347,7 +347,6 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                     if a.name in _EVENT_ATTRS and any(raw):
                         raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
                     attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
-                pointers |= _pointers_in(params, region_lo, region_hi)
                 fattrs = func_attributes(p.func)
                 fkey = json.dumps([sha, name, fattrs], sort_keys=True)
                 if fkey not in funcs:

@@ -172,27 +172,45 @@ static int ensure_region(void) {
     return 0;
 }
 
+/* Maps `h` at [addr, addr+size) and grants this device read/write; nothing stays mapped on failure. Shared by
+ * our own allocations and imported IPC allocations. */
+static CUresult map_with_access(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle h) {
+    typedef CUresult (*map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    typedef CUresult (*access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
+    static map_t map;
+    static access_t access;
+    static unmap_t unmap;
+    if (!map) {
+        map = (map_t)real_fn("cuMemMap");
+        access = (access_t)real_fn("cuMemSetAccess");
+        unmap = (unmap_t)real_fn("cuMemUnmap");
+    }
+    if (!map || !access || !unmap) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = map((CUdeviceptr)addr, size, 0, h, 0);
+    if (r != CUDA_SUCCESS) return r;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = g_dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = access((CUdeviceptr)addr, size, &acc, 1);
+    if (r != CUDA_SUCCESS) unmap((CUdeviceptr)addr, size);
+    return r;
+}
+
 /* Create + map + grant access for [addr, addr+size). */
 static CUresult map_at(uint64_t addr, uint64_t size) {
     typedef CUresult (*create_t)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                                  unsigned long long);
-    typedef CUresult (*map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-    typedef CUresult (*access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
-    typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
     static create_t create;
-    static map_t map;
-    static access_t access;
     static release_t release;
-    static unmap_t unmap;
     if (!create) {
         create = (create_t)real_fn("cuMemCreate");
-        map = (map_t)real_fn("cuMemMap");
-        access = (access_t)real_fn("cuMemSetAccess");
         release = (release_t)real_fn("cuMemRelease");
-        unmap = (unmap_t)real_fn("cuMemUnmap");
     }
-    if (!create || !map || !access || !release || !unmap) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!create || !release) return CUDA_ERROR_NOT_INITIALIZED;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -202,19 +220,8 @@ static CUresult map_at(uint64_t addr, uint64_t size) {
     CUmemGenericAllocationHandle h;
     CUresult r = create(&h, size, &prop, 0);
     if (r != CUDA_SUCCESS) return r;
-    r = map((CUdeviceptr)addr, size, 0, h, 0);
+    r = map_with_access(addr, size, h);
     if (r != CUDA_SUCCESS) {
-        release(h);
-        return r;
-    }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.location.id = g_dev;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = access((CUdeviceptr)addr, size, &acc, 1);
-    if (r != CUDA_SUCCESS) {
-        unmap((CUdeviceptr)addr, size);
         release(h);
         return r;
     }
@@ -501,16 +508,10 @@ GP_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr
 /* Imports and maps one peer allocation (the lock is held). */
 static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
     typedef CUresult (*import_t)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
-    typedef CUresult (*map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-    typedef CUresult (*access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
-    typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
     import_t imp = (import_t)real_fn("cuMemImportFromShareableHandle");
-    map_t map = (map_t)real_fn("cuMemMap");
-    access_t access = (access_t)real_fn("cuMemSetAccess");
     release_t release = (release_t)real_fn("cuMemRelease");
-    unmap_t unmap = (unmap_t)real_fn("cuMemUnmap");
-    if (!imp || !map || !access || !release || !unmap) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!imp || !release) return CUDA_ERROR_NOT_INITIALIZED;
     int err = 0, fd = gp_fd_from_pid((pid_t)h->pid, h->fd, &err);
     if (fd < 0) {
         set_error("cuIpcOpenMemHandle: cannot fetch fd %d of exporter pid %u (%s): the exporter must be alive, same "
@@ -534,13 +535,7 @@ static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
                   (unsigned long long)h->size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.location.id = g_dev;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = map((CUdeviceptr)addr, mapped, 0, mh, 0);
-    if (r == CUDA_SUCCESS && (r = access((CUdeviceptr)addr, mapped, &acc, 1)) != CUDA_SUCCESS) unmap(addr, mapped);
+    r = map_with_access(addr, mapped, mh);
     if (r != CUDA_SUCCESS) {
         if (reused)
             gp_free_add(&g_free, addr, mapped);
