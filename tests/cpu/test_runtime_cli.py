@@ -312,3 +312,23 @@ def test_check_advises_like_an_inspection_tool_not_like_an_engine_start(host_arc
     assert str(LoadRefused(host_archive, mismatches, 0)).splitlines()[-1] == (
         "Re-run with mode=save for this configuration."
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ('"world_size": 2', '"world_size": ' + "9" * 5000, "(5000 characters) does not fit in 64 bits"),
+        ('"flags": {', '"flags": {"deep": ' + "[" * 100_000 + "]" * 100_000 + ", ", "nested too deeply"),
+        ('"ranks": [', '"ranks": [\n    0,', "ranks [0, 0, 1] must be exactly 0 .. 1 (parallel.world_size 2)"),
+    ],
+)
+def test_a_hostile_manifest_is_exit_2_with_its_problem(tmp_path: Path, old: str, new: str, problem: str):
+    broken = write_archive(tmp_path / "broken")
+    text = (broken / "manifest.json").read_text()
+    assert old in text
+    (broken / "manifest.json").write_text(text.replace(old, new, 1))
+    for command in (["check"], ["inspect"], ["inspect", "--json"]):
+        result = graphpersist(*command, str(broken))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith(f"graphpersist: cannot open archive {broken}: ")
+        assert problem in result.stderr and "Traceback" not in result.stderr and not result.stdout

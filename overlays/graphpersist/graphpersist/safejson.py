@@ -53,7 +53,7 @@ def loads(data: bytes | bytearray | memoryview | str, *, strict: bool = True) ->
     except RecursionError:
         raise JsonError("nested too deeply") from None
     except ValueError as exc:  # e.g. an integer longer than the interpreter converts (sys.get_int_max_str_digits)
-        raise JsonError(_clip(str(exc))) from None
+        raise JsonError(_clip(str(exc), 120)) from None
     if strict:
         _check_tree(value)
     return value
