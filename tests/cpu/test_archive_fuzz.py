@@ -433,7 +433,7 @@ def _graphpersist(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_hostile_archives_are_refused_cleanly(pristine: Pristine, tmp_path: Path):
+def test_hostile_archives_are_refused_cleanly(pristine: Pristine, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     cases = build_cases(pristine)
     assert len(cases) >= MIN_CASES
     # The CLI runs on the huge-integer and deep-nesting cases of both records, then on must-fail cases spread
@@ -465,6 +465,7 @@ def test_hostile_archives_are_refused_cleanly(pristine: Pristine, tmp_path: Path
             if result.returncode != 2 or "Traceback" in result.stderr or "cannot open archive" not in result.stderr:
                 failures.append(f"case {i} ({case.name}): graphpersist {' '.join(command)} exited "
                                 f"{result.returncode}: {result.stderr[-300:]}")  # fmt: skip
-    print(f"archive fuzz: {len(cases)} cases (seed {SEED}): {outcomes}; CLI runs {cli_runs}")
+    with capsys.disabled():  # on the terminal even when pytest captures output, so the CI log shows the count
+        print(f"\narchive fuzz: {len(cases)} cases (seed {SEED}): {outcomes}; CLI runs {cli_runs}")
     assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures[:40])
     assert cli_runs == len(cli_picks) == CLI_CASES
