@@ -405,6 +405,27 @@ def test_invalid_world_or_rank_facts_fail_the_save(tmp_path: Path):
     assert siblings(tmp_path / "a") == []
 
 
+def test_facts_the_reader_would_refuse_fail_the_save(tmp_path: Path):
+    """Free-form facts (flags, extra) are JSON the strict reader must take back: NaN, huge or deep values fail now."""
+    with pytest.raises(ArchiveError, match=r"invalid world facts: it cannot be written as JSON: Out of range float"):
+        ArchiveWriter(tmp_path / "a", world(**{"flags.ratio": float("nan")}))
+    with pytest.raises(ArchiveError, match=r"invalid world facts: it would not read back: integer .* 64 bits"):
+        ArchiveWriter(tmp_path / "a", world(**{"flags.seed": 2**70}))
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        record = {
+            "device": device(0),
+            "region": {"base": 0, "size": 1, "final_offset": 0},
+            "pointers": {"fingerprint": "x", "count": 0},
+            "extra": {"deep": deep},
+        }
+        with pytest.raises(ArchiveError, match=r"invalid facts for rank 0: it would not read back: nested deeper"):
+            writer.set_rank_facts(0, record)
+    assert siblings(tmp_path / "a") == []
+
+
 def test_a_bare_device_index_is_expanded_to_the_gpu_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """api.py passes `"device": torch.cuda.current_device()`; the writer records which GPU that is."""
     looked_up = []

@@ -125,6 +125,7 @@ class ArchiveWriter:
         self.overwrite = overwrite
         try:
             self.world = world if isinstance(world, World) else World.from_dict(world)
+            _reads_back(self.world.to_dict())
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid world facts: {exc}", action="write", advice="") from None
         if self.root.exists() and not overwrite:
@@ -187,6 +188,10 @@ class ArchiveWriter:
                 raise ArchiveError(
                     self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice=""
                 ) from None
+        try:
+            _reads_back(record.to_dict())
+        except ManifestError as exc:
+            raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
@@ -516,6 +521,20 @@ def _entry_of(path: Path) -> FileEntry:
             digest.update(chunk)
             size += len(chunk)
     return FileEntry(sha256=digest.hexdigest(), size=size)
+
+
+def _reads_back(facts: Any) -> None:
+    """Raises ManifestError when `facts` (free-form parts included) would not read back: the reader is strict
+    (no NaN, integers within 64 bits, bounded nesting ...), so a SAVE must fail now rather than a later LOAD.
+    """
+    try:
+        text = json.dumps(facts, allow_nan=False)
+    except (ValueError, RecursionError) as exc:  # NaN or Infinity, an integer too long to print, too deep
+        raise ManifestError(f"it cannot be written as JSON: {str(exc)[:200]}") from None
+    try:
+        safejson.loads(text)
+    except safejson.JsonError as exc:
+        raise ManifestError(f"it would not read back: {exc}") from None
 
 
 def _reference_problems(records: Mapping[int, RankRecord], files: Mapping[str, FileEntry]) -> list[str]:
