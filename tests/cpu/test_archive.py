@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -206,6 +207,169 @@ def test_unknown_names_and_ranks(saved: Path):
         archive.rank_facts(5)
 
 
+# --- hostile content: refused with its problem named, never a traceback
+
+
+def rewrite_manifest(root: Path, change) -> None:
+    data = json.loads((root / "manifest.json").read_text())
+    change(data)
+    (root / "manifest.json").write_text(json.dumps(data, indent=2))
+
+
+def rewrite_record(root: Path, rel: str, text: str) -> None:
+    """Replaces a listed file and fixes its sha256 and size in the table, so the new text reaches the parser."""
+    (root / rel).write_text(text)
+    data = (root / rel).read_bytes()
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rewrite_manifest(root, lambda m: m["files"].update({rel: entry}))
+
+
+def raw_manifest(root: Path, old: str, new: str) -> None:
+    text = (root / "manifest.json").read_text()
+    assert old in text
+    (root / "manifest.json").write_text(text.replace(old, new, 1))
+
+
+def test_a_huge_integer_in_the_manifest_is_refused(saved: Path):
+    raw_manifest(saved, '"world_size": 2', '"world_size": ' + "9" * 5000)
+    assert (
+        error_of(saved)
+        .splitlines()[0]
+        .endswith(
+            "manifest.json is unreadable: manifest.json is not valid JSON: integer " + "9" * 59 + "… (5000 characters) "
+            "does not fit in 64 bits"
+        )
+    )
+
+
+def test_deep_nesting_in_the_manifest_is_refused(saved: Path):
+    raw_manifest(saved, '"flags": {', '"deep": ' + "[" * 100_000 + "]" * 100_000 + ', "flags": {')
+    assert "manifest.json is not valid JSON: nested too deeply" in error_of(saved)
+    raw_manifest(saved, '"deep": ' + "[" * 100_000 + "]" * 100_000, '"deep": ' + "[" * 40 + "]" * 40)
+    assert "manifest.json is not valid JSON: nested deeper than 32 levels" in error_of(saved)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ('"tp_size": 2', '"tp_size": NaN', "NaN is not a JSON number"),
+        ('"tp_size": 2', '"tp_size": 1e999', "number 1e999 is out of range"),
+        (
+            '"tp_size": 2',
+            '"tp_size": -1',
+            "manifest.world.parallel.tp_size must be an integer from 0 to 2**64-1, got -1",
+        ),
+        ('"tp_size": 2', '"tp_size": "2"', "manifest.world.parallel.tp_size must be an integer from 0 to 2**64-1"),
+        ('"tp_size": 2', '"tp_size": 2, "tp_size": 2', "duplicate key 'tp_size' in one object"),
+        ('"dtype": "bfloat16"', '"dtype": "\\udc80"', "holds a lone UTF-16 surrogate (\\udc80), not text"),
+    ],
+)
+def test_mistyped_or_invalid_manifest_values_are_named(saved: Path, old: str, new: str, problem: str):
+    raw_manifest(saved, old, new)
+    message = error_of(saved)
+    assert problem in message and message.startswith(f"graphpersist: cannot open archive {saved}: ")
+
+
+def test_values_of_the_wrong_shape_are_named(saved: Path):
+    rewrite_manifest(saved, lambda m: m.update(ranks="0,1"))
+    assert "manifest.ranks must be a list, got str" in error_of(saved)
+    rewrite_manifest(saved, lambda m: m.update(ranks=[0, 1], world=["everything"]))
+    assert "manifest.world must be an object, got list" in error_of(saved)
+
+
+def test_a_manifest_that_is_not_utf8_is_refused(saved: Path):
+    (saved / "manifest.json").write_bytes((saved / "manifest.json").read_bytes().replace(b"vllm", b"v\xffllm", 1))
+    assert "manifest.json is not valid JSON: not UTF-8 text: byte 0xff at offset" in error_of(saved)
+
+
+def test_negative_sizes_and_escaping_paths_in_the_file_table(saved: Path):
+    def change(m):
+        m["files"]["rank_0/allocations.log"]["size"] = -5
+        m["files"]["../outside"] = m["files"].pop("engine.json")
+
+    rewrite_manifest(saved, change)
+    assert "manifest.files.rank_0/allocations.log.size must be an integer from 0 to 2**64-1, got -5" in error_of(saved)
+    rewrite_manifest(saved, lambda m: m["files"]["rank_0/allocations.log"].update(size=8192))
+    message = error_of(saved)
+    assert "manifest.json lists an invalid path '../outside'" in message
+    assert "unexpected file engine.json (not listed in manifest.json)" in message
+
+
+@pytest.mark.parametrize(
+    ("world_size", "ranks", "problem"),
+    [
+        (1, [0, 0], "ranks [0, 0] must be exactly 0 .. 0 (parallel.world_size 1): [0] listed more than once"),
+        (2, [], "ranks [] must be exactly 0 .. 1 (parallel.world_size 2): missing [0, 1]"),
+        (2, [0], "ranks [0] must be exactly 0 .. 1 (parallel.world_size 2): missing [1]"),
+        (2, [1, 0], "ranks [1, 0] must be exactly 0 .. 1 (parallel.world_size 2): not in ascending order"),
+        (1, [0, 1], "ranks [0, 1] must be exactly 0 .. 0 (parallel.world_size 1): [1] outside the world"),
+        (0, [0, 1], "parallel.world_size is 0: it must be at least 1"),
+    ],
+)
+def test_ranks_must_be_exactly_those_of_the_world(tmp_path: Path, world_size: int, ranks: list[int], problem: str):
+    root = write_archive(tmp_path / "archive", **{"parallel.world_size": 2 if world_size != 1 else 1})
+
+    def change(m):
+        m["ranks"] = ranks
+        m["world"]["parallel"]["world_size"] = world_size
+
+    rewrite_manifest(root, change)
+    assert f"manifest.json contradicts itself: {problem}" in error_of(root)
+
+
+def test_rank_folders_the_ranks_do_not_name_are_refused(saved: Path):
+    rewrite_manifest(saved, lambda m: m.update(ranks=[0]) or m["world"]["parallel"].update(world_size=1))
+    message = error_of(saved)
+    assert "manifest.json contradicts itself: the file table lists rank_1/, a rank that ranks do not name" in message
+
+
+def test_a_rank_without_its_record_is_refused(saved: Path):
+    (saved / "rank_1" / "rank.json").unlink()
+    rewrite_manifest(saved, lambda m: m["files"].pop("rank_1/rank.json"))
+    assert "manifest.json contradicts itself: rank 1 has no rank_1/rank.json in the file table" in error_of(saved)
+
+
+def test_a_record_in_another_ranks_folder_is_refused(saved: Path):
+    rewrite_record(saved, "rank_1/rank.json", (saved / "rank_0" / "rank.json").read_text())
+    assert "rank_1/rank.json says rank 0, but it lies in the folder of rank 1" in error_of(saved)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "rank_0/rank.json: rank.json is not valid JSON: nested too deeply"),
+        ('{"rank": ' + "1" * 4400 + "}", "does not fit in 64 bits"),
+        ('"a string"', "rank_0/rank.json: rank must be an object, got str"),
+        ("", "rank_0/rank.json: rank.json is not valid JSON: Expecting value at line 1 column 1"),
+    ],
+)
+def test_a_hostile_rank_record_is_refused(saved: Path, text: str, problem: str):
+    rewrite_record(saved, "rank_0/rank.json", text)
+    assert problem in error_of(saved)
+
+
+def test_links_are_never_followed(saved: Path, tmp_path: Path):
+    (tmp_path / "copy").mkdir()
+    os.rename(saved / "rank_0", tmp_path / "copy" / "rank_0")
+    (saved / "rank_0").symlink_to(tmp_path / "copy" / "rank_0")
+    message = error_of(saved)
+    assert "rank_0/rank.json is not a regular file (rank_0 is a symbolic link)" in message
+    assert "unexpected file rank_0 (not listed in manifest.json)" in message
+    os.rename(saved / "manifest.json", tmp_path / "manifest.json")
+    (saved / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    assert error_of(saved).splitlines()[0].endswith(": manifest.json is not a regular file")
+
+
+def test_a_payload_with_invalid_json_is_refused_when_read(saved: Path):
+    rewrite_record(saved, "engine.json", '{"kv_cache_blocks": NaN}')
+    archive = open_archive(saved)
+    with pytest.raises(ArchiveError, match=r"engine\.json is not valid JSON: NaN is not a JSON number"):
+        archive.read_json(None, "engine.json")
+    rewrite_record(saved, "engine.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ArchiveError, match=r"engine\.json is not valid JSON: nested too deeply"):
+        open_archive(saved).read_json(None, "engine.json")
+
+
 # --- the writer
 
 
@@ -238,6 +402,27 @@ def test_invalid_world_or_rank_facts_fail_the_save(tmp_path: Path):
         pytest.raises(ArchiveError, match=r"invalid facts for rank 0: rank\.region is missing"),
     ):
         writer.set_rank_facts(0, {"device": device(0), "pointers": {"fingerprint": "x", "count": 0}})
+    assert siblings(tmp_path / "a") == []
+
+
+def test_facts_the_reader_would_refuse_fail_the_save(tmp_path: Path):
+    """Free-form facts (flags, extra) are JSON the strict reader must take back: NaN, huge or deep values fail now."""
+    with pytest.raises(ArchiveError, match=r"invalid world facts: it cannot be written as JSON: Out of range float"):
+        ArchiveWriter(tmp_path / "a", world(**{"flags.ratio": float("nan")}))
+    with pytest.raises(ArchiveError, match=r"invalid world facts: it would not read back: integer .* 64 bits"):
+        ArchiveWriter(tmp_path / "a", world(**{"flags.seed": 2**70}))
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        record = {
+            "device": device(0),
+            "region": {"base": 0, "size": 1, "final_offset": 0},
+            "pointers": {"fingerprint": "x", "count": 0},
+            "extra": {"deep": deep},
+        }
+        with pytest.raises(ArchiveError, match=r"invalid facts for rank 0: it would not read back: nested deeper"):
+            writer.set_rank_facts(0, record)
     assert siblings(tmp_path / "a") == []
 
 
@@ -574,3 +759,10 @@ def test_an_old_style_trash_folder_is_named_when_the_archive_is_missing(tmp_path
     message = error_of(tmp_path / "archive")
     assert f"the previous archive is whole in {trash.name}" in message
     assert remove_stale_partials(tmp_path / "archive") == []
+
+
+def test_the_writer_refuses_what_the_reader_would(tmp_path: Path):
+    writer = ArchiveWriter(tmp_path / "empty", world(**{"parallel.world_size": 0}))
+    with pytest.raises(ArchiveError, match=r"parallel\.world_size is 0: it must be at least 1"):
+        writer.commit()
+    assert not (tmp_path / "empty").exists()

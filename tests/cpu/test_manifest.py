@@ -136,7 +136,7 @@ def test_unknown_version_is_refused_before_the_rest_is_read():
 def test_other_formats_are_not_manifests():
     with pytest.raises(ManifestError, match="not a graphpersist manifest"):
         Manifest.from_dict(a_manifest().to_dict() | {"format": "something-else"})
-    with pytest.raises(ManifestError, match="format_version must be an integer"):
+    with pytest.raises(ManifestError, match="format_version must be a positive integer"):
         Manifest.from_dict(a_manifest().to_dict() | {"format_version": "1"})
 
 

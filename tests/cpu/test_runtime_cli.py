@@ -15,7 +15,7 @@ from graphpersist import cli
 from graphpersist.archive import open_archive
 from graphpersist.liveenv import PINNED_ENV, collect_live
 from graphpersist.manifest import FORMAT_VERSION
-from graphpersist.validate import flatten
+from graphpersist.validate import LoadRefused, evaluate, flatten
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "1"}
@@ -168,7 +168,7 @@ def test_check_reports_every_mismatch_and_exits_1(host_archive: Path):
         f"graphpersist: cannot LOAD {host_archive} (rank 0): 2 mismatches",
         "  parallel.tp_size: saved 2, live 4",
         "  env.NCCL_ALGO: saved <unset>, live 'Ring'",
-        "Re-run with mode=save for this configuration.",
+        cli.CHECK_ADVICE,
     ]
 
 
@@ -205,7 +205,7 @@ def test_set_values_are_typed_like_the_saved_value(host_archive: Path):
     assert result.stdout.splitlines()[:3] == [
         f"graphpersist: cannot LOAD {host_archive} (rank 0): 1 mismatch",
         "  env.NCCL_NVLS_ENABLE: saved '0', live <unset>",
-        "Re-run with mode=save for this configuration.",
+        cli.CHECK_ADVICE,
     ]
 
 
@@ -235,7 +235,7 @@ def test_check_refuses_ranks_whose_gpus_were_swapped(tp2_archive: Path):
             "  env.CUDA_VISIBLE_DEVICES: saved '0,1', live '1,0'",
             f"  device.uuid: saved '{GPU_UUIDS[rank]}', live '{GPU_UUIDS[other]}'",
             f"  device.pci_bus_id: saved '{PCI_BUS_IDS[rank]}', live '{PCI_BUS_IDS[other]}'",
-            "Re-run with mode=save for this configuration.",
+            cli.CHECK_ADVICE,
         ]
 
 
@@ -292,3 +292,43 @@ def test_malformed_set_is_misuse(host_archive: Path):
 def test_registry_refuses_duplicate_names():
     with pytest.raises(ValueError, match="already registered"):
         cli.register(cli.commands()[0])
+
+
+def test_check_advises_like_an_inspection_tool_not_like_an_engine_start(host_archive: Path):
+    """`check` starts no engine: it says what the user can do; an engine's LOAD keeps its own advice."""
+    result = graphpersist("check", str(host_archive), "--set", "model.dtype=float16")
+    assert result.returncode == 1
+    report = result.stdout.splitlines()
+    assert report[:2] == [
+        f"graphpersist: cannot LOAD {host_archive} (rank 0): 1 mismatch",
+        "  model.dtype: saved 'bfloat16', live 'float16'",
+    ]
+    assert report[2] == (
+        "This archive does not fit this host/configuration: start the engine on a host/configuration that matches, "
+        "or re-run SAVE here (GRAPHPERSIST_MODE=save or the engine's --graph-persist save) to write an archive for it."
+    )
+    assert "Re-run with mode=save for this configuration." not in result.stdout
+    mismatches = evaluate(open_archive(host_archive), {"model": {"dtype": "float16"}}, 0, skip_unknown=True).mismatches
+    assert str(LoadRefused(host_archive, mismatches, 0)).splitlines()[-1] == (
+        "Re-run with mode=save for this configuration."
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ('"world_size": 2', '"world_size": ' + "9" * 5000, "(5000 characters) does not fit in 64 bits"),
+        ('"flags": {', '"flags": {"deep": ' + "[" * 100_000 + "]" * 100_000 + ", ", "nested too deeply"),
+        ('"ranks": [', '"ranks": [\n    0,', "ranks [0, 0, 1] must be exactly 0 .. 1 (parallel.world_size 2)"),
+    ],
+)
+def test_a_hostile_manifest_is_exit_2_with_its_problem(tmp_path: Path, old: str, new: str, problem: str):
+    broken = write_archive(tmp_path / "broken")
+    text = (broken / "manifest.json").read_text()
+    assert old in text
+    (broken / "manifest.json").write_text(text.replace(old, new, 1))
+    for command in (["check"], ["inspect"], ["inspect", "--json"]):
+        result = graphpersist(*command, str(broken))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith(f"graphpersist: cannot open archive {broken}: ")
+        assert problem in result.stderr and "Traceback" not in result.stderr and not result.stdout

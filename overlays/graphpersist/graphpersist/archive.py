@@ -4,6 +4,8 @@ Why the care: LOAD replays raw device addresses and kernel handles out of these 
 bit-rotted archive must therefore never be loadable. The writer stages everything in a sibling folder, fsyncs
 it, writes manifest.json (with every file's sha256 and size) last, and only then renames the folder into place;
 the reader accepts a folder only if the manifest parses and every file matches it, with no file missing or extra.
+Reading is total: whatever the folder holds (hostile JSON, symbolic links, odd names, unreadable files), opening it
+either succeeds or raises ArchiveError naming each problem; JSON goes through graphpersist.safejson.
 
 Several processes (one per rank) can write one archive: the owner creates the writer, the other ranks open
 writers on the owner's `staging` folder (`ArchiveWriter(root, world, staging=owner.staging)`), write their
@@ -21,15 +23,18 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 
+from graphpersist import safejson
 from graphpersist.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    RANK_DIR,
     RANK_RECORD_NAME,
     Creation,
     FileEntry,
@@ -47,8 +52,8 @@ ADVICE_OLDER_FORMAT = (
     f"Re-run with mode=save to write it again in format {FORMAT_VERSION} "
     "(LOAD now compares facts that older formats did not record)."
 )
-_RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")
 _CHUNK = 1 << 20
+MAX_RECORD_BYTES = 64 << 20  # manifest.json and rank.json are small: a larger one is refused before it is read
 
 
 class ArchiveError(Exception):
@@ -86,7 +91,7 @@ def archive_path(rank: int | None, name: str) -> str:
     if not _plain(name):
         raise ValueError(f"file name {name!r} must be a plain relative path (no '..', '.', '//', '\\' or leading '/')")
     if rank is None:
-        if name == MANIFEST_NAME or _RANK_DIR.fullmatch(PurePosixPath(name).parts[0]):
+        if name == MANIFEST_NAME or RANK_DIR.fullmatch(PurePosixPath(name).parts[0]):
             raise ValueError(f"file name {name!r} is reserved at the top of an archive")
         return name
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
@@ -120,6 +125,7 @@ class ArchiveWriter:
         self.overwrite = overwrite
         try:
             self.world = world if isinstance(world, World) else World.from_dict(world)
+            _reads_back(self.world.to_dict())
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid world facts: {exc}", action="write", advice="") from None
         if self.root.exists() and not overwrite:
@@ -182,6 +188,10 @@ class ArchiveWriter:
                 raise ArchiveError(
                     self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice=""
                 ) from None
+        try:
+            _reads_back(record.to_dict())
+        except ManifestError as exc:
+            raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
@@ -269,7 +279,7 @@ class ArchiveWriter:
                 problems.append(f"{rel} is not a regular file")
             elif path.is_file():
                 files[rel] = self._written.get(rel) or _entry_of(path)
-        top_dirs = {p.name for p in self.staging.iterdir() if p.is_dir() and _RANK_DIR.fullmatch(p.name)}
+        top_dirs = {p.name for p in self.staging.iterdir() if p.is_dir() and RANK_DIR.fullmatch(p.name)}
         ranks = sorted(int(d.removeprefix("rank_")) for d in top_dirs)
         expected = list(range(self.world.parallel.world_size))
         if ranks != expected:
@@ -285,15 +295,17 @@ class ArchiveWriter:
             except ManifestError as exc:
                 problems.append(f"{rel}: {exc}")
         problems += _reference_problems(records, files)
-        if problems:
-            raise ArchiveError(self.root, problems, action="write", advice="")
-        return Manifest(
+        manifest = Manifest(
             format_version=FORMAT_VERSION,
             created=Creation.now(),
             world=self.world,
             ranks=tuple(ranks),
             files=files,
         )
+        problems = problems or manifest.consistency_problems()  # what open_archive would refuse (e.g. no ranks)
+        if problems:
+            raise ArchiveError(self.root, problems, action="write", advice="")
+        return manifest
 
     def __enter__(self) -> ArchiveWriter:
         return self
@@ -511,25 +523,48 @@ def _entry_of(path: Path) -> FileEntry:
     return FileEntry(sha256=digest.hexdigest(), size=size)
 
 
+def _reads_back(facts: Any) -> None:
+    """Raises ManifestError when `facts` (free-form parts included) would not read back: the reader is strict
+    (no NaN, integers within 64 bits, bounded nesting ...), so a SAVE must fail now rather than a later LOAD.
+    """
+    try:
+        text = json.dumps(facts, allow_nan=False)
+    except (ValueError, RecursionError) as exc:  # NaN or Infinity, an integer too long to print, too deep
+        raise ManifestError(f"it cannot be written as JSON: {str(exc)[:200]}") from None
+    try:
+        safejson.loads(text)
+    except safejson.JsonError as exc:
+        raise ManifestError(f"it would not read back: {exc}") from None
+
+
 def _reference_problems(records: Mapping[int, RankRecord], files: Mapping[str, FileEntry]) -> list[str]:
     """Files and images that rank records name but the archive lacks: caught at SAVE, not at a later LOAD."""
     problems = []
     for rank, record in sorted(records.items()):
         hashes = {image.sha256 for image in record.images}
         for image in record.images:
+            sha, file = _name(image.sha256[:12]), _name(image.file)
             if image.file not in files:
-                problems.append(f"rank {rank}: image {image.sha256[:12]} names missing file {image.file}")
+                problems.append(f"rank {rank}: image {sha} names missing file {file}")
             elif files[image.file].sha256 != image.sha256:
-                problems.append(f"rank {rank}: image file {image.file} does not hash to {image.sha256[:12]}")
+                problems.append(f"rank {rank}: image file {file} does not hash to {sha}")
         for graph in record.graphs:
             if graph.file not in files:
-                problems.append(f"rank {rank}: graph {graph.name} names missing file {graph.file}")
+                problems.append(f"rank {rank}: graph {_name(graph.name)} names missing file {_name(graph.file)}")
             problems += [
-                f"rank {rank}: graph {graph.name} uses image {h[:12]} that rank {rank} does not list"
+                f"rank {rank}: graph {_name(graph.name)} uses image {_name(h[:12])} that rank {rank} does not list"
                 for h in graph.images
                 if h not in hashes
             ]
     return problems
+
+
+def _name(text: str, limit: int = 200) -> str:
+    """A name from an archive as messages show it: as is when short and printable, else quoted and clipped."""
+    if len(text) <= limit and text.isprintable():
+        return text
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[: limit - 1]}…"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -558,7 +593,7 @@ class Archive:
         prefix = "" if rank is None else f"{rank_dir(rank)}/"
         out = []
         for rel in self.manifest.files:
-            if rank is None and _RANK_DIR.fullmatch(rel.split("/", 1)[0]):
+            if rank is None and RANK_DIR.fullmatch(rel.split("/", 1)[0]):
                 continue
             if rel.startswith(prefix) and rel != f"{prefix}{RANK_RECORD_NAME}":
                 out.append(rel.removeprefix(prefix))
@@ -572,69 +607,69 @@ class Archive:
         return self.read_path(archive_path(rank, name))
 
     def read_json(self, rank: int | None, name: str) -> Any:
+        """A payload file's JSON, verified like read(); any text it refuses raises ArchiveError naming the file.
+
+        Parsed by safejson without its per-object checks (payloads can be megabytes): their shape is the caller's.
+        """
         rel = archive_path(rank, name)
         try:
-            return json.loads(self.read_path(rel))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return safejson.loads(self.read_path(rel), strict=False)
+        except safejson.JsonError as exc:
             raise ArchiveError(self.root, f"{rel} is not valid JSON: {exc}") from None
 
     def read_path(self, rel: str) -> bytes:
         """Reads an archive-relative path (as records name them), verified against size and sha256."""
         rel, entry = self._entry(rel)
-        try:
-            data = (self.root / rel).read_bytes()
-        except FileNotFoundError:
-            raise ArchiveError(self.root, f"missing file {rel} (listed in {MANIFEST_NAME})") from None
-        problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
-        if problem:
-            raise ArchiveError(self.root, problem)
-        return data
+        return _verified_bytes(self.root, rel, entry)
 
     def _entry(self, rel: str) -> tuple[str, FileEntry]:
         entry = self.manifest.files.get(rel)
         if entry is None:
-            raise ArchiveError(self.root, f"it has no file {rel}", advice="")
+            raise ArchiveError(self.root, f"it has no file {_name(rel)}", advice="")
         return rel, entry
 
 
 def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
-    Sizes, presence and unexpected files are always checked. verify_checksums=False skips hashing every file up
-    front (read() still verifies what it returns), for callers that read all files anyway.
+    Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
+    exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
+    hashing every file up front (read() still verifies what it returns; rank records are always verified), for
+    callers that read all files anyway.
     """
     root = Path(os.path.abspath(root))
-    if not root.exists():
-        raise _missing_root(root)
-    if not root.is_dir():
-        raise ArchiveError(root, "it is not a directory")
-    manifest_file = root / MANIFEST_NAME
-    if not manifest_file.is_file():
-        raise ArchiveError(root, f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive")
     try:
-        manifest = Manifest.from_json(manifest_file.read_bytes())
-    except UnsupportedFormat as exc:
-        raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
-    except ManifestError as exc:
-        raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _missing_root(root) from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read it: {exc.strerror or exc}") from None
+    if not is_dir:
+        raise ArchiveError(root, "it is not a directory")
+    manifest = _read_manifest(root)
 
+    problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
     bad_files = dict(_file_problems(root, manifest, verify_checksums))
-    problems = list(bad_files.values())
+    problems += bad_files.values()
     records: dict[int, RankRecord] = {}
-    for rank in manifest.ranks:
+    for rank in sorted(set(manifest.ranks)):
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-        if rel not in manifest.files:
-            problems.append(f"rank {rank} has no {rel} in {MANIFEST_NAME}")
-            continue
-        if rel in bad_files:
+        entry = manifest.files.get(rel)
+        if entry is None or rel in bad_files:
+            continue  # named above (no entry in the file table, or a file that does not match it)
+        if entry.size > MAX_RECORD_BYTES:
+            problems.append(f"{rel} is {entry.size} bytes, more than a rank record may be ({MAX_RECORD_BYTES})")
             continue
         try:
-            record = RankRecord.from_json((root / rel).read_bytes())
+            record = RankRecord.from_json(_verified_bytes(root, rel, entry))
+        except ArchiveError as exc:
+            problems += exc.problems
+            continue
         except ManifestError as exc:
             problems.append(f"{rel}: {exc}")
             continue
         if record.rank != rank:
-            problems.append(f"{rel} says rank {record.rank}")
+            problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
         records[rank] = record
     problems += _reference_problems(records, manifest.files)
     if problems:
@@ -642,38 +677,118 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     return Archive(root, manifest, records)
 
 
+def _read_manifest(root: Path) -> Manifest:
+    """manifest.json parsed and type-checked, or ArchiveError saying why not (with the advice that fits)."""
+    path = root / MANIFEST_NAME
+    try:
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_RECORD_BYTES:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        raise ArchiveError(
+            root, f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive"
+        ) from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read {MANIFEST_NAME}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ArchiveError(root, f"{MANIFEST_NAME} is not a regular file")
+    if info.st_size > MAX_RECORD_BYTES or len(data) > MAX_RECORD_BYTES:
+        raise ArchiveError(root, f"{MANIFEST_NAME} is larger than a manifest may be ({MAX_RECORD_BYTES} bytes)")
+    try:
+        return Manifest.from_json(data)
+    except UnsupportedFormat as exc:
+        raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
+    except ManifestError as exc:
+        raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
+
+
+def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
+    """The bytes of one listed file, checked against its size and sha256; ArchiveError when they differ."""
+    try:
+        data = (root / rel).read_bytes()
+    except FileNotFoundError:
+        raise ArchiveError(root, f"missing file {_name(rel)} (listed in {MANIFEST_NAME})") from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read {_name(rel)}: {exc.strerror or exc}") from None
+    problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+    if problem:
+        raise ArchiveError(root, problem)
+    return data
+
+
 def _file_problems(root: Path, manifest: Manifest, verify_checksums: bool) -> Iterator[tuple[str, str]]:
     """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file."""
     for rel, entry in manifest.files.items():
         if not _plain(rel) or rel == MANIFEST_NAME:
-            yield rel, f"{MANIFEST_NAME} lists an invalid path {rel!r}"
+            yield rel, f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}"
             continue
-        path = root / rel
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            yield rel, f"{rel} is not a regular file"
-            continue
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            yield rel, f"missing file {rel} (listed in {MANIFEST_NAME})"
-            continue
-        digest = (lambda p=path: _entry_of(p).sha256) if verify_checksums else None
-        problem = _content_problem(rel, entry, size, digest)
+        problem, size = _listed_file(root, rel)
+        if problem is None:
+            digest = (lambda p=root / rel: _entry_of(p).sha256) if verify_checksums else None
+            try:
+                problem = _content_problem(rel, entry, size, digest)
+            except OSError as exc:
+                problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
         if problem:
             yield rel, problem
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if rel != MANIFEST_NAME and rel not in manifest.files and (path.is_symlink() or not path.is_dir()):
-            yield rel, f"unexpected file {rel} (not listed in {MANIFEST_NAME})"
+    for rel, problem in _unlisted(root, manifest.files):
+        yield rel, problem
+
+
+def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
+    """(problem, size) of a listed path: it must be a regular file reached through real folders, no link."""
+    path = root
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            info = path.lstat()
+        except (FileNotFoundError, NotADirectoryError):
+            return f"missing file {_name(rel)} (listed in {MANIFEST_NAME})", 0
+        except OSError as exc:
+            return f"cannot read {_name(rel)}: {exc.strerror or exc}", 0
+        if stat.S_ISLNK(info.st_mode) and i < len(parts) - 1:
+            return f"{_name(rel)} is not a regular file ({_name('/'.join(parts[: i + 1]))} is a symbolic link)", 0
+    if not stat.S_ISREG(info.st_mode):
+        return f"{_name(rel)} is not a regular file", 0
+    return None, info.st_size
+
+
+def _unlisted(root: Path, files: Mapping[str, FileEntry]) -> list[tuple[str, str]]:
+    """Everything under `root` that is not a folder, manifest.json or a listed file (links are never followed)."""
+    found = []
+    folders = [""]
+    while folders:  # a loop, not recursion: the tree may be as deep as paths allow
+        folder = folders.pop()
+        try:
+            with os.scandir(root / folder) as it:
+                entries = list(it)
+        except OSError as exc:
+            found.append((folder, f"cannot list folder {_name(folder or '.')}: {exc.strerror or exc}"))
+            continue
+        for entry in entries:
+            rel = f"{folder}/{entry.name}" if folder else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                folders.append(rel)
+            elif rel != MANIFEST_NAME and rel not in files:
+                found.append((rel, f"unexpected file {_name(rel)} (not listed in {MANIFEST_NAME})"))
+    return sorted(found)
 
 
 def _content_problem(rel: str, entry: FileEntry, size: int, digest: Any) -> str | None:
     if size < entry.size:
-        return f"truncated file {rel}: {size} bytes, {MANIFEST_NAME} says {entry.size}"
+        return f"truncated file {_name(rel)}: {size} bytes, {MANIFEST_NAME} says {entry.size}"
     if size > entry.size:
-        return f"oversized file {rel}: {size} bytes, {MANIFEST_NAME} says {entry.size}"
+        return f"oversized file {_name(rel)}: {size} bytes, {MANIFEST_NAME} says {entry.size}"
     if digest is not None:
         actual = digest()
         if actual != entry.sha256:
-            return f"corrupted file {rel}: sha256 {actual[:16]}…, {MANIFEST_NAME} says {entry.sha256[:16]}…"
+            return (
+                f"corrupted file {_name(rel)}: sha256 {actual[:16]}…, {MANIFEST_NAME} says {_name(entry.sha256[:16])}…"
+            )
     return None

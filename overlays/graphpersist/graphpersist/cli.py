@@ -14,13 +14,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphpersist import __version__
+from graphpersist import __version__, safejson
 from graphpersist.manifest import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
 
 EXIT_OK, EXIT_FINDING, EXIT_MISUSE = 0, 1, 2
+# `check` inspects, it does not start an engine: its advice names both ways out (LoadRefused's is for a LOAD).
+CHECK_ADVICE = (
+    "This archive does not fit this host/configuration: start the engine on a host/configuration that matches, "
+    "or re-run SAVE here (GRAPHPERSIST_MODE=save or the engine's --graph-persist save) to write an archive for it."
+)
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,7 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
 def _run_check(args: argparse.Namespace) -> int:
     from graphpersist.archive import open_archive
     from graphpersist.liveenv import collect_live, set_field
-    from graphpersist.validate import MISSING, LoadRefused, evaluate, saved_facts
+    from graphpersist.validate import MISSING, evaluate, mismatch_report, saved_facts
 
     archive = open_archive(args.archive, verify_checksums=not args.no_verify)
     rank = args.rank
@@ -273,7 +278,7 @@ def _run_check(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         if mismatches:
-            print(LoadRefused(archive.root, mismatches, rank))
+            print(mismatch_report(archive.root, mismatches, rank, CHECK_ADVICE))
         else:
             print(f"graphpersist: archive {archive.root} fits this host for rank {rank}: {len(checked)} fields match")
         if not_checked:
@@ -288,8 +293,8 @@ def _parse_value(text: str, saved: Any) -> Any:
     if isinstance(saved, str):
         return text
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return safejson.loads(text)
+    except safejson.JsonError:
         return text
 
 

@@ -10,20 +10,30 @@ An archive is one directory::
 The records are strict on purpose: a field that is missing, mistyped or unknown to this format version makes
 the manifest unreadable, because LOAD must never guess what a SAVE meant. A change to the meaning of any field
 bumps FORMAT_VERSION; a reader refuses versions it does not know instead of half-understanding them.
+
+Reading is total: any bytes give a record or a ManifestError naming the problem. The JSON itself is read by
+safejson (strict: UTF-8, no duplicate keys, no NaN/Infinity, integers within 64 bits, bounded nesting); then
+every field is type-checked, and every integer field (all are counts, sizes, indices, ranks or addresses) must
+lie in 0 .. 2**64-1. Free-form fields (`flags` values, `extra`) take any JSON that passes safejson.
+Manifest.consistency_problems() adds the checks that span fields (ranks against parallel.world_size).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import platform
+import re
 import socket
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
+
+from graphpersist import safejson
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
@@ -31,6 +41,8 @@ FORMAT_VERSION = 2
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
+RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")  # a rank's folder at the top of an archive
+UINT_MAX = 2**64 - 1  # the largest value of an integer field
 
 
 class ManifestError(ValueError):
@@ -281,7 +293,7 @@ class Creation:
         from graphpersist import __version__
 
         return cls(
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),  # noqa: UP017 - datetime.UTC needs 3.11
             host=socket.gethostname(),
             graphpersist_version=__version__,
             python=platform.python_version(),
@@ -318,10 +330,11 @@ class Manifest:
         if not isinstance(data, Mapping):
             raise ManifestError("the manifest must be a JSON object")
         if data.get("format") != FORMAT_NAME:
-            raise ManifestError(f"not a graphpersist manifest (format {data.get('format')!r}, want {FORMAT_NAME!r})")
+            given = _show(data.get("format"))
+            raise ManifestError(f"not a graphpersist manifest (format {given}, want {FORMAT_NAME!r})")
         version = data.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ManifestError(f"format_version must be an integer, got {version!r}")
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= UINT_MAX:
+            raise ManifestError(f"format_version must be a positive integer, got {_show(version)}")
         if version not in SUPPORTED_FORMAT_VERSIONS:
             supported = ", ".join(str(v) for v in sorted(SUPPORTED_FORMAT_VERSIONS))
             older = version < max(SUPPORTED_FORMAT_VERSIONS)
@@ -338,6 +351,68 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         return cls.from_dict(_loads(text, MANIFEST_NAME))
 
+    def consistency_problems(self) -> list[str]:
+        """What contradicts itself across fields: ranks that are not exactly 0 .. parallel.world_size-1, a file
+        table without a rank's record, files under a rank folder the manifest does not list. [] when consistent.
+        """
+        parallel = self.world.parallel
+        problems = [
+            f"parallel.{name} is {value}: it must be at least 1"
+            for name, value in (
+                ("world_size", parallel.world_size),
+                ("tp_size", parallel.tp_size),
+                ("pp_size", parallel.pp_size),
+                ("ep_size", parallel.ep_size),
+            )
+            if value < 1
+        ]
+        problems += _rank_list_problems(self.ranks, parallel.world_size)
+        listed = {rank_dir(rank) for rank in self.ranks}
+        problems += [
+            f"rank {rank} has no {rank_dir(rank)}/{RANK_RECORD_NAME} in the file table"
+            for rank in sorted(set(self.ranks))
+            if f"{rank_dir(rank)}/{RANK_RECORD_NAME}" not in self.files
+        ]
+        strays = sorted({top for rel in self.files if RANK_DIR.fullmatch(top := rel.split("/", 1)[0])} - listed)
+        problems += [f"the file table lists {_clip(folder)}/, a rank that ranks do not name" for folder in strays]
+        return problems
+
+
+def _rank_list_problems(ranks: tuple[int, ...], world_size: int) -> list[str]:
+    """Why `ranks` is not exactly [0, 1, .., world_size-1] (duplicates, gaps, strays, order); [] when it is."""
+    seen: set[int] = set()
+    twice: list[int] = []
+    for rank in ranks:
+        if rank in seen:
+            twice.append(rank)
+        else:
+            seen.add(rank)
+    issues = []
+    if twice:
+        issues.append(f"{_few(sorted(set(twice)))} listed more than once")
+    missing = [r for r in range(min(world_size, len(seen) + 5)) if r not in seen][:5]
+    n_missing = world_size - len([r for r in seen if r < world_size])
+    if n_missing > 0:
+        issues.append(f"missing {_few(missing, n_missing)}")
+    outside = sorted(r for r in seen if r >= world_size)
+    if outside:
+        issues.append(f"{_few(outside)} outside the world")
+    if not issues and list(ranks) != sorted(ranks):
+        issues.append("not in ascending order")
+    if not issues:
+        return []
+    return [
+        f"ranks {_few(list(ranks))} must be exactly 0 .. {world_size - 1} (parallel.world_size {world_size}): "
+        + "; ".join(issues)
+    ]
+
+
+def _few(items: list[int], total: int | None = None, limit: int = 8) -> str:
+    """A list of ranks as messages show it: the first few, and how many there are in all."""
+    total = len(items) if total is None else total
+    shown = ", ".join(str(i) for i in items[:limit])
+    return f"[{shown}]" if total <= limit and len(items) == total else f"[{shown}, …] ({total} in all)"
+
 
 # ---------------------------------------------------------------------------------------------------------
 # JSON <-> dataclass. Small and strict: the records above use only str, int, bool, float, None, tuples,
@@ -350,9 +425,28 @@ def _dumps(obj: Any) -> str:
 
 def _loads(text: str | bytes, what: str) -> Any:
     try:
-        return json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return safejson.loads(text)
+    except safejson.JsonError as exc:
         raise ManifestError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _show(value: Any) -> str:
+    """A value for an error message: short, and safe for any value (no huge repr, no deep recursion)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if abs(value) <= UINT_MAX else f"an integer of {value.bit_length()} bits"
+    if isinstance(value, float | str):
+        return _clip(repr(value))
+    if isinstance(value, Mapping):
+        return f"an object of {len(value)} field{'s' if len(value) != 1 else ''}"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
+    return f"a {type(value).__name__}"
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def _to_json(obj: Any) -> Any:
@@ -385,15 +479,17 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
                 return _from_json(option, value, where)
             except ManifestError as exc:
                 errors.append(str(exc))
-        raise ManifestError(errors[0] if len(errors) == 1 else f"{where}: unexpected value {value!r}")
+        raise ManifestError(errors[0] if len(errors) == 1 else f"{where}: unexpected value {_show(value)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
         hints = typing.get_type_hints(tp)
         known = {f.name: f for f in dataclasses.fields(tp)}
-        unknown = sorted(set(value) - set(known))
+        unknown = sorted(str(k) for k in set(value) - set(known))
         if unknown:
-            raise ManifestError(f"{where}: unknown field(s) {', '.join(unknown)} for this format version")
+            names = ", ".join(_clip(k) for k in unknown[:8])
+            names += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
+            raise ManifestError(f"{where}: unknown field(s) {names} for this format version")
         kwargs = {}
         for name, f in known.items():
             if name not in value:
@@ -410,12 +506,12 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
     if origin is dict:
         _key, item = typing.get_args(tp)
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise ManifestError(f"{where} must be an object with string keys")
-        return {k: _from_json(item, v, f"{where}.{k}") for k, v in value.items()}
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ManifestError(f"{where} must be an integer, got {value!r}")
-    if tp is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise ManifestError(f"{where} must be a number, got {value!r}")
+            raise ManifestError(f"{where} must be an object with string keys, got {_show(value)}")
+        return {k: _from_json(item, v, f"{where}.{_clip(k)}") for k, v in value.items()}
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= UINT_MAX):
+        raise ManifestError(f"{where} must be an integer from 0 to 2**64-1, got {_show(value)}")
+    if tp is float and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
+        raise ManifestError(f"{where} must be a finite number, got {_show(value)}")
     if tp in (str, bool) and not isinstance(value, tp):
-        raise ManifestError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+        raise ManifestError(f"{where} must be a {_type_name(tp)}, got {_show(value)}")
     return value

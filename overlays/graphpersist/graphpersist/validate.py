@@ -136,12 +136,20 @@ class LoadRefused(RuntimeError):
         self.archive_dir = Path(archive_dir)
         self.mismatches = list(mismatches)
         self.rank = rank
-        n = len(self.mismatches)
-        who = "" if rank is None else f" (rank {rank})"
-        lines = [f"graphpersist: cannot LOAD {self.archive_dir}{who}: {n} mismatch{'es' if n != 1 else ''}"]
-        lines += [f"  {m}" for m in self.mismatches]
-        lines.append(ADVICE)
-        super().__init__("\n".join(lines))
+        super().__init__(mismatch_report(self.archive_dir, self.mismatches, rank, ADVICE))
+
+
+def mismatch_report(archive_dir: Path | str, mismatches: Sequence[Mismatch], rank: int | None, advice: str) -> str:
+    """The lines users read: which archive and rank cannot LOAD, one line per mismatch, then `advice`.
+
+    An engine start (LoadRefused) and `graphpersist check` list the same mismatches but advise differently.
+    """
+    n = len(mismatches)
+    who = "" if rank is None else f" (rank {rank})"
+    lines = [f"graphpersist: cannot LOAD {archive_dir}{who}: {n} mismatch{'es' if n != 1 else ''}"]
+    lines += [f"  {m}" for m in mismatches]
+    lines.append(advice)
+    return "\n".join(lines)
 
 
 def saved_facts(archive: Archive, rank: int) -> dict[str, Any]:
