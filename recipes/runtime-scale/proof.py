@@ -220,6 +220,25 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     }
 
 
+def step_profile(archive: Path) -> dict[str, Any]:
+    """LOAD once more under cProfile (its own process): where LOAD's time goes, by function (informational)."""
+    import cProfile
+    import io
+    import pstats
+
+    _torch, model, api = _setup()
+    from model import SIZES
+
+    prof = cProfile.Profile()
+    prof.enable()
+    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
+                   setup_tensors=model.named_tensors())  # fmt: skip
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
+    return {"timings": res.timings, "top_tottime": text.getvalue()[-6000:]}
+
+
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
     from graphpersist import region
 
@@ -268,6 +287,7 @@ def prove(out: Path, report: Path) -> int:
     res: dict[str, Any] = {"versions": _versions()}
     res["save"] = _child(["save", str(archive), str(ref)], out, "save")
     res["load"] = _child(["load", str(archive), str(ref)], out, "load") if res["save"]["_rc"] == 0 else {}
+    res["profile"] = _child(["profile", str(archive)], out, "profile") if res["save"]["_rc"] == 0 else {}
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     text, failed = render(res, started)
     report.write_text(text)
@@ -366,6 +386,12 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
               f"{sv.get('torch_instantiate_all_s', 0):.2f} s. Archive: {summ.get('images')} kernel images "
               f"({summ.get('image_bytes', 0) / 1e6:.1f} MB), {summ.get('pointers')} distinct in-region "
               "addresses."]  # fmt: skip
+    prof = res.get("profile", {})
+    if prof.get("top_tottime"):
+        pt = prof["timings"]
+        lines += ["", f"LOAD under cProfile (separate process, informational; total {pt.get('total_s', 0):.2f} s "
+                  "with profiling overhead), top functions by own time:", ""]  # fmt: skip
+        lines += ["```", prof["top_tottime"].strip(), "```"]
     if failed:
         for key in ("save", "load"):
             if res.get(key, {}).get("_log_tail"):
@@ -376,7 +402,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prove", "save", "load"])
+    ap.add_argument("step", choices=["prove", "save", "load", "profile"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--result")
     ap.add_argument("--out", default=str(HERE / "out"))
@@ -387,7 +413,7 @@ def main() -> int:
     from graphpersist import region
 
     region.reexec_with_interposer()
-    data = {"save": step_save, "load": step_load}[a.step](*[Path(p) for p in a.paths])
+    data = {"save": step_save, "load": step_load, "profile": step_profile}[a.step](*[Path(p) for p in a.paths])
     Path(a.result).write_text(json.dumps(data, indent=2, default=str))
     return 0
 
