@@ -32,7 +32,13 @@ def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
 
 
 def rebuild(
-    name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Sequence[Any] = (), *, hashed: bool = False
+    name: str,
+    desc: dict[str, Any],
+    blob: bytes | memoryview,
+    funcs: Any,
+    events: Sequence[Any] = (),
+    *,
+    hashed: bool = False,
 ) -> Any:
     """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
 
@@ -44,7 +50,7 @@ def rebuild(
     drv = driver()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    keep = ctypes.create_string_buffer(blob, len(blob) or 1)
+    keep = _cbuf(blob)
     base = ctypes.addressof(keep)
     made: list[Any] = []
     defaults: dict[int, dict[str, bytes]] = {}  # per function index; only differing saved values are set
@@ -87,6 +93,13 @@ def rebuild(
         _add_edges(drv, graph, name, made, desc["edges"])
     del keep
     return graph
+
+
+def _cbuf(data: bytes | memoryview) -> ctypes.Array:
+    """A ctypes copy of `data` (bytes or a memoryview into a graph pack), at least one byte long."""
+    if not len(data):
+        return ctypes.create_string_buffer(1)
+    return (ctypes.c_char * len(data)).from_buffer_copy(data)
 
 
 def _check_event_count(name: str, desc: dict[str, Any], events: Sequence[Any]) -> None:
@@ -139,8 +152,8 @@ def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[lis
 def rebuild_native(
     name: str,
     desc: dict[str, Any],
-    blob: bytes,
-    table: bytes,
+    blob: bytes | memoryview,
+    table: bytes | memoryview,
     funcs: Sequence[Any],
     events: Sequence[Any] = (),
     *,
@@ -165,8 +178,8 @@ def rebuild_native(
     n = len(desc["nodes"])
     out = (ctypes.c_void_p * max(n, 1))()
     n_k, n_off, _n_attr, _ = TABLE_HEADER.unpack_from(table)
-    tbuf = ctypes.create_string_buffer(table, len(table))
-    bbuf = ctypes.create_string_buffer(blob, len(blob) or 1)
+    tbuf = _cbuf(table)
+    bbuf = _cbuf(blob)
     t0 = ctypes.addressof(tbuf) + TABLE_HEADER.size
     t_off = t0 + n_k * KNODE.size
     t_attr = t_off + 4 * n_off

@@ -209,7 +209,7 @@ def address_fingerprint(desc: dict[str, Any], blob: bytes, lo: int, hi: int) -> 
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def verify_blob(name: str, desc: dict[str, Any], blob: bytes, *, hashed: bool = False) -> None:
+def verify_blob(name: str, desc: dict[str, Any], blob: bytes | memoryview, *, hashed: bool = False) -> None:
     """Refuses a graph whose parameter file is truncated or altered, before anything is rebuilt.
 
     `hashed=True`: the bytes come from an archive file whose sha256 was verified (a graph pack), so only the size
@@ -223,7 +223,9 @@ def verify_blob(name: str, desc: dict[str, Any], blob: bytes, *, hashed: bool = 
         raise GraphFormatError(f"graph {name!r}: parameter file content does not match its recorded sha256")
 
 
-def check_shape(name: str, desc: dict[str, Any], table: bytes, node_count: int, nodes_by_type: dict[str, int]) -> None:
+def check_shape(
+    name: str, desc: dict[str, Any], table: bytes | memoryview, node_count: int, nodes_by_type: dict[str, int]
+) -> None:
     """Refuses a description whose node counts disagree with its rank record or its kernel table.
 
     What LOAD's native path checks of every graph without parsing each kernel node (that is what the topology

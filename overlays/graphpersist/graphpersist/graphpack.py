@@ -60,17 +60,18 @@ class PackedGraph:
     inputs: list[Any]
     outputs: Any
 
-    def part(self, pack: bytes, which: str) -> bytes:
+    def part(self, pack: bytes, which: str) -> memoryview:
+        """One part ("desc", "kernels", "params", "table") of this graph, without copying it."""
         off, n = getattr(self, which)
-        return pack[off : off + n]
+        return memoryview(pack)[off : off + n]
 
     def desc_of(self, pack: bytes) -> dict[str, Any]:
         """The description with kernel nodes reduced to {"type": "kernel"} (what the native rebuild needs)."""
-        return json.loads(self.part(pack, "desc"))
+        return json.loads(bytes(self.part(pack, "desc")))
 
     def full_desc_of(self, pack: bytes) -> dict[str, Any]:
         """The whole description, as graphwalk.serialize wrote it."""
-        return full_desc(self.desc_of(pack), json.loads(self.part(pack, "kernels")))
+        return full_desc(self.desc_of(pack), json.loads(bytes(self.part(pack, "kernels"))))
 
 
 def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
