@@ -213,7 +213,7 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
     saver.add("ev", g, [t["x"]], outs, capture_size=1, mode="full")
     summary = saver.save(archive, engine=ENGINE, model=MODEL)
     rec = json.loads((archive / "rank_0" / "rank.json").read_text())
-    desc_text = (archive / "rank_0" / "graphs" / "ev.json").read_text()
+    desc_text = json.dumps(_saved_desc(archive, "ev"))
     handles = [evapi.handle(e) for e in evs]
 
     h_in, h_out = (drv.CUevent(h) for h in handles)
@@ -272,13 +272,23 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
     }
 
 
+def _saved_desc(archive: Path, name: str) -> dict[str, Any]:
+    """A graph's whole description as the archive's graph pack holds it."""
+    from graphpersist import graphpack
+
+    pack = (archive / "rank_0" / graphpack.PACK_NAME).read_bytes()
+    index = json.loads((archive / "rank_0" / graphpack.INDEX_NAME).read_text())
+    entry = next(g for g in graphpack.parse_index(index, len(pack)) if g.name == name)
+    return entry.full_desc_of(pack)
+
+
 def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
 
     res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[1], modes=["full"], setup_tensors=t, native=native)
     lg = res.graphs["ev"]
-    desc = json.loads((archive / "rank_0" / "graphs" / "ev.json").read_text())
+    desc = _saved_desc(archive, "ev")
     wait_idx = [nd["event"] for nd in desc["nodes"] if nd["type"] == "event_wait"]
     rec_idx = [nd["event"] for nd in desc["nodes"] if nd["type"] == "event_record"]
     counts = _node_types(drv, lg.graph)

@@ -572,12 +572,20 @@ def _name(text: str, limit: int = 200) -> str:
 
 
 class Archive:
-    """A verified archive. Every read() re-checks the bytes it returns against the manifest."""
+    """A verified archive. read() returns bytes checked against the manifest: those open_archive kept while
+    verifying (keep_rank) once without reading or hashing them again, any other read re-checked."""
 
-    def __init__(self, root: Path, manifest: Manifest, records: Mapping[int, RankRecord]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        records: Mapping[int, RankRecord],
+        verified: dict[str, bytes] | None = None,
+    ) -> None:
         self.root = root
         self.manifest = manifest
         self._records = dict(records)
+        self._verified = verified if verified is not None else {}
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -620,6 +628,9 @@ class Archive:
     def read_path(self, rel: str) -> bytes:
         """Reads an archive-relative path (as records name them), verified against size and sha256."""
         rel, entry = self._entry(rel)
+        kept = self._verified.pop(rel, None)
+        if kept is not None:
+            return kept
         return _verified_bytes(self.root, rel, entry)
 
     def _entry(self, rel: str) -> tuple[str, FileEntry]:
@@ -629,13 +640,15 @@ class Archive:
         return rel, entry
 
 
-def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
+def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
     exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
-    callers that read all files anyway.
+    callers that read all files anyway. keep_rank=r keeps the bytes of rank r's files and of the shared top-level
+    ones as they were hashed, so that rank's LOAD hashes each byte once: the first read() of each returns them (and
+    drops them), later ones read and verify again.
     """
     root = Path(os.path.abspath(root))
     try:
@@ -649,7 +662,12 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     manifest = _read_manifest(root)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
-    bad_files = dict(_file_problems(root, manifest, verify_checksums))
+    kept: dict[str, bytes] = {}
+    keep = None
+    if keep_rank is not None and verify_checksums:
+        own = f"{rank_dir(keep_rank)}/"
+        keep = lambda rel: rel.startswith(own) or not RANK_DIR.fullmatch(rel.split("/", 1)[0])  # noqa: E731
+    bad_files = dict(_file_problems(root, manifest, verify_checksums, keep, kept))
     problems += bad_files.values()
     records: dict[int, RankRecord] = {}
     for rank in sorted(set(manifest.ranks)):
@@ -674,7 +692,7 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     problems += _reference_problems(records, manifest.files)
     if problems:
         raise ArchiveError(root, problems)
-    return Archive(root, manifest, records)
+    return Archive(root, manifest, records, kept)
 
 
 def _read_manifest(root: Path) -> Manifest:
@@ -717,21 +735,44 @@ def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
     return data
 
 
-def _file_problems(root: Path, manifest: Manifest, verify_checksums: bool) -> Iterator[tuple[str, str]]:
-    """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file."""
+def _file_problems(
+    root: Path,
+    manifest: Manifest,
+    verify_checksums: bool,
+    keep: Any = None,
+    kept: dict[str, bytes] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file.
+
+    Files for which `keep(rel)` is true are read whole and, when they verify, their bytes stored in `kept`.
+    """
     for rel, entry in manifest.files.items():
         if not _plain(rel) or rel == MANIFEST_NAME:
             yield rel, f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}"
             continue
         problem, size = _listed_file(root, rel)
+        data = None
+        keep_it = verify_checksums and keep is not None and kept is not None and keep(rel)
+        if problem is None and keep_it and size == entry.size:  # read once, hash these bytes, hand them to read()
+            try:
+                data = (root / rel).read_bytes()
+            except OSError as exc:
+                problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
+            else:
+                size = len(data)
         if problem is None:
-            digest = (lambda p=root / rel: _entry_of(p).sha256) if verify_checksums else None
+            if data is not None:
+                digest = lambda d=data: hashlib.sha256(d).hexdigest()  # noqa: E731
+            else:
+                digest = (lambda p=root / rel: _entry_of(p).sha256) if verify_checksums else None
             try:
                 problem = _content_problem(rel, entry, size, digest)
             except OSError as exc:
                 problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
         if problem:
             yield rel, problem
+        elif data is not None:
+            kept[rel] = data
     for rel, problem in _unlisted(root, manifest.files):
         yield rel, problem
 
