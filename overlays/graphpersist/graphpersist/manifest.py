@@ -21,6 +21,7 @@ Manifest.consistency_problems() adds the checks that span fields (ranks against 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import platform
@@ -463,6 +464,13 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+@functools.cache
+def _schema(tp: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A record class's resolved field types and fields, computed once per class: an archive of 2000 graphs parses
+    2000 graph records, and resolving type hints each time cost more than the rest of opening it."""
+    return typing.get_type_hints(tp), {f.name: f for f in dataclasses.fields(tp)}
+
+
 def _from_json(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -483,8 +491,7 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        known = {f.name: f for f in dataclasses.fields(tp)}
+        hints, known = _schema(tp)
         unknown = sorted(str(k) for k in set(value) - set(known))
         if unknown:
             names = ", ".join(_clip(k) for k in unknown[:8])
