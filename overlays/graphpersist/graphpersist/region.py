@@ -111,22 +111,31 @@ class ImageLoad:
         return ctypes.string_at(self.ptr, self.size)
 
 
+PREBUILT_DIR = NATIVE_DIR / "prebuilt"  # the runtime wheel's build: the library and the digest of its sources
+PREBUILT_STAMP = "SOURCES.sha256"
+
+
 def native_sources() -> list[Path]:
     """Every file the interposer build reads (C sources, headers, build.sh), in a fixed order."""
     files = [p for p in NATIVE_DIR.iterdir() if p.is_file() and p.suffix in (".c", ".h", ".sh")]
     return sorted(files, key=lambda p: p.name)
 
 
-def native_build_dir() -> Path:
-    """Where the compiled interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is writable
-    (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name carries
-    a hash of the sources, so a new release never picks up an old build."""
-    if os.environ.get("GP_NATIVE_DIR"):
-        return Path(os.environ["GP_NATIVE_DIR"])
+def sources_digest() -> str:
+    """sha256 over the interposer's sources: names a build, so a library is never used with other sources."""
     digest = hashlib.sha256()
     for path in native_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    tag = digest.hexdigest()[:16]
+    return digest.hexdigest()
+
+
+def native_build_dir() -> Path:
+    """Where a source build of the interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is
+    writable (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name
+    carries a hash of the sources, so a new release never picks up an old build."""
+    if os.environ.get("GP_NATIVE_DIR"):
+        return Path(os.environ["GP_NATIVE_DIR"])
+    tag = sources_digest()[:16]
     if os.access(NATIVE_DIR, os.W_OK):
         return NATIVE_DIR / "build" / tag
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -134,7 +143,7 @@ def native_build_dir() -> Path:
 
 
 def build_interposer(out_dir: Path | None = None) -> Path:
-    """Compiles the interposer with gcc against the CUDA headers (no libcuda needed); returns the .so path.
+    """Compiles the interposer with gcc (no CUDA toolkit, no libcuda needed); returns the .so path.
 
     It builds into a private folder and renames the results into place, so ranks that start together and all
     build on first use never load a half-written library.
@@ -142,19 +151,35 @@ def build_interposer(out_dir: Path | None = None) -> Path:
     out = out_dir or native_build_dir()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
-        proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), tmp], capture_output=True, text=True)
+        try:
+            proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), tmp], capture_output=True, text=True)
+        except OSError as exc:
+            raise RegionError(f"building the interposer failed: {exc}") from None
         if proc.returncode != 0:
             raise RegionError(
-                f"building the interposer failed (gcc and the CUDA headers in $CUDA_HOME or /usr/local/cuda are "
-                f"needed):\n{proc.stdout}{proc.stderr}"
+                "building the interposer from source failed (this install has no prebuilt library for these "
+                f"sources, so gcc is needed; install the platform wheel to avoid the build):\n{proc.stdout}"
+                f"{proc.stderr}"
             )
         for built in Path(tmp).glob("*.so"):
             os.replace(built, out / built.name)
     return out / LIB_NAME
 
 
+def prebuilt_interposer() -> Path | None:
+    """The library the runtime wheel ships, when it was built from exactly the sources beside it."""
+    lib, stamp = PREBUILT_DIR / LIB_NAME, PREBUILT_DIR / PREBUILT_STAMP
+    try:
+        return lib if lib.is_file() and stamp.read_text().strip() == sources_digest() else None
+    except OSError:
+        return None
+
+
 def interposer_path() -> Path:
-    """The built interposer, building it on first use."""
+    """The interposer to preload: $GP_NATIVE_DIR's build if set; else the wheel's prebuilt library; else a build
+    from the shipped sources (a source checkout, or sources changed after the wheel was built), made on first use."""
+    if not os.environ.get("GP_NATIVE_DIR") and (prebuilt := prebuilt_interposer()) is not None:
+        return prebuilt
     path = native_build_dir() / LIB_NAME
     if not path.exists():
         build_interposer(path.parent)

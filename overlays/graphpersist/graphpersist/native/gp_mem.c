@@ -4,6 +4,7 @@
  * driver call, a driver failure undoes the calls before it, and the range goes back to the cursor or free list it
  * came from, so the next allocation lands where it would have landed without the failure. */
 #define _GNU_SOURCE
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 

@@ -96,6 +96,28 @@ int log_reserve(void) {
 
 /* ---- environment ---- */
 
+uint64_t gp_parse_u64(const char *s, const char **end) {
+    unsigned base = 10;
+    uint64_t v = 0;
+    while (*s == ' ' || *s == '\t') s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+    } else if (s[0] == '0') {
+        base = 8;
+    }
+    for (;; s++) {
+        unsigned dgt = *s >= '0' && *s <= '9' ? (unsigned)(*s - '0')
+                       : *s >= 'a' && *s <= 'f' ? (unsigned)(*s - 'a' + 10)
+                       : *s >= 'A' && *s <= 'F' ? (unsigned)(*s - 'A' + 10)
+                                                : 99u;
+        if (dgt >= base) break;
+        v = v > (UINT64_MAX - dgt) / base ? UINT64_MAX : v * base + dgt; /* saturates, like strtoull */
+    }
+    if (end) *end = s;
+    return v;
+}
+
 static void read_env_once(void) {
     const char *b = getenv("GP_REGION_BASE"), *s = getenv("GP_REGION_SIZE"), *l = getenv("GP_LOG");
     const char *f = getenv("GP_FAULT");
@@ -104,12 +126,12 @@ static void read_env_once(void) {
         char site[sizeof g_fault_site];
         const char *colon = strchr(f, ':');
         size_t n = colon ? (size_t)(colon - f) : strlen(f);
-        long nth = colon ? strtol(colon + 1, NULL, 10) : 1;
+        long nth = colon ? (long)gp_parse_u64(colon + 1, NULL) : 1;
         if (n >= sizeof site || (memcpy(site, f, n), site[n] = 0, arm_fault(site, nth)))
             fprintf(stderr, "[gp] ERROR: GP_FAULT=%s names no fault site of this interposer (ignored)\n", f);
     }
-    if (s && *s) g_want_size = strtoull(s, NULL, 0);
-    if (b && *b) g_want_base = strtoull(b, NULL, 0);
+    if (s && *s) g_want_size = gp_parse_u64(s, NULL);
+    if (b && *b) g_want_base = gp_parse_u64(b, NULL);
     __atomic_store_n(&g_enabled, g_want_base != 0, __ATOMIC_RELEASE); /* last: the region is fully described */
 }
 

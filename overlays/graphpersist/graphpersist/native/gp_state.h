@@ -21,14 +21,17 @@
  *   gp_image_hooks.c module and library loads
  *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore, freeze)
  *   gp_graph.c       LOAD's graph builder (gp_add_kernel_nodes, gp_add_edges)
+ * gp_cuda.h declares the driver API it uses (no CUDA toolkit needed to build), gp_glibc.h pins old glibc symbol
+ * versions (the prebuilt library runs on glibc >= 2.28), gp_core.c and gp_ipc.c hold the CUDA-free bookkeeping.
  * Internal, not exported: everything here has hidden visibility (-fvisibility=hidden); GP_EXPORT marks the ABI. */
 #ifndef GP_STATE_H
 #define GP_STATE_H
-#include <cuda.h>
 #include <pthread.h>
 #include <stdint.h>
 
 #include "gp_core.h"
+#include "gp_cuda.h"
+#include "gp_glibc.h"
 #include "gp_ipc.h"
 
 #define GP_EXPORT __attribute__((visibility("default")))
@@ -64,9 +67,11 @@ void gp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Parses the environment exactly once, whichever thread gets here first; others wait for it. */
 void read_env(void);
+/* strtoull(s, NULL, 0) without the C library's (a newer glibc redirects it to a newer symbol version). */
+uint64_t gp_parse_u64(const char *s, const char **end);
 int enabled(void);
 
-/* Per-thread default-stream variants cuda.h declares only under CUDA_API_PER_THREAD_DEFAULT_STREAM. */
+/* Per-thread default-stream variants (cuda.h declares them only under CUDA_API_PER_THREAD_DEFAULT_STREAM). */
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool p, CUstream s);
 
