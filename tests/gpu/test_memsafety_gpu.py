@@ -8,7 +8,8 @@ freeze(), writes into the next allocation. Each step runs in its own process und
 - `driver`: the same with cuda-bindings: cuMemAlloc, sleep + cuMemsetD32Async queued, cuMemFree right away (it
   must take about as long as the sleep), a new cuMemAlloc at the same address, zeroed, checked.
 - `capture`: what a region free does while a stream is being captured (relaxed and global mode): either it
-  succeeds or it fails with the driver's capture error and the allocation stays live, freeable after capture.
+  succeeds or it fails with the driver's capture error and the allocation stays live, freeable after capture
+  (measured on an H200, CUDA 13.0: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED in both modes, capture invalidated).
 
 Run: `python3 -m pytest -m gpu tests/gpu/test_memsafety_gpu.py` on a GPU host (torch, cuda-bindings, gcc).
 """
@@ -46,10 +47,17 @@ def step_torch() -> dict[str, Any]:
     api.start_region()
     region.freeze()  # freed ranges are reused from here on: a late write would land in the next tensor
     x = torch.empty(N, dtype=torch.int32, device="cuda")
+    # Load both kernels first: with lazy module loading, a kernel's first launch loads its module and waits for the
+    # work already queued, so the fill would find the sleep done and nothing would be pending at the free (seen on
+    # an H200: empty_cache then took 0.2 ms).
+    torch.cuda._sleep(1)
+    x.fill_(0)
     torch.cuda.synchronize()
     x_ptr = x.data_ptr()
+    t0 = time.perf_counter()
     torch.cuda._sleep(SLEEP_CYCLES)
     x.fill_(7)  # queued behind the sleep
+    launch_s = time.perf_counter() - t0
     del x
     t0 = time.perf_counter()
     torch.cuda.empty_cache()  # cudaFree of the segment while the fill is pending
@@ -58,6 +66,7 @@ def step_torch() -> dict[str, Any]:
     torch.cuda.synchronize()
     return {
         "reused": y.data_ptr() == x_ptr,
+        "launch_s": launch_s,
         "free_s": free_s,
         "nonzero": int(torch.count_nonzero(y).item()),
         "events": [e.kind for e in region.events()],
@@ -157,6 +166,7 @@ def test_torch_free_waits_for_the_pending_write(tmp_path: Path) -> None:
     r = _run("torch", tmp_path)
     assert r["reused"], "precondition: the new tensor did not reuse the freed range; the check was not exercised"
     assert r["nonzero"] == 0, r  # the late fill_(7) did not land in the new tensor
+    assert r["launch_s"] < 0.2, r  # precondition: the launches were asynchronous, so the fill was pending
     assert r["free_s"] > 0.2, r  # empty_cache waited for the sleeping stream
 
 

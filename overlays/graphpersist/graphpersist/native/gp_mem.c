@@ -269,9 +269,9 @@ static live_t *live_at(uint64_t addr) {
  * kernel still running on the range would fault, or, once freed ranges are reused after freeze(), write into the
  * next allocation. So a region free synchronizes the context first, as cuMemFree does, and fails with its error
  * (nothing freed) when that fails. During stream capture cuCtxSynchronize is not permitted: the free then fails
- * with the capture error (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; in the global capture mode the driver also
- * invalidates the capture, as it does for cuMemFree), and the allocation stays live until a free after capture.
- * torch's caching allocator never frees device memory while a capture is under way. */
+ * with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the driver invalidates the capture (measured on an H200, CUDA 13.0,
+ * in the relaxed mode as in the global one), and the allocation stays live until a free after capture. torch's
+ * caching allocator never frees device memory while a capture is under way. */
 GP_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
     NEED(cuMemFree_v2);
     if (!enabled() || !in_region(dptr)) return d->cuMemFree_v2(dptr);
