@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -29,8 +30,8 @@ def engine_wheel(dist_dir: Path, pins: Pins, engine: str) -> Path:
 
 
 def runtime_wheel(dist_dir: Path, pins: Pins) -> Path:
-    path = dist_dir / f"{pins.runtime_name}-{pins.runtime_version}-py3-none-any.whl"
-    assert path.is_file()
+    path = dist_dir / f"{pins.runtime_name}-{pins.runtime_version}-py3-none-manylinux_2_28_x86_64.whl"
+    assert path.is_file(), f"{path.name} missing from {dist_dir}: {sorted(p.name for p in dist_dir.iterdir())}"
     return path
 
 
@@ -100,6 +101,31 @@ def test_runtime_wheel_record_is_valid(dist_dir: Path, pins: Pins) -> None:
     assert "graphpersist/__init__.py" in digests and "graphpersist/cli.py" in digests
 
 
+def test_runtime_wheel_carries_the_interposer_for_these_sources(dist_dir: Path, pins: Pins, tmp_path: Path) -> None:
+    """A serving host needs only pip: the platform wheel holds the compiled interposer, built from exactly the
+    sources it ships (their digest), needing nothing newer than glibc 2.28 (its manylinux_2_28 tag)."""
+    from graphpersist import region
+
+    with zipfile.ZipFile(runtime_wheel(dist_dir, pins)) as zf:
+        names = set(zf.namelist())
+        info = next(n for n in names if n.endswith(".dist-info/WHEEL"))
+        assert "Root-Is-Purelib: false" in zf.read(info).decode()
+        assert "Tag: py3-none-manylinux_2_28_x86_64" in zf.read(info).decode()
+        lib = zf.read("graphpersist/native/prebuilt/libgpinterpose.so")
+        stamp = zf.read("graphpersist/native/prebuilt/SOURCES.sha256").decode().strip()
+        shipped = {n for n in names if n.startswith("graphpersist/native/") and "/prebuilt/" not in n}
+    assert stamp == region.sources_digest()
+    assert shipped == {f"graphpersist/native/{p.name}" for p in region.native_sources()}
+    (tmp_path / "lib.so").write_bytes(lib)
+    versions = _glibc_versions(tmp_path / "lib.so")
+    assert versions and max(versions) <= (2, 28), versions
+
+
+def _glibc_versions(lib: Path) -> set[tuple[int, ...]]:
+    dyn = subprocess.run(["objdump", "-T", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {tuple(int(x) for x in m.split("_")[1].split(".")) for m in re.findall(r"GLIBC_[0-9.]+", dyn)}
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_every_patched_python_file_compiles(dist_dir: Path, pins: Pins, engine: str) -> None:
     pin = pins.engine(engine)
@@ -136,6 +162,22 @@ def test_wheels_install_with_no_deps_into_a_fresh_venv(dist_dir: Path, pins: Pin
     version = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True, env=clean).stdout
     assert version.startswith(f"graphpersist {pins.runtime_version} (archive format "), version
     assert "usage" in subprocess.run([cli, "--help"], capture_output=True, text=True, check=True).stdout.lower()
+    # The installed runtime uses its prebuilt interposer: no compiler on PATH, nothing built.
+    where = "from graphpersist import region; print(region.interposer_path())"
+    lib = subprocess.run([py, "-c", where], capture_output=True, text=True, check=True, env={**clean, "PATH": ""})
+    assert lib.stdout.strip() == str(
+        env_dir
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+        / "graphpersist"
+        / "native"
+        / "prebuilt"
+        / "libgpinterpose.so"
+    )
+    # The engine's requirement on the runtime resolves (pip check lists the other, uninstalled dependencies).
+    check = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True).stdout
+    assert "graphpersist" not in check, check
     # SGLang's pinned wheel is for CPython 3.12: install it for that target into a folder.
     target = tmp_path / "sglang-target"
     subprocess.run(

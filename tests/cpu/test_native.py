@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import struct
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from graphpersist import graphformat, region
 
 NATIVE = region.NATIVE_DIR
-CUDA_H = Path("/usr/local/cuda/include/cuda.h")
+CUDA_H = Path("/usr/local/cuda-13.0/include/cuda.h")  # what gp_cuda.h's declarations were taken from
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
 
@@ -47,6 +48,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.gp_log_append.argtypes = [ctypes.POINTER(Log), ctypes.c_uint32] + [ctypes.c_uint64] * 3
     lib.gp_log_find_live.restype = ctypes.c_long
     lib.gp_log_find_live.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
+    lib.gp_log_find_reservation.restype = ctypes.c_long
+    lib.gp_log_find_reservation.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
     lib.gp_image_size.restype = ctypes.c_uint64
     lib.gp_image_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.gp_image_format.restype = ctypes.c_uint32
@@ -117,10 +120,16 @@ def test_event_log_tracks_liveness(core: ctypes.CDLL) -> None:
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 5) == -1
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 6) == 6
     assert core.gp_log_find_live(ctypes.byref(log), 0xDEAD) == -1
-    seq = core.gp_log_append(ctypes.byref(log), region.EV_RESERVE, 0x900000, 8192, 8000)
-    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == seq  # a carved reservation is live ...
-    core.gp_log_append(ctypes.byref(log), region.EV_UNRESERVE, 0x900000, 8192, 8000)
-    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == -1  # ... until it is given back
+    res = core.gp_log_append(ctypes.byref(log), region.EV_RESERVE, 0x900000, 8 << 20, 8 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == -1  # a reservation alone is not memory ...
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (3 << 20)) == res  # ... but address space
+    mapped = core.gp_log_append(ctypes.byref(log), region.EV_LIB_MAP, 0x900000 + (2 << 20), 2 << 20, 2 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000 + (2 << 20)) == mapped  # what a library maps there is
+    core.gp_log_append(ctypes.byref(log), region.EV_LIB_UNMAP, 0x900000 + (2 << 20), 2 << 20, 2 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000 + (2 << 20)) == -1
+    core.gp_log_append(ctypes.byref(log), region.EV_UNRESERVE, 0x900000, 8 << 20, 8 << 20)
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (3 << 20)) == -1  # given back
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (8 << 20)) == -1  # past its end
 
 
 class Free(ctypes.Structure):
@@ -248,8 +257,12 @@ def test_live_ranges() -> None:
     ev = region.Event
     evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "alloc", 0x2000, 0x100, 1), ev(2, "free", 0x1000, 0x100, 0),
            ev(3, "map_fixed", 0x3000, 0x200, 0x200), ev(4, "reserve", 0x4000, 0x100, 0x80),
-           ev(5, "reserve", 0x5000, 0x100, 0x80), ev(6, "unreserve", 0x5000, 0x100, 0x80)]  # fmt: skip
-    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200), (0x4000, 0x100)]
+           ev(5, "reserve", 0x5000, 0x100, 0x80), ev(6, "unreserve", 0x5000, 0x100, 0x80),
+           ev(7, "lib_map", 0x4000, 0x40, 0), ev(8, "lib_map", 0x4040, 0x40, 0x40),
+           ev(9, "lib_map", 0x4080, 0x40, 0x80), ev(10, "lib_unmap", 0x4040, 0x80, 0x40)]  # fmt: skip
+    # reservations are address space, not memory: only what a library mapped into one (and did not unmap) is live
+    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200), (0x4000, 0x40)]
+    assert region.live_ranges([*evs, ev(11, "unreserve", 0x4000, 0x100, 0x80)]) == [(0x2000, 0x100), (0x3000, 0x200)]
 
 
 def test_outside_events_are_named_for_the_refusal() -> None:
@@ -262,9 +275,8 @@ def test_outside_events_are_named_for_the_refusal() -> None:
 
 
 @needs_gcc
-@pytest.mark.skipif(not CUDA_H.exists(), reason=f"{CUDA_H} not present: the interposer needs the CUDA headers")
 def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
-    """gcc + cuda.h only; nothing links against libcuda, and the hooked entry points are exported."""
+    """gcc only (no CUDA headers); nothing links against libcuda, and the hooked entry points are exported."""
     so = region.build_interposer(tmp_path)
     needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True).stdout
     assert "libcuda" not in needed
@@ -274,7 +286,8 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
                  "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
                  "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
                  "cuMemAllocManaged", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
-                 "cuMemAllocAsync_ptsz"):  # fmt: skip
+                 "cuMemAllocAsync_ptsz", "cuMemUnmap", "gp_fault_inject", "gp_fault_pending",
+                 "gp_free_ranges"):  # fmt: skip
         assert f" {name}\n" in syms, name
 
 
@@ -312,7 +325,6 @@ def test_plan_restore_aborts_on_first_differing_address() -> None:
 
 
 @needs_gcc
-@pytest.mark.skipif(not CUDA_H.exists(), reason=f"{CUDA_H} not present: the interposer needs the CUDA headers")
 def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Path) -> None:
     """`python -c` (and -m) must survive the re-exec; a preload that does not take must not loop forever."""
     import os
@@ -345,3 +357,100 @@ def test_multicast_must_be_pinned_off() -> None:
     assert region.multicast_problems(dict(region.MULTICAST_OFF)) == []
     wrong = region.multicast_problems({"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
     assert wrong == ["NCCL_NVLS_ENABLE='1' (need '0')", "NVSHMEM_DISABLE_NVLS=None (need '1')"]
+
+
+def _build(out: Path, env: dict[str, str] | None = None) -> tuple[Path, str]:
+    proc = subprocess.run(["sh", str(NATIVE / "build.sh"), str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return out / region.LIB_NAME, proc.stderr
+
+
+@needs_gcc
+def test_build_is_clean_reproducible_and_needs_no_newer_glibc_than_2_28(tmp_path: Path) -> None:
+    """What the platform wheel ships: no warnings, no CUDA toolkit, the same bytes from another folder, and only
+    symbol versions a manylinux_2_28 host has (dlopen & co. bound to their old versions, libdl kept as needed)."""
+    import os
+
+    env = {**os.environ, "CUDA_HOME": str(tmp_path / "no-cuda"), "CPATH": ""}
+    first, warnings = _build(tmp_path / "a", env)
+    assert warnings == ""
+    second, _ = _build(tmp_path / "b" / "deeper", env)
+    assert first.read_bytes() == second.read_bytes()
+    dyn = subprocess.run(["objdump", "-T", str(first)], capture_output=True, text=True, check=True).stdout
+    versions = {tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_([0-9.]+)", dyn)}
+    assert versions and max(versions) <= (2, 28), sorted(versions)
+    needed = subprocess.run(["readelf", "-d", str(first)], capture_output=True, text=True, check=True).stdout
+    assert "[libdl.so.2]" in needed and "[libpthread.so.0]" in needed and "libcuda" not in needed
+
+
+FACTS = r"""
+#include <stdio.h>
+#include "gp_cuda.h"
+#define V(e) printf("_Static_assert((long long)(%s) == %lldLL, \"%s\");\n", #e, (long long)(e), #e);
+#define S(t) V(sizeof(t)) V(_Alignof(t))
+#define O(t, f) V(offsetof(t, f)) V(sizeof(((t *)0)->f))
+int main(void) {
+    V(CUDA_SUCCESS) V(CUDA_ERROR_INVALID_VALUE) V(CUDA_ERROR_OUT_OF_MEMORY) V(CUDA_ERROR_NOT_INITIALIZED)
+    V(CUDA_ERROR_INVALID_DEVICE) V(CUDA_ERROR_INVALID_CONTEXT) V(CUDA_ERROR_INVALID_HANDLE)
+    V(CUDA_ERROR_NOT_SUPPORTED) V(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) V(CUDA_ERROR_UNKNOWN)
+    V(CU_MEM_HANDLE_TYPE_NONE) V(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) V(CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    V(CU_MEM_LOCATION_TYPE_DEVICE) V(CU_MEM_ALLOCATION_TYPE_PINNED) V(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    V(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) V(CU_GET_PROC_ADDRESS_SUCCESS) V(CU_JIT_MAX_REGISTERS)
+    V(CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE) V(CU_LAUNCH_ATTRIBUTE_IGNORE)
+    S(CUresult) S(cuuint64_t) S(CUdeviceptr) S(CUdevice) S(CUmemGenericAllocationHandle) S(CUipcMemHandle)
+    S(CUmemAllocationHandleType) S(CUmemAccess_flags) S(CUmemLocationType) S(CUmemAllocationType)
+    S(CUmemAllocationGranularity_flags) S(CUdriverProcAddressQueryResult) S(CUjit_option) S(CUlibraryOption)
+    S(CUkernelNodeAttrID) S(CUkernelNodeAttrValue) S(CUmemLocation) S(CUmemAllocationProp) S(CUmemAccessDesc)
+    S(CUDA_KERNEL_NODE_PARAMS)
+    O(CUmemLocation, type) O(CUmemLocation, id) O(CUmemAccessDesc, location) O(CUmemAccessDesc, flags)
+    O(CUmemAllocationProp, type) O(CUmemAllocationProp, requestedHandleTypes) O(CUmemAllocationProp, location)
+    O(CUmemAllocationProp, win32HandleMetaData) O(CUmemAllocationProp, allocFlags)
+    O(CUmemAllocationProp, allocFlags.compressionType) O(CUmemAllocationProp, allocFlags.usage)
+    O(CUDA_KERNEL_NODE_PARAMS, func) O(CUDA_KERNEL_NODE_PARAMS, gridDimX) O(CUDA_KERNEL_NODE_PARAMS, gridDimZ)
+    O(CUDA_KERNEL_NODE_PARAMS, blockDimX) O(CUDA_KERNEL_NODE_PARAMS, blockDimZ)
+    O(CUDA_KERNEL_NODE_PARAMS, sharedMemBytes) O(CUDA_KERNEL_NODE_PARAMS, kernelParams)
+    O(CUDA_KERNEL_NODE_PARAMS, extra) O(CUDA_KERNEL_NODE_PARAMS, kern) O(CUDA_KERNEL_NODE_PARAMS, ctx)
+    return 0;
+}
+"""
+
+
+@needs_gcc
+@pytest.mark.skipif(not CUDA_H.exists(), reason=f"{CUDA_H} not present: gp_cuda.h cannot be compared with it here")
+def test_own_cuda_declarations_match_the_cuda_13_header(tmp_path: Path) -> None:
+    """gp_cuda.h stands in for cuda.h: every value, size, alignment and field offset it declares is printed as a
+    static assertion and compiled against cuda.h, next to gp_cuda_api.h's prototypes redeclared after cuda.h's own
+    (a prototype that differs does not compile)."""
+    (tmp_path / "facts.c").write_text(FACTS)
+    subprocess.run(["gcc", "-Wall", "-Werror", "-I", str(NATIVE), "-o", str(tmp_path / "facts"),
+                    str(tmp_path / "facts.c")], check=True)  # fmt: skip
+    asserts = subprocess.run([str(tmp_path / "facts")], capture_output=True, text=True, check=True).stdout
+    assert asserts.count("_Static_assert") > 80
+    (tmp_path / "check.c").write_text(
+        '#include <stddef.h>\n#include <cuda.h>\n#include "gp_cuda_api.h"\n' + asserts + "int gp_check;\n"
+    )
+    proc = subprocess.run(["gcc", "-fsyntax-only", "-Wall", "-Werror", "-I", str(CUDA_H.parent), "-I", str(NATIVE),
+                           str(tmp_path / "check.c")], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    broken = asserts.replace("== 900LL", "== 901LL")  # the check can fail: a wrong value does not compile
+    (tmp_path / "check.c").write_text("#include <stddef.h>\n#include <cuda.h>\n" + broken + "int gp_check;\n")
+    bad = subprocess.run(["gcc", "-fsyntax-only", "-I", str(CUDA_H.parent), str(tmp_path / "check.c")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode != 0 and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in bad.stderr
+
+
+def test_prebuilt_interposer_is_used_only_for_its_own_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel's library is loaded when its stamp names the sources beside it; otherwise the source build."""
+    monkeypatch.setattr(region, "PREBUILT_DIR", tmp_path)
+    monkeypatch.delenv("GP_NATIVE_DIR", raising=False)
+    assert region.prebuilt_interposer() is None  # nothing shipped: a source checkout
+    (tmp_path / region.LIB_NAME).write_bytes(b"\x7fELF")
+    (tmp_path / region.PREBUILT_STAMP).write_text("0" * 64 + "\n")
+    assert region.prebuilt_interposer() is None  # stale: built from other sources
+    (tmp_path / region.PREBUILT_STAMP).write_text(region.sources_digest() + "\n")
+    assert region.prebuilt_interposer() == tmp_path / region.LIB_NAME
+    assert region.interposer_path() == tmp_path / region.LIB_NAME
+    monkeypatch.setenv("GP_NATIVE_DIR", str(tmp_path / "own"))  # an explicit build folder wins
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / region.LIB_NAME).write_bytes(b"\x7fELF")
+    assert region.interposer_path() == tmp_path / "own" / region.LIB_NAME

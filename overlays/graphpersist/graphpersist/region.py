@@ -1,4 +1,4 @@
-"""Control of the native interposer (native/interposer.c) from Python, through ctypes.
+"""Control of the native interposer (native/, gp_state.h lists its sources) from Python, through ctypes.
 
 The interposer is loaded with LD_PRELOAD before any CUDA library starts, reserves one fixed virtual range at
 the first device allocation and places every allocation at a deterministic bump cursor. This module reads its
@@ -22,10 +22,12 @@ DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR pl
 DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
 
 # Allocation event kinds (native enum gp_event_kind), by number and by the name the archive's log uses.
+# lib_map / lib_unmap: memory a library mapped itself into a reservation the region carved for it (torch's expandable
+# segments, NCCL's buffers), `req` holding the offset inside the reservation.
 EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside", 7: "unreserve",
-               8: "ipc_open", 9: "ipc_close"}  # fmt: skip
+               8: "ipc_open", 9: "ipc_close", 10: "lib_map", 11: "lib_unmap"}  # fmt: skip
 (EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE, EV_UNRESERVE, EV_IPC_OPEN,
- EV_IPC_CLOSE) = EVENT_KINDS  # fmt: skip
+ EV_IPC_CLOSE, EV_LIB_MAP, EV_LIB_UNMAP) = EVENT_KINDS  # fmt: skip
 # Why device memory landed outside the region (native enum gp_outside_why); SAVE refuses any of them.
 OUTSIDE_WHY = {
     1: "cuMemAlloc before the region was enabled",
@@ -109,16 +111,31 @@ class ImageLoad:
         return ctypes.string_at(self.ptr, self.size)
 
 
+PREBUILT_DIR = NATIVE_DIR / "prebuilt"  # the runtime wheel's build: the library and the digest of its sources
+PREBUILT_STAMP = "SOURCES.sha256"
+
+
+def native_sources() -> list[Path]:
+    """Every file the interposer build reads (C sources, headers, build.sh), in a fixed order."""
+    files = [p for p in NATIVE_DIR.iterdir() if p.is_file() and p.suffix in (".c", ".h", ".sh")]
+    return sorted(files, key=lambda p: p.name)
+
+
+def sources_digest() -> str:
+    """sha256 over the interposer's sources: names a build, so a library is never used with other sources."""
+    digest = hashlib.sha256()
+    for path in native_sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def native_build_dir() -> Path:
-    """Where the compiled interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is writable
-    (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name carries
-    a hash of the sources, so a new release never picks up an old build."""
+    """Where a source build of the interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is
+    writable (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name
+    carries a hash of the sources, so a new release never picks up an old build."""
     if os.environ.get("GP_NATIVE_DIR"):
         return Path(os.environ["GP_NATIVE_DIR"])
-    digest = hashlib.sha256()
-    for name in ("interposer.c", "gp_core.c", "gp_core.h", "gp_ipc.c", "gp_ipc.h", "build.sh"):
-        digest.update((NATIVE_DIR / name).read_bytes())
-    tag = digest.hexdigest()[:16]
+    tag = sources_digest()[:16]
     if os.access(NATIVE_DIR, os.W_OK):
         return NATIVE_DIR / "build" / tag
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -126,7 +143,7 @@ def native_build_dir() -> Path:
 
 
 def build_interposer(out_dir: Path | None = None) -> Path:
-    """Compiles the interposer with gcc against the CUDA headers (no libcuda needed); returns the .so path.
+    """Compiles the interposer with gcc (no CUDA toolkit, no libcuda needed); returns the .so path.
 
     It builds into a private folder and renames the results into place, so ranks that start together and all
     build on first use never load a half-written library.
@@ -134,19 +151,35 @@ def build_interposer(out_dir: Path | None = None) -> Path:
     out = out_dir or native_build_dir()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
-        proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), tmp], capture_output=True, text=True)
+        try:
+            proc = subprocess.run(["sh", str(NATIVE_DIR / "build.sh"), tmp], capture_output=True, text=True)
+        except OSError as exc:
+            raise RegionError(f"building the interposer failed: {exc}") from None
         if proc.returncode != 0:
             raise RegionError(
-                f"building the interposer failed (gcc and the CUDA headers in $CUDA_HOME or /usr/local/cuda are "
-                f"needed):\n{proc.stdout}{proc.stderr}"
+                "building the interposer from source failed (this install has no prebuilt library for these "
+                f"sources, so gcc is needed; install the platform wheel to avoid the build):\n{proc.stdout}"
+                f"{proc.stderr}"
             )
         for built in Path(tmp).glob("*.so"):
             os.replace(built, out / built.name)
     return out / LIB_NAME
 
 
+def prebuilt_interposer() -> Path | None:
+    """The library the runtime wheel ships, when it was built from exactly the sources beside it."""
+    lib, stamp = PREBUILT_DIR / LIB_NAME, PREBUILT_DIR / PREBUILT_STAMP
+    try:
+        return lib if lib.is_file() and stamp.read_text().strip() == sources_digest() else None
+    except OSError:
+        return None
+
+
 def interposer_path() -> Path:
-    """The built interposer, building it on first use."""
+    """The interposer to preload: $GP_NATIVE_DIR's build if set; else the wheel's prebuilt library; else a build
+    from the shipped sources (a source checkout, or sources changed after the wheel was built), made on first use."""
+    if not os.environ.get("GP_NATIVE_DIR") and (prebuilt := prebuilt_interposer()) is not None:
+        return prebuilt
     path = native_build_dir() / LIB_NAME
     if not path.exists():
         build_interposer(path.parent)
@@ -278,15 +311,19 @@ def freeze() -> None:
 
 
 def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
-    """(addr, size) of region ranges still live after `evs`: allocated, fixed-mapped, reserved (a library maps
-    its carved reservation itself, in setup, at the same place every time) or a peer's allocation mapped by IPC
-    (opened in setup, same place every time), and not freed, given back or closed."""
+    """(addr, size) of region memory still live after `evs`: allocated, fixed-mapped, a peer's allocation mapped by
+    IPC (opened in setup, same place every time) or mapped by a library into a reservation the region carved
+    (`lib_map`), and not freed, closed or unmapped since. A reservation alone is address space, not memory: a graph
+    pointer into it is backed only where something is mapped there."""
     live: dict[int, int] = {}
     for e in evs:
-        if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open"):
+        if e.kind in ("alloc", "map_fixed", "ipc_open", "lib_map"):
             live[e.addr] = e.size
-        elif e.kind in ("free", "unreserve", "ipc_close"):
+        elif e.kind in ("free", "ipc_close"):
             live.pop(e.addr, None)
+        elif e.kind in ("lib_unmap", "unreserve"):  # an unmap may span several mappings
+            for a in [a for a in live if e.addr <= a < e.addr + e.size]:
+                del live[a]
     return sorted(live.items())
 
 
