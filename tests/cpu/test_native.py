@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graphpersist import graphs, region
+from graphpersist import graphformat, region
 
 NATIVE = region.NATIVE_DIR
 CUDA_H = Path("/usr/local/cuda/include/cuda.h")
@@ -204,9 +204,9 @@ def test_image_size_elf_and_ptx(core: ctypes.CDLL) -> None:
 
 
 def test_native_tables_match_python_packing(core: ctypes.CDLL) -> None:
-    """graphs.pack_kernel_table writes what gp_add_kernel_nodes reads."""
-    assert core.gp_knode_size() == graphs._KNODE.size
-    assert core.gp_kattr_size() == graphs._KATTR.size
+    """graphformat.pack_kernel_table writes what gp_add_kernel_nodes reads."""
+    assert core.gp_knode_size() == graphformat.KNODE.size
+    assert core.gp_kattr_size() == graphformat.KATTR.size
 
 
 def test_pack_kernel_table_layout() -> None:
@@ -215,23 +215,23 @@ def test_pack_kernel_table_layout() -> None:
         {"type": "kernel", "func": 3, "grid": [4, 2, 1], "block": [128, 1, 1], "smem": 99, "params": [16, 24],
          "layout": [[0, 8], [8, 4], [16, 8]], "attrs": {"4": "04" + "00" * 63}},
     ]}  # fmt: skip
-    table = graphs.pack_kernel_table(desc)
-    n_k, n_off, n_attr, _ = graphs._HEADER.unpack_from(table)
+    table = graphformat.pack_kernel_table(desc)
+    n_k, n_off, n_attr, _ = graphformat.TABLE_HEADER.unpack_from(table)
     assert (n_k, n_off, n_attr) == (1, 3, 1)
-    node = graphs._KNODE.unpack_from(table, graphs._HEADER.size)
+    node = graphformat.KNODE.unpack_from(table, graphformat.TABLE_HEADER.size)
     assert node[:2] == (1, 3) and node[2:8] == (4, 2, 1, 128, 1, 1) and node[8:11] == (99, 3, 16)
-    offs = struct.unpack_from("<3I", table, graphs._HEADER.size + graphs._KNODE.size)
+    offs = struct.unpack_from("<3I", table, graphformat.TABLE_HEADER.size + graphformat.KNODE.size)
     assert offs == (0, 8, 16)
 
 
 def test_blob_checks_refuse_truncation() -> None:
     blob = bytes(range(64))
     desc = {"blob_size": 64, "blob_sha256": __import__("hashlib").sha256(blob).hexdigest()}
-    graphs.verify_blob("g", desc, blob)
-    with pytest.raises(graphs.GraphFormatError, match="truncated"):
-        graphs.verify_blob("g", desc, blob[:32])
-    with pytest.raises(graphs.GraphFormatError, match="sha256"):
-        graphs.verify_blob("g", desc, bytes(64))
+    graphformat.verify_blob("g", desc, blob)
+    with pytest.raises(graphformat.GraphFormatError, match="truncated"):
+        graphformat.verify_blob("g", desc, blob[:32])
+    with pytest.raises(graphformat.GraphFormatError, match="sha256"):
+        graphformat.verify_blob("g", desc, bytes(64))
 
 
 def test_address_fingerprint_ignores_padding_not_addresses() -> None:
@@ -240,7 +240,7 @@ def test_address_fingerprint_ignores_padding_not_addresses() -> None:
     a = struct.pack("<QQ", lo + 4096, 0x1111)
     b = struct.pack("<QQ", lo + 4096, 0x2222)  # padding differs
     c = struct.pack("<QQ", lo + 8192, 0x1111)  # an address differs
-    fa, fb, fc = (graphs.address_fingerprint(desc, x, lo, hi) for x in (a, b, c))
+    fa, fb, fc = (graphformat.address_fingerprint(desc, x, lo, hi) for x in (a, b, c))
     assert fa == fb != fc
 
 

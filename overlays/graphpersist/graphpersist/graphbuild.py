@@ -1,0 +1,189 @@
+"""LOAD side of a graph: fresh events, the rebuilt CUgraph (native or one cuda-bindings call per node), its exec."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from graphpersist.graphformat import (
+    ATTR_BYTES,
+    KNODE,
+    MEMCPY_FIELDS,
+    TABLE_HEADER,
+    GraphFormatError,
+    attr_ids,
+    check_events,
+    driver,
+    verify_blob,
+)
+from graphpersist.images import check
+
+
+def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
+    """One fresh CUevent per event index of `desc`, in index order (empty when the graph has no event nodes).
+
+    The caller keeps them alive as long as the graph and its executable exist: the nodes hold the handles.
+    """
+    drv = driver()
+    return [check(drv.cuEventCreate(flags), f"graph {name!r}: cuEventCreate(event {i}, flags {flags:#x})")
+            for i, flags in enumerate(check_events(name, desc))]  # fmt: skip
+
+
+def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Sequence[Any] = ()) -> Any:
+    """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
+
+    `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node; `events[i]` is the live
+    CUevent for event index i (from create_events).
+    """
+    verify_blob(name, desc, blob)
+    _check_event_count(name, desc, events)
+    drv = driver()
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    keep = ctypes.create_string_buffer(blob, len(blob) or 1)
+    base = ctypes.addressof(keep)
+    made: list[Any] = []
+    defaults: dict[int, dict[str, bytes]] = {}  # per function index; only differing saved values are set
+    kp = drv.CUDA_KERNEL_NODE_PARAMS()
+    attr_val = drv.CUkernelNodeAttrValue()
+    val_ptr = attr_val.getPtr()
+    for i, nd in enumerate(desc["nodes"]):
+        kind = nd["type"]
+        if kind == "kernel":
+            off, _size = nd["params"]
+            layout = nd["layout"]
+            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off + o for o, _s in layout])
+            kp.func = funcs(*desc["funcs"][nd["func"]])
+            kp.gridDimX, kp.gridDimY, kp.gridDimZ = nd["grid"]
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = nd["block"]
+            kp.sharedMemBytes = nd["smem"]
+            kp.kernelParams = ctypes.addressof(ptrs) if layout else None
+            kp.extra = 0
+            node = check(drv.cuGraphAddKernelNode(graph, None, 0, kp), f"graph {name!r} node {i} ({nd['name']})")
+            if nd["func"] not in defaults:  # what a fresh node of this function reads back, attribute by attribute
+                fresh = {}
+                for a in attr_ids():
+                    err, v = drv.cuGraphKernelNodeGetAttribute(node, a)
+                    if int(err) == 0:
+                        fresh[str(int(a))] = ctypes.string_at(v.getPtr(), ATTR_BYTES)
+                defaults[nd["func"]] = fresh
+            for aid, hexval in nd["attrs"].items():
+                raw = bytes.fromhex(hexval).ljust(ATTR_BYTES, b"\0")
+                if defaults[nd["func"]].get(aid) == raw:
+                    continue
+                ctypes.memmove(val_ptr, raw, ATTR_BYTES)
+                check(
+                    drv.cuGraphKernelNodeSetAttribute(node, drv.CUkernelNodeAttrID(int(aid)), attr_val),
+                    f"graph {name!r} node {i}: set launch attribute {aid}",
+                )
+        else:
+            node = _add_plain_node(drv, graph, ctx, name, i, nd, events)
+        made.append(node)
+    if desc["edges"]:
+        _add_edges(drv, graph, name, made, desc["edges"])
+    del keep
+    return graph
+
+
+def _check_event_count(name: str, desc: dict[str, Any], events: Sequence[Any]) -> None:
+    want = len(check_events(name, desc))
+    if len(events) != want:
+        raise GraphFormatError(f"graph {name!r}: {want} events needed (create_events), {len(events)} given")
+
+
+def _add_plain_node(
+    drv: Any, graph: Any, ctx: Any, name: str, i: int, nd: dict[str, Any], events: Sequence[Any]
+) -> Any:
+    """Adds one non-kernel node without dependencies (edges come afterwards, by node index)."""
+    kind = nd["type"]
+    if kind == "memset":
+        m = drv.CUDA_MEMSET_NODE_PARAMS()
+        for k in ("dst", "pitch", "value", "elementSize", "width", "height"):
+            setattr(m, k, nd[k])
+        return check(drv.cuGraphAddMemsetNode(graph, None, 0, m, ctx), f"graph {name!r} node {i} (memset)")
+    if kind == "memcpy":
+        c = drv.CUDA_MEMCPY3D()
+        c.srcMemoryType = drv.CUmemorytype(nd["srcMemoryType"])
+        c.dstMemoryType = drv.CUmemorytype(nd["dstMemoryType"])
+        for k in MEMCPY_FIELDS:
+            setattr(c, k, nd[k])
+        return check(drv.cuGraphAddMemcpyNode(graph, None, 0, c, ctx), f"graph {name!r} node {i} (memcpy)")
+    if kind == "empty":
+        return check(drv.cuGraphAddEmptyNode(graph, None, 0), f"graph {name!r} node {i} (empty)")
+    if kind == "event_record":
+        ev = events[nd["event"]]
+        return check(drv.cuGraphAddEventRecordNode(graph, None, 0, ev), f"graph {name!r} node {i} (event_record)")
+    if kind == "event_wait":
+        ev = events[nd["event"]]
+        return check(drv.cuGraphAddEventWaitNode(graph, None, 0, ev), f"graph {name!r} node {i} (event_wait)")
+    raise GraphFormatError(f"graph {name!r} node {i}: unknown node type {kind!r} in the archive")
+
+
+def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[list[int]]) -> None:
+    frm = [made[e[0]] for e in edges]
+    to = [made[e[1]] for e in edges]
+    data = None
+    if any(e[2] or e[3] or e[4] for e in edges):
+        data = []
+        for e in edges:
+            d = drv.CUgraphEdgeData()
+            d.from_port, d.to_port, d.type = e[2], e[3], e[4]
+            data.append(d)
+    check(drv.cuGraphAddDependencies(graph, frm, to, data, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
+
+
+def rebuild_native(
+    name: str, desc: dict[str, Any], blob: bytes, table: bytes, funcs: Sequence[Any], events: Sequence[Any] = ()
+) -> Any:
+    """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
+
+    `funcs[i]` is the live CUfunction for desc["funcs"][i]; `events` as for rebuild(). Non-kernel nodes (event
+    nodes included) are added from Python into the same node-index slots after the kernel nodes, so the edges,
+    which refer to node indices, stay right; edges with edge data take the Python path.
+    """
+    from graphpersist import region
+
+    verify_blob(name, desc, blob)
+    _check_event_count(name, desc, events)
+    drv = driver()
+    if len(table) != desc["table_size"] or hashlib.sha256(table).hexdigest() != desc["table_sha256"]:
+        raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
+    lib = region.lib()
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    n = len(desc["nodes"])
+    out = (ctypes.c_void_p * max(n, 1))()
+    n_k, n_off, _n_attr, _ = TABLE_HEADER.unpack_from(table)
+    tbuf = ctypes.create_string_buffer(table, len(table))
+    bbuf = ctypes.create_string_buffer(blob, len(blob) or 1)
+    t0 = ctypes.addressof(tbuf) + TABLE_HEADER.size
+    t_off = t0 + n_k * KNODE.size
+    t_attr = t_off + 4 * n_off
+    fn = (ctypes.c_void_p * max(len(funcs), 1))(*[int(f) for f in funcs])
+    rc = lib.gp_add_kernel_nodes(
+        ctypes.c_void_p(int(graph)), ctypes.c_size_t(n_k), ctypes.c_void_p(t0), bbuf, ctypes.c_void_p(t_off),
+        ctypes.c_void_p(t_attr), fn, ctypes.c_size_t(len(funcs)), out,
+    )  # fmt: skip
+    if rc != 0:
+        raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
+    ctx = None
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] != "kernel":
+            ctx = ctx or check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd, events))
+    edges = desc["edges"]
+    if edges and not any(e[2] or e[3] or e[4] for e in edges):
+        frm = (ctypes.c_uint32 * len(edges))(*[e[0] for e in edges])
+        to = (ctypes.c_uint32 * len(edges))(*[e[1] for e in edges])
+        if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(len(edges)), frm, to) != 0:
+            raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
+    elif edges:
+        nodes = [drv.CUgraphNode(out[i]) for i in range(n)]
+        _add_edges(drv, graph, name, nodes, edges)
+    return graph
+
+
+def instantiate(name: str, graph: Any) -> Any:
+    drv = driver()
+    return check(drv.cuGraphInstantiate(graph, 0), f"graph {name!r}: cuGraphInstantiate")

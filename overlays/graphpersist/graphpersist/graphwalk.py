@@ -1,0 +1,293 @@
+"""SAVE side of a graph: walk a captured CUgraph into a description, a parameter blob and a kernel table.
+
+Kernel parameters are read through kernelParams or the `extra` buffer, laid out by cuFuncGetParamInfo; every
+readable launch attribute is copied byte for byte. Node types the format cannot persist make SAVE fail naming the
+node: a silent archive would replay something different.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from graphpersist.graphformat import (
+    ATTR_BYTES,
+    MEMCPY_FIELDS,
+    EventNumbering,
+    GraphFormatError,
+    attr_ids,
+    check_memcpy_kinds,
+    driver,
+    event_node,
+    event_table,
+    node_kind,
+    node_type_name,
+    pack_kernel_table,
+)
+from graphpersist.images import ImageTable, check, func_attributes
+
+# Launch attributes whose values are process-local handles: they cannot be persisted.
+_EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
+
+
+def _param_layout(func: Any, name: str) -> list[tuple[int, int]]:
+    """(offset, size) of each kernel parameter. The driver answers CUDA_ERROR_INVALID_VALUE past the last
+    one; any other error would silently truncate the parameters, so it refuses."""
+    drv = driver()
+    out = []
+    i = 0
+    while True:
+        err, off, size = drv.cuFuncGetParamInfo(func, i)
+        if err == drv.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return out
+        if int(err) != 0:
+            raise GraphFormatError(f"kernel {name!r}: cuFuncGetParamInfo(parameter {i}) failed: {err!r}")
+        out.append((int(off), int(size)))
+        i += 1
+
+
+# Values that can be user-space addresses on x86-64/aarch64 (48- or 57-bit); smaller words are counts or flags.
+_ADDR_LO, _ADDR_HI = 1 << 32, 1 << 57
+
+
+class _ForeignPointers:
+    """Refuses device addresses outside the fixed region: LOAD cannot recreate them (pinned host memory, managed
+    memory, module globals, allocations made before the region existed). A parameter word counts as an address
+    when the driver knows it (cuPointerGetAttribute succeeds); answers are cached per value."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self.known: dict[int, str | None] = {}
+
+    def kind(self, v: int) -> str | None:
+        """The memory type of a CUDA-known address, or None for a plain number."""
+        if v not in self.known:
+            drv = driver()
+            attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+            err, mtype = drv.cuPointerGetAttribute(attr, v)
+            if err == drv.CUresult.CUDA_ERROR_INVALID_VALUE:
+                self.known[v] = None
+            elif int(err) != 0:
+                raise GraphFormatError(f"cuPointerGetAttribute({v:#x}) failed: {err!r}")
+            else:
+                self.known[v] = _MEMORY_TYPES.get(int(mtype), str(int(mtype)))
+        return self.known[v]
+
+    def scan_params(self, where: str, data: bytes) -> set[int]:
+        """The in-region addresses among a kernel's 8-byte parameter words; refuses any known memory outside."""
+        n = len(data) // 8
+        inside = set()
+        for j, v in enumerate(struct.unpack_from(f"<{n}Q", data) if n else ()):
+            if self.lo <= v < self.hi:
+                inside.add(v)
+            elif _ADDR_LO <= v < _ADDR_HI and self.kind(v) is not None:
+                raise GraphFormatError(
+                    f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, {self.kind(v)} memory outside the "
+                    f"fixed region [{self.lo:#x}, {self.hi:#x}) that LOAD cannot recreate (SAVE refused)"
+                )
+        return inside
+
+    def check_address(self, where: str, field: str, v: int) -> None:
+        """A memset/memcpy address is always an address: outside the region it is refused outright."""
+        if not self.lo <= v < self.hi:
+            kind = self.kind(v) if _ADDR_LO <= v < _ADDR_HI else None
+            raise GraphFormatError(
+                f"{where}: {field} {v:#x} ({kind or 'unknown'} memory) lies outside the fixed region "
+                f"[{self.lo:#x}, {self.hi:#x}) that LOAD recreates (SAVE refused)"
+            )
+
+
+_MEMORY_TYPES = {1: "host", 2: "device", 3: "array", 4: "unified"}
+
+
+class _AttrProbe:
+    """Decides whether a launch attribute that cannot be read from a captured node is simply not a kernel-node
+    attribute: it must fail the same way on a fresh node of the same kernel in a scratch graph. Anything else
+    (readable on a fresh node, or another error) refuses SAVE, because a value that was set would be lost."""
+
+    def __init__(self) -> None:
+        self.graph: Any = None
+        self.answers: dict[tuple[int, int], int] = {}
+
+    def unreadable_on_fresh(self, p: Any, layout: list[tuple[int, int]], params: bytes, attr: Any) -> int:
+        """The error code a fresh node of `p.func` gives for `attr` (0 when it reads fine)."""
+        drv = driver()
+        key = (int(p.func), int(attr))
+        if key not in self.answers:
+            if self.graph is None:
+                self.graph = check(drv.cuGraphCreate(0), "cuGraphCreate (attribute probe)")
+            keep = ctypes.create_string_buffer(params, len(params) or 1)
+            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[ctypes.addressof(keep) + o for o, _s in layout])
+            kp = drv.CUDA_KERNEL_NODE_PARAMS()
+            kp.func = p.func
+            kp.gridDimX, kp.gridDimY, kp.gridDimZ = p.gridDimX, p.gridDimY, p.gridDimZ
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = p.blockDimX, p.blockDimY, p.blockDimZ
+            kp.sharedMemBytes = p.sharedMemBytes
+            kp.kernelParams = ctypes.addressof(ptrs) if layout else None
+            node = check(drv.cuGraphAddKernelNode(self.graph, None, 0, kp), "cuGraphAddKernelNode (attribute probe)")
+            self.answers[key] = int(drv.cuGraphKernelNodeGetAttribute(node, attr)[0])
+        return self.answers[key]
+
+    def close(self) -> None:
+        if self.graph is not None:
+            driver().cuGraphDestroy(self.graph)
+            self.graph = None
+
+
+def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
+    """The parameter buffer as the kernel sees it: each parameter at its offset."""
+    total = max((o + s for o, s in layout), default=0)
+    buf = bytearray(total)
+    kp = int(p.kernelParams) if p.kernelParams else 0
+    extra = int(p.extra) if p.extra else 0
+    if kp:
+        ptrs = (ctypes.c_void_p * len(layout)).from_address(kp)
+        for i, (off, size) in enumerate(layout):
+            buf[off : off + size] = ctypes.string_at(ptrs[i], size)
+        return bytes(buf)
+    if extra:
+        # {CU_LAUNCH_PARAM_BUFFER_POINTER, ptr, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}
+        data_ptr, data_size, i = 0, None, 0
+        while True:
+            key = ctypes.c_void_p.from_address(extra + 8 * i).value or 0
+            if key == 0:
+                break
+            val = ctypes.c_void_p.from_address(extra + 8 * (i + 1)).value or 0
+            if key == 1:
+                data_ptr = val
+            elif key == 2:
+                data_size = ctypes.c_size_t.from_address(val).value
+            else:
+                raise GraphFormatError(f"kernel {name!r}: unknown `extra` launch key {key:#x}")
+            i += 2
+        if not data_ptr or data_size is None or data_size > total:
+            raise GraphFormatError(f"kernel {name!r}: `extra` buffer missing or larger than its parameters")
+        # A launcher may pass fewer bytes than the declared parameter struct (NCCL sizes its args storage for the
+        # largest work batch and passes only what it filled): the kernel reads only those, and the driver leaves
+        # the rest unspecified. The rebuilt node gets them followed by zeros.
+        return ctypes.string_at(data_ptr, data_size) + bytes(total - data_size)
+    if layout:
+        raise GraphFormatError(f"kernel {name!r}: has parameters but neither kernelParams nor extra")
+    return b""
+
+
+@dataclass
+class SavedGraph:
+    """A serialized graph: `desc` (JSON-able), `blob` (parameter bytes), and the in-region addresses it uses."""
+
+    desc: dict[str, Any]
+    blob: bytes
+    pointers: set[int]
+    table: bytes
+
+
+def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> SavedGraph:
+    """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
+    drv = driver()
+    T = drv.CUgraphNodeType
+    n = check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
+    nodes = check(drv.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0] if n else []
+    index = {int(nd): i for i, nd in enumerate(nodes)}
+    blob = bytearray()
+    pointers: set[int] = set()
+    out_nodes: list[dict[str, Any]] = []
+    attr_list = attr_ids()
+    funcs: dict[str, int] = {}
+    func_list: list[list[Any]] = []
+    numbering = EventNumbering()
+    foreign = _ForeignPointers(region_lo, region_hi)
+    probe = _AttrProbe()
+    try:
+        for i, nd in enumerate(nodes):
+            t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
+            type_name = node_type_name(t)
+            where = f"node {i} ({type_name})"
+            kind = node_kind(i, type_name)
+            if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
+                p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
+                sha, name, _load = table.resolve(p.func)
+                layout = _param_layout(p.func, name)
+                params = _read_params(p, layout, name)
+                pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
+                attrs: dict[str, str] = {}
+                for a in attr_list:
+                    err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
+                    if int(err) != 0:
+                        fresh = probe.unreadable_on_fresh(p, layout, params, a)
+                        if fresh != int(err):
+                            raise GraphFormatError(
+                                f"{where} kernel {name!r}: reading launch attribute {a.name} failed ({err!r}) but a "
+                                f"fresh node of the same kernel answers {fresh}: its value would be lost (SAVE refused)"
+                            )
+                        continue
+                    raw = ctypes.string_at(v.getPtr(), ATTR_BYTES)
+                    if a.name in _EVENT_ATTRS and any(raw):
+                        raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
+                    attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
+                fattrs = func_attributes(p.func)
+                fkey = json.dumps([sha, name, fattrs], sort_keys=True)
+                if fkey not in funcs:
+                    funcs[fkey] = len(func_list)
+                    func_list.append([sha, name, fattrs])
+                out_nodes.append(
+                    {
+                        "type": "kernel",
+                        "func": funcs[fkey],
+                        "image": sha,
+                        "name": name,
+                        "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
+                        "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
+                        "smem": p.sharedMemBytes,
+                        "layout": layout,
+                        "params": [len(blob), len(params)],
+                        "attrs": attrs,
+                    }
+                )
+                blob += params
+            elif t == T.CU_GRAPH_NODE_TYPE_MEMSET:
+                m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
+                fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
+                foreign.check_address(where, "dst", fields["dst"])
+                pointers.add(fields["dst"])
+                out_nodes.append({"type": "memset", **fields})
+            elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
+                c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
+                kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
+                check_memcpy_kinds(where, *kinds)
+                fields = {k: int(getattr(c, k)) for k in MEMCPY_FIELDS}
+                for k in ("srcDevice", "dstDevice"):
+                    foreign.check_address(where, k, fields[k])
+                    pointers.add(fields[k])
+                out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
+            elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
+                out_nodes.append({"type": "empty"})
+            elif t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+                ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
+                out_nodes.append(event_node(kind, int(ev), numbering))
+            elif t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+                ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
+                out_nodes.append(event_node(kind, int(ev), numbering))
+            else:  # node_kind() only lets the kinds above through
+                raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
+    finally:
+        probe.close()
+    edges: list[list[int]] = []
+    count = drv.cuGraphGetEdges(graph, 0)[-1]
+    if count:
+        err, frm, to, data, count = drv.cuGraphGetEdges(graph, count)
+        if int(err) != 0:
+            raise GraphFormatError(f"cuGraphGetEdges failed: {err!r}")
+        for a, b, d in zip(frm, to, data, strict=True):
+            edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
+    desc = {"format": 1, "nodes": out_nodes, "edges": edges, "funcs": func_list, "blob_size": len(blob)}
+    if len(numbering):
+        desc["events"] = event_table(numbering)
+    desc["blob_sha256"] = hashlib.sha256(blob).hexdigest()
+    table = pack_kernel_table(desc)
+    desc["table_size"] = len(table)
+    desc["table_sha256"] = hashlib.sha256(table).hexdigest()
+    return SavedGraph(desc, bytes(blob), pointers, table)

@@ -1,0 +1,273 @@
+"""SAVE: graphs captured with keep_graph=True, registered with their static tensors, written to one archive.
+
+Process A (SAVE) runs under the interposer, builds its model, calls mark_setup(), warms up and captures with
+PersistentCUDAGraph (or torch.cuda.CUDAGraph(keep_graph=True)), registers the graphs on a Saver and saves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphpersist import graphformat, graphwalk, images, ranks, region, setup, world
+from graphpersist.archive import ArchiveWriter
+from graphpersist.collective import collective, parallel_layout
+from graphpersist.errors import PersistError
+from graphpersist.liveenv import collect_live, world_facts
+from graphpersist.tensors import tensor_spec
+
+
+class PersistentCUDAGraph(torch.cuda.CUDAGraph):
+    """torch.cuda.CUDAGraph that keeps its cudaGraph_t so it can be saved; use with torch.cuda.graph(g)."""
+
+    def __new__(cls, keep_graph: bool = True) -> PersistentCUDAGraph:
+        return super().__new__(cls, True)
+
+    def __init__(self, keep_graph: bool = True) -> None:
+        super().__init__(True)  # the pybind constructor reads keep_graph again
+
+    def persist(
+        self, saver: Saver, name: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], **kw: Any
+    ) -> None:
+        saver.add(name, self, inputs, outputs, **kw)
+
+
+@dataclass
+class _Entry:
+    graph: Any
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    capture_size: int | None
+    mode: str | None
+    capture_s: float | None
+
+
+@dataclass
+class Saver:
+    """Collects captured graphs with their static tensors, then writes one archive."""
+
+    entries: dict[str, _Entry] = field(default_factory=dict)
+
+    def add(
+        self,
+        name: str,
+        graph: Any,
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        *,
+        capture_size: int | None = None,
+        mode: str | None = None,
+        capture_s: float | None = None,
+    ) -> None:
+        if not hasattr(graph, "raw_cuda_graph"):
+            raise PersistError(f"graph {name!r}: needs a torch CUDAGraph captured with keep_graph=True")
+        self.entries[name] = _Entry(graph, list(inputs), list(outputs), capture_size, mode, capture_s)
+
+    def save(
+        self,
+        root: Path | str,
+        *,
+        engine: Mapping[str, str],
+        model: Mapping[str, str],
+        rank: int = 0,
+        parallel: Mapping[str, int] | None = None,
+        flags: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        gather: ranks.Gather | None = None,
+    ) -> dict[str, Any]:
+        """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
+
+        With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
+        the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
+        its `rank_<r>/` part, and rank 0 publishes it once all parts are there. Any rank's refusal refuses all.
+        """
+        par = parallel_layout(parallel)
+        coll = collective(par, rank, gather)
+        prep, error = None, None
+        try:
+            prep = self._prepare(engine, model, par, flags)
+        except Exception as exc:
+            if coll.world_size == 1:
+                raise  # one rank: the refusal as it is, nobody to tell
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            coll.check(error, "SAVE")
+            assert prep is not None
+            coll.same_world(prep["world"], "SAVE")
+            w = coll.writer(root, prep["world"], overwrite=overwrite)
+        except ranks.RanksRefused as exc:
+            raise PersistError(str(exc)) from None
+        try:
+            summary = self._write(w, rank, prep)
+        except Exception as exc:  # every rank must hear about it before rank 0 publishes
+            if coll.world_size == 1:
+                w.abort()
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            coll.commit(w, error)
+        except ranks.RanksRefused as exc:
+            raise PersistError(str(exc)) from None
+        region.freeze()
+        summary["total_s"] = time.perf_counter() - prep["t0"]
+        return summary
+
+    def _prepare(
+        self, engine: Mapping[str, str], model: Mapping[str, str], par: dict[str, int], flags: Any
+    ) -> dict[str, Any]:
+        """This rank's part of SAVE up to writing: every refusal happens here, before any file exists."""
+        from cuda.bindings import driver as drv
+
+        mark = setup.current()
+        if mark is None:
+            raise PersistError("call graphpersist.api.mark_setup() after the model setup and before warm-up/capture")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        info = region.info()
+        if not info.base:
+            raise PersistError("no region: the interposer is not active (GP_REGION_BASE unset?)")
+        lo, hi = info.base, info.base + info.size
+        evs = region.events()
+        bad = region.outside(evs)
+        if bad:
+            listed = "; ".join(e.describe() for e in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise PersistError(
+                f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
+                f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
+            )
+        late = region.late_mappings(evs, mark.events)
+        if late:
+            listed = "; ".join(e.describe() for e in late[:5]) + (" ..." if len(late) > 5 else "")
+            raise PersistError(
+                f"{len(late)} reservation/mapping event(s) after mark_setup(): {listed}. LOAD recreates only "
+                "allocations made after setup, so connect every peer before mark_setup() (NCCL_RUNTIME_CONNECT=0, "
+                "symmetric-memory rendezvous and cuIpcOpenMemHandle in setup). SAVE refused"
+            )
+        if par["world_size"] > 1 and (wrong := region.multicast_problems(os.environ)):
+            raise PersistError(
+                f"NVLink multicast must be off for multi-rank graphs (multicast objects are not placed in the "
+                f"fixed region): {', '.join(wrong)}. SAVE refused"
+            )
+        live_mem = region.live_ranges(evs)
+        table = images.ImageTable.current()
+        saved: dict[str, graphwalk.SavedGraph] = {}
+        for name, e in self.entries.items():
+            g = drv.CUgraph(e.graph.raw_cuda_graph())
+            try:
+                saved[name] = graphwalk.serialize(g, table, lo, hi)
+            except (graphformat.GraphFormatError, images.ImageError) as exc:
+                raise PersistError(f"graph {name!r}: {exc}") from None
+            for t in (*e.inputs, *e.outputs):
+                if not lo <= t.data_ptr() < hi:
+                    raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
+            setup.check_ownership(name, saved[name].pointers, live_mem)
+        serialize_s = time.perf_counter() - t0
+
+        sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
+        modes = sorted({e.mode for e in self.entries.values() if e.mode})
+        live = collect_live(
+            device=torch.cuda.current_device(),
+            engine=dict(engine),
+            model=dict(model),
+            capture={"sizes": sizes, "modes": modes},
+            parallel=par,
+            flags=dict(flags or {}),
+        )
+        used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
+        for gname, sg in saved.items():
+            for nd in sg.desc["nodes"]:
+                if nd["type"] == "kernel":
+                    load = table.by_sha[nd["image"]]
+                    if load.format == "ptx" and load.n_jit:
+                        raise PersistError(
+                            f"graph {gname!r}: kernel {nd['name']!r} comes from PTX compiled with {load.n_jit} JIT "
+                            "option(s) at load time; LOAD would compile it without them: SAVE refused"
+                        )
+                    used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
+        pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
+        inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        return {
+            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
+            "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark,
+        }  # fmt: skip
+
+    def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any]) -> dict[str, Any]:
+        """Writes this rank's files and rank record into the (shared) staging folder."""
+        info, evs, saved, used = prep["info"], prep["evs"], prep["saved"], prep["used"]
+        pointers, inv_fp, mark = prep["pointers"], prep["inv_fp"], prep["mark"]
+        lo, hi = info.base, info.base + info.size
+        image_records = []
+        for sha, (load, names) in sorted(used.items()):
+            rel = w.add_file(rank, f"images/{sha}.bin", load.data())
+            image_records.append(
+                {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
+            )
+        graph_records = []
+        content_fps = {}
+        for name, sg in saved.items():
+            e = self.entries[name]
+            rel = w.add_json(rank, f"graphs/{name}.json", sg.desc)
+            w.add_file(rank, f"graphs/{name}.bin", sg.blob)
+            w.add_file(rank, f"graphs/{name}.knodes", sg.table)
+            by_type: dict[str, int] = {}
+            for nd in sg.desc["nodes"]:
+                by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+            graph_records.append(
+                {
+                    "name": name,
+                    "file": rel,
+                    "topology_fingerprint": graphformat.topology_fingerprint(sg.desc),
+                    "node_count": len(sg.desc["nodes"]),
+                    "nodes_by_type": by_type,
+                    "kernel_count": by_type.get("kernel", 0),
+                    "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
+                    "capture_size": e.capture_size,
+                    "mode": e.mode,
+                }
+            )
+            content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi)
+        w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
+        w.add_json(rank, "pointers.json", pointers)
+        w.add_json(rank, "setup_tensors.json", mark.tensors)
+        w.add_json(
+            rank,
+            "tensors.json",
+            {
+                name: {"inputs": [tensor_spec(t) for t in e.inputs], "outputs": [tensor_spec(t) for t in e.outputs]}
+                for name, e in self.entries.items()
+            },
+        )
+        w.set_rank_facts(
+            rank,
+            {
+                "rank": rank,
+                "device": world.rank_device_facts(torch.cuda.current_device()),
+                "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
+                "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
+                "graphs": graph_records,
+                "images": image_records,
+                "extra": {
+                    "setup_events": mark.events,
+                    "setup_cursor": mark.cursor,
+                    "address_fingerprints": content_fps,
+                    "granularity": info.granularity,
+                },
+            },
+        )
+        return {
+            "serialize_s": prep["serialize_s"],
+            "final_offset": info.cursor,
+            "pointer_fingerprint": inv_fp,
+            "pointers": len(pointers),
+            "images": len(used),
+            "image_bytes": sum(ld.size for ld, _ in used.values()),
+            "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
+        }
