@@ -1,4 +1,4 @@
-"""Control of the native interposer (native/interposer.c) from Python, through ctypes.
+"""Control of the native interposer (native/, gp_state.h lists its sources) from Python, through ctypes.
 
 The interposer is loaded with LD_PRELOAD before any CUDA library starts, reserves one fixed virtual range at
 the first device allocation and places every allocation at a deterministic bump cursor. This module reads its
@@ -109,6 +109,12 @@ class ImageLoad:
         return ctypes.string_at(self.ptr, self.size)
 
 
+def native_sources() -> list[Path]:
+    """Every file the interposer build reads (C sources, headers, build.sh), in a fixed order."""
+    files = [p for p in NATIVE_DIR.iterdir() if p.is_file() and p.suffix in (".c", ".h", ".sh")]
+    return sorted(files, key=lambda p: p.name)
+
+
 def native_build_dir() -> Path:
     """Where the compiled interposer lives: $GP_NATIVE_DIR, else beside the sources when that folder is writable
     (a source checkout, a user's venv), else the user's cache (a read-only site-packages). The folder name carries
@@ -116,8 +122,8 @@ def native_build_dir() -> Path:
     if os.environ.get("GP_NATIVE_DIR"):
         return Path(os.environ["GP_NATIVE_DIR"])
     digest = hashlib.sha256()
-    for name in ("interposer.c", "gp_core.c", "gp_core.h", "gp_ipc.c", "gp_ipc.h", "build.sh"):
-        digest.update((NATIVE_DIR / name).read_bytes())
+    for path in native_sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     tag = digest.hexdigest()[:16]
     if os.access(NATIVE_DIR, os.W_OK):
         return NATIVE_DIR / "build" / tag

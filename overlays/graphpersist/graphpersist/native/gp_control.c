@@ -1,0 +1,125 @@
+/* The control surface Python calls through ctypes (region.py): region info, enable, events, images, restore, freeze. */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "gp_state.h"
+
+typedef struct {
+    uint64_t base, size, cursor, gran;
+    int64_t enabled, failed, n_events, n_images;
+} gp_region_info_t;
+
+GP_EXPORT int gp_region_info(gp_region_info_t *out) {
+    read_env();
+    pthread_mutex_lock(&g_lock);
+    out->base = g_bump.base;
+    out->size = g_bump.base ? g_bump.size : g_want_size;
+    out->cursor = g_bump.cursor;
+    out->gran = g_bump.gran;
+    out->enabled = g_enabled;
+    out->failed = g_failed;
+    out->n_events = (int64_t)g_log.n;
+    out->n_images = (int64_t)g_images.n;
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+/* Enable the region from Python (when GP_REGION_BASE was not set); only before the first placement. */
+GP_EXPORT int gp_enable(uint64_t base, uint64_t size) {
+    read_env();
+    pthread_mutex_lock(&g_lock);
+    int rc = -1;
+    if (!g_bump.base) {
+        g_want_base = base;
+        if (size) g_want_size = size;
+        __atomic_store_n(&g_enabled, base != 0, __ATOMIC_RELEASE);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Force the reservation now (a context must be current). */
+GP_EXPORT int gp_reserve_now(void) {
+    read_env();
+    pthread_mutex_lock(&g_lock);
+    int rc = enabled() ? ensure_region() : -1;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+GP_EXPORT size_t gp_events(gp_event_t *buf, size_t cap) {
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_log.n < cap ? g_log.n : cap;
+    if (buf && n) memcpy(buf, g_log.ev, n * sizeof *buf);
+    size_t total = g_log.n;
+    pthread_mutex_unlock(&g_lock);
+    return total;
+}
+
+GP_EXPORT size_t gp_images(gp_image_t *buf, size_t cap) {
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_images.n < cap ? g_images.n : cap;
+    if (buf && n) memcpy(buf, g_images.im, n * sizeof *buf);
+    size_t total = g_images.n;
+    pthread_mutex_unlock(&g_lock);
+    return total;
+}
+
+/* One recorded allocation at its recorded address: inside the region, aligned, above the cursor, on nothing. */
+static int map_fixed_locked(uint64_t addr, uint64_t size) {
+    if (!size || !in_region(addr) || !in_region(addr + size - 1) || size % g_bump.gran || addr % g_bump.gran ||
+        addr - g_bump.base < g_bump.cursor) {
+        set_error("restoring 0x%llx+%llu: outside the region, unaligned or below the cursor",
+                  (unsigned long long)addr, (unsigned long long)size);
+        return -1;
+    }
+    for (size_t i = 0; i < g_nlive; i++)
+        if (addr < g_live[i].addr + g_live[i].size && g_live[i].addr < addr + size) {
+            set_error("restoring 0x%llx overlaps the live allocation at 0x%llx", (unsigned long long)addr,
+                      (unsigned long long)g_live[i].addr);
+            return -1;
+        }
+    CUresult r = map_at(addr, size);
+    if (r != CUDA_SUCCESS) {
+        set_error("restoring 0x%llx+%llu: mapping failed with %d", (unsigned long long)addr,
+                  (unsigned long long)size, (int)r);
+        return -1;
+    }
+    gp_log_append(&g_log, GP_EV_MAP_FIXED, addr, size, size);
+    return 0;
+}
+
+/* LOAD's memory restore as one step under the lock: no allocation may have happened since Python checked the
+ * log (`expect_events`), then every range is mapped and the cursor moves to SAVE's final offset. */
+GP_EXPORT int gp_restore(const uint64_t *addrs, const uint64_t *sizes, size_t n, uint64_t expect_events,
+                         uint64_t final_offset) {
+    pthread_mutex_lock(&g_lock);
+    int rc = -1;
+    if (ensure_region() != 0) goto out;
+    if (g_log.n != expect_events) {
+        set_error("%llu allocation event(s) happened while LOAD was restoring memory (another thread allocated)",
+                  (unsigned long long)(g_log.n - expect_events));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (map_fixed_locked(addrs[i], sizes[i])) goto out;
+    if (gp_bump_set_cursor(&g_bump, final_offset)) {
+        set_error("cannot move the cursor to SAVE's final offset 0x%llx (now 0x%llx)",
+                  (unsigned long long)final_offset, (unsigned long long)g_bump.cursor);
+        goto out;
+    }
+    rc = 0;
+out:
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* The layout is recorded (SAVE) or restored (LOAD): from now on freed ranges are handed out again. */
+GP_EXPORT void gp_freeze(void) {
+    pthread_mutex_lock(&g_lock);
+    g_reuse = 1;
+    pthread_mutex_unlock(&g_lock);
+}
+
+GP_EXPORT const char *gp_last_error(void) { return g_error; }

@@ -1,0 +1,118 @@
+/* LOAD fast path: a graph's kernel nodes and edges added without a Python round trip per node. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "gp_state.h"
+
+#define GP_MAX_ATTR 64
+
+/* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. A saved launch attribute
+ * is set unless it equals what a fresh node of the same function reads back (learned per function, so a
+ * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's). */
+GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
+                                  const uint32_t *offsets, const gp_kattr_t *attrs, void *const *funcs,
+                                  size_t n_funcs, void **out) {
+    typedef CUresult (*add_t)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS *);
+    typedef CUresult (*set_t)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue *);
+    typedef CUresult (*get_t)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue *);
+    static add_t add;
+    static set_t set;
+    static get_t get;
+    if (!add) {
+        add = (add_t)real_fn("cuGraphAddKernelNode_v2");
+        set = (set_t)real_fn("cuGraphKernelNodeSetAttribute");
+        get = (get_t)real_fn("cuGraphKernelNodeGetAttribute");
+    }
+    if (!add || !set || !get) {
+        set_error("graph entry points missing in the driver");
+        return -1;
+    }
+    /* per (function, attribute): 0 unknown, 1 default read, 2 unreadable (always set) */
+    unsigned char *known = calloc(n_funcs * GP_MAX_ATTR + 1, 1);
+    unsigned char(*defs)[64] = calloc(n_funcs * GP_MAX_ATTR + 1, 64);
+    int rc = -1;
+    if (!known || !defs) {
+        set_error("out of host memory");
+        goto out;
+    }
+    void *ptrs[4096];
+    for (size_t i = 0; i < n; i++) {
+        const gp_knode_t *k = &nodes[i];
+        if (k->n_params > 4096 || k->func_index >= n_funcs) {
+            set_error("node %u: %u parameters, function %u of %zu", k->node_index, k->n_params, k->func_index,
+                      n_funcs);
+            goto out;
+        }
+        for (uint32_t j = 0; j < k->n_params; j++) ptrs[j] = (void *)(blob + k->params_off + offsets[k->layout_off + j]);
+        CUDA_KERNEL_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.func = (CUfunction)funcs[k->func_index];
+        p.gridDimX = k->grid[0];
+        p.gridDimY = k->grid[1];
+        p.gridDimZ = k->grid[2];
+        p.blockDimX = k->block[0];
+        p.blockDimY = k->block[1];
+        p.blockDimZ = k->block[2];
+        p.sharedMemBytes = k->smem;
+        p.kernelParams = k->n_params ? ptrs : NULL;
+        CUgraphNode node;
+        CUresult r = add(&node, (CUgraph)graph, NULL, 0, &p);
+        if (r != CUDA_SUCCESS) {
+            set_error("node %u: cuGraphAddKernelNode failed with %d", k->node_index, (int)r);
+            goto out;
+        }
+        out[k->node_index] = node;
+        for (uint32_t j = 0; j < k->n_attrs; j++) {
+            const gp_kattr_t *a = &attrs[k->attrs_off + j];
+            if (a->id >= GP_MAX_ATTR) {
+                set_error("node %u: launch attribute id %u is newer than this interposer knows (< %d): SAVE and "
+                          "LOAD need the same graphpersist build", k->node_index, a->id, GP_MAX_ATTR);
+                goto out;
+            }
+            size_t key = (size_t)k->func_index * GP_MAX_ATTR + a->id;
+            if (!known[key]) {
+                CUkernelNodeAttrValue v;
+                memset(&v, 0, sizeof v);
+                known[key] = get(node, (CUkernelNodeAttrID)a->id, &v) == CUDA_SUCCESS ? 1 : 2;
+                memcpy(defs[key], &v, sizeof v < 64 ? sizeof v : 64);
+            }
+            if (known[key] == 1 && memcmp(defs[key], a->value, 64) == 0) continue;
+            CUkernelNodeAttrValue v;
+            memcpy(&v, a->value, sizeof v < 64 ? sizeof v : 64);
+            r = set(node, (CUkernelNodeAttrID)a->id, &v);
+            if (r != CUDA_SUCCESS) {
+                set_error("node %u: setting launch attribute %u failed with %d", k->node_index, a->id, (int)r);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    free(known);
+    free(defs);
+    return rc;
+}
+
+/* Adds plain edges (no edge data) between already created nodes. */
+GP_EXPORT int gp_add_edges(void *graph, void *const *nodes, size_t n, const uint32_t *from, const uint32_t *to) {
+    typedef CUresult (*dep_t)(CUgraph, const CUgraphNode *, const CUgraphNode *, const CUgraphEdgeData *, size_t);
+    static dep_t dep;
+    if (!dep) dep = (dep_t)real_fn("cuGraphAddDependencies_v2");
+    if (!dep) return -1;
+    CUgraphNode *f = malloc(n * sizeof *f), *t = malloc(n * sizeof *t);
+    if (!f || !t) {
+        free(f);
+        free(t);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        f[i] = (CUgraphNode)nodes[from[i]];
+        t[i] = (CUgraphNode)nodes[to[i]];
+    }
+    CUresult r = dep((CUgraph)graph, f, t, NULL, n);
+    free(f);
+    free(t);
+    if (r != CUDA_SUCCESS) set_error("cuGraphAddDependencies failed with %d", (int)r);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}

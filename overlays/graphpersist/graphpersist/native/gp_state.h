@@ -1,0 +1,89 @@
+/* graphpersist interposer (LD_PRELOAD): places every device allocation of the process at a deterministic
+ * address inside one fixed virtual range, and records every module/library image the process loads.
+ *
+ * Why here: the CUDA runtime, cuBLAS, Triton and NCCL reach the driver through dlsym/cuGetProcAddress,
+ * so catching the driver entry points (and handing out our wrappers through both lookups) is the one place
+ * that sees every allocation. Nothing links against libcuda at build time: the real driver is dlopen'ed.
+ *
+ * Environment: GP_REGION_BASE (hex/dec; enables the region), GP_REGION_SIZE (bytes; default: GP_SIZE_FACTOR times
+ * the device's memory, so allocator churn cannot exhaust it), GP_LOG=1 (log cuGetProcAddress names, loads and
+ * allocations to stderr). Python drives the rest via ctypes.
+ *
+ * Fail-closed rules: device memory that bypasses the region (before it is enabled, managed memory, reservations
+ * at a caller's address, cuMemMap outside the ranges we handed out) is passed through but logged as
+ * GP_EV_OUTSIDE, and SAVE refuses; stream-ordered pools and a second device are refused outright.
+ *
+ * The sources, one concern each, share the process state declared here (defined in gp_state.c):
+ *   gp_state.c       globals, diagnostics, environment
+ *   gp_lookup.c      the real driver and dlsym, the hook table, the dlsym and cuGetProcAddress hooks
+ *   gp_mem.c         region placement and the memory hooks (alloc/free/reserve/map/managed/async)
+ *   gp_ipc_hooks.c   VMM-IPC hooks (cuIpcGetMemHandle/Open/Close)
+ *   gp_image_hooks.c module and library loads
+ *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore, freeze)
+ *   gp_graph.c       LOAD's graph builder (gp_add_kernel_nodes, gp_add_edges)
+ * Internal, not exported: everything here has hidden visibility (-fvisibility=hidden); GP_EXPORT marks the ABI. */
+#ifndef GP_STATE_H
+#define GP_STATE_H
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "gp_core.h"
+#include "gp_ipc.h"
+
+#define GP_EXPORT __attribute__((visibility("default")))
+#define GP_SIZE_FACTOR 4ull
+
+/* One allocation of ours (cuMemCreate + map), live until freed. */
+typedef struct {
+    uint64_t addr;
+    CUmemGenericAllocationHandle h;
+    uint64_t size;
+    int fd;             /* exported POSIX fd (cuIpcGetMemHandle), -1 until the first export; closed at free */
+    uint64_t export_id; /* names this export in handles, so a reused pid/fd never matches */
+} live_t;
+
+/* ---- process state (gp_state.c); the lock guards everything below except the env fields ---- */
+extern pthread_mutex_t g_lock;
+extern gp_bump_t g_bump;
+extern gp_log_t g_log;
+extern gp_images_t g_images;
+extern int g_enabled;                    /* published by read_env() after the whole environment is parsed */
+extern uint64_t g_want_base, g_want_size; /* size 0: GP_SIZE_FACTOR x device memory */
+extern int g_log_on;
+extern int g_reuse;  /* layout frozen (after SAVE/LOAD): freed ranges may be handed out again */
+extern gp_free_t g_free;
+extern int g_failed; /* region reservation failed: refuse all further allocations */
+extern char g_error[512];
+extern CUdevice g_dev;
+extern gp_ipc_table_t g_imports; /* peer allocations this process mapped (cuIpcOpenMemHandle) */
+extern live_t *g_live;
+extern size_t g_nlive, g_caplive;
+
+void gp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Parses the environment exactly once, whichever thread gets here first; others wait for it. */
+void read_env(void);
+int enabled(void);
+
+/* ---- the real driver (gp_lookup.c) ---- */
+void init_real_dlsym(void);
+void *real_fn(const char *name);
+
+#define REAL(name, type)                                  \
+    static type r_##name;                                 \
+    if (!r_##name) r_##name = (type)real_fn(#name);       \
+    if (!r_##name) return CUDA_ERROR_NOT_INITIALIZED;
+
+/* ---- region placement (gp_mem.c); callers hold g_lock ---- */
+int ensure_region(void);
+CUresult map_with_access(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle h);
+CUresult map_at(uint64_t addr, uint64_t size);
+int in_region(uint64_t a);
+int next_range(uint64_t bytes, uint64_t align, uint64_t *addr, uint64_t *mapped, int *reused);
+live_t *live_containing(uint64_t p);
+
+/* ---- hooks the lookup table hands out (gp_mem.c, gp_ipc_hooks.c, gp_image_hooks.c, gp_lookup.c) ---- */
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool p, CUstream s);
+#endif
