@@ -7,11 +7,14 @@ native one. SAVE and LOAD are two runs of the same "engine" code over two such a
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
 from collections.abc import Callable
 
 import pytest
 
-from graphpersist import phases, state
+from graphpersist import phases, region, state
 from graphpersist.phases import Phase, PhaseError, Recorder
 from graphpersist.region import Event
 
@@ -450,3 +453,92 @@ def test_state_declarations_must_match() -> None:
         state.declare(table, state.Declared("b", BASE + 8, 16, "bytes"))
     with pytest.raises(state.StateError, match="how='copy'"):
         state.Declared("c", BASE, 1, "copy")
+
+
+# ------------------------------------------------------------------------------------------- archives without phases
+
+
+def _evs(*items: tuple[str, int, int]) -> list[Event]:
+    return [Event(i, k, a, s, s) for i, (k, a, s) in enumerate(items)]
+
+
+def test_legacy_setup_compares_requested_sizes() -> None:
+    """Two setups can map the same rounded size from different requests: that is drift too."""
+    saved = [Event(0, "alloc", 0x1000, 0x200000, 1000)]
+    live_rec = Recorder()
+    live_rec.finish_setup([Event(0, "alloc", 0x1000, 0x200000, 2000)], 0x200000, GRAN)
+    with pytest.raises(PhaseError, match=r"saved alloc of 1000 bytes .* live alloc of 2000 bytes"):
+        phases.compare_setup(phases.legacy(1, 0x200000), saved, live_rec.phases,
+                             [Event(0, "alloc", 0x1000, 0x200000, 2000)])  # fmt: skip
+
+
+def test_legacy_archive_maps_capture_time_allocations_and_refuses_late_reservations() -> None:
+    saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100),
+                 ("free", 0x1100, 0x100), ("alloc", 0x1300, 0x200))  # fmt: skip
+    old = phases.legacy(2, 0x200)
+    rec = Recorder()
+    rec.finish_setup(saved[:2], 0x200, 0x100)
+    assert phases.compare_setup(old, saved, rec.phases, saved[:2]) == []
+    assert phases.restore_ranges(old, saved, saved[:2], []) == [(0x1200, 0x100), (0x1300, 0x200)]
+    with pytest.raises(PhaseError, match=r"phase '\(setup\)' \(exact\): SAVE recorded 2 events, LOAD made 1"):
+        short = Recorder()
+        short.finish_setup(saved[:1], 0x100, 0x100)
+        phases.compare_setup(old, saved, short.phases, saved[:1])
+    reserved = [*saved[:2], Event(2, "reserve", 0x1200, 0x100, 0x100)]
+    with pytest.raises(PhaseError, match=r"capture-time reserve of 256 bytes .* is not restorable"):
+        phases.restore_ranges(old, reserved, saved[:2], [])
+    evs = [Event(0, "alloc", 0x1000, 0x100, 1), Event(1, "reserve", 0x2000, 0x100, 1),
+           Event(2, "alloc", 0x3000, 0x100, 1), Event(3, "free", 0x1000, 0x100, 0),
+           Event(4, "ipc_open", 0x4000, 0x200, 0x200), Event(5, "reserve", 0x5000, 0x100, 1)]  # fmt: skip
+    assert phases.late_mappings(evs, 2, []) == [evs[4], evs[5]]  # the setup reservation (seq 1) is fine
+    assert phases.late_mappings(evs, 6, []) == []
+
+
+# ------------------------------------------------------------------------------------------- native bookkeeping
+
+
+class _Log(ctypes.Structure):
+    _fields_ = [("ev", ctypes.c_void_p), ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t),
+                ("next_seq", ctypes.c_uint64)]  # fmt: skip
+
+
+class _Free(ctypes.Structure):
+    _fields_ = [("r", ctypes.c_void_p), ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("gpcore") / "libgpcore_phases.so"
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+                    str(region.NATIVE_DIR / "gp_core.c")], check=True)  # fmt: skip
+    lib = ctypes.CDLL(str(out))
+    lib.gp_log_append.restype = ctypes.c_uint64
+    lib.gp_log_append.argtypes = [ctypes.POINTER(_Log), ctypes.c_uint32] + [ctypes.c_uint64] * 3
+    lib.gp_log_live_overlapping.restype = ctypes.c_long
+    lib.gp_log_live_overlapping.argtypes = [ctypes.POINTER(_Log), ctypes.c_uint64, ctypes.c_uint64]
+    lib.gp_free_add.argtypes = [ctypes.POINTER(_Free), ctypes.c_uint64, ctypes.c_uint64]
+    lib.gp_free_overlaps.argtypes = [ctypes.POINTER(_Free), ctypes.c_uint64, ctypes.c_uint64]
+    return lib
+
+
+def test_native_live_overlap_finds_what_a_cursor_move_would_run_into(core: ctypes.CDLL) -> None:
+    """gp_set_cursor refuses an anchor with live memory at or above it; gp_restore a range on live memory."""
+    log = _Log()
+    kinds = {v: k for k, v in region.EVENT_KINDS.items()}
+    core.gp_log_append(ctypes.byref(log), kinds["alloc"], 0x1000, 0x100, 0x100)  # 0
+    core.gp_log_append(ctypes.byref(log), kinds["map_fixed"], 0x3000, 0x100, 0x100)  # 1: restored above
+    core.gp_log_append(ctypes.byref(log), kinds["ipc_open"], 0x5000, 0x200, 0x200)  # 2
+    core.gp_log_append(ctypes.byref(log), kinds["free"], 0x1000, 0, 0)  # 3: frees 0
+    core.gp_log_append(ctypes.byref(log), kinds["ipc_close"], 0x5000, 0, 0)  # 4: closes 2
+    assert core.gp_log_live_overlapping(ctypes.byref(log), 0x1000, 0x2000) == -1  # freed
+    assert core.gp_log_live_overlapping(ctypes.byref(log), 0x2000, 0x10000) == 1
+    assert core.gp_log_live_overlapping(ctypes.byref(log), 0x30FF, 0x3100) == 1  # last byte overlaps
+    assert core.gp_log_live_overlapping(ctypes.byref(log), 0x3100, 0x10000) == -1  # closed IPC mapping
+    core.gp_log_append(ctypes.byref(log), kinds["reserve"], 0x8000, 0x1000, 0x1000)
+    assert core.gp_log_live_overlapping(ctypes.byref(log), 0x3100, 0x10000) == 5
+    free = _Free()
+    assert core.gp_free_add(ctypes.byref(free), 0x1000, 0x100) == 0
+    assert core.gp_free_overlaps(ctypes.byref(free), 0x10FF, 0x10) == 1
+    assert core.gp_free_overlaps(ctypes.byref(free), 0x1100, 0x10) == 0

@@ -115,8 +115,11 @@ class Recorder:
         if any(p.name == name for p in self.phases) or name in self.skipped:
             raise PhaseError(f"phase {name!r} is used twice: phase names must be unique")
         if self.setup_done and skip_on_load:
-            raise PhaseError(f"phase {name!r}: a post-capture phase cannot be skipped at LOAD (re-running it is how "
-                             "LOAD recreates the registration)")  # fmt: skip
+            raise PhaseError(
+                f"phase {name!r}: a post-capture phase cannot be skipped at LOAD (re-running it is how LOAD recreates "
+                "the registration); capture-time allocations outside post-capture phases need no phase, LOAD maps "
+                "them from the archive"
+            )
         if headroom is not None and exact:
             raise PhaseError(f"phase {name!r}: headroom is for variable phases (exact=False)")
         cursor = self._close(evs, cursor, gran, reopen=False)
@@ -187,6 +190,8 @@ class Recorder:
         if cursor > want.start:
             prev = self.phases[-1] if self.phases else None
             who = f"phase {prev.name!r}" if prev else "allocations before the first phase"
+            if ph.post_capture and (prev is None or not prev.post_capture):
+                who = "allocations made at LOAD after setup (before this post-capture phase)"
             raise PhaseError(
                 f"{who} overran at LOAD: the cursor is at offset {cursor:#x}, past phase {ph.name!r}'s anchor "
                 f"{want.start:#x} ({cursor - want.start} bytes too far). Give the variable phase more headroom "
@@ -238,6 +243,13 @@ class Recorder:
             target = self._open(Phase(implicit_name(ph.name), implicit=True, start_event=len(evs), start=target),
                                 target)  # fmt: skip
         return target
+
+    def adopt(self, saved: list[Phase], saved_events: list[Event]) -> None:
+        """LOAD without use_layout(): after setup, take the archive's phases so post-capture phases anchor."""
+        if self.saved is not None:
+            return
+        self.saved, self.saved_events = saved, saved_events
+        self._next_saved = next((i for i, p in enumerate(saved) if p.post_capture), len(saved))
 
     def remaining_saved(self) -> list[Phase]:
         """LOAD: saved phases not reached yet (post-capture phases still to run, or setup phases left out)."""
@@ -369,7 +381,7 @@ def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs:
     return out
 
 
-def _find(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
+def find_range(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
     i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1
     return ranges[i] if i >= 0 and addr < ranges[i][0] + ranges[i][1] else None
 
@@ -384,14 +396,14 @@ def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Seq
     live = sorted(live)
     later = []
     for p in sorted(set(pointers)):
-        want = _find(saved_live, p)
+        want = find_range(saved_live, p)
         if want is None:
             raise PhaseError(f"{what} {p:#x} is not in memory SAVE had live: the archive is inconsistent")
         phase = owner_of(want[0], saved, saved_evs)
         if defer is not None and defer(phase):
             later.append(p)
             continue
-        got = _find(live, p)
+        got = find_range(live, p)
         if got != want:
             live_txt = f"{got[0]:#x}+{got[1]}" if got else "not mapped"
             raise PhaseError(
@@ -404,3 +416,9 @@ def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Seq
 
 def implicit_name(after: str) -> str:
     return f"(after {after})"
+
+
+def legacy(setup_events: int, setup_cursor: int) -> list[Phase]:
+    """The phases of an archive written before phases existed: its whole setup as one exact phase."""
+    return [Phase(IMPLICIT_FIRST, implicit=True, start_event=0, end_event=setup_events, start=0, end=setup_cursor,
+                  limit=setup_cursor)]  # fmt: skip

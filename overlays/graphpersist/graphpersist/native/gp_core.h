@@ -101,6 +101,11 @@ int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset);
 uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req);
 /* Index of the live event holding exactly `addr` (allocated, fixed-mapped or reserved, and not freed), or -1. */
 long gp_log_find_live(const gp_log_t *log, uint64_t addr);
+/* Index of an event whose range [addr, addr+size) overlaps [lo, hi) and is still live (allocated, fixed-mapped,
+ * reserved or IPC-mapped, and not freed, given back or closed since), or -1. */
+long gp_log_live_overlapping(const gp_log_t *log, uint64_t lo, uint64_t hi);
+/* 1 when [addr, addr+size) overlaps a range on the free list, else 0. */
+int gp_free_overlaps(const gp_free_t *f, uint64_t addr, uint64_t size);
 /* Returns a freed range to the list (merging neighbours); -1 when it overlaps a range already there or on OOM. */
 int gp_free_add(gp_free_t *f, uint64_t addr, uint64_t size);
 /* First-fit: takes `size` bytes aligned to `align` (a power of two) from the list; -1 when nothing fits. */
