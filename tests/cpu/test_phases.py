@@ -287,6 +287,20 @@ def test_post_capture_ipc_open_at_a_different_address_is_refused() -> None:
         load_run(post_capture_engine(4 * MIB, True), srec, smem)
 
 
+def test_allocation_after_the_post_capture_phase_outside_a_phase_is_refused() -> None:
+    mem, rec = Bump(), Recorder()
+    mem.finish_setup(rec)
+    mem.alloc(MIB)  # capture: fine, mapped from the archive before the post-capture phase re-runs
+    mem.begin(rec, "post_capture")
+    mem.alloc(MIB, kind="ipc_open")
+    mem.end(rec)
+    late = mem.alloc(MIB)  # would be mapped where LOAD's post-capture phase allocates again
+    assert [e.addr for e in phases.after_post_problems(rec.phases, mem.evs)] == [late]
+    with pytest.raises(PhaseError, match=rf"alloc of {MIB} bytes .* at {late:#x} happened at SAVE after a "
+                                         "post-capture phase began"):  # fmt: skip
+        phases.restore_ranges(rec.phases, mem.evs, mem.evs[:0], [])
+
+
 def test_variable_post_capture_phase_still_pins_its_ipc_opens() -> None:
     def engine(extra: int, loading: bool) -> Engine:
         def run(mem: Bump, rec: Recorder) -> dict[str, int]:

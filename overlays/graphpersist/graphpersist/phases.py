@@ -328,6 +328,19 @@ def late_mappings(evs: Sequence[Event], setup_n: int, phases: Iterable[Phase]) -
     return [e for i, e in enumerate(evs) if i >= setup_n and i not in inside and e.kind not in ALLOC_FREE]
 
 
+def after_post_problems(phases: Sequence[Phase], evs: Sequence[Event]) -> list[Event]:
+    """Events after the first post-capture phase began that no phase holds: LOAD maps capture-time memory before
+    the engine re-runs its post-capture phases, so memory allocated after them would sit where those phases
+    allocate again."""
+    post = [p for p in phases if p.post_capture]
+    if not post:
+        return []
+    inside = set()
+    for p in phases:
+        inside.update(range(p.start_event, p.end_event if p.end_event >= 0 else len(evs)))
+    return [e for i, e in enumerate(evs) if i >= post[0].start_event and i not in inside]
+
+
 def skip_problems(phases: Iterable[Phase], evs: Sequence[Event]) -> list[str]:
     """skip_on_load phases whose events LOAD could not recreate by mapping memory (IPC opens, reservations)."""
     out = []
@@ -367,6 +380,10 @@ def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs:
             if ph is None:
                 raise PhaseError(f"capture-time {describe(e)} is not restorable: reservations and IPC mappings "
                                  "after setup need a declared post-capture phase")  # fmt: skip
+    late = after_post_problems(saved, saved_evs)
+    if late:
+        raise PhaseError(f"{describe(late[0])} happened at SAVE after a post-capture phase began, outside any phase: "
+                         "LOAD cannot map it before the engine re-runs its post-capture phases")  # fmt: skip
     live = live_ranges(list(live_evs))
     out = []
     for a, s in live_ranges(list(saved_evs)):

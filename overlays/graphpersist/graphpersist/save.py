@@ -156,6 +156,14 @@ class Saver:
                 "or open IPC handles after capture inside a declared phase (api.phase('post_capture')) that LOAD "
                 "re-runs. SAVE refused"
             )
+        after = phases.after_post_problems(rec_phases, evs)
+        if after:
+            listed = "; ".join(e.describe() for e in after[:5]) + (" ..." if len(after) > 5 else "")
+            raise PersistError(
+                f"{len(after)} allocation event(s) after the post-capture phase began, outside any phase: {listed}. "
+                "LOAD maps capture-time memory before the engine re-runs its post-capture phases, so it would sit "
+                "where they allocate again: allocate it before the post-capture phase or inside it. SAVE refused"
+            )
         skip_bad = phases.skip_problems(rec_phases, evs)
         if skip_bad:
             raise PersistError(
