@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from graphpersist import phases, region, state
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
-from graphpersist.tensors import tensor_at
+
+# torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
 
 _rec = phases.Recorder()
 _declared: dict[str, state.Declared] = {}
@@ -44,6 +43,14 @@ _pending: Pending | None = None
 
 def recorder() -> phases.Recorder:
     return _rec
+
+
+def reset() -> None:
+    """Forgets this process's phases, declarations and pending checks (a new SAVE or LOAD in the same process)."""
+    global _rec, _pending
+    _rec = phases.Recorder()
+    _declared.clear()
+    _pending = None
 
 
 def _refuse(exc: Exception) -> PersistError:
@@ -127,18 +134,18 @@ def close_open() -> None:
     _step(_rec.close)
 
 
-def declare_state(name: str, what: torch.Tensor | tuple[int, int], how: str = "bytes") -> None:
+def declare_state(name: str, what: Any, how: str = "bytes") -> None:
     """Names device memory graphs read but no graph writes (rank data, registered peer pointers, planner
     buffers). "bytes": SAVE stores its content and LOAD writes it back; "recreated": the engine re-creates it at
     LOAD by the same calls and LOAD proves its content hashes equal SAVE's. Declare the same state, the same
     way, in both runs; LOAD checks it in verify_state() or before the first replay."""
-    if isinstance(what, torch.Tensor):
+    if hasattr(what, "data_ptr"):  # a torch tensor
         if not what.is_contiguous():
             raise PersistError(f"state {name!r}: declare a contiguous tensor (or an (addr, nbytes) pair)")
         addr, nbytes = what.data_ptr(), what.numel() * what.element_size()
     else:
         addr, nbytes = int(what[0]), int(what[1])
-    cur = _rec.current
+    cur = recorder().current
     try:
         state.declare(_declared, state.Declared(name, addr, nbytes, how, cur.name if cur else None))
     except state.StateError as exc:
@@ -150,11 +157,19 @@ def declared() -> list[state.Declared]:
 
 
 def read_bytes(addr: int, nbytes: int) -> bytes:
+    import torch
+
+    from graphpersist.tensors import tensor_at
+
     torch.cuda.synchronize()
     return tensor_at({"addr": addr, "dtype": "uint8", "shape": [nbytes], "stride": [1]}).cpu().numpy().tobytes()
 
 
 def write_bytes(addr: int, data: bytes) -> None:
+    import torch
+
+    from graphpersist.tensors import tensor_at
+
     dst = tensor_at({"addr": addr, "dtype": "uint8", "shape": [len(data)], "stride": [1]})
     dst.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     torch.cuda.synchronize()
