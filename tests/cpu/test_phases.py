@@ -556,3 +556,12 @@ def test_native_live_overlap_finds_what_a_cursor_move_would_run_into(core: ctype
     assert core.gp_free_add(ctypes.byref(free), 0x1000, 0x100) == 0
     assert core.gp_free_overlaps(ctypes.byref(free), 0x10FF, 0x10) == 1
     assert core.gp_free_overlaps(ctypes.byref(free), 0x1100, 0x10) == 0
+
+
+def test_range_mapped_from_the_archive_over_live_memory_is_refused() -> None:
+    saved = _evs(("alloc", BASE, 2 * MIB), ("alloc", BASE + 2 * MIB, 4 * MIB))
+    old = phases.legacy(1, 2 * MIB)
+    live = _evs(("alloc", BASE, 2 * MIB), ("alloc", BASE + 2 * MIB, 2 * MIB))  # LOAD allocated there already
+    want = rf"range {BASE + 2 * MIB:#x}\+{4 * MIB} that LOAD maps from the archive \(made by \(capture\) at SAVE\) "
+    with pytest.raises(PhaseError, match=want + "overlaps memory LOAD already has"):
+        phases.restore_ranges(old, saved, live, [])

@@ -350,16 +350,14 @@ def skip_problems(phases: Iterable[Phase], evs: Sequence[Event]) -> list[str]:
     return out
 
 
-def owner_of(addr: int, phases: Sequence[Phase], evs: Sequence[Event]) -> str:
-    """The phase whose event created the live range at `addr` (capture time when none)."""
-    idx = None
-    for i, e in enumerate(evs):
-        if e.addr == addr and e.kind in ("alloc", "map_fixed", "reserve", "ipc_open"):
-            idx = i
+def owners(phases: Sequence[Phase], evs: Sequence[Event]) -> dict[int, str]:
+    """Address -> name of the phase whose event last created a range there ("(capture)" outside any phase)."""
+    by_event = {}
     for p in phases:
-        if idx is not None and p.start_event <= idx < (p.end_event if p.end_event >= 0 else len(evs)):
-            return p.name
-    return "(capture)"
+        for i in range(p.start_event, p.end_event if p.end_event >= 0 else len(evs)):
+            by_event[i] = p.name
+    return {e.addr: by_event.get(i, "(capture)") for i, e in enumerate(evs)
+            if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open")}  # fmt: skip
 
 
 def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs: Sequence[Event],
@@ -392,8 +390,9 @@ def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs:
         clash = [(la, ls) for la, ls in live if la < a + s and a < la + ls]
         if clash:
             la, ls = clash[0]
-            raise PhaseError(f"range {a:#x}+{s} that LOAD maps from the archive overlaps live memory {la:#x}+{ls} "
-                             f"(made by {owner_of(la, [], live_evs)})")  # fmt: skip
+            raise PhaseError(f"range {a:#x}+{s} that LOAD maps from the archive (made by "
+                             f"{owners(saved, saved_evs).get(a, '(capture)')} at SAVE) overlaps memory LOAD already "
+                             f"has at {la:#x}+{ls}")  # fmt: skip
         out.append((a, s))
     return out
 
@@ -410,13 +409,14 @@ def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Seq
     refusal names the address, the phase that made its memory and both extents. Addresses whose memory a phase
     for which `defer(name)` holds made (a post-capture phase not run yet) are returned instead, to check later."""
     saved_live = live_ranges(list(saved_evs))
+    owner = owners(saved, saved_evs)
     live = sorted(live)
     later = []
     for p in sorted(set(pointers)):
         want = find_range(saved_live, p)
         if want is None:
             raise PhaseError(f"{what} {p:#x} is not in memory SAVE had live: the archive is inconsistent")
-        phase = owner_of(want[0], saved, saved_evs)
+        phase = owner.get(want[0], "(capture)")
         if defer is not None and defer(phase):
             later.append(p)
             continue
