@@ -47,6 +47,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.gp_log_append.argtypes = [ctypes.POINTER(Log), ctypes.c_uint32] + [ctypes.c_uint64] * 3
     lib.gp_log_find_live.restype = ctypes.c_long
     lib.gp_log_find_live.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
+    lib.gp_log_find_reservation.restype = ctypes.c_long
+    lib.gp_log_find_reservation.argtypes = [ctypes.POINTER(Log), ctypes.c_uint64]
     lib.gp_image_size.restype = ctypes.c_uint64
     lib.gp_image_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.gp_image_format.restype = ctypes.c_uint32
@@ -117,10 +119,16 @@ def test_event_log_tracks_liveness(core: ctypes.CDLL) -> None:
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 5) == -1
     assert core.gp_log_find_live(ctypes.byref(log), 0x1000 * 6) == 6
     assert core.gp_log_find_live(ctypes.byref(log), 0xDEAD) == -1
-    seq = core.gp_log_append(ctypes.byref(log), region.EV_RESERVE, 0x900000, 8192, 8000)
-    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == seq  # a carved reservation is live ...
-    core.gp_log_append(ctypes.byref(log), region.EV_UNRESERVE, 0x900000, 8192, 8000)
-    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == -1  # ... until it is given back
+    res = core.gp_log_append(ctypes.byref(log), region.EV_RESERVE, 0x900000, 8 << 20, 8 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000) == -1  # a reservation alone is not memory ...
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (3 << 20)) == res  # ... but address space
+    mapped = core.gp_log_append(ctypes.byref(log), region.EV_LIB_MAP, 0x900000 + (2 << 20), 2 << 20, 2 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000 + (2 << 20)) == mapped  # what a library maps there is
+    core.gp_log_append(ctypes.byref(log), region.EV_LIB_UNMAP, 0x900000 + (2 << 20), 2 << 20, 2 << 20)
+    assert core.gp_log_find_live(ctypes.byref(log), 0x900000 + (2 << 20)) == -1
+    core.gp_log_append(ctypes.byref(log), region.EV_UNRESERVE, 0x900000, 8 << 20, 8 << 20)
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (3 << 20)) == -1  # given back
+    assert core.gp_log_find_reservation(ctypes.byref(log), 0x900000 + (8 << 20)) == -1  # past its end
 
 
 class Free(ctypes.Structure):
@@ -248,8 +256,12 @@ def test_live_ranges() -> None:
     ev = region.Event
     evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "alloc", 0x2000, 0x100, 1), ev(2, "free", 0x1000, 0x100, 0),
            ev(3, "map_fixed", 0x3000, 0x200, 0x200), ev(4, "reserve", 0x4000, 0x100, 0x80),
-           ev(5, "reserve", 0x5000, 0x100, 0x80), ev(6, "unreserve", 0x5000, 0x100, 0x80)]  # fmt: skip
-    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200), (0x4000, 0x100)]
+           ev(5, "reserve", 0x5000, 0x100, 0x80), ev(6, "unreserve", 0x5000, 0x100, 0x80),
+           ev(7, "lib_map", 0x4000, 0x40, 0), ev(8, "lib_map", 0x4040, 0x40, 0x40),
+           ev(9, "lib_map", 0x4080, 0x40, 0x80), ev(10, "lib_unmap", 0x4040, 0x80, 0x40)]  # fmt: skip
+    # reservations are address space, not memory: only what a library mapped into one (and did not unmap) is live
+    assert region.live_ranges(evs) == [(0x2000, 0x100), (0x3000, 0x200), (0x4000, 0x40)]
+    assert region.live_ranges([*evs, ev(11, "unreserve", 0x4000, 0x100, 0x80)]) == [(0x2000, 0x100), (0x3000, 0x200)]
 
 
 def test_outside_events_are_named_for_the_refusal() -> None:
@@ -274,7 +286,8 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
                  "cuModuleLoadFatBinary", "cuLibraryLoadData", "dlsym", "gp_region_info", "gp_events", "gp_images",
                  "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
                  "cuMemAllocManaged", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
-                 "cuMemAllocAsync_ptsz"):  # fmt: skip
+                 "cuMemAllocAsync_ptsz", "cuMemUnmap", "gp_fault_inject", "gp_fault_pending",
+                 "gp_free_ranges"):  # fmt: skip
         assert f" {name}\n" in syms, name
 
 

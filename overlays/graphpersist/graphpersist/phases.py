@@ -357,7 +357,7 @@ def owners(phases: Sequence[Phase], evs: Sequence[Event]) -> dict[int, str]:
         for i in range(p.start_event, p.end_event if p.end_event >= 0 else len(evs)):
             by_event[i] = p.name
     return {e.addr: by_event.get(i, "(capture)") for i, e in enumerate(evs)
-            if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open")}  # fmt: skip
+            if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open", "lib_map")}  # fmt: skip
 
 
 def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs: Sequence[Event],

@@ -22,10 +22,12 @@ DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR pl
 DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
 
 # Allocation event kinds (native enum gp_event_kind), by number and by the name the archive's log uses.
+# lib_map / lib_unmap: memory a library mapped itself into a reservation the region carved for it (torch's expandable
+# segments, NCCL's buffers), `req` holding the offset inside the reservation.
 EVENT_KINDS = {1: "alloc", 2: "free", 3: "reserve", 4: "map_fixed", 5: "refused", 6: "outside", 7: "unreserve",
-               8: "ipc_open", 9: "ipc_close"}  # fmt: skip
+               8: "ipc_open", 9: "ipc_close", 10: "lib_map", 11: "lib_unmap"}  # fmt: skip
 (EV_ALLOC, EV_FREE, EV_RESERVE, EV_MAP_FIXED, EV_REFUSED, EV_OUTSIDE, EV_UNRESERVE, EV_IPC_OPEN,
- EV_IPC_CLOSE) = EVENT_KINDS  # fmt: skip
+ EV_IPC_CLOSE, EV_LIB_MAP, EV_LIB_UNMAP) = EVENT_KINDS  # fmt: skip
 # Why device memory landed outside the region (native enum gp_outside_why); SAVE refuses any of them.
 OUTSIDE_WHY = {
     1: "cuMemAlloc before the region was enabled",
@@ -292,15 +294,19 @@ def freeze() -> None:
 
 
 def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
-    """(addr, size) of region ranges still live after `evs`: allocated, fixed-mapped, reserved (a library maps
-    its carved reservation itself, in setup, at the same place every time) or a peer's allocation mapped by IPC
-    (opened in setup, same place every time), and not freed, given back or closed."""
+    """(addr, size) of region memory still live after `evs`: allocated, fixed-mapped, a peer's allocation mapped by
+    IPC (opened in setup, same place every time) or mapped by a library into a reservation the region carved
+    (`lib_map`), and not freed, closed or unmapped since. A reservation alone is address space, not memory: a graph
+    pointer into it is backed only where something is mapped there."""
     live: dict[int, int] = {}
     for e in evs:
-        if e.kind in ("alloc", "map_fixed", "reserve", "ipc_open"):
+        if e.kind in ("alloc", "map_fixed", "ipc_open", "lib_map"):
             live[e.addr] = e.size
-        elif e.kind in ("free", "unreserve", "ipc_close"):
+        elif e.kind in ("free", "ipc_close"):
             live.pop(e.addr, None)
+        elif e.kind in ("lib_unmap", "unreserve"):  # an unmap may span several mappings
+            for a in [a for a in live if e.addr <= a < e.addr + e.size]:
+                del live[a]
     return sorted(live.items())
 
 

@@ -67,6 +67,16 @@ GP_EXPORT size_t gp_images(gp_image_t *buf, size_t cap) {
     return total;
 }
 
+/* The free list (ranges reused after gp_freeze), for diagnostics and tests; returns how many there are. */
+GP_EXPORT size_t gp_free_ranges(gp_range_t *buf, size_t cap) {
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_free.n < cap ? g_free.n : cap;
+    if (buf && n) memcpy(buf, g_free.r, n * sizeof *buf);
+    size_t total = g_free.n;
+    pthread_mutex_unlock(&g_lock);
+    return total;
+}
+
 /* One recorded allocation at its recorded address: inside the region, aligned, on nothing live. Below the cursor
  * (a phase LOAD skipped, whose span the next phase's anchor stepped over) it must also miss every freed range,
  * which the free list could hand out again once the layout is frozen. */
@@ -94,7 +104,7 @@ static int map_fixed_locked(uint64_t addr, uint64_t size) {
                       (unsigned long long)g_live[i].addr);
             return -1;
         }
-    CUresult r = map_at(addr, size);
+    CUresult r = log_reserve() ? CUDA_ERROR_OUT_OF_MEMORY : map_at(addr, size);
     if (r != CUDA_SUCCESS) {
         set_error("restoring 0x%llx+%llu: mapping failed with %d", (unsigned long long)addr,
                   (unsigned long long)size, (int)r);
@@ -104,8 +114,20 @@ static int map_fixed_locked(uint64_t addr, uint64_t size) {
     return 0;
 }
 
+/* Undoes the first `done` ranges of a failed restore: they are the newest live entries and the newest events. */
+static void unrestore_locked(size_t done, size_t n_events) {
+    for (; done > 0; done--) {
+        live_t *l = &g_live[--g_nlive];
+        unmap_release(l->addr, l->size, l->h);
+    }
+    g_log.next_seq -= g_log.n - n_events;
+    g_log.n = n_events;
+}
+
 /* LOAD's memory restore as one step under the lock: no allocation may have happened since Python checked the
- * log (`expect_events`), then every range is mapped and the cursor moves to SAVE's final offset. */
+ * log (`expect_events`), then every range is mapped and the cursor moves to SAVE's final offset. A restore that
+ * fails midway unmaps and releases what it mapped and drops its events: the process is as before the call and can
+ * go on to capture normally. */
 GP_EXPORT int gp_restore(const uint64_t *addrs, const uint64_t *sizes, size_t n, uint64_t expect_events,
                          uint64_t final_offset) {
     pthread_mutex_lock(&g_lock);
@@ -116,14 +138,15 @@ GP_EXPORT int gp_restore(const uint64_t *addrs, const uint64_t *sizes, size_t n,
                   (unsigned long long)(g_log.n - expect_events));
         goto out;
     }
-    for (size_t i = 0; i < n; i++)
-        if (map_fixed_locked(addrs[i], sizes[i])) goto out;
-    if (gp_bump_set_cursor(&g_bump, final_offset)) {
+    size_t done = 0;
+    while (done < n && map_fixed_locked(addrs[done], sizes[done]) == 0) done++;
+    if (done == n && gp_bump_set_cursor(&g_bump, final_offset)) {
         set_error("cannot move the cursor to SAVE's final offset 0x%llx (now 0x%llx)",
                   (unsigned long long)final_offset, (unsigned long long)g_bump.cursor);
-        goto out;
+    } else if (done == n) {
+        rc = 0;
     }
-    rc = 0;
+    if (rc != 0) unrestore_locked(done, expect_events);
 out:
     pthread_mutex_unlock(&g_lock);
     return rc;

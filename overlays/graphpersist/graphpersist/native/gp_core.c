@@ -53,15 +53,27 @@ uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t siz
     return e->seq;
 }
 
+int gp_log_reserve(gp_log_t *log) { return grow((void **)&log->ev, &log->cap, log->n, sizeof(gp_event_t)); }
+
 long gp_log_find_live(const gp_log_t *log, uint64_t addr) {
     /* Newest first: the latest event for this address decides whether it is live. */
     for (size_t i = log->n; i-- > 0;) {
         const gp_event_t *e = &log->ev[i];
         if (e->addr != addr) continue;
-        if (e->kind == GP_EV_FREE || e->kind == GP_EV_UNRESERVE || e->kind == GP_EV_IPC_CLOSE) return -1;
-        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED || e->kind == GP_EV_RESERVE ||
-            e->kind == GP_EV_IPC_OPEN)
+        if (e->kind == GP_EV_FREE || e->kind == GP_EV_IPC_CLOSE || e->kind == GP_EV_LIB_UNMAP) return -1;
+        if (e->kind == GP_EV_ALLOC || e->kind == GP_EV_MAP_FIXED || e->kind == GP_EV_IPC_OPEN ||
+            e->kind == GP_EV_LIB_MAP)
             return (long)i;
+    }
+    return -1;
+}
+
+long gp_log_find_reservation(const gp_log_t *log, uint64_t addr) {
+    for (size_t i = log->n; i-- > 0;) {
+        const gp_event_t *e = &log->ev[i];
+        if ((e->kind != GP_EV_RESERVE && e->kind != GP_EV_UNRESERVE) || addr < e->addr || addr - e->addr >= e->size)
+            continue;
+        return e->kind == GP_EV_RESERVE ? (long)i : -1;
     }
     return -1;
 }

@@ -8,14 +8,16 @@
 
 enum gp_event_kind {
     GP_EV_ALLOC = 1,      /* cuMemAlloc_v2 / cuMemAllocPitch_v2 placed in the region */
-    GP_EV_FREE = 2,       /* cuMemFree_v2 of a region allocation (VA never reused) */
+    GP_EV_FREE = 2,       /* cuMemFree_v2 of a region allocation (VA reused only after freeze) */
     GP_EV_RESERVE = 3,    /* cuMemAddressReserve carved from the region */
     GP_EV_MAP_FIXED = 4,  /* gp_map_fixed: LOAD recreating a recorded allocation */
     GP_EV_REFUSED = 5,    /* an allocation the region cannot place (async pools, exhausted region) */
     GP_EV_OUTSIDE = 6,    /* device memory placed outside the region (see gp_outside_why): SAVE refuses */
     GP_EV_UNRESERVE = 7,  /* cuMemAddressFree of a carved reservation */
     GP_EV_IPC_OPEN = 8,   /* cuIpcOpenMemHandle: a peer's allocation mapped into the region */
-    GP_EV_IPC_CLOSE = 9   /* cuIpcCloseMemHandle: that mapping removed (last reference) */
+    GP_EV_IPC_CLOSE = 9,  /* cuIpcCloseMemHandle: that mapping removed (last reference) */
+    GP_EV_LIB_MAP = 10,   /* cuMemMap by a library into a reservation we carved; req = offset in the reservation */
+    GP_EV_LIB_UNMAP = 11  /* cuMemUnmap of such a mapping; req = offset in the reservation */
 };
 
 /* Why an allocation landed outside the region (gp_event_t.detail of a GP_EV_OUTSIDE event). */
@@ -99,13 +101,18 @@ int gp_bump_place(gp_bump_t *b, uint64_t req, uint64_t *addr, uint64_t *mapped);
 /* Move the cursor to base+offset; refuses to move backwards or past the end (returns -1). */
 int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset);
 uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req);
-/* Index of the live event holding exactly `addr` (allocated, fixed-mapped or reserved, and not freed), or -1. */
+/* Room for one more event: after 0, the next gp_log_append cannot fail. -1 on OOM. */
+int gp_log_reserve(gp_log_t *log);
+/* Index of the live memory event starting exactly at `addr` (allocated, fixed-mapped, IPC-opened or mapped by a
+ * library into a reservation, and not freed/closed/unmapped since), or -1. A reservation alone is not memory. */
 long gp_log_find_live(const gp_log_t *log, uint64_t addr);
 /* Index of an event whose range [addr, addr+size) overlaps [lo, hi) and is still live (allocated, fixed-mapped,
  * reserved or IPC-mapped, and not freed, given back or closed since), or -1. */
 long gp_log_live_overlapping(const gp_log_t *log, uint64_t lo, uint64_t hi);
 /* 1 when [addr, addr+size) overlaps a range on the free list, else 0. */
 int gp_free_overlaps(const gp_free_t *f, uint64_t addr, uint64_t size);
+/* Index of the live GP_EV_RESERVE whose range holds `addr` (not given back since), or -1. */
+long gp_log_find_reservation(const gp_log_t *log, uint64_t addr);
 /* Returns a freed range to the list (merging neighbours); -1 when it overlaps a range already there or on OOM. */
 int gp_free_add(gp_free_t *f, uint64_t addr, uint64_t size);
 /* First-fit: takes `size` bytes aligned to `align` (a power of two) from the list; -1 when nothing fits. */

@@ -13,17 +13,10 @@
 GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
                                   const uint32_t *offsets, const gp_kattr_t *attrs, void *const *funcs,
                                   size_t n_funcs, void **out) {
-    typedef CUresult (*add_t)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS *);
-    typedef CUresult (*set_t)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue *);
-    typedef CUresult (*get_t)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue *);
-    static add_t add;
-    static set_t set;
-    static get_t get;
-    if (!add) {
-        add = (add_t)real_fn("cuGraphAddKernelNode_v2");
-        set = (set_t)real_fn("cuGraphKernelNodeSetAttribute");
-        get = (get_t)real_fn("cuGraphKernelNodeGetAttribute");
-    }
+    const gp_driver_t *d = gp_driver();
+    __typeof__(d->cuGraphAddKernelNode_v2) add = d->cuGraphAddKernelNode_v2;
+    __typeof__(d->cuGraphKernelNodeSetAttribute) set = d->cuGraphKernelNodeSetAttribute;
+    __typeof__(d->cuGraphKernelNodeGetAttribute) get = d->cuGraphKernelNodeGetAttribute;
     if (!add || !set || !get) {
         set_error("graph entry points missing in the driver");
         return -1;
@@ -96,9 +89,7 @@ out:
 
 /* Adds plain edges (no edge data) between already created nodes. */
 GP_EXPORT int gp_add_edges(void *graph, void *const *nodes, size_t n, const uint32_t *from, const uint32_t *to) {
-    typedef CUresult (*dep_t)(CUgraph, const CUgraphNode *, const CUgraphNode *, const CUgraphEdgeData *, size_t);
-    static dep_t dep;
-    if (!dep) dep = (dep_t)real_fn("cuGraphAddDependencies_v2");
+    __typeof__(gp_driver()->cuGraphAddDependencies_v2) dep = gp_driver()->cuGraphAddDependencies_v2;
     if (!dep) return -1;
     CUgraphNode *f = malloc(n * sizeof *f), *t = malloc(n * sizeof *t);
     if (!f || !t) {

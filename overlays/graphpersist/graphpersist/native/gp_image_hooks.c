@@ -30,36 +30,31 @@ static void record_image(uint32_t kind, uint64_t handle, const void *image, uint
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
-    typedef CUresult (*fn_t)(CUmodule *, const void *);
-    REAL(cuModuleLoadData, fn_t);
-    CUresult r = r_cuModuleLoadData(module, image);
+    NEED(cuModuleLoadData);
+    CUresult r = d->cuModuleLoadData(module, image);
     if (r == CUDA_SUCCESS) record_image(1, (uint64_t)*module, image, 0);
     return r;
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *o,
                                               void **v) {
-    typedef CUresult (*fn_t)(CUmodule *, const void *, unsigned int, CUjit_option *, void **);
-    REAL(cuModuleLoadDataEx, fn_t);
-    CUresult r = r_cuModuleLoadDataEx(module, image, n, o, v);
+    NEED(cuModuleLoadDataEx);
+    CUresult r = d->cuModuleLoadDataEx(module, image, n, o, v);
     if (r == CUDA_SUCCESS) record_image(2, (uint64_t)*module, image, n);
     return r;
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
-    typedef CUresult (*fn_t)(CUmodule *, const void *);
-    REAL(cuModuleLoadFatBinary, fn_t);
-    CUresult r = r_cuModuleLoadFatBinary(module, fatCubin);
+    NEED(cuModuleLoadFatBinary);
+    CUresult r = d->cuModuleLoadFatBinary(module, fatCubin);
     if (r == CUDA_SUCCESS) record_image(3, (uint64_t)*module, fatCubin, 0);
     return r;
 }
 
 GP_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jo, void **jv,
                                              unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl) {
-    typedef CUresult (*fn_t)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
-                             void **, unsigned int);
-    REAL(cuLibraryLoadData, fn_t);
-    CUresult r = r_cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
+    NEED(cuLibraryLoadData);
+    CUresult r = d->cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
     if (r == CUDA_SUCCESS) record_image(4, (uint64_t)*library, code, nj);
     return r;
 }

@@ -5,6 +5,7 @@
  * reference). The physical memory lives until both sides let go, so an exporter exiting first does not invalidate
  * a live mapping. Like legacy IPC, a handle names the whole allocation and open returns its base. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/random.h>
@@ -19,18 +20,16 @@ static uint64_t new_export_id(void) {
 }
 
 GP_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
-    typedef CUresult (*fn_t)(CUipcMemHandle *, CUdeviceptr);
-    typedef CUresult (*export_t)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
-    REAL(cuIpcGetMemHandle, fn_t);
-    if (!enabled() || !in_region(dptr)) return r_cuIpcGetMemHandle(handle, dptr);
-    export_t exp = (export_t)real_fn("cuMemExportToShareableHandle");
+    NEED(cuIpcGetMemHandle);
+    if (!enabled() || !in_region(dptr)) return d->cuIpcGetMemHandle(handle, dptr);
+    __typeof__(d->cuMemExportToShareableHandle) exp = d->cuMemExportToShareableHandle;
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     live_t *l = live_containing(dptr);
     if (!l) {
         set_error("cuIpcGetMemHandle(0x%llx): not inside a live region allocation", (unsigned long long)dptr);
-    } else if (l->fd < 0 && (!exp || (r = exp(&l->fd, l->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) !=
-                                         CUDA_SUCCESS)) {
+    } else if (l->fd < 0 && (!exp || (r = FAULTY("export", exp(&l->fd, l->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                                   0))) != CUDA_SUCCESS)) {
         l->fd = -1;
         set_error("cuIpcGetMemHandle(0x%llx): exporting a file descriptor failed with %d", (unsigned long long)dptr,
                   (int)r);
@@ -46,45 +45,44 @@ GP_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr
     return r;
 }
 
-/* Imports and maps one peer allocation (the lock is held). */
+/* Imports and maps one peer allocation (the lock is held). On failure nothing is left: the fd copy is closed, the
+ * imported handle released, the range given back to the cursor or free list. */
 static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
-    typedef CUresult (*import_t)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
-    typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
-    import_t imp = (import_t)real_fn("cuMemImportFromShareableHandle");
-    release_t release = (release_t)real_fn("cuMemRelease");
-    if (!imp || !release) return CUDA_ERROR_NOT_INITIALIZED;
-    int err = 0, fd = gp_fd_from_pid((pid_t)h->pid, h->fd, &err);
+    const gp_driver_t *d = gp_driver();
+    if (!d->cuMemImportFromShareableHandle || !d->cuMemRelease) return CUDA_ERROR_NOT_INITIALIZED;
+    if (log_reserve()) return CUDA_ERROR_OUT_OF_MEMORY;
+    int err = EBADF, fd = gp_fault("fd") ? -1 : gp_fd_from_pid((pid_t)h->pid, h->fd, &err);
     if (fd < 0) {
         set_error("cuIpcOpenMemHandle: cannot fetch fd %d of exporter pid %u (%s): the exporter must be alive, same "
                   "user, and allow pidfd_getfd", h->fd, h->pid, strerror(err));
         return CUDA_ERROR_INVALID_HANDLE;
     }
     CUmemGenericAllocationHandle mh;
-    CUresult r = imp(&mh, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = FAULTY("import", d->cuMemImportFromShareableHandle(&mh, (void *)(intptr_t)fd,
+                                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     close(fd); /* the imported handle holds the memory now */
     if (r != CUDA_SUCCESS) {
         set_error("cuIpcOpenMemHandle: importing the exporter's fd failed with %d", (int)r);
         return r;
     }
     gp_ipc_transition(&e->st, GP_IPC_EV_IMPORT);
-    uint64_t addr, mapped;
+    uint64_t addr, mapped, saved = g_bump.cursor;
     int reused;
-    if (next_range(h->size, 0, &addr, &mapped, &reused) || mapped != h->size) {
-        release(mh);
-        gp_ipc_transition(&e->st, GP_IPC_EV_RELEASE);
-        set_error("cuIpcOpenMemHandle: no room for %llu bytes in the region (or not a multiple of the granularity)",
+    if (next_range(h->size, 0, &addr, &mapped, &reused)) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        set_error("cuIpcOpenMemHandle: no room for %llu bytes in the region", (unsigned long long)h->size);
+    } else if (mapped != h->size) {
+        give_back(addr, mapped, reused, saved);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        set_error("cuIpcOpenMemHandle: the peer allocation's size %llu is not a multiple of the granularity",
                   (unsigned long long)h->size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    r = map_with_access(addr, mapped, mh);
-    if (r != CUDA_SUCCESS) {
-        if (reused)
-            gp_free_add(&g_free, addr, mapped);
-        else
-            g_bump.cursor -= mapped;
-        release(mh);
-        gp_ipc_transition(&e->st, GP_IPC_EV_RELEASE);
+    } else if ((r = map_with_access(addr, mapped, mh)) != CUDA_SUCCESS) {
+        give_back(addr, mapped, reused, saved);
         set_error("cuIpcOpenMemHandle: mapping the peer allocation failed with %d", (int)r);
+    }
+    if (r != CUDA_SUCCESS) {
+        d->cuMemRelease(mh);
+        gp_ipc_transition(&e->st, GP_IPC_EV_RELEASE);
         return r;
     }
     gp_ipc_transition(&e->st, GP_IPC_EV_MAP);
@@ -97,13 +95,12 @@ static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
 }
 
 GP_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
-    typedef CUresult (*fn_t)(CUdeviceptr *, CUipcMemHandle, unsigned int);
-    REAL(cuIpcOpenMemHandle_v2, fn_t);
+    NEED(cuIpcOpenMemHandle_v2);
     gp_ipc_handle_t h;
-    int d = gp_ipc_decode(handle.reserved, &h);
-    if (d == GP_IPC_E_NOT_OURS) return r_cuIpcOpenMemHandle_v2(pdptr, handle, flags); /* a legacy handle */
-    if (d != 0) {
-        set_error("cuIpcOpenMemHandle: a graphpersist handle that does not decode (%d: version or checksum)", d);
+    int dec = gp_ipc_decode(handle.reserved, &h);
+    if (dec == GP_IPC_E_NOT_OURS) return d->cuIpcOpenMemHandle_v2(pdptr, handle, flags); /* a legacy handle */
+    if (dec != 0) {
+        set_error("cuIpcOpenMemHandle: a graphpersist handle that does not decode (%d: version or checksum)", dec);
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!enabled()) {
@@ -129,25 +126,64 @@ GP_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHan
     return r;
 }
 
+/* The import handing out `ptr`, or NULL (the lock is held). */
+static gp_ipc_import_t *import_at(uint64_t ptr) {
+    for (size_t i = 0; i < g_imports.n; i++) {
+        gp_ipc_import_t *e = &g_imports.e[i];
+        if (e->st.state == GP_IPC_MAPPED && e->map_addr + e->offset == ptr) return e;
+    }
+    return NULL;
+}
+
+/* The last close unmaps, so it first waits for pending work like cuMemFree does (see there, also for stream
+ * capture), outside the lock; any failure after that undoes the close: the mapping stays, with its reference. */
 GP_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
-    typedef CUresult (*fn_t)(CUdeviceptr);
-    typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
-    typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
-    REAL(cuIpcCloseMemHandle, fn_t);
-    pthread_mutex_lock(&g_lock);
-    long idx = -1;
-    int c = gp_ipc_table_close(&g_imports, dptr, &idx);
+    NEED(cuIpcCloseMemHandle);
+    if (!d->cuCtxSynchronize || !d->cuMemUnmap || !d->cuMemRelease) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = CUDA_SUCCESS;
-    if (c == 1) {
-        gp_ipc_import_t *e = &g_imports.e[idx];
-        unmap_t unmap = (unmap_t)real_fn("cuMemUnmap");
-        release_t release = (release_t)real_fn("cuMemRelease");
-        r = unmap(e->map_addr, e->size);
-        if (r == CUDA_SUCCESS) r = release((CUmemGenericAllocationHandle)e->cu_handle);
-        gp_log_append(&g_log, GP_EV_IPC_CLOSE, e->map_addr, e->size, 0);
-        if (r == CUDA_SUCCESS) gp_free_add(&g_free, e->map_addr, e->size);
+    int synced = 0;
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        gp_ipc_import_t *e = import_at(dptr);
+        if (!e) break;
+        if (e->refs == 1 && !synced) {
+            pthread_mutex_unlock(&g_lock);
+            r = FAULTY("sync", d->cuCtxSynchronize());
+            if (r != CUDA_SUCCESS) {
+                set_error("cuIpcCloseMemHandle(0x%llx): synchronizing before the unmap failed with %d; the mapping "
+                          "stays", (unsigned long long)dptr, (int)r);
+                return r;
+            }
+            synced = 1;
+            pthread_mutex_lock(&g_lock);
+            continue; /* look again: another thread may have opened or closed it meanwhile */
+        }
+        if (e->refs == 1 && log_reserve()) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (gp_ipc_table_close(&g_imports, dptr, NULL) == 1) {
+            r = FAULTY("unmap", d->cuMemUnmap(e->map_addr, e->size));
+            if (r == CUDA_SUCCESS) {
+                r = FAULTY("release", d->cuMemRelease((CUmemGenericAllocationHandle)e->cu_handle));
+                if (r != CUDA_SUCCESS && map_with_access(e->map_addr, e->size, e->cu_handle) != CUDA_SUCCESS) {
+                    set_error("cuIpcCloseMemHandle(0x%llx): release failed with %d and mapping it again failed too; "
+                              "the range is withdrawn from the region", (unsigned long long)dptr, (int)r);
+                    pthread_mutex_unlock(&g_lock); /* stays RELEASED, its range never handed out again */
+                    return r;
+                }
+            }
+            if (r == CUDA_SUCCESS) {
+                gp_log_append(&g_log, GP_EV_IPC_CLOSE, e->map_addr, e->size, 0);
+                gp_free_add(&g_free, e->map_addr, e->size);
+            } else { /* undo the CLOSE: the mapping is there and referenced, as before the call */
+                e->st.state = GP_IPC_MAPPED;
+                e->refs = 1;
+                set_error("cuIpcCloseMemHandle(0x%llx): unmapping or releasing failed with %d; the mapping stays",
+                          (unsigned long long)dptr, (int)r);
+            }
+        }
+        pthread_mutex_unlock(&g_lock);
+        return r;
     }
     pthread_mutex_unlock(&g_lock);
-    if (c == GP_IPC_E_NOT_FOUND) return r_cuIpcCloseMemHandle(dptr); /* not ours: a legacy mapping */
-    return r;
+    return d->cuIpcCloseMemHandle(dptr); /* not ours: a legacy mapping */
 }

@@ -1,24 +1,69 @@
 /* The real driver and the real dlsym; dlsym and cuGetProcAddress hand out our wrappers. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gp_state.h"
 
-static void *(*real_dlsym)(void *, const char *);
-static void *g_libcuda;
+/* dlsym's symbol version in libc (glibc >= 2.34 moved it there under a new version) or libdl, newest first: what
+ * this build's architecture started with, so RTLD_NEXT finds the real one whichever glibc runs us. */
+static const char *const g_dlsym_versions[] = {
+    "GLIBC_2.34",
+#if defined(__x86_64__)
+    "GLIBC_2.2.5",
+#elif defined(__aarch64__)
+    "GLIBC_2.17",
+#elif defined(__powerpc64__)
+    "GLIBC_2.3",
+#elif defined(__s390x__)
+    "GLIBC_2.2",
+#elif defined(__riscv)
+    "GLIBC_2.27",
+#elif defined(__i386__)
+    "GLIBC_2.0",
+#endif
+    NULL};
 
-void init_real_dlsym(void) {
-    if (real_dlsym) return;
-    real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!real_dlsym) real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+static void *(*g_real_dlsym)(void *, const char *);
+static pthread_once_t g_dlsym_once = PTHREAD_ONCE_INIT;
+static gp_driver_t g_drv;
+static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
+
+static void resolve_dlsym(void) {
+    for (const char *const *v = g_dlsym_versions; *v && !g_real_dlsym; v++)
+        g_real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", *v);
+    if (!g_real_dlsym) {
+        char tried[128] = "";
+        for (const char *const *v = g_dlsym_versions; *v; v++)
+            snprintf(tried + strlen(tried), sizeof tried - strlen(tried), "%s%s", *v, v[1] ? ", " : "");
+        set_error("the C library's own dlsym was not found (tried versions %s): this glibc or architecture is not "
+                  "supported, so no symbol lookup through dlsym can work with the interposer loaded", tried);
+    }
 }
 
-void *real_fn(const char *name) {
-    init_real_dlsym();
-    if (!g_libcuda) g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!g_libcuda || !real_dlsym) return NULL;
-    return real_dlsym(g_libcuda, name);
+void *gp_real_dlsym(void *handle, const char *name) {
+    pthread_once(&g_dlsym_once, resolve_dlsym);
+    return g_real_dlsym ? g_real_dlsym(handle, name) : NULL;
+}
+
+static void resolve_driver(void) {
+    const char *path = getenv("GP_LIBCUDA");
+    if (!path || !*path) path = "libcuda.so.1";
+    void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) {
+        set_error("cannot load the CUDA driver %s: %s", path, dlerror());
+        return;
+    }
+#define GP_RESOLVE(name) g_drv.name = (__typeof__(g_drv.name))gp_real_dlsym(lib, #name);
+    GP_DRIVER_FUNCS(GP_RESOLVE)
+#undef GP_RESOLVE
+}
+
+const gp_driver_t *gp_driver(void) {
+    pthread_once(&g_drv_once, resolve_driver);
+    return &g_drv;
 }
 
 typedef struct {
@@ -40,6 +85,7 @@ static const hook_t g_hooks[] = {
     {"cuMemAddressReserve", "cuMemAddressReserve", (void *)cuMemAddressReserve, NULL},
     {"cuMemAddressFree", "cuMemAddressFree", (void *)cuMemAddressFree, NULL},
     {"cuMemMap", "cuMemMap", (void *)cuMemMap, NULL},
+    {"cuMemUnmap", "cuMemUnmap", (void *)cuMemUnmap, NULL},
     {"cuMemAllocManaged", "cuMemAllocManaged", (void *)cuMemAllocManaged, NULL},
     {"cuIpcGetMemHandle", "cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, NULL},
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, NULL},
@@ -64,10 +110,9 @@ static const hook_t *hook_by_base(const char *name) {
 
 GP_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
                                                CUdriverProcAddressQueryResult *st) {
-    typedef CUresult (*fn_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-    REAL(cuGetProcAddress_v2, fn_t);
+    NEED(cuGetProcAddress_v2);
     read_env();
-    CUresult r = r_cuGetProcAddress_v2(symbol, pfn, ver, flags, st);
+    CUresult r = d->cuGetProcAddress_v2(symbol, pfn, ver, flags, st);
     gp_log("cuGetProcAddress %s ver %d flags %llu -> %d", symbol, ver, (unsigned long long)flags, (int)r);
     if (r != CUDA_SUCCESS || !pfn || !*pfn || !symbol) return r;
     const hook_t *h = hook_by_base(symbol);
@@ -91,7 +136,6 @@ CUresult gp_cuGetProcAddress_v1(const char *symbol, void **pfn, int ver, cuuint6
 }
 
 GP_EXPORT void *dlsym(void *handle, const char *name) {
-    init_real_dlsym();
     if (name[0] == 'c' && name[1] == 'u') {
         if (strcmp(name, "cuGetProcAddress") == 0) return (void *)gp_cuGetProcAddress_v1;
         for (size_t i = 0; i < NHOOKS; i++) {
@@ -105,5 +149,5 @@ GP_EXPORT void *dlsym(void *handle, const char *name) {
             if (h->wrapper_ptsz && strcmp(name + n, "_ptsz") == 0) return h->wrapper_ptsz;
         }
     }
-    return real_dlsym(handle, name);
+    return gp_real_dlsym(handle, name);
 }

@@ -67,24 +67,61 @@ void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void read_env(void);
 int enabled(void);
 
-/* ---- the real driver (gp_lookup.c) ---- */
-void init_real_dlsym(void);
-void *real_fn(const char *name);
+/* Per-thread default-stream variants cuda.h declares only under CUDA_API_PER_THREAD_DEFAULT_STREAM. */
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool p, CUstream s);
 
-#define REAL(name, type)                                  \
-    static type r_##name;                                 \
-    if (!r_##name) r_##name = (type)real_fn(#name);       \
-    if (!r_##name) return CUDA_ERROR_NOT_INITIALIZED;
+/* ---- the real driver (gp_lookup.c) ----
+ * Every entry point the interposer calls, resolved once (pthread_once) from $GP_LIBCUDA (default libcuda.so.1, the
+ * override lets the CPU tests put a fake driver underneath). A missing one stays NULL and its hook answers
+ * CUDA_ERROR_NOT_INITIALIZED. */
+#define GP_DRIVER_FUNCS(X)                                                                                         \
+    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuDeviceTotalMem_v2) X(cuMemGetAllocationGranularity)                \
+    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap)            \
+    X(cuMemSetAccess) X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemAlloc_v2)          \
+    X(cuMemAllocPitch_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)          \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)      \
+    X(cuIpcCloseMemHandle) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuLibraryLoadData) \
+    X(cuGetProcAddress_v2) X(cuGraphAddKernelNode_v2) X(cuGraphKernelNodeSetAttribute)                             \
+    X(cuGraphKernelNodeGetAttribute) X(cuGraphAddDependencies_v2)
+
+#define GP_DRIVER_FIELD(name) __typeof__(&name) name;
+typedef struct {
+    GP_DRIVER_FUNCS(GP_DRIVER_FIELD)
+} gp_driver_t;
+
+/* The resolved table (resolving it on first use, thread-safe). */
+const gp_driver_t *gp_driver(void);
+/* The real dlsym (resolved once, checked: NULL with one clear error when this glibc offers none we know). */
+void *gp_real_dlsym(void *handle, const char *name);
+
+/* Declares `d` (the driver table) and returns CUDA_ERROR_NOT_INITIALIZED from the hook when `name` is missing. */
+#define NEED(name)                          \
+    const gp_driver_t *d = gp_driver();     \
+    if (!d->name) return CUDA_ERROR_NOT_INITIALIZED;
+
+/* ---- fault injection (gp_state.c), for the rollback tests: GP_FAULT=<site>:<nth> or gp_fault_inject() ----
+ * gp_fault(site) is true exactly once, at the nth time `site` is reached after arming; the caller then fails as if
+ * the driver call or host allocation at that site had failed. Sites: reserve create map access unmap release sync
+ * export import fd live_grow log_grow. */
+int gp_fault(const char *site);
+#define GP_FAULT_ERROR CUDA_ERROR_UNKNOWN
+/* `call` unless the fault at `site` fires (then GP_FAULT_ERROR, and `call` is not made). */
+#define FAULTY(site, call) (gp_fault(site) ? GP_FAULT_ERROR : (call))
+
+/* Room for one more event in g_log, so that an append after a driver call cannot fail (fault site log_grow). */
+int log_reserve(void);
 
 /* ---- region placement (gp_mem.c); callers hold g_lock ---- */
 int ensure_region(void);
+/* Gives a range next_range() handed out back, restoring the cursor saved before it (or the free list). */
+void give_back(uint64_t addr, uint64_t mapped, int reused, uint64_t saved_cursor);
 CUresult map_with_access(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle h);
 CUresult map_at(uint64_t addr, uint64_t size);
 int in_region(uint64_t a);
 int next_range(uint64_t bytes, uint64_t align, uint64_t *addr, uint64_t *mapped, int *reused);
 live_t *live_containing(uint64_t p);
+/* The mapping of (addr, size, h) undone after a failure: unmap, release (both real driver calls, no faults). */
+void unmap_release(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle h);
 
-/* ---- hooks the lookup table hands out (gp_mem.c, gp_ipc_hooks.c, gp_image_hooks.c, gp_lookup.c) ---- */
-CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
-CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool p, CUstream s);
 #endif

@@ -1,0 +1,266 @@
+/* A fake CUDA driver for the CPU tests of the interposer (never shipped): the driver entry points the interposer
+ * calls, on top of host memory. A reservation is a PROT_NONE mapping, a physical allocation a memfd (so exporting
+ * and importing POSIX fds works between processes), cuMemMap maps the memfd into the reservation, cuMemSetAccess
+ * makes it readable and writable, cuMemUnmap puts PROT_NONE back. It counts live handles, mappings and
+ * reservations and records the order of the calls that matter, so a test can prove that nothing leaked and that
+ * a free synchronized before it unmapped. The interposer loads it through GP_LIBCUDA.
+ *
+ * Types are spelled as their ABI (the interposer's gp_cuda.h names them): CUresult int, CUdeviceptr and handles
+ * 64-bit, CUdevice int. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+typedef int CUresult;
+typedef unsigned long long devptr_t;
+enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_SUPPORTED = 801, E_NOT_FOUND = 500 };
+
+#define MAXN 4096
+typedef struct {
+    int fd; /* -1: slot free */
+    size_t size;
+} handle_t;
+typedef struct {
+    uint64_t addr, size;
+    int used;
+} range_t;
+
+static handle_t g_handles[MAXN];
+static range_t g_maps[MAXN], g_resv[MAXN], g_plain[MAXN];
+static int g_nhandles_live, g_nmaps_live, g_nresv_live, g_nplain_live;
+static int g_device, g_sync_result, g_sync_calls;
+static char g_trace[8192];
+
+static void trace(const char *what, uint64_t addr) {
+    size_t n = strlen(g_trace);
+    if (n + 40 < sizeof g_trace) snprintf(g_trace + n, sizeof g_trace - n, "%s:%llx ", what, (unsigned long long)addr);
+}
+
+static range_t *add_range(range_t *t, uint64_t addr, uint64_t size, int *live) {
+    for (int i = 0; i < MAXN; i++)
+        if (!t[i].used) {
+            t[i] = (range_t){addr, size, 1};
+            ++*live;
+            return &t[i];
+        }
+    return NULL;
+}
+
+static range_t *find_range(range_t *t, uint64_t addr, int containing, uint64_t size) {
+    for (int i = 0; i < MAXN; i++) {
+        if (!t[i].used) continue;
+        if (!containing && t[i].addr == addr) return &t[i];
+        if (containing && addr >= t[i].addr && addr + size <= t[i].addr + t[i].size) return &t[i];
+    }
+    return NULL;
+}
+
+static int overlaps(range_t *t, uint64_t addr, uint64_t size) {
+    for (int i = 0; i < MAXN; i++)
+        if (t[i].used && addr < t[i].addr + t[i].size && t[i].addr < addr + size) return 1;
+    return 0;
+}
+
+static handle_t *handle_of(unsigned long long h) {
+    return h >= 1 && h <= MAXN && g_handles[h - 1].fd >= 0 && g_handles[h - 1].size ? &g_handles[h - 1] : NULL;
+}
+
+static CUresult new_handle(int fd, size_t size, unsigned long long *out) {
+    for (int i = 0; i < MAXN; i++)
+        if (g_handles[i].size == 0) {
+            g_handles[i] = (handle_t){fd, size};
+            g_nhandles_live++;
+            *out = (unsigned long long)i + 1;
+            return OK;
+        }
+    close(fd);
+    return E_OUT_OF_MEMORY;
+}
+
+/* ---- what the tests read and set ---- */
+EXPORT int fake_live_handles(void) { return g_nhandles_live; }
+EXPORT int fake_live_mappings(void) { return g_nmaps_live; }
+EXPORT int fake_live_reservations(void) { return g_nresv_live; }
+EXPORT int fake_live_plain(void) { return g_nplain_live; }
+EXPORT int fake_sync_calls(void) { return g_sync_calls; }
+EXPORT void fake_set_sync_result(int r) { g_sync_result = r; }
+EXPORT void fake_set_device(int d) { g_device = d; }
+EXPORT const char *fake_trace(void) { return g_trace; }
+EXPORT void fake_clear_trace(void) { g_trace[0] = 0; }
+
+/* ---- the driver ---- */
+EXPORT CUresult cuCtxGetDevice(int *dev) {
+    *dev = g_device;
+    return OK;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    g_sync_calls++;
+    trace("sync", 0);
+    return g_sync_result;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev) {
+    *bytes = 1ull << 30;
+    return OK;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int flags) {
+    *g = 2u << 20;
+    return OK;
+}
+
+EXPORT CUresult cuMemAddressReserve(devptr_t *ptr, size_t size, size_t align, devptr_t addr, unsigned long long f) {
+    void *p = mmap((void *)(uintptr_t)addr, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (addr ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    if (p == MAP_FAILED) return E_OUT_OF_MEMORY;
+    if (addr && (uintptr_t)p != addr) {
+        munmap(p, size);
+        return E_OUT_OF_MEMORY;
+    }
+    add_range(g_resv, (uintptr_t)p, size, &g_nresv_live);
+    *ptr = (uintptr_t)p;
+    trace("reserve", *ptr);
+    return OK;
+}
+
+EXPORT CUresult cuMemAddressFree(devptr_t ptr, size_t size) {
+    range_t *r = find_range(g_resv, ptr, 0, 0);
+    if (!r || r->size != size || overlaps(g_maps, ptr, size)) return E_INVALID_VALUE;
+    munmap((void *)(uintptr_t)ptr, size);
+    r->used = 0;
+    g_nresv_live--;
+    return OK;
+}
+
+EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
+    int fd = memfd_create("fakecuda", MFD_CLOEXEC);
+    if (fd < 0) return E_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return E_OUT_OF_MEMORY;
+    }
+    CUresult r = new_handle(fd, size, h);
+    if (r == OK) trace("create", *h);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(unsigned long long h) {
+    handle_t *x = handle_of(h);
+    if (!x) return E_INVALID_VALUE;
+    close(x->fd); /* mappings keep the memory, as on the driver */
+    *x = (handle_t){-1, 0};
+    g_nhandles_live--;
+    trace("release", h);
+    return OK;
+}
+
+EXPORT CUresult cuMemMap(devptr_t ptr, size_t size, size_t offset, unsigned long long h, unsigned long long flags) {
+    handle_t *x = handle_of(h);
+    if (!x || offset + size > x->size || !find_range(g_resv, ptr, 1, size) || overlaps(g_maps, ptr, size))
+        return E_INVALID_VALUE;
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, x->fd, (off_t)offset) == MAP_FAILED)
+        return E_OUT_OF_MEMORY;
+    add_range(g_maps, ptr, size, &g_nmaps_live);
+    trace("map", ptr);
+    return OK;
+}
+
+EXPORT CUresult cuMemSetAccess(devptr_t ptr, size_t size, const void *desc, size_t count) {
+    if (!find_range(g_maps, ptr, 1, size)) return E_INVALID_VALUE;
+    return mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) == 0 ? OK : E_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemUnmap(devptr_t ptr, size_t size) {
+    range_t *r = find_range(g_maps, ptr, 0, 0);
+    if (!r || r->size != size) return E_INVALID_VALUE;
+    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    r->used = 0;
+    g_nmaps_live--;
+    trace("unmap", ptr);
+    return OK;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int type, unsigned long long flags) {
+    handle_t *x = handle_of(h);
+    if (!x) return E_INVALID_VALUE;
+    int fd = fcntl(x->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return E_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    return OK;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type) {
+    struct stat st;
+    int fd = fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return E_INVALID_VALUE;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        close(fd);
+        return E_INVALID_VALUE;
+    }
+    return new_handle(fd, (size_t)st.st_size, h);
+}
+
+static CUresult plain_alloc(devptr_t *p, size_t size) {
+    void *m = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return E_OUT_OF_MEMORY;
+    add_range(g_plain, (uintptr_t)m, size ? size : 1, &g_nplain_live);
+    *p = (uintptr_t)m;
+    return OK;
+}
+
+EXPORT CUresult cuMemAlloc_v2(devptr_t *p, size_t size) { return plain_alloc(p, size); }
+EXPORT CUresult cuMemAllocManaged(devptr_t *p, size_t size, unsigned int flags) { return plain_alloc(p, size); }
+EXPORT CUresult cuMemAllocPitch_v2(devptr_t *p, size_t *pitch, size_t w, size_t h, unsigned int e) {
+    *pitch = (w + 511) / 512 * 512;
+    return plain_alloc(p, *pitch * h);
+}
+
+EXPORT CUresult cuMemFree_v2(devptr_t p) {
+    range_t *r = find_range(g_plain, p, 0, 0);
+    if (!r) return E_INVALID_VALUE;
+    munmap((void *)(uintptr_t)p, r->size);
+    r->used = 0;
+    g_nplain_live--;
+    return OK;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(void *handle, devptr_t p) { return E_NOT_SUPPORTED; }
+EXPORT CUresult cuIpcOpenMemHandle_v2(devptr_t *p, char handle[64], unsigned int flags) { return E_NOT_SUPPORTED; }
+EXPORT CUresult cuIpcCloseMemHandle(devptr_t p) { return E_NOT_SUPPORTED; }
+
+static const struct {
+    const char *name;
+    void *fn;
+} g_procs[] = {
+    {"cuCtxGetDevice", (void *)cuCtxGetDevice},
+    {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+    {"cuMemAlloc", (void *)cuMemAlloc_v2},
+    {"cuMemFree", (void *)cuMemFree_v2},
+    {"cuMemAddressReserve", (void *)cuMemAddressReserve},
+    {"cuMemAddressFree", (void *)cuMemAddressFree},
+    {"cuMemMap", (void *)cuMemMap},
+    {"cuMemUnmap", (void *)cuMemUnmap},
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, unsigned long long flags, int *status) {
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++)
+        if (strcmp(g_procs[i].name, symbol) == 0) {
+            *pfn = g_procs[i].fn;
+            if (status) *status = 0;
+            return OK;
+        }
+    *pfn = NULL;
+    if (status) *status = 1;
+    return E_NOT_FOUND;
+}
+
+__attribute__((constructor)) static void init(void) {
+    for (int i = 0; i < MAXN; i++) g_handles[i] = (handle_t){-1, 0};
+}
