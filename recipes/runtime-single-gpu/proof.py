@@ -184,7 +184,7 @@ def _resign(root: Path, rel: str) -> None:
 
 
 def step_drift(archive: Path, work: Path) -> dict[str, Any]:
-    """Refusals that need no other process: model facts, truncated graph file, tampered kernel image."""
+    """Refusals that need no other process: model facts, truncated graph pack, tampered kernel image."""
     _torch, model, api = _setup()
     from model import SIZES
 
@@ -212,10 +212,10 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
         )
 
     trunc = copy("truncated")
-    gfile = trunc / "rank_0" / "graphs" / "b8.bin"
+    gfile = trunc / "rank_0" / "graphs" / "pack.bin"
     gfile.write_bytes(gfile.read_bytes()[: gfile.stat().st_size // 2])
     out["truncated_graph_file"] = _expect_refusal(lambda: run(trunc))
-    _resign(trunc, "rank_0/graphs/b8.bin")
+    _resign(trunc, "rank_0/graphs/pack.bin")
     out["truncated_graph_file_resigned"] = _expect_refusal(lambda: run(trunc))
 
     tamp = copy("tampered")
@@ -316,10 +316,19 @@ def _raw_param_diff(a: Path, b: Path, ra: dict[str, Any]) -> dict[str, Any]:
     nodes = differ = 0
     kernels: dict[str, int] = {}
     region_words_differ = 0
+    from graphpersist import graphpack
+
+    def packed(root: Path) -> tuple[bytes, dict[str, graphpack.PackedGraph]]:
+        pack = (root / "rank_0" / graphpack.PACK_NAME).read_bytes()
+        index = json.loads((root / "rank_0" / graphpack.INDEX_NAME).read_text())
+        return pack, {g.name: g for g in graphpack.parse_index(index, len(pack))}
+
+    pack_a, index_a = packed(a)
+    pack_b, index_b = packed(b)
     for g in ra["graphs"]:
-        desc = json.loads((a / "rank_0" / "graphs" / f"{g['name']}.json").read_text())
-        ba = (a / "rank_0" / "graphs" / f"{g['name']}.bin").read_bytes()
-        bb = (b / "rank_0" / "graphs" / f"{g['name']}.bin").read_bytes()
+        desc = index_a[g["name"]].full_desc_of(pack_a)
+        ba = index_a[g["name"]].part(pack_a, "params")
+        bb = index_b[g["name"]].part(pack_b, "params")
         for nd in desc["nodes"]:
             if nd["type"] != "kernel":
                 continue
@@ -414,8 +423,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         "model_shapes": ("different model shapes", "LoadRefused", "model.config_fingerprint"),
         "tampered_image": ("tampered kernel image (archive checksum)", "ArchiveError", "images/"),
         "tampered_image_resigned": ("tampered kernel image (manifest re-signed)", "ArchiveError", "does not hash to"),
-        "truncated_graph_file": ("truncated graph file (archive checksum)", "ArchiveError", "graphs/b8.bin"),
-        "truncated_graph_file_resigned": ("truncated graph file (manifest re-signed)", "GraphFormatError", "truncated"),
+        "truncated_graph_file": ("truncated graph pack (archive checksum)", "ArchiveError", "graphs/pack.bin"),
+        "truncated_graph_file_resigned": ("truncated graph pack (manifest re-signed)", "ArchiveError", "truncated"),
     }
     for key, (label, err, needle) in want.items():
         d = drift.get(key, {})

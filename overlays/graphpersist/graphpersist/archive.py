@@ -537,12 +537,20 @@ def _reference_problems(records: Mapping[int, RankRecord], files: Mapping[str, F
 
 
 class Archive:
-    """A verified archive. Every read() re-checks the bytes it returns against the manifest."""
+    """A verified archive. read() returns bytes checked against the manifest: those open_archive kept while
+    verifying (keep_rank) once without reading or hashing them again, any other read re-checked."""
 
-    def __init__(self, root: Path, manifest: Manifest, records: Mapping[int, RankRecord]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        records: Mapping[int, RankRecord],
+        verified: dict[str, bytes] | None = None,
+    ) -> None:
         self.root = root
         self.manifest = manifest
         self._records = dict(records)
+        self._verified = verified if verified is not None else {}
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -581,6 +589,9 @@ class Archive:
     def read_path(self, rel: str) -> bytes:
         """Reads an archive-relative path (as records name them), verified against size and sha256."""
         rel, entry = self._entry(rel)
+        kept = self._verified.pop(rel, None)
+        if kept is not None:
+            return kept
         try:
             data = (self.root / rel).read_bytes()
         except FileNotFoundError:
@@ -597,11 +608,13 @@ class Archive:
         return rel, entry
 
 
-def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
+def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
     Sizes, presence and unexpected files are always checked. verify_checksums=False skips hashing every file up
-    front (read() still verifies what it returns), for callers that read all files anyway.
+    front (read() still verifies what it returns), for callers that read all files anyway. keep_rank=r keeps the
+    bytes of rank r's files and of the shared top-level ones as they were hashed, so that rank's LOAD hashes each
+    byte once: the first read() of each returns them (and drops them), later ones read and verify again.
     """
     root = Path(os.path.abspath(root))
     if not root.exists():
@@ -618,7 +631,12 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     except ManifestError as exc:
         raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
 
-    bad_files = dict(_file_problems(root, manifest, verify_checksums))
+    kept: dict[str, bytes] = {}
+    keep = None
+    if keep_rank is not None and verify_checksums:
+        own = f"{rank_dir(keep_rank)}/"
+        keep = lambda rel: rel.startswith(own) or not _RANK_DIR.fullmatch(rel.split("/", 1)[0])  # noqa: E731
+    bad_files = dict(_file_problems(root, manifest, verify_checksums, keep, kept))
     problems = list(bad_files.values())
     records: dict[int, RankRecord] = {}
     for rank in manifest.ranks:
@@ -639,11 +657,20 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True) -> Archive:
     problems += _reference_problems(records, manifest.files)
     if problems:
         raise ArchiveError(root, problems)
-    return Archive(root, manifest, records)
+    return Archive(root, manifest, records, kept)
 
 
-def _file_problems(root: Path, manifest: Manifest, verify_checksums: bool) -> Iterator[tuple[str, str]]:
-    """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file."""
+def _file_problems(
+    root: Path,
+    manifest: Manifest,
+    verify_checksums: bool,
+    keep: Any = None,
+    kept: dict[str, bytes] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file.
+
+    Files for which `keep(rel)` is true are read whole and, when they verify, their bytes stored in `kept`.
+    """
     for rel, entry in manifest.files.items():
         if not _plain(rel) or rel == MANIFEST_NAME:
             yield rel, f"{MANIFEST_NAME} lists an invalid path {rel!r}"
@@ -657,10 +684,18 @@ def _file_problems(root: Path, manifest: Manifest, verify_checksums: bool) -> It
         except FileNotFoundError:
             yield rel, f"missing file {rel} (listed in {MANIFEST_NAME})"
             continue
-        digest = (lambda p=path: _entry_of(p).sha256) if verify_checksums else None
+        data = None
+        if verify_checksums and keep is not None and kept is not None and keep(rel) and size == entry.size:
+            data = path.read_bytes()
+            size = len(data)
+            digest = lambda d=data: hashlib.sha256(d).hexdigest()  # noqa: E731
+        else:
+            digest = (lambda p=path: _entry_of(p).sha256) if verify_checksums else None
         problem = _content_problem(rel, entry, size, digest)
         if problem:
             yield rel, problem
+        elif data is not None:
+            kept[rel] = data
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if rel != MANIFEST_NAME and rel not in manifest.files and (path.is_symlink() or not path.is_dir()):

@@ -31,13 +31,15 @@ def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
             for i, flags in enumerate(check_events(name, desc))]  # fmt: skip
 
 
-def rebuild(name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Sequence[Any] = ()) -> Any:
+def rebuild(
+    name: str, desc: dict[str, Any], blob: bytes, funcs: Any, events: Sequence[Any] = (), *, hashed: bool = False
+) -> Any:
     """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
 
     `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node; `events[i]` is the live
-    CUevent for event index i (from create_events).
+    CUevent for event index i (from create_events). `hashed` as for verify_blob.
     """
-    verify_blob(name, desc, blob)
+    verify_blob(name, desc, blob, hashed=hashed)
     _check_event_count(name, desc, events)
     drv = driver()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
@@ -135,20 +137,28 @@ def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[lis
 
 
 def rebuild_native(
-    name: str, desc: dict[str, Any], blob: bytes, table: bytes, funcs: Sequence[Any], events: Sequence[Any] = ()
+    name: str,
+    desc: dict[str, Any],
+    blob: bytes,
+    table: bytes,
+    funcs: Sequence[Any],
+    events: Sequence[Any] = (),
+    *,
+    hashed: bool = False,
 ) -> Any:
     """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
 
     `funcs[i]` is the live CUfunction for desc["funcs"][i]; `events` as for rebuild(). Non-kernel nodes (event
     nodes included) are added from Python into the same node-index slots after the kernel nodes, so the edges,
-    which refer to node indices, stay right; edges with edge data take the Python path.
+    which refer to node indices, stay right; edges with edge data take the Python path. `hashed=True` (bytes
+    from a verified archive file) skips hashing the blob and the table again; their sizes are still compared.
     """
     from graphpersist import region
 
-    verify_blob(name, desc, blob)
+    verify_blob(name, desc, blob, hashed=hashed)
     _check_event_count(name, desc, events)
     drv = driver()
-    if len(table) != desc["table_size"] or hashlib.sha256(table).hexdigest() != desc["table_sha256"]:
+    if len(table) != desc["table_size"] or (not hashed and hashlib.sha256(table).hexdigest() != desc["table_sha256"]):
         raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
     lib = region.lib()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")

@@ -209,11 +209,34 @@ def address_fingerprint(desc: dict[str, Any], blob: bytes, lo: int, hi: int) -> 
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def verify_blob(name: str, desc: dict[str, Any], blob: bytes) -> None:
-    """Refuses a graph whose parameter file is truncated or altered, before anything is rebuilt."""
+def verify_blob(name: str, desc: dict[str, Any], blob: bytes, *, hashed: bool = False) -> None:
+    """Refuses a graph whose parameter file is truncated or altered, before anything is rebuilt.
+
+    `hashed=True`: the bytes come from an archive file whose sha256 was verified (a graph pack), so only the size
+    is compared here; hashing them again would not catch anything the file hash did not.
+    """
     if len(blob) != desc["blob_size"]:
         raise GraphFormatError(
             f"graph {name!r}: parameter file is truncated or padded ({len(blob)} bytes, expected {desc['blob_size']})"
         )
-    if hashlib.sha256(blob).hexdigest() != desc["blob_sha256"]:
+    if not hashed and hashlib.sha256(blob).hexdigest() != desc["blob_sha256"]:
         raise GraphFormatError(f"graph {name!r}: parameter file content does not match its recorded sha256")
+
+
+def check_shape(name: str, desc: dict[str, Any], table: bytes, node_count: int, nodes_by_type: dict[str, int]) -> None:
+    """Refuses a description whose node counts disagree with its rank record or its kernel table.
+
+    What LOAD's native path checks of every graph without parsing each kernel node (that is what the topology
+    fingerprint needs; see load(verify_topology=True)). Works on descriptions with kernel nodes reduced to stubs.
+    """
+    by_type: dict[str, int] = {}
+    for nd in desc["nodes"]:
+        by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+    if len(desc["nodes"]) != node_count or by_type != dict(nodes_by_type):
+        raise GraphFormatError(
+            f"graph {name!r}: description has {len(desc['nodes'])} nodes {by_type}, its record "
+            f"{node_count} {dict(nodes_by_type)}"
+        )
+    n_k = TABLE_HEADER.unpack_from(table)[0] if len(table) >= TABLE_HEADER.size else None
+    if n_k != by_type.get("kernel", 0):
+        raise GraphFormatError(f"graph {name!r}: kernel table lists {n_k} kernel nodes, the description {by_type}")

@@ -10,17 +10,31 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from graphpersist import graphbuild, graphformat, images, layout, phases, ranks, region, setup, state
+from graphpersist import (
+    graphbuild,
+    graphformat,
+    graphpack,
+    images,
+    layout,
+    phases,
+    ranks,
+    region,
+    setup,
+    state,
+    structure,
+)
 from graphpersist.archive import open_archive
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
+from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
 from graphpersist.tensors import tensor_at
 from graphpersist.validate import check_or_refuse
@@ -30,42 +44,98 @@ from graphpersist.validate import check_or_refuse
 class LoadedGraph:
     """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses.
 
-    `events[i]` is the live CUevent (cuda-bindings) standing for event index i of the saved graph (distinct
-    events numbered in order of first appearance at SAVE). The graph's event record/wait nodes use these fresh
-    events, not the ones captured in the SAVE process: an engine that records or waits on those events outside
-    the graph must use these (e.g. `cuEventRecord(lg.events[i], stream)` before replay, `cuStreamWaitEvent`
-    after). They are created with CU_EVENT_DISABLE_TIMING and live as long as this object.
+    `outputs` has the structure the captured function returned at SAVE (tensor, tuple, list, dict, dataclass,
+    None and plain values; see graphpersist.structure), with each tensor at its saved address. `events[i]` is the
+    live CUevent (cuda-bindings) standing for event index i of the saved graph (distinct events numbered in order
+    of first appearance at SAVE). The graph's event record/wait nodes use these fresh events, not the ones
+    captured in the SAVE process: an engine that records or waits on those events outside the graph must use
+    these (e.g. `cuEventRecord(lg.events[i], stream)` before replay, `cuStreamWaitEvent` after). They are created
+    with CU_EVENT_DISABLE_TIMING and live as long as this object.
+
+    The graph, its executable and its events are released by close() or when the object is collected
+    (cuGraphExecDestroy, cuGraphDestroy, cuEventDestroy), once; replay() after close() refuses.
     """
 
     name: str
     exec: Any
     graph: Any
     inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
+    outputs: Any
     node_count: int
     rebuild_s: float
     instantiate_s: float
     events: list[Any] = field(default_factory=list)
+    _release: weakref.finalize = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._release = weakref.finalize(self, _destroy, self.name, self.exec, self.graph, list(self.events))
+        self._release.atexit = False  # at exit the driver frees everything; its teardown order is not ours
+
+    @property
+    def closed(self) -> bool:
+        return not self._release.alive
+
+    def close(self) -> None:
+        """Destroys the executable, the graph and the events now; later calls do nothing."""
+        self._release()
 
     def replay(self) -> None:
         from cuda.bindings import driver as drv
 
+        if self.closed:
+            raise PersistError(f"graph {self.name!r} was closed: it cannot be replayed")
         if layout.needs_verify():  # post-capture memory and declared state are proven before the first replay
             layout.verify_state()
-
         images.check(drv.cuGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), f"replay {self.name}")
+
+
+def _destroy(name: str, exec_: Any, graph: Any, events: list[Any]) -> None:
+    """Releases what a LoadedGraph owns (executable first: it refers to the graph's nodes and the events)."""
+    from cuda.bindings import driver as drv
+
+    images.check(drv.cuGraphExecDestroy(exec_), f"graph {name!r}: cuGraphExecDestroy")
+    images.check(drv.cuGraphDestroy(graph), f"graph {name!r}: cuGraphDestroy")
+    for i, ev in enumerate(events):
+        images.check(drv.cuEventDestroy(ev), f"graph {name!r}: cuEventDestroy(event {i})")
 
 
 @dataclass
 class LoadResult:
-    """The restored graphs; `skipped_phases`: SAVE's skip_on_load phases this LOAD did not run (their memory
-    was mapped from the archive); `post_capture_phases`: phases the engine must now re-run before the first
-    replay (then verify_state(), or the replay itself, checks them and the declared state)."""
+    """The loaded graphs of this rank, by name in capture order, and the time of each LOAD phase.
 
-    graphs: dict[str, LoadedGraph]
+    `res["b8"]` and `res.get("b8")` raise a KeyError listing the closest names for an unknown name
+    (`res.get(name, default)` returns the default instead); iteration yields the names in capture order.
+    `skipped_phases`: SAVE's skip_on_load phases this LOAD did not run (their memory was mapped from the
+    archive); `post_capture_phases`: phases the engine must now re-run before the first replay (then
+    verify_state(), or the replay itself, checks them and the declared state).
+    """
+
+    graphs: GraphSet[LoadedGraph]
     timings: dict[str, float]
     skipped_phases: list[str] = field(default_factory=list)
     post_capture_phases: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> LoadedGraph:
+        return self.graphs[name]
+
+    def get(self, name: str, *default: Any) -> Any:
+        if name in self.graphs or not default:
+            return self.graphs[name]
+        return default[0]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.graphs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.graphs)
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def close(self) -> None:
+        """Releases every loaded graph (see LoadedGraph.close)."""
+        for g in self.graphs.values():
+            g.close()
 
 
 def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[str], layout.Pending | None]:
@@ -109,16 +179,21 @@ def load(
     native: bool = True,
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
+    verify_topology: bool = False,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
     With `parallel["world_size"] > 1` every rank calls it: a rank that refuses makes all of them raise (a
     PersistError naming each failing rank), so no rank goes on to replay collectives its peers never join.
+
+    Every graph's node counts are checked against its record and kernel table; `verify_topology=True` (and the
+    reference path, `native=False`) also parses every kernel node and recomputes each graph's topology
+    fingerprint, which costs about as much as the rest of LOAD for engine-sized archives (recipes/runtime-scale).
     """
     par = parallel_layout(parallel)
     coll = collective(par, rank, gather)
     try:
-        result = _load_rank(root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors)
+        result = _load_rank(root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology)
     except Exception as exc:
         if coll.world_size > 1:
             try:
@@ -146,10 +221,11 @@ def _load_rank(
     flags: Mapping[str, Any] | None,
     native: bool,
     setup_tensors: Mapping[str, torch.Tensor] | None,
+    verify_topology: bool,
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
-    archive = open_archive(root)
+    archive = open_archive(root, keep_rank=rank)
     t_open = time.perf_counter()
     info = region.info()
     live = collect_live(
@@ -164,17 +240,24 @@ def _load_rank(
     t_facts = time.perf_counter()
     check_or_refuse(archive, live, rank)
     rec = archive.rank_facts(rank)
-    # Graph files are checked before anything is mapped or loaded.
+    # Graph records are checked before anything is mapped or loaded.
+    packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
+    pack = packed.pack
     descs = {}
-    for g in rec.graphs:
-        desc = archive.read_json(rank, f"graphs/{g.name}.json")
-        blob = archive.read(rank, f"graphs/{g.name}.bin")
-        table = archive.read(rank, f"graphs/{g.name}.knodes")
-        graphformat.verify_blob(g.name, desc, blob)
+    full = verify_topology or not native  # the native path never looks at kernel nodes' JSON
+    for g, entry in zip(rec.graphs, packed.graphs, strict=True):
+        try:
+            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
+        except (graphpack.PackError, ValueError) as exc:
+            raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
+        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
+        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
         graphformat.check_events(g.name, desc)
-        if graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
+        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
+        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
             raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
-        descs[g.name] = (desc, blob, table)
+        descs[g.name] = (desc, blob, table, entry)
+    del pack, packed
     pointers = archive.read_json(rank, "pointers.json")
     if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != rec.pointers.fingerprint:
         raise PersistError("pointer inventory does not match its recorded fingerprint")
@@ -185,35 +268,41 @@ def _load_rank(
     t_memory = time.perf_counter()
 
     loaded = images.LoadedImages()
-    for im in rec.images:
-        loaded.load(im.sha256, im.kind, archive.read_path(im.file))
+    for im in rec.images:  # open_archive checked each image file's sha256 against the image's
+        loaded.load(im.sha256, im.kind, archive.read_path(im.file), verified=True)
     resolved = {name: [loaded.function(sha, kname, fattrs) for sha, kname, fattrs in d[0]["funcs"]]
                 for name, d in descs.items()}  # fmt: skip
     t_images = time.perf_counter()
 
-    tensors = archive.read_json(rank, "tensors.json")
-    out: dict[str, LoadedGraph] = {}
-    for name, (desc, blob, table) in descs.items():
+    views: dict[tuple[Any, ...], torch.Tensor] = {}  # graphs sharing a static buffer share its tensor, as at SAVE
+
+    def view(spec: Mapping[str, Any]) -> torch.Tensor:
+        key = (spec["addr"], spec["dtype"], tuple(spec["shape"]), tuple(spec["stride"]))
+        t = views.get(key)
+        if t is None:
+            t = views[key] = tensor_at(spec)
+        return t
+
+    out: GraphSet[LoadedGraph] = GraphSet()
+    rebuild_s = instantiate_s = 0.0
+    for name, (desc, blob, table, entry) in descs.items():
+        try:
+            outputs = structure.decode(entry.outputs, view, f"graph {name!r} outputs")
+        except structure.StructureError as exc:
+            raise PersistError(str(exc)) from None
+        inputs = [view(s) for s in entry.inputs]
         a = time.perf_counter()
         events = graphbuild.create_events(name, desc)
         if native:
-            g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events)
+            g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
         else:  # reference path: one cuda-bindings call per node (about 5x slower)
-            g = graphbuild.rebuild(name, desc, blob, loaded.function, events)
+            g = graphbuild.rebuild(name, desc, blob, loaded.function, events, hashed=True)
         b = time.perf_counter()
         ex = graphbuild.instantiate(name, g)
         c = time.perf_counter()
-        out[name] = LoadedGraph(
-            name,
-            ex,
-            g,
-            [tensor_at(s) for s in tensors[name]["inputs"]],
-            [tensor_at(s) for s in tensors[name]["outputs"]],
-            len(desc["nodes"]),
-            b - a,
-            c - b,
-            events,
-        )
+        rebuild_s += b - a
+        instantiate_s += c - b
+        out.add(name, LoadedGraph(name, ex, g, inputs, outputs, len(desc["nodes"]), b - a, c - b, events))
     t_end = time.perf_counter()
     layout.set_pending(pending)
     return LoadResult(
@@ -224,6 +313,8 @@ def _load_rank(
             "validate_s": t_validate - t0,
             "memory_s": t_memory - t_validate,
             "images_s": t_images - t_memory,
+            "rebuild_s": rebuild_s,
+            "instantiate_s": instantiate_s,
             "graphs_s": t_end - t_images,
             "total_s": t_end - t0,
         },

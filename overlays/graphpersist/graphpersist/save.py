@@ -17,10 +17,23 @@ from typing import Any
 
 import torch
 
-from graphpersist import graphformat, graphwalk, images, layout, phases, ranks, region, setup, world
-from graphpersist.archive import ArchiveWriter
+from graphpersist import (
+    graphformat,
+    graphpack,
+    graphwalk,
+    images,
+    layout,
+    phases,
+    ranks,
+    region,
+    setup,
+    structure,
+    world,
+)
+from graphpersist.archive import ArchiveWriter, archive_path
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
+from graphpersist.graphset import DuplicateGraph, GraphSet
 from graphpersist.liveenv import collect_live, world_facts
 from graphpersist.tensors import tensor_spec
 
@@ -44,7 +57,8 @@ class PersistentCUDAGraph(torch.cuda.CUDAGraph):
 class _Entry:
     graph: Any
     inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
+    outputs: dict[str, Any]  # structure.encode() tree: the output structure with a tensor spec at each leaf
+    output_tensors: list[torch.Tensor]
     capture_size: int | None
     mode: str | None
     capture_s: float | None
@@ -54,14 +68,14 @@ class _Entry:
 class Saver:
     """Collects captured graphs with their static tensors, then writes one archive."""
 
-    entries: dict[str, _Entry] = field(default_factory=dict)
+    entries: GraphSet[_Entry] = field(default_factory=GraphSet)
 
     def add(
         self,
         name: str,
         graph: Any,
         inputs: Sequence[torch.Tensor],
-        outputs: Sequence[torch.Tensor],
+        outputs: Any,
         *,
         capture_size: int | None = None,
         mode: str | None = None,
@@ -69,7 +83,19 @@ class Saver:
     ) -> None:
         if not hasattr(graph, "raw_cuda_graph"):
             raise PersistError(f"graph {name!r}: needs a torch CUDAGraph captured with keep_graph=True")
-        self.entries[name] = _Entry(graph, list(inputs), list(outputs), capture_size, mode, capture_s)
+        tensors: list[torch.Tensor] = []
+
+        def leaf(x: Any) -> dict[str, Any] | None:
+            if not isinstance(x, torch.Tensor):
+                return None
+            tensors.append(x)
+            return tensor_spec(x)
+
+        try:
+            tree = structure.encode(outputs, leaf, f"graph {name!r} outputs")
+            self.entries.add(name, _Entry(graph, list(inputs), tree, tensors, capture_size, mode, capture_s))
+        except (structure.StructureError, DuplicateGraph) as exc:
+            raise PersistError(f"{exc}: SAVE refused") from None
 
     def save(
         self,
@@ -184,7 +210,7 @@ class Saver:
                 saved[name] = graphwalk.serialize(g, table, lo, hi)
             except (graphformat.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
-            for t in (*e.inputs, *e.outputs):
+            for t in (*e.inputs, *e.output_tensors):
                 if not lo <= t.data_ptr() < hi:
                     raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
             setup.check_ownership(name, saved[name].pointers, live_mem)
@@ -238,18 +264,18 @@ class Saver:
             )
         graph_records = []
         content_fps = {}
+        pack = graphpack.PackWriter()
+        index_rel = archive_path(rank, graphpack.INDEX_NAME)  # every graph record names the index
         for name, sg in saved.items():
             e = self.entries[name]
-            rel = w.add_json(rank, f"graphs/{name}.json", sg.desc)
-            w.add_file(rank, f"graphs/{name}.bin", sg.blob)
-            w.add_file(rank, f"graphs/{name}.knodes", sg.table)
+            pack.add(name, sg.desc, sg.blob, sg.table, inputs=[tensor_spec(t) for t in e.inputs], outputs=e.outputs)
             by_type: dict[str, int] = {}
             for nd in sg.desc["nodes"]:
                 by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
             graph_records.append(
                 {
                     "name": name,
-                    "file": rel,
+                    "file": index_rel,
                     "topology_fingerprint": graphformat.topology_fingerprint(sg.desc),
                     "node_count": len(sg.desc["nodes"]),
                     "nodes_by_type": by_type,
@@ -266,14 +292,8 @@ class Saver:
         for r, data in prep["states"]:
             if r.how == "bytes":
                 w.add_file(rank, r.file, data)
-        w.add_json(
-            rank,
-            "tensors.json",
-            {
-                name: {"inputs": [tensor_spec(t) for t in e.inputs], "outputs": [tensor_spec(t) for t in e.outputs]}
-                for name, e in self.entries.items()
-            },
-        )
+        w.add_file(rank, graphpack.PACK_NAME, pack.data())
+        w.add_json(rank, graphpack.INDEX_NAME, pack.index())
         w.set_rank_facts(
             rank,
             {

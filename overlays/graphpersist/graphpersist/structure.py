@@ -1,0 +1,135 @@
+"""The structure of a graph's outputs as JSON: nested tuples, lists, dicts and dataclasses of tensors and values.
+
+A captured forward returns whatever the model returns (a tensor, a tuple of hidden states and residuals, a
+dataclass of logits and aux tensors, None for absent parts). SAVE records that shape with a spec at every tensor
+(`encode`), LOAD rebuilds the same shape with live tensors at the saved addresses (`decode`). Leaves are handled
+by the caller's functions, so this module needs neither torch nor CUDA:
+
+    {"kind": "tensor", "spec": {...}}                     a leaf (the caller's spec)
+    {"kind": "value", "value": 3}                         None, bool, int, finite float, str
+    {"kind": "tuple" | "list", "items": [...]}
+    {"kind": "dict", "keys": [...], "items": [...]}       keys: str or int, in insertion order
+    {"kind": "dataclass", "class": "module:Qual.Name", "fields": {"name": ..., ...}}
+
+Dataclasses are rebuilt by calling the class with their fields, so only classes importable by their qualified
+name (not defined inside a function) whose fields all take part in __init__ are accepted; SAVE refuses others,
+and LOAD refuses a class it cannot import or that is no longer a dataclass, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+class StructureError(ValueError):
+    """An output structure that cannot be persisted (SAVE) or rebuilt (LOAD); the message names where."""
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve(name: str) -> Any:
+    """The object a `module:Qual.Name` string names, or None when it cannot be imported."""
+    module, _, qual = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return obj
+
+
+def encode(obj: Any, leaf: Callable[[Any], dict[str, Any] | None], where: str = "outputs") -> dict[str, Any]:
+    """The JSON tree of `obj`; `leaf(x)` returns the spec of a leaf (a tensor) or None for anything else."""
+    spec = leaf(obj)
+    if spec is not None:
+        return {"kind": "tensor", "spec": spec}
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return {"kind": "value", "value": obj}
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise StructureError(f"{where}: the float {obj!r} cannot be stored (JSON has no NaN or infinity)")
+        return {"kind": "value", "value": obj}
+    if type(obj) in (tuple, list):
+        kind = type(obj).__name__
+        return {"kind": kind, "items": [encode(x, leaf, f"{where}[{i}]") for i, x in enumerate(obj)]}
+    if type(obj) is dict:
+        keys = list(obj)
+        for k in keys:
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise StructureError(f"{where}: dict key {k!r} is not a str or int")
+        return {"kind": "dict", "keys": keys, "items": [encode(obj[k], leaf, f"{where}[{k!r}]") for k in keys]}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        name = _qualified(cls)
+        if _resolve(name) is not cls:
+            raise StructureError(
+                f"{where}: dataclass {name} cannot be imported by its qualified name (defined inside a function?), "
+                "so LOAD could not rebuild it: define it at module level"
+            )
+        fields = dataclasses.fields(obj)
+        no_init = [f.name for f in fields if not f.init]
+        if no_init:
+            raise StructureError(f"{where}: dataclass {name} has fields outside __init__ ({', '.join(no_init)})")
+        return {
+            "kind": "dataclass",
+            "class": name,
+            "fields": {f.name: encode(getattr(obj, f.name), leaf, f"{where}.{f.name}") for f in fields},
+        }
+    raise StructureError(
+        f"{where}: {type(obj).__module__}.{type(obj).__qualname__} is not a tensor, None, bool, int, float, str, "
+        "tuple, list, dict or dataclass; return one of those from the captured function"
+    )
+
+
+def decode(tree: Any, leaf: Callable[[dict[str, Any]], Any], where: str = "outputs") -> Any:
+    """Rebuilds the structure `encode` recorded; `leaf(spec)` makes the live leaf (a tensor at its address)."""
+    kind = tree.get("kind") if isinstance(tree, dict) else None
+    if kind == "tensor":
+        return leaf(tree["spec"])
+    if kind == "value":
+        return tree["value"]
+    if kind in ("tuple", "list"):
+        items = [decode(x, leaf, f"{where}[{i}]") for i, x in enumerate(tree["items"])]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        if len(tree["keys"]) != len(tree["items"]):
+            raise StructureError(f"{where}: damaged dict record ({len(tree['keys'])} keys, {len(tree['items'])} items)")
+        return {k: decode(v, leaf, f"{where}[{k!r}]") for k, v in zip(tree["keys"], tree["items"], strict=True)}
+    if kind == "dataclass":
+        name = tree["class"]
+        cls = _resolve(name)
+        if cls is None:
+            raise StructureError(
+                f"{where}: output dataclass {name} cannot be imported here: LOAD refused (import the code that "
+                "defines it, or re-run SAVE)"
+            )
+        if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+            raise StructureError(f"{where}: {name} is not a dataclass any more: LOAD refused (re-run SAVE)")
+        fields = {k: decode(v, leaf, f"{where}.{k}") for k, v in tree["fields"].items()}
+        want = {f.name for f in dataclasses.fields(cls) if f.init}
+        if set(fields) != want:
+            raise StructureError(
+                f"{where}: dataclass {name} now has fields {sorted(want)}, SAVE recorded {sorted(fields)}: "
+                "LOAD refused (re-run SAVE)"
+            )
+        return cls(**fields)
+    raise StructureError(f"{where}: damaged output record {tree!r}")
+
+
+def leaves(tree: Any) -> list[dict[str, Any]]:
+    """The leaf specs of a tree in encode order (e.g. every output tensor's spec)."""
+    kind = tree.get("kind") if isinstance(tree, dict) else None
+    if kind == "tensor":
+        return [tree["spec"]]
+    if kind in ("tuple", "list", "dict"):
+        return [s for x in tree["items"] for s in leaves(x)]
+    if kind == "dataclass":
+        return [s for x in tree["fields"].values() for s in leaves(x)]
+    return []

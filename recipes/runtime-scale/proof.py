@@ -1,0 +1,422 @@
+"""Benchmark of the graphpersist runtime at engine scale: an archive shaped like one vLLM worker's graphs.
+
+`python3 proof.py prove --out DIR` runs SAVE (capture 1938 graphs into one pool, save, then replay every graph
+as the baseline) and LOAD (a fresh process: load, replay every graph on the same inputs) as separate processes
+under the interposer, compares every output bit for bit and renders REPORT.md with the time of each LOAD phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
+sys.path.insert(0, str(HERE))
+
+ENGINE = {"name": "graphpersist-scale-proof", "version": "1", "commit": "none"}
+PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+BASE = 0x500000000000
+TARGET_LOAD_S, TARGET_OPEN_VALIDATE_S = 1.5, 0.100
+
+
+def _names(sizes: Any, pieces: int) -> list[str]:
+    """Graph names in capture order (largest batch size first, the full graph, then its pieces)."""
+    out = []
+    for b in sorted(sizes, reverse=True):
+        out.append(f"FULL/bs{b}")
+        out += [f"PIECEWISE/bs{b}/piece{p}" for p in range(pieces)]
+    return out
+
+
+def _setup() -> tuple[Any, Any, Any]:
+    import torch
+    from model import Model
+
+    from graphpersist import api
+
+    api.start_region()
+    return torch, Model(), api
+
+
+def _digest(torch: Any, t: Any) -> str:
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def _leaves(out: Any) -> list[Any]:
+    """The tensors of a graph output in a fixed order (FullOutput: hidden, residual; a piece: itself)."""
+    if hasattr(out, "hidden"):
+        return [out.hidden, out.extras["residual"][0]]
+    return [out]
+
+
+def _replay_all(torch: Any, model: Any, graphs: dict[str, tuple[Any, Any]]) -> dict[str, list[str]]:
+    """Replays every graph on fixed inputs in the engine's order; digest of each output tensor per graph."""
+    from model import PIECES, SIZES, inputs_for
+
+    digests = {}
+    for b in SIZES:
+        model.x[:b].copy_(inputs_for(b))
+        for name in [f"FULL/bs{b}", *(f"PIECEWISE/bs{b}/piece{p}" for p in range(PIECES))]:
+            replay, out = graphs[name]
+            replay()
+            digests[name] = [_digest(torch, t) for t in _leaves(out)]
+    torch.cuda.synchronize()
+    return digests
+
+
+def step_save(archive: Path, ref: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    torch, model, api = _setup()
+    from model import PIECES, SIZES
+
+    api.mark_setup(model.named_tensors())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: loads the kernels' modules before capture
+        model.piece(model.full(1).hidden, 0)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    t_warm = time.perf_counter()
+    pool = torch.cuda.graph_pool_handle()
+    saver = api.Saver()
+    captured: dict[str, tuple[Any, Any]] = {}
+    for b in sorted(SIZES, reverse=True):
+        g = api.PersistentCUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = model.full(b)
+        saver.add(f"FULL/bs{b}", g, [model.x[:b]], out, capture_size=b, mode="full")
+        captured[f"FULL/bs{b}"] = (g, out)
+        h = model.x[:b]
+        for p in range(PIECES):
+            g = api.PersistentCUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                o = model.piece(h, p)
+            saver.add(f"PIECEWISE/bs{b}/piece{p}", g, [h], o, capture_size=b, mode="piecewise")
+            captured[f"PIECEWISE/bs{b}/piece{p}"] = (g, o)
+            h = o
+    torch.cuda.synchronize()
+    t_capture = time.perf_counter()
+    try:
+        saver.add("FULL/bs8", captured["FULL/bs8"][0], [model.x[:8]], captured["FULL/bs8"][1])
+        duplicate = {"refused": False, "message": "accepted"}
+    except api.PersistError as exc:
+        duplicate = {"refused": True, "message": str(exc)}
+    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    t_saved = time.perf_counter()
+    for g, _ in captured.values():
+        g.instantiate()
+    torch.cuda.synchronize()
+    t_inst = time.perf_counter()
+    digests = _replay_all(torch, model, {n: (g.replay, o) for n, (g, o) in captured.items()})
+    ref.write_text(json.dumps(digests))
+    files = sorted(p.relative_to(archive).as_posix() for p in archive.rglob("*") if p.is_file())
+    return {
+        "setup_warmup_s": t_warm - t0,
+        "capture_s": t_capture - t_warm,
+        "save_s": t_saved - t_capture,
+        "torch_instantiate_all_s": t_inst - t_saved,
+        "summary": {k: v for k, v in summary.items() if k != "nodes"},
+        "nodes": summary["nodes"],
+        "order": list(captured),
+        "duplicate": duplicate,
+        "files": files,
+        "archive_bytes": sum((archive / f).stat().st_size for f in files),
+    }
+
+
+def step_load(archive: Path, ref: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    torch, model, api = _setup()
+    from model import PIECES, SIZES, FullOutput
+
+    from graphpersist import graphformat, graphpack
+    from graphpersist.archive import open_archive
+
+    t_setup = time.perf_counter()
+    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
+                   setup_tensors=model.named_tensors())  # fmt: skip
+    t_load = time.perf_counter()
+    digests = _replay_all(torch, model, {n: (lg.replay, lg.outputs) for n, lg in res.graphs.items()})
+    want = json.loads(ref.read_text())
+    differ = sorted(n for n in want if digests.get(n) != want[n])
+    structure = []
+    shared = []
+    for b in SIZES:
+        out = res[f"FULL/bs{b}"].outputs
+        structure.append(
+            type(out) is FullOutput
+            and isinstance(out.extras["residual"], tuple)
+            and out.extras["residual"][1] is None
+            and out.extras["batch"] == b
+            and out.step > 0
+            and out.extras["residual"][0].data_ptr() == out.hidden.data_ptr()
+        )
+        prev = res[f"FULL/bs{b}"].inputs[0]
+        ok = prev.data_ptr() == model.x.data_ptr()
+        for p in range(PIECES):
+            lg = res[f"PIECEWISE/bs{b}/piece{p}"]
+            ok = ok and lg.inputs[0] is prev
+            prev = lg.outputs
+        shared.append(ok)
+    try:
+        res["FULL/bs7"]
+        lookup = "no error"
+    except KeyError as exc:
+        lookup = str(exc)
+    # What verify_topology=True would add: parse every kernel node and recompute every topology fingerprint.
+    a = time.perf_counter()
+    arch = open_archive(archive, verify_checksums=False)
+    rec = arch.rank_facts(0)
+    packed = graphpack.read_graphs(arch, 0, [g.name for g in rec.graphs])
+    fps_ok = all(
+        graphformat.topology_fingerprint(e.full_desc_of(packed.pack)) == g.topology_fingerprint
+        for g, e in zip(rec.graphs, packed.graphs, strict=True)
+    )
+    topology_s = time.perf_counter() - a
+    # Release: a dropped graph is destroyed by its finalizer; close() is idempotent; a closed graph refuses.
+    dropped = res.graphs.pop(f"PIECEWISE/bs{SIZES[0]}/piece{PIECES - 1}")
+    fin, ref_ = dropped._release, weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    finalized = ref_() is None and not fin.alive
+    res.close()
+    res.close()
+    try:
+        res[f"FULL/bs{SIZES[0]}"].replay()
+        after_close = "replayed"
+    except api.PersistError as exc:
+        after_close = str(exc)
+    return {
+        "setup_s": t_setup - t0,
+        "load_s": t_load - t_setup,
+        "timings": res.timings,
+        "graphs": len(digests),
+        "order": [*res.graphs, f"PIECEWISE/bs{SIZES[0]}/piece{PIECES - 1}"],
+        "compared": len(want),
+        "outputs_compared": sum(len(v) for v in want.values()),
+        "differ": differ[:10],
+        "n_differ": len(differ),
+        "structure_ok": all(structure),
+        "shared_ok": all(shared),
+        "lookup": lookup,
+        "topology_s": topology_s,
+        "topology_ok": fps_ok,
+        "finalized": finalized,
+        "after_close": after_close,
+    }
+
+
+def step_profile(archive: Path) -> dict[str, Any]:
+    """LOAD once more under cProfile (its own process): where LOAD's time goes, by function (informational)."""
+    import cProfile
+    import io
+    import pstats
+
+    _torch, model, api = _setup()
+    from model import SIZES
+
+    prof = cProfile.Profile()
+    prof.enable()
+    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
+                   setup_tensors=model.named_tensors())  # fmt: skip
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
+    return {"timings": res.timings, "top_tottime": text.getvalue()[-6000:]}
+
+
+def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
+    from graphpersist import region
+
+    env = region.preload_env(base=BASE)
+    env.update(PINNED_ENV)
+    env["PYTHONUNBUFFERED"] = "1"
+    result, log = out / f"{name}.json", out / f"{name}.log"
+    a = time.perf_counter()
+    with open(log, "w") as fh:
+        try:
+            rc = subprocess.run([sys.executable, __file__, *args, "--result", str(result)], env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    data = json.loads(result.read_text()) if result.exists() and rc == 0 else {}
+    data["_rc"], data["_wall_s"] = rc, time.perf_counter() - a
+    if rc != 0:
+        data["_log_tail"] = log.read_text()[-3000:]
+    return data
+
+
+def _versions() -> dict[str, str]:
+    def probe(code: str) -> str:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return (p.stdout or p.stderr).strip().splitlines()[-1] if (p.stdout or p.stderr) else "?"
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return {
+        "host": socket.gethostname(),
+        "gpu / driver": smi.splitlines()[0] if smi else "?",
+        "python": platform.python_version(),
+        "torch": probe("import torch; print(torch.__version__, 'cuda', torch.version.cuda)"),
+        "cuda-bindings": probe("import cuda.bindings; print(cuda.bindings.__version__)"),
+    }
+
+
+def prove(out: Path, report: Path) -> int:
+    from graphpersist import region
+
+    out.mkdir(parents=True, exist_ok=True)
+    region.build_interposer()
+    archive, ref = out / "archive", out / "ref.json"
+    shutil.rmtree(archive, ignore_errors=True)
+    started = datetime.now(UTC)
+    res: dict[str, Any] = {"versions": _versions()}
+    res["save"] = _child(["save", str(archive), str(ref)], out, "save")
+    res["load"] = _child(["load", str(archive), str(ref)], out, "load") if res["save"]["_rc"] == 0 else {}
+    res["profile"] = _child(["profile", str(archive)], out, "profile") if res["save"]["_rc"] == 0 else {}
+    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    text, failed = render(res, started)
+    report.write_text(text)
+    (out / "REPORT.md").write_text(text)
+    print(text)
+    return 1 if failed else 0
+
+
+def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
+    from model import FULL_LAYERS, PIECE_LAYERS, PIECES, SIZES
+
+    sv, ld = res["save"], res.get("load", {})
+    nodes = sv.get("nodes", {})
+    full = [n for k, n in nodes.items() if k.startswith("FULL/")]
+    pieces = [n for k, n in nodes.items() if k.startswith("PIECEWISE/")]
+    want_names = _names(SIZES, PIECES)
+    files = sv.get("files", [])
+    images = [f for f in files if "/images/" in f]
+    checks: list[tuple[str, bool, str]] = [
+        ("SAVE process ran", sv.get("_rc") == 0, f"rc {sv.get('_rc')}, {sv.get('_wall_s', 0):.1f} s"),
+        ("LOAD process ran", ld.get("_rc") == 0, f"rc {ld.get('_rc')}, {ld.get('_wall_s', 0):.1f} s"),
+        (
+            f"archive holds {len(SIZES)} full graphs of ~{2 * FULL_LAYERS} nodes and {len(SIZES) * PIECES} pieces of "
+            f"~{2 * PIECE_LAYERS} nodes",
+            len(full) == len(SIZES) and min(full, default=0) >= 2 * FULL_LAYERS
+            and len(pieces) == len(SIZES) * PIECES and max(pieces, default=99) <= 2 * PIECE_LAYERS + 2,
+            f"{len(nodes)} graphs; full {min(full, default=0)}-{max(full, default=0)} nodes, pieces "
+            f"{min(pieces, default=0)}-{max(pieces, default=0)} nodes",
+        ),
+        (
+            "graph records packed: rank_0 holds graphs/index.json + graphs/pack.bin, no file per graph",
+            "rank_0/graphs/index.json" in files and "rank_0/graphs/pack.bin" in files
+            and len([f for f in files if f.startswith("rank_0/graphs/")]) == 2,
+            f"{len(files)} files in the archive ({len(images)} kernel images), "
+            f"{sv.get('archive_bytes', 0) / 1e6:.1f} MB",
+        ),
+        ("SAVE refuses a duplicate graph name", sv.get("duplicate", {}).get("refused") is True,
+         sv.get("duplicate", {}).get("message", "")[:200]),
+        ("LOAD restores every graph, in capture order", ld.get("order") == want_names == sv.get("order"),
+         f"{ld.get('graphs')} graphs replayed"),
+        ("LOAD outputs bit-identical to SAVE's replay of the same inputs, every graph",
+         ld.get("compared") == len(want_names) and ld.get("n_differ") == 0,
+         f"{ld.get('outputs_compared')} output tensors of {ld.get('compared')} graphs compared (sha256 of the bytes); "
+         f"differ: {ld.get('n_differ')} {ld.get('differ')}"),
+        ("nested outputs rebuilt (dataclass with dict, tuple, None, int; shared storage)",
+         ld.get("structure_ok") is True,
+         "FullOutput(hidden, extras={'residual': (hidden[:1], None), 'batch': b}, step)"),
+        ("pieces share buffers at LOAD: piece p's input is piece p-1's output tensor, piece 0's the model's buffer",
+         ld.get("shared_ok") is True, ""),
+        ("unknown graph name: KeyError listing the closest names", "closest" in str(ld.get("lookup")),
+         str(ld.get("lookup"))[:200]),
+        ("topology fingerprints of all graphs match their records (verify_topology's check, run separately)",
+         ld.get("topology_ok") is True, f"{ld.get('topology_s', 0):.2f} s for all graphs"),
+        ("a dropped LoadedGraph is released by its finalizer; close() twice is fine; replay after close refused",
+         ld.get("finalized") is True and "closed" in str(ld.get("after_close")), str(ld.get("after_close"))[:120]),
+    ]  # fmt: skip
+    t = ld.get("timings", {})
+    open_validate = t.get("validate_s", 0)
+    total = t.get("total_s", 0)
+    failed = [c[0] for c in checks if not c[1]]
+    lines = ["all checks passed" if not failed else "FAILED: " + "; ".join(failed), ""]
+    lines += ["# runtime-scale: LOAD of an engine-sized archive (one rank)", ""]
+    lines += [f"- date: {started.isoformat(timespec='seconds')}"]
+    lines += [f"- {k}: {v}" for k, v in res["versions"].items()]
+    lines += [f"- graphs: {len(SIZES)} batch sizes x (1 full graph of {2 * FULL_LAYERS} kernel nodes + {PIECES} "
+              f"pieces of {2 * PIECE_LAYERS}), float32 elementwise kernels, one graph pool", ""]  # fmt: skip
+    lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
+    lines += [f"| {n} | {'PASS' if ok else 'FAIL'} | {d.replace('|', '/')} |" for n, ok, d in checks]
+    lines += ["", "## Targets (reported, not asserted)", "", "| target | measured | met |", "|---|---|---|"]
+    met = "yes" if 0 < total <= TARGET_LOAD_S else "NO"
+    lines += [f"| whole LOAD <= {TARGET_LOAD_S} s per rank | {total:.3f} s | {met} |"]
+    lines += [f"| open + validate <= {TARGET_OPEN_VALIDATE_S * 1e3:.0f} ms | {open_validate * 1e3:.1f} ms | "
+              f"{'yes' if 0 < open_validate <= TARGET_OPEN_VALIDATE_S else 'NO'} |"]  # fmt: skip
+    phases = [
+        ("open (open_archive: manifest, every file hashed once, records)", t.get("open_archive_s")),
+        ("live facts (collect_live)", t.get("collect_live_s")),
+        ("validate (drift rules, graph index and records, pointers, setup tensors)",
+         None if not t else t["validate_s"] - t["open_archive_s"] - t["collect_live_s"]),
+        ("memory (restore the capture-time allocations)", t.get("memory_s")),
+        ("images (load kernel images, resolve functions)", t.get("images_s")),
+        ("rebuild (events + native node rebuild, all graphs)", t.get("rebuild_s")),
+        ("instantiate (cuGraphInstantiate, all graphs)", t.get("instantiate_s")),
+        ("other per-graph work (output structures, tensors, records)",
+         None if not t else t["graphs_s"] - t["rebuild_s"] - t["instantiate_s"]),
+        ("total (api.load)", t.get("total_s")),
+    ]  # fmt: skip
+    lines += ["", "## LOAD phases (same run)", "", "| phase | ms |", "|---|---|"]
+    lines += [f"| {n} | {v * 1e3:.1f} |" if v is not None else f"| {n} | - |" for n, v in phases]
+    lines += ["", f"LOAD process: setup {ld.get('setup_s', 0):.2f} s, api.load {ld.get('load_s', 0):.2f} s. "
+              f"`verify_topology=True` would add about {ld.get('topology_s', 0):.2f} s (parse every kernel node, "
+              f"recompute every topology fingerprint; measured separately above)."]  # fmt: skip
+    summ = sv.get("summary", {})
+    lines += [f"SAVE process: setup + warm-up {sv.get('setup_warmup_s', 0):.2f} s, capture of {len(nodes)} graphs "
+              f"{sv.get('capture_s', 0):.2f} s, SAVE {sv.get('save_s', 0):.2f} s (serialize "
+              f"{summ.get('serialize_s', 0):.2f} s), torch instantiate of all graphs "
+              f"{sv.get('torch_instantiate_all_s', 0):.2f} s. Archive: {summ.get('images')} kernel images "
+              f"({summ.get('image_bytes', 0) / 1e6:.1f} MB), {summ.get('pointers')} distinct in-region "
+              "addresses."]  # fmt: skip
+    prof = res.get("profile", {})
+    if prof.get("top_tottime"):
+        pt = prof["timings"]
+        lines += ["", f"LOAD under cProfile (separate process, informational; total {pt.get('total_s', 0):.2f} s "
+                  "with profiling overhead), top functions by own time:", ""]  # fmt: skip
+        lines += ["```", prof["top_tottime"].strip(), "```"]
+    if failed:
+        for key in ("save", "load"):
+            if res.get(key, {}).get("_log_tail"):
+                lines += ["", f"{key} log tail:", "", "```", res[key]["_log_tail"], "```"]
+    lines += ["", "Full per-step JSON: results.json of the run (not committed)."]
+    return "\n".join(lines) + "\n", failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("step", choices=["prove", "save", "load", "profile"])
+    ap.add_argument("paths", nargs="*")
+    ap.add_argument("--result")
+    ap.add_argument("--out", default=str(HERE / "out"))
+    ap.add_argument("--report", default=str(HERE / "REPORT.md"))
+    a = ap.parse_args()
+    if a.step == "prove":
+        return prove(Path(a.out), Path(a.report))
+    from graphpersist import region
+
+    region.reexec_with_interposer()
+    data = {"save": step_save, "load": step_load, "profile": step_profile}[a.step](*[Path(p) for p in a.paths])
+    Path(a.result).write_text(json.dumps(data, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Graph records packed per rank, read back with each byte hashed once; output structures; graph names.
+
+The pack and index are written through the real ArchiveWriter and read through open_archive; descriptions are
+built like graphwalk.serialize writes them (no driver here), so the kernel table and fingerprints are the real
+format's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
+
+from graphpersist import graphformat, graphpack, structure
+from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
+from graphpersist.graphset import DuplicateGraph, GraphNotFound, GraphSet
+
+# --------------------------------------------------------------------------------------------- pack round trip
+
+
+def _graph(n_kernels: int, seed: int) -> tuple[dict[str, Any], bytes, bytes]:
+    """A description, parameter blob and kernel table shaped like serialize()'s output."""
+    nodes, blob = [], bytearray()
+    for i in range(n_kernels):
+        params = struct.pack("<QQ", REGION_BASE + 4096 * (seed + i), seed * 1000 + i)
+        nodes.append({"type": "kernel", "func": i % 2, "image": "ab" * 32, "name": f"k{i % 2}",
+                      "grid": [seed + 1, 1, 1], "block": [128, 1, 1], "smem": 0, "layout": [[0, 8], [8, 8]],
+                      "params": [len(blob), len(params)], "attrs": {}})  # fmt: skip
+        blob += params
+    edges = [[i, i + 1, 0, 0, 0] for i in range(n_kernels - 1)]
+    desc = {"format": 1, "nodes": nodes, "edges": edges, "funcs": [["ab" * 32, "k0", {}], ["ab" * 32, "k1", {}]],
+            "blob_size": len(blob), "blob_sha256": hashlib.sha256(blob).hexdigest()}  # fmt: skip
+    table = graphformat.pack_kernel_table(desc)
+    desc["table_size"], desc["table_sha256"] = len(table), hashlib.sha256(table).hexdigest()
+    return desc, bytes(blob), table
+
+
+SPEC = {"addr": REGION_BASE + 64, "dtype": "float16", "shape": [8, 16], "stride": [16, 1]}
+GRAPHS = {f"PIECEWISE/bs{b}/piece{p}": (p + 1) * 3 for b in (1, 8) for p in range(3)} | {"FULL/bs8": 40}
+
+
+def _rank_facts(rel: str, names: list[str]) -> dict[str, Any]:
+    record = {"file": rel, "topology_fingerprint": "00" * 32, "node_count": 1, "nodes_by_type": {"kernel": 1},
+              "kernel_count": 1, "images": []}  # fmt: skip
+    return {
+        "device": device(0),
+        "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": 0},
+        "pointers": {"fingerprint": "00" * 32, "count": 0},
+        "graphs": [{"name": n, **record} for n in names],
+        "images": [],
+    }
+
+
+def _write(root: Path, pack: graphpack.PackWriter, index: Any = None) -> Path:
+    with ArchiveWriter(root, world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
+        rel = w.add_json(0, graphpack.INDEX_NAME, pack.index() if index is None else index)
+        w.add_file(0, graphpack.PACK_NAME, pack.data())
+        w.set_rank_facts(0, _rank_facts(rel, [e["name"] for e in pack.entries]))
+        return w.commit()
+
+
+def _packed() -> tuple[graphpack.PackWriter, dict[str, tuple[dict[str, Any], bytes, bytes]]]:
+    pack = graphpack.PackWriter()
+    made = {}
+    for seed, (name, n) in enumerate(GRAPHS.items()):
+        made[name] = _graph(n, seed)
+        desc, blob, table = made[name]
+        pack.add(name, desc, blob, table, inputs=[SPEC], outputs={"kind": "tensor", "spec": SPEC})
+    return pack, made
+
+
+def test_pack_round_trip_through_the_archive(tmp_path: Path) -> None:
+    pack, made = _packed()
+    root = _write(tmp_path / "a", pack)
+    assert sorted(p.name for p in (root / "rank_0" / "graphs").iterdir()) == ["index.json", "pack.bin"]
+    archive = open_archive(root, keep_rank=0)
+    got = graphpack.read_graphs(archive, 0, list(GRAPHS))
+    assert [g.name for g in got.graphs] == list(GRAPHS)  # capture order
+    for g in got.graphs:
+        desc, blob, table = made[g.name]
+        back = g.full_desc_of(got.pack)
+        assert back == desc
+        light = g.desc_of(got.pack)  # what the native path parses: kernel nodes reduced to stubs
+        assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and light["edges"] == desc["edges"]
+        assert len(g.part(got.pack, "desc")) < len(g.part(got.pack, "kernels"))
+        graphformat.check_shape(g.name, light, table, len(desc["nodes"]), {"kernel": len(desc["nodes"])})
+        assert graphformat.topology_fingerprint(back) == graphformat.topology_fingerprint(desc)
+        params = g.part(got.pack, "params")
+        assert params == blob and g.part(got.pack, "table") == table
+        graphformat.verify_blob(g.name, back, params, hashed=True)
+        assert g.inputs == [SPEC]
+
+
+def test_shape_check_refuses_counts_that_disagree() -> None:
+    desc, _blob, table = _graph(4, 1)
+    light = graphpack.split_desc(desc)[0]
+    with pytest.raises(graphformat.GraphFormatError, match=r"description has 4 nodes \{'kernel': 4\}, its record 5"):
+        graphformat.check_shape("g", light, table, 5, {"kernel": 5})
+    other_table = _graph(3, 1)[2]
+    with pytest.raises(graphformat.GraphFormatError, match="kernel table lists 3 kernel nodes"):
+        graphformat.check_shape("g", light, other_table, 4, {"kernel": 4})
+    with pytest.raises(graphpack.PackError, match="4 kernel nodes, its kernel part 3"):
+        graphpack.full_desc(light, desc["nodes"][:3])
+
+
+def test_pack_writer_refuses_duplicate_names() -> None:
+    pack = graphpack.PackWriter()
+    desc, blob, table = _graph(2, 0)
+    pack.add("g", desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    with pytest.raises(ValueError, match="'g' is already in the pack"):
+        pack.add("g", desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+
+
+def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
+    bad = json.loads(json.dumps(index))
+    rows = bad["graphs"]
+    if how == "past_end":
+        rows[-1]["params"] = [bad["pack_size"] - 4, 64]
+    elif how == "overlap":
+        rows[1]["desc"] = list(rows[0]["desc"])
+    elif how == "duplicate":
+        rows[2]["name"] = rows[1]["name"]
+    elif how == "not_span":
+        rows[0]["table"] = [-1, 3]
+    elif how == "size":
+        bad["pack_size"] += 1
+    elif how == "format":
+        bad["format"] = 99
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("past_end", r"params bytes \d+\.\.\d+ lie past the end of the pack \(\d+ bytes\)"),
+        ("overlap", r"graph parts overlap in the pack: 'PIECEWISE/bs1/piece0' desc and 'PIECEWISE/bs1/piece1' desc"),
+        ("duplicate", r"graph 'PIECEWISE/bs1/piece1' is listed twice"),
+        ("not_span", r"table span \[-1, 3\] is not \[offset, length\]"),
+        ("size", r"the index says the pack has \d+ bytes, it has \d+"),
+        ("format", r"graph index format 99 is not 1"),
+    ],
+)
+def test_damaged_index_is_refused_naming_the_problem(tmp_path: Path, how: str, message: str) -> None:
+    pack, _ = _packed()
+    root = _write(tmp_path / how, pack, _damaged(pack.index(), how))  # consistent manifest: the index itself is bad
+    archive = open_archive(root, keep_rank=0)
+    names = list(GRAPHS)
+    with pytest.raises(ArchiveError, match=message) as info:
+        graphpack.read_graphs(archive, 0, names)
+    assert "rank_0/graphs/index.json" in str(info.value) and "Re-run with mode=save" in str(info.value)
+
+
+def test_index_must_list_the_record_graphs_in_order(tmp_path: Path) -> None:
+    pack, _ = _packed()
+    archive = open_archive(_write(tmp_path / "a", pack))
+    swapped = list(GRAPHS)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    with pytest.raises(ArchiveError, match=r"lists graphs .* rank 0's record lists"):
+        graphpack.read_graphs(archive, 0, swapped)
+
+
+def test_archive_without_index_names_the_old_layout(tmp_path: Path) -> None:
+    with ArchiveWriter(tmp_path / "old", world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
+        rel = w.add_json(0, "graphs/g.json", {"nodes": []})
+        w.set_rank_facts(0, _rank_facts(rel, ["g"]))
+        root = w.commit()
+    with pytest.raises(
+        ArchiveError, match=r"no rank_0/graphs/index\.json: written by a graphpersist release that stored"
+    ):
+        graphpack.read_graphs(open_archive(root), 0, ["g"])
+
+
+# --------------------------------------------------------------------------------------------- hash once
+
+
+def test_kept_bytes_are_the_verified_ones_and_served_once(tmp_path: Path) -> None:
+    """keep_rank: the bytes hashed by open_archive are what read() returns first; a later read verifies again."""
+    pack, _ = _packed()
+    root = _write(tmp_path / "a", pack)
+    original = (root / "rank_0" / graphpack.PACK_NAME).read_bytes()
+    archive = open_archive(root, keep_rank=0)
+    flipped = bytearray(original)
+    flipped[10] ^= 0xFF  # same size, other content, after the open
+    (root / "rank_0" / graphpack.PACK_NAME).write_bytes(bytes(flipped))
+    assert archive.read(0, graphpack.PACK_NAME) == original  # the hashed bytes, not re-read from disk
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_0/graphs/pack\.bin"):
+        archive.read(0, graphpack.PACK_NAME)  # served once; a second read reads and verifies again
+
+
+def test_without_keep_rank_reads_verify_again(tmp_path: Path) -> None:
+    pack, _ = _packed()
+    root = _write(tmp_path / "a", pack)
+    archive = open_archive(root)
+    data = bytearray((root / "rank_0" / graphpack.PACK_NAME).read_bytes())
+    data[0] ^= 0xFF
+    (root / "rank_0" / graphpack.PACK_NAME).write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_0/graphs/pack\.bin"):
+        archive.read(0, graphpack.PACK_NAME)
+
+
+def test_keep_rank_still_refuses_a_corrupted_archive(tmp_path: Path) -> None:
+    pack, _ = _packed()
+    root = _write(tmp_path / "a", pack)
+    data = bytearray((root / "rank_0" / graphpack.PACK_NAME).read_bytes())
+    data[-1] ^= 0xFF
+    (root / "rank_0" / graphpack.PACK_NAME).write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_0/graphs/pack\.bin"):
+        open_archive(root, keep_rank=0)
+
+
+# --------------------------------------------------------------------------------------------- output structure
+
+
+@dataclasses.dataclass
+class Leaf:
+    """Stand-in for a tensor: structure code sees leaves only through the caller's functions."""
+
+    addr: int
+
+
+@dataclasses.dataclass
+class ModelOutput:
+    logits: Any
+    aux: Any = None
+    step: int = 0
+
+
+@dataclasses.dataclass
+class WithDerived:
+    x: Any
+    y: int = dataclasses.field(init=False, default=0)
+
+
+def _spec(x: Any) -> dict[str, Any] | None:
+    return {"addr": x.addr} if isinstance(x, Leaf) else None
+
+
+def _leaf(spec: dict[str, Any]) -> Leaf:
+    return Leaf(spec["addr"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Leaf(1),
+        (Leaf(1), Leaf(2)),
+        [Leaf(1), None, 3, 2.5, "s", True],
+        {"hidden": Leaf(1), 7: (Leaf(2), [Leaf(3)]), "none": None},
+        ModelOutput(logits=Leaf(1), aux={"a": (Leaf(2), None)}, step=4),
+        (ModelOutput(Leaf(9)), []),
+        (),
+        None,
+    ],
+)
+def test_output_structure_round_trips_through_json(value: Any) -> None:
+    tree = structure.encode(value, _spec)
+    back = structure.decode(json.loads(json.dumps(tree)), _leaf)
+    assert back == value and type(back) is type(value)
+    assert [s["addr"] for s in structure.leaves(tree)] == _addrs(value)
+
+
+def _addrs(v: Any) -> list[int]:
+    if isinstance(v, Leaf):
+        return [v.addr]
+    if isinstance(v, (tuple, list)):
+        return [a for x in v for a in _addrs(x)]
+    if isinstance(v, dict):
+        return [a for x in v.values() for a in _addrs(x)]
+    if dataclasses.is_dataclass(v):
+        return [a for f in dataclasses.fields(v) for a in _addrs(getattr(v, f.name))]
+    return []
+
+
+def test_tuple_and_list_stay_distinct_and_shared_leaves_repeat() -> None:
+    shared = Leaf(5)
+    tree = structure.encode(((shared,), [shared]), _spec)
+    assert [n["kind"] for n in tree["items"]] == ["tuple", "list"]
+    assert structure.leaves(tree) == [{"addr": 5}, {"addr": 5}]
+
+
+def test_save_refuses_what_load_could_not_rebuild() -> None:
+    @dataclasses.dataclass
+    class Local:
+        x: Any
+
+    with pytest.raises(structure.StructureError, match=r"outputs\[1\]: dataclass .*Local cannot be imported"):
+        structure.encode((Leaf(1), Local(Leaf(2))), _spec)
+    with pytest.raises(structure.StructureError, match=r"fields outside __init__ \(y\)"):
+        structure.encode(WithDerived(Leaf(1)), _spec)
+    with pytest.raises(structure.StructureError, match=r"outputs\['k'\]: builtins.set is not a tensor"):
+        structure.encode({"k": {1, 2}}, _spec)
+    with pytest.raises(structure.StructureError, match="nan"):
+        structure.encode([float("nan")], _spec)
+    with pytest.raises(structure.StructureError, match="dict key"):
+        structure.encode({(1, 2): Leaf(1)}, _spec)
+
+
+def test_load_refuses_a_class_it_cannot_rebuild() -> None:
+    tree = structure.encode(ModelOutput(Leaf(1)), _spec)
+    gone = {**tree, "class": "no_such_module_xyz:ModelOutput"}
+    with pytest.raises(structure.StructureError, match="no_such_module_xyz:ModelOutput cannot be imported here"):
+        structure.decode(gone, _leaf)
+    not_dc = {**tree, "class": "json:JSONDecoder"}
+    with pytest.raises(structure.StructureError, match="json:JSONDecoder is not a dataclass"):
+        structure.decode(not_dc, _leaf)
+    changed = {**tree, "fields": {"logits": tree["fields"]["logits"]}}
+    with pytest.raises(structure.StructureError, match="now has fields"):
+        structure.decode(changed, _leaf)
+    with pytest.raises(structure.StructureError, match="damaged output record"):
+        structure.decode({"kind": "set"}, _leaf)
+
+
+# --------------------------------------------------------------------------------------------- graph names
+
+
+def test_graph_set_refuses_duplicates_and_keeps_capture_order() -> None:
+    gs: GraphSet[int] = GraphSet()
+    for i, name in enumerate(["FULL/bs8", "PIECEWISE/bs8/piece0", "FULL/bs1"]):
+        gs.add(name, i)
+    with pytest.raises(DuplicateGraph, match="'FULL/bs8' is already registered"):
+        gs.add("FULL/bs8", 9)
+    assert gs["FULL/bs8"] == 0
+    assert list(gs) == ["FULL/bs8", "PIECEWISE/bs8/piece0", "FULL/bs1"]
+
+
+def test_unknown_graph_names_the_closest_ones() -> None:
+    gs: GraphSet[int] = GraphSet()
+    for b in (1, 2, 4, 8):
+        gs.add(f"FULL/bs{b}", b)
+    with pytest.raises(GraphNotFound) as info:
+        gs["FULL/bs16"]
+    msg = str(info.value)
+    assert msg.startswith("no graph 'FULL/bs16' among 4 loaded graphs (closest: ")
+    assert "'FULL/bs1'" in msg
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(KeyError, match=r"no graph 'decode/3' among 4 loaded graphs \(known: 'FULL/bs1'"):
+        gs["decode/3"]
+    assert "x" not in gs and gs.get("x") is None
