@@ -291,39 +291,6 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
         assert f" {name}\n" in syms, name
 
 
-def _evs(*items: tuple[str, int, int]) -> list[region.Event]:
-    return [region.Event(i, k, a, s, s) for i, (k, a, s) in enumerate(items)]
-
-
-def test_plan_restore_compares_requested_sizes() -> None:
-    """Two setups can map the same rounded size from different requests: that is drift too."""
-    saved = [region.Event(0, "alloc", 0x1000, 0x200000, 1000)]
-    live = [region.Event(0, "alloc", 0x1000, 0x200000, 2000)]
-    with pytest.raises(region.RegionError, match=r"saved alloc of 1000 bytes .* live alloc of 2000 bytes"):
-        region.plan_restore(saved, 1, live)
-
-
-def test_plan_restore_maps_capture_time_allocations() -> None:
-    saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100),
-                 ("free", 0x1100, 0x100), ("alloc", 0x1300, 0x200))  # fmt: skip
-    assert region.plan_restore(saved, 2, saved[:2]) == [(0x1200, 0x100), (0x1300, 0x200)]
-
-
-def test_plan_restore_aborts_on_first_differing_address() -> None:
-    saved = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x100), ("alloc", 0x1200, 0x100))
-    live = _evs(("alloc", 0x1000, 0x100), ("alloc", 0x1100, 0x200))
-    drift = r"event 1: saved alloc of 256 bytes \(256 mapped\) at 0x1100, live alloc of 512"
-    with pytest.raises(region.RegionError, match=drift):
-        region.plan_restore(saved, 2, live)
-    with pytest.raises(region.RegionError, match="after the setup"):
-        region.plan_restore(saved, 1, saved[:2])
-    with pytest.raises(region.RegionError, match="setup made 1"):
-        region.plan_restore(saved, 2, saved[:1])
-    reserved = [*saved[:2], region.Event(2, "reserve", 0x1200, 0x100, 0x100)]
-    with pytest.raises(region.RegionError, match="'reserve' is not restorable"):
-        region.plan_restore(reserved, 2, saved[:2])
-
-
 @needs_gcc
 def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Path) -> None:
     """`python -c` (and -m) must survive the re-exec; a preload that does not take must not loop forever."""
@@ -342,15 +309,6 @@ def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Pa
     looped = subprocess.run([sys.executable, "-c", code], env={**env, "GP_REEXECED": "1"}, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert looped.returncode != 0 and "still not loaded" in looped.stderr
-
-
-def test_late_mappings_are_what_load_cannot_recreate() -> None:
-    ev = region.Event
-    evs = [ev(0, "alloc", 0x1000, 0x100, 1), ev(1, "reserve", 0x2000, 0x100, 1), ev(2, "alloc", 0x3000, 0x100, 1),
-           ev(3, "free", 0x1000, 0x100, 0), ev(4, "ipc_open", 0x4000, 0x200, 0x200),
-           ev(5, "reserve", 0x5000, 0x100, 1)]  # fmt: skip
-    assert region.late_mappings(evs, 2) == [evs[4], evs[5]]  # the setup reservation (seq 1) is fine
-    assert region.late_mappings(evs, 6) == []
 
 
 def test_multicast_must_be_pinned_off() -> None:

@@ -10,14 +10,20 @@ No warm-up and no capture happen in B.
 Caveat (by design for now): memory allocated after mark_setup() is recreated empty at LOAD. Graphs may use it
 as scratch or outputs, and inputs the caller refills, but must not read values computed during A's warm-up.
 
-Modules: setup (region, mark_setup, ownership), tensors (static tensors at recorded addresses), save (Saver,
-PersistentCUDAGraph), load (load, LoadedGraph, LoadResult). Engines and recipes import this facade.
+Setup may be divided into named phases (`phase("weights")`, `begin_phase(name, exact=False)`), each anchored at
+its saved offset at LOAD (`use_layout(archive)` before setup); post-capture phases and declared state
+(`declare_state`) are re-run / restored after load() and checked by `verify_state()` or the first replay.
+
+Modules: setup (region, mark_setup, ownership), layout (phases and declared state; logic in phases, state),
+tensors (static tensors at recorded addresses), save (Saver, PersistentCUDAGraph), load (load, LoadedGraph,
+LoadResult). Engines and recipes import this facade.
 """
 
 from __future__ import annotations
 
 from graphpersist.collective import SINGLE
 from graphpersist.errors import PersistError
+from graphpersist.layout import begin_phase, declare_state, end_phase, phase, use_layout, verify_state
 from graphpersist.load import LoadedGraph, LoadResult, load
 from graphpersist.save import PersistentCUDAGraph, Saver
 from graphpersist.setup import check_ownership, check_setup_tensors, mark_setup, start_region
@@ -30,11 +36,17 @@ __all__ = [
     "PersistError",
     "PersistentCUDAGraph",
     "Saver",
+    "begin_phase",
     "check_ownership",
     "check_setup_tensors",
+    "declare_state",
+    "end_phase",
     "load",
     "mark_setup",
+    "phase",
     "start_region",
     "tensor_at",
     "tensor_spec",
+    "use_layout",
+    "verify_state",
 ]

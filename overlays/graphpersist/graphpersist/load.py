@@ -7,7 +7,6 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import time
@@ -19,7 +18,19 @@ from typing import Any
 
 import torch
 
-from graphpersist import graphbuild, graphformat, graphpack, images, ranks, region, setup, structure
+from graphpersist import (
+    graphbuild,
+    graphformat,
+    graphpack,
+    images,
+    layout,
+    phases,
+    ranks,
+    region,
+    setup,
+    state,
+    structure,
+)
 from graphpersist.archive import open_archive
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
@@ -73,6 +84,8 @@ class LoadedGraph:
 
         if self.closed:
             raise PersistError(f"graph {self.name!r} was closed: it cannot be replayed")
+        if layout.needs_verify():  # post-capture memory and declared state are proven before the first replay
+            layout.verify_state()
         images.check(drv.cuGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), f"replay {self.name}")
 
 
@@ -92,10 +105,15 @@ class LoadResult:
 
     `res["b8"]` and `res.get("b8")` raise a KeyError listing the closest names for an unknown name
     (`res.get(name, default)` returns the default instead); iteration yields the names in capture order.
+    `skipped_phases`: SAVE's skip_on_load phases this LOAD did not run (their memory was mapped from the
+    archive); `post_capture_phases`: phases the engine must now re-run before the first replay (then
+    verify_state(), or the replay itself, checks them and the declared state).
     """
 
     graphs: GraphSet[LoadedGraph]
     timings: dict[str, float]
+    skipped_phases: list[str] = field(default_factory=list)
+    post_capture_phases: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> LoadedGraph:
         return self.graphs[name]
@@ -120,22 +138,32 @@ class LoadResult:
             g.close()
 
 
-def _check_memory(archive: Any, rank: int) -> tuple[list[tuple[int, int]], int]:
-    """Setup prefix must match exactly; then map every capture-time allocation live at SAVE. Returns ranges."""
+def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[str], layout.Pending | None]:
+    """Proves setup matches SAVE phase by phase, maps what capture and skipped phases left live at SAVE, and
+    checks every graph address lies in memory at its saved address with its saved size. Addresses in memory of
+    post-capture phases (re-run by the engine after load()) are checked when those phases end. Returns the
+    skipped phases and the checks still pending."""
     rec = archive.rank_facts(rank)
-    saved = archive.read_json(rank, "alloc_log.json")
-    setup_n = rec.extra["setup_events"]
     info = region.info()
     if info.base != rec.region.base:
         raise PersistError(f"region base: saved {rec.region.base:#x}, live {info.base:#x}")
-    saved_evs = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(saved)]
+    saved, saved_evs = layout.saved_phases(archive, rank)
+    layout.finish_setup()  # an engine that did not call mark_setup() at LOAD: its setup ends here
     live_evs = region.events()
+    post = [p for p in saved if p.post_capture]
     try:
-        to_map = region.plan_restore(saved_evs, setup_n, live_evs)
-        region.restore(to_map, len(live_evs), rec.region.final_offset)
-    except region.RegionError as exc:
-        raise PersistError(str(exc)) from None
-    return region.live_ranges(region.events()), setup_n
+        skipped = phases.compare_setup(saved, saved_evs, layout.recorder().phases, live_evs)
+        to_map = phases.restore_ranges(saved, saved_evs, live_evs, skipped)
+        region.restore(to_map, len(live_evs), post[0].start if post else rec.region.final_offset)
+        post_names = {p.name for p in post}
+        later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
+                                    defer=post_names.__contains__)  # fmt: skip
+    except (phases.PhaseError, region.RegionError) as exc:
+        raise PersistError(f"{exc}: LOAD refused") from None
+    layout.recorder().adopt(saved, saved_evs)
+    states = [state.StateRecord.from_json(r) for r in rec.extra.get("state", [])]
+    pending = layout.Pending(archive, rank, saved, saved_evs, later, states) if post or states else None
+    return skipped, pending
 
 
 def load(
@@ -177,7 +205,8 @@ def load(
         coll.check(None, "LOAD")
     except ranks.RanksRefused as exc:
         raise PersistError(str(exc)) from None
-    region.freeze()
+    if not layout.needs_verify():  # else the layout is final once verify_state() ran
+        region.freeze()
     return result
 
 
@@ -235,12 +264,7 @@ def _load_rank(
     setup.check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
     t_validate = time.perf_counter()
 
-    ranges, _ = _check_memory(archive, rank)
-    starts = [a for a, _ in ranges]
-    for p in pointers:
-        i = bisect.bisect_right(starts, p) - 1
-        if i < 0 or p >= ranges[i][0] + ranges[i][1]:
-            raise PersistError(f"graph address {p:#x} is not backed by memory after LOAD's mapping")
+    skipped, pending = _restore_memory(archive, rank, pointers)
     t_memory = time.perf_counter()
 
     loaded = images.LoadedImages()
@@ -280,6 +304,7 @@ def _load_rank(
         instantiate_s += c - b
         out.add(name, LoadedGraph(name, ex, g, inputs, outputs, len(desc["nodes"]), b - a, c - b, events))
     t_end = time.perf_counter()
+    layout.set_pending(pending)
     return LoadResult(
         out,
         {
@@ -293,4 +318,6 @@ def _load_rank(
             "graphs_s": t_end - t_images,
             "total_s": t_end - t0,
         },
+        skipped,
+        [p.name for p in pending.saved if p.post_capture] if pending else [],
     )

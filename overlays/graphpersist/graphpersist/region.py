@@ -251,6 +251,7 @@ def lib() -> ctypes.CDLL:
         cdll.gp_images.restype = ctypes.c_size_t
         cdll.gp_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64,
                                     ctypes.c_uint64]  # fmt: skip
+        cdll.gp_set_cursor.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_enable.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_last_error.restype = ctypes.c_char_p
         _lib = cdll
@@ -305,6 +306,13 @@ def restore(ranges: list[tuple[int, int]], expect_events: int, final_offset: int
         raise RegionError(f"restoring SAVE's memory layout failed: {last_error()}")
 
 
+def set_cursor(offset: int, expect_events: int) -> None:
+    """Moves the bump cursor forward to region offset `offset` (a phase's anchor), as one locked native step that
+    refuses moving backwards, onto live memory, or after an allocation the caller has not seen."""
+    if lib().gp_set_cursor(offset, expect_events) != 0:
+        raise RegionError(last_error())
+
+
 def freeze() -> None:
     """The layout is saved or restored: freed ranges may now be reused (long-lived engines churn memory)."""
     lib().gp_freeze()
@@ -327,12 +335,6 @@ def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
     return sorted(live.items())
 
 
-def late_mappings(evs: list[Event], setup_n: int) -> list[Event]:
-    """Reservations, IPC mappings and other non-allocation events after setup: LOAD recreates only allocations
-    made after mark_setup(), so SAVE refuses these (connect peers, rendezvous, open IPC handles in setup)."""
-    return [e for e in evs[setup_n:] if e.kind not in ("alloc", "free")]
-
-
 # NVLink multicast objects (NVLS, torch symmetric-memory multicast, NVSHMEM NVLS) are not placed in the region:
 # a multi-rank SAVE requires them off.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -346,33 +348,3 @@ def multicast_problems(environ: dict[str, str] | os._Environ[str]) -> list[str]:
 def outside(evs: list[Event]) -> list[Event]:
     """Device memory that bypassed the region (or was refused): a graph may point into it, so SAVE refuses."""
     return [e for e in evs if e.kind in ("outside", "refused")]
-
-
-def plan_restore(saved: list[Event], setup_n: int, live: list[Event]) -> list[tuple[int, int]]:
-    """What LOAD must map: SAVE's capture-time allocations still live at SAVE, after proving the setup matches.
-
-    `live` (this process's events so far) must equal SAVE's first `setup_n` events exactly; the first event
-    that differs aborts with both addresses. Returns the (addr, size) ranges to map at their recorded addresses.
-    """
-    for i, ev in enumerate(live):
-        if i >= setup_n:
-            raise RegionError(
-                f"allocation event {i} ({ev.kind} {ev.size} bytes at {ev.addr:#x}) happened after the setup that "
-                f"SAVE recorded ({setup_n} events): LOAD must run before any further allocation"
-            )
-        want = saved[i]
-        if ev.key() != want.key():
-            raise RegionError(
-                f"address drift at allocation event {i}: saved {want.kind} of {want.req} bytes "
-                f"({want.size} mapped) at {want.addr:#x}, live {ev.kind} of {ev.req} bytes ({ev.size} mapped) at "
-                f"{ev.addr:#x} (setup code or its inputs differ)"
-            )
-    if len(live) != setup_n:
-        raise RegionError(f"setup made {len(live)} allocation events, SAVE recorded {setup_n}")
-    for kind in sorted({e.kind for e in saved[setup_n:]} - {"alloc", "free"}):
-        raise RegionError(
-            f"capture-time allocation kind {kind!r} is not restorable: reservations and mappings (NCCL, IPC) "
-            "must happen before mark_setup(), e.g. connect all peers during setup"
-        )
-    before = {a for a, _ in live_ranges(saved[:setup_n])}
-    return [(a, s) for a, s in live_ranges(saved) if a not in before]

@@ -17,7 +17,19 @@ from typing import Any
 
 import torch
 
-from graphpersist import graphformat, graphpack, graphwalk, images, ranks, region, setup, structure, world
+from graphpersist import (
+    graphformat,
+    graphpack,
+    graphwalk,
+    images,
+    layout,
+    phases,
+    ranks,
+    region,
+    setup,
+    structure,
+    world,
+)
 from graphpersist.archive import ArchiveWriter, archive_path
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
@@ -148,8 +160,11 @@ class Saver:
         info = region.info()
         if not info.base:
             raise PersistError("no region: the interposer is not active (GP_REGION_BASE unset?)")
+        layout.close_open()  # a post-capture phase still open ends here
+        info = region.info()
         lo, hi = info.base, info.base + info.size
         evs = region.events()
+        rec_phases = list(layout.recorder().phases)
         bad = region.outside(evs)
         if bad:
             listed = "; ".join(e.describe() for e in bad[:5]) + (" ..." if len(bad) > 5 else "")
@@ -157,13 +172,29 @@ class Saver:
                 f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
                 f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
             )
-        late = region.late_mappings(evs, mark.events)
+        late = phases.late_mappings(evs, mark.events, rec_phases)
         if late:
             listed = "; ".join(e.describe() for e in late[:5]) + (" ..." if len(late) > 5 else "")
             raise PersistError(
-                f"{len(late)} reservation/mapping event(s) after mark_setup(): {listed}. LOAD recreates only "
-                "allocations made after setup, so connect every peer before mark_setup() (NCCL_RUNTIME_CONNECT=0, "
-                "symmetric-memory rendezvous and cuIpcOpenMemHandle in setup). SAVE refused"
+                f"{len(late)} reservation/mapping event(s) after mark_setup() outside a post-capture phase: "
+                f"{listed}. LOAD recreates only allocations made after setup, so connect every peer before "
+                "mark_setup() (NCCL_RUNTIME_CONNECT=0, symmetric-memory rendezvous and cuIpcOpenMemHandle in setup), "
+                "or open IPC handles after capture inside a declared phase (api.phase('post_capture')) that LOAD "
+                "re-runs. SAVE refused"
+            )
+        after = phases.after_post_problems(rec_phases, evs)
+        if after:
+            listed = "; ".join(e.describe() for e in after[:5]) + (" ..." if len(after) > 5 else "")
+            raise PersistError(
+                f"{len(after)} allocation event(s) after the post-capture phase began, outside any phase: {listed}. "
+                "LOAD maps capture-time memory before the engine re-runs its post-capture phases, so it would sit "
+                "where they allocate again: allocate it before the post-capture phase or inside it. SAVE refused"
+            )
+        skip_bad = phases.skip_problems(rec_phases, evs)
+        if skip_bad:
+            raise PersistError(
+                f"skip_on_load phases made mappings LOAD cannot recreate from the archive: {'; '.join(skip_bad[:5])}. "
+                "Open IPC handles and reserve address space in phases LOAD runs. SAVE refused"
             )
         if par["world_size"] > 1 and (wrong := region.multicast_problems(os.environ)):
             raise PersistError(
@@ -208,9 +239,16 @@ class Saver:
                     used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
         pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
         inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        states = layout.records_for_save()
+        for r, _ in states:
+            rng = phases.find_range(live_mem, r.addr)
+            if rng is None or r.addr + r.nbytes > rng[0] + rng[1]:
+                raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
+                                   "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
         return {
             "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
-            "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark,
+            "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
+            "states": states,
         }  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +289,9 @@ class Saver:
         w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
         w.add_json(rank, "pointers.json", pointers)
         w.add_json(rank, "setup_tensors.json", mark.tensors)
+        for r, data in prep["states"]:
+            if r.how == "bytes":
+                w.add_file(rank, r.file, data)
         w.add_file(rank, graphpack.PACK_NAME, pack.data())
         w.add_json(rank, graphpack.INDEX_NAME, pack.index())
         w.set_rank_facts(
@@ -267,6 +308,8 @@ class Saver:
                     "setup_cursor": mark.cursor,
                     "address_fingerprints": content_fps,
                     "granularity": info.granularity,
+                    "phases": [p.to_json() for p in prep["phases"]],
+                    "state": [r.to_json() for r, _ in prep["states"]],
                 },
             },
         )
@@ -278,4 +321,6 @@ class Saver:
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
+            "phases": [(p.name, p.start, p.end, p.limit) for p in prep["phases"]],
+            "state": [r.name for r, _ in prep["states"]],
         }

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from graphpersist import region
+from graphpersist import layout, region
 from graphpersist.errors import PersistError
 from graphpersist.tensors import tensor_key
 
@@ -63,6 +63,7 @@ def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = Fal
             "LOAD can prove they sit where SAVE had them; pass allow_unnamed=True only if there are none"
         )
     torch.cuda.synchronize()
+    layout.finish_setup()  # ends setup's last phase (the whole setup is one exact phase when none was named)
     evs = region.events()
     segments, blocks = _torch_blocks()
     _mark = SetupMark(

@@ -1,4 +1,5 @@
-/* The control surface Python calls through ctypes (region.py): region info, enable, events, images, restore, freeze. */
+/* The control surface Python calls through ctypes (region.py): region info, enable, events, images, restore,
+ * set_cursor (phase anchors), freeze. */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -76,11 +77,24 @@ GP_EXPORT size_t gp_free_ranges(gp_range_t *buf, size_t cap) {
     return total;
 }
 
-/* One recorded allocation at its recorded address: inside the region, aligned, above the cursor, on nothing. */
+/* One recorded allocation at its recorded address: inside the region, aligned, on nothing live. Below the cursor
+ * (a phase LOAD skipped, whose span the next phase's anchor stepped over) it must also miss every freed range,
+ * which the free list could hand out again once the layout is frozen. */
 static int map_fixed_locked(uint64_t addr, uint64_t size) {
-    if (!size || !in_region(addr) || !in_region(addr + size - 1) || size % g_bump.gran || addr % g_bump.gran ||
-        addr - g_bump.base < g_bump.cursor) {
-        set_error("restoring 0x%llx+%llu: outside the region, unaligned or below the cursor",
+    if (!size || !in_region(addr) || !in_region(addr + size - 1) || size % g_bump.gran || addr % g_bump.gran) {
+        set_error("restoring 0x%llx+%llu: outside the region or unaligned", (unsigned long long)addr,
+                  (unsigned long long)size);
+        return -1;
+    }
+    long ev = gp_log_live_overlapping(&g_log, addr, addr + size);
+    if (ev >= 0) {
+        set_error("restoring 0x%llx+%llu overlaps live memory at 0x%llx+%llu", (unsigned long long)addr,
+                  (unsigned long long)size, (unsigned long long)g_log.ev[ev].addr,
+                  (unsigned long long)g_log.ev[ev].size);
+        return -1;
+    }
+    if (addr - g_bump.base < g_bump.cursor && gp_free_overlaps(&g_free, addr, size)) {
+        set_error("restoring 0x%llx+%llu below the cursor overlaps memory this process freed",
                   (unsigned long long)addr, (unsigned long long)size);
         return -1;
     }
@@ -133,6 +147,48 @@ GP_EXPORT int gp_restore(const uint64_t *addrs, const uint64_t *sizes, size_t n,
         rc = 0;
     }
     if (rc != 0) unrestore_locked(done, expect_events);
+out:
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Moves the cursor forward to region offset `offset` (a phase's anchor, or the headroom after a variable phase), as
+ * one locked step: refuses if an allocation happened since Python read `expect_events` events, if the cursor is
+ * already past the offset (a phase overran: moving back would hand out live memory again), or if live memory lies
+ * at or above the new cursor (the next allocations would overlap it). */
+GP_EXPORT int gp_set_cursor(uint64_t offset, uint64_t expect_events) {
+    pthread_mutex_lock(&g_lock);
+    int rc = -1;
+    if (ensure_region() != 0) goto out;
+    if (g_log.n != expect_events) {
+        set_error("%llu allocation event(s) happened while the cursor was being moved (another thread allocated)",
+                  (unsigned long long)(g_log.n - expect_events));
+        goto out;
+    }
+    if (offset < g_bump.cursor) {
+        set_error("cannot move the cursor back from offset 0x%llx to 0x%llx: the memory below 0x%llx is in use "
+                  "(the previous phase overran this anchor)", (unsigned long long)g_bump.cursor,
+                  (unsigned long long)offset, (unsigned long long)g_bump.cursor);
+        goto out;
+    }
+    if (offset > g_bump.size || offset % g_bump.gran) {
+        set_error("cursor offset 0x%llx is past the region's end 0x%llx or not a multiple of the granularity %llu",
+                  (unsigned long long)offset, (unsigned long long)g_bump.size, (unsigned long long)g_bump.gran);
+        goto out;
+    }
+    long ev = gp_log_live_overlapping(&g_log, g_bump.base + offset, g_bump.base + g_bump.size);
+    if (ev >= 0) {
+        set_error("cannot move the cursor to offset 0x%llx: live memory at 0x%llx+%llu lies at or above it, and "
+                  "the next allocations would overlap it", (unsigned long long)offset,
+                  (unsigned long long)g_log.ev[ev].addr, (unsigned long long)g_log.ev[ev].size);
+        goto out;
+    }
+    if (gp_bump_set_cursor(&g_bump, offset)) {
+        set_error("cannot move the cursor to offset 0x%llx (now 0x%llx)", (unsigned long long)offset,
+                  (unsigned long long)g_bump.cursor);
+        goto out;
+    }
+    rc = 0;
 out:
     pthread_mutex_unlock(&g_lock);
     return rc;

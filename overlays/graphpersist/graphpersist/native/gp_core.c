@@ -78,6 +78,31 @@ long gp_log_find_reservation(const gp_log_t *log, uint64_t addr) {
     return -1;
 }
 
+static int ends_life(uint32_t kind) {
+    return kind == GP_EV_FREE || kind == GP_EV_UNRESERVE || kind == GP_EV_IPC_CLOSE;
+}
+
+long gp_log_live_overlapping(const gp_log_t *log, uint64_t lo, uint64_t hi) {
+    for (size_t i = 0; i < log->n; i++) {
+        const gp_event_t *e = &log->ev[i];
+        if (e->kind != GP_EV_ALLOC && e->kind != GP_EV_MAP_FIXED && e->kind != GP_EV_RESERVE &&
+            e->kind != GP_EV_IPC_OPEN)
+            continue;
+        if (!(e->addr < hi && lo < e->addr + e->size)) continue;
+        int live = 1; /* overlapping candidates are few: look for a later event that ends this one */
+        for (size_t j = i + 1; j < log->n && live; j++)
+            if (log->ev[j].addr == e->addr && ends_life(log->ev[j].kind)) live = 0;
+        if (live) return (long)i;
+    }
+    return -1;
+}
+
+int gp_free_overlaps(const gp_free_t *f, uint64_t addr, uint64_t size) {
+    for (size_t i = 0; i < f->n; i++)
+        if (f->r[i].addr < addr + size && addr < f->r[i].addr + f->r[i].size) return 1;
+    return 0;
+}
+
 int gp_free_add(gp_free_t *f, uint64_t addr, uint64_t size) {
     if (size == 0 || addr + size < addr) return -1;
     size_t i = 0;

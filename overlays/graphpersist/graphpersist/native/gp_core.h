@@ -106,6 +106,11 @@ int gp_log_reserve(gp_log_t *log);
 /* Index of the live memory event starting exactly at `addr` (allocated, fixed-mapped, IPC-opened or mapped by a
  * library into a reservation, and not freed/closed/unmapped since), or -1. A reservation alone is not memory. */
 long gp_log_find_live(const gp_log_t *log, uint64_t addr);
+/* Index of an event whose range [addr, addr+size) overlaps [lo, hi) and is still live (allocated, fixed-mapped,
+ * reserved or IPC-mapped, and not freed, given back or closed since), or -1. */
+long gp_log_live_overlapping(const gp_log_t *log, uint64_t lo, uint64_t hi);
+/* 1 when [addr, addr+size) overlaps a range on the free list, else 0. */
+int gp_free_overlaps(const gp_free_t *f, uint64_t addr, uint64_t size);
 /* Index of the live GP_EV_RESERVE whose range holds `addr` (not given back since), or -1. */
 long gp_log_find_reservation(const gp_log_t *log, uint64_t addr);
 /* Returns a freed range to the list (merging neighbours); -1 when it overlaps a range already there or on OOM. */

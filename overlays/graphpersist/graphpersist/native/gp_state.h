@@ -19,7 +19,8 @@
  *   gp_mem.c         region placement and the memory hooks (alloc/free/reserve/map/managed/async)
  *   gp_ipc_hooks.c   VMM-IPC hooks (cuIpcGetMemHandle/Open/Close)
  *   gp_image_hooks.c module and library loads
- *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore, freeze)
+ *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore,
+ *                    set_cursor, freeze)
  *   gp_graph.c       LOAD's graph builder (gp_add_kernel_nodes, gp_add_edges)
  * gp_cuda.h declares the driver API it uses (no CUDA toolkit needed to build), gp_glibc.h pins old glibc symbol
  * versions (the prebuilt library runs on glibc >= 2.28), gp_core.c and gp_ipc.c hold the CUDA-free bookkeeping.

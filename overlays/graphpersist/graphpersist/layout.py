@@ -1,0 +1,230 @@
+"""The process's phases and declared state, wired to the interposer (phases.py and state.py hold the logic).
+
+SAVE: `begin_phase` / `end_phase` / `phase()` record where each phase starts and which allocation events it
+makes, leaving headroom after variable phases; `declare_state` names device memory graphs read but no graph
+writes. LOAD: `use_layout(archive)` before setup makes every phase start at its saved anchor; after `load()`
+the engine re-runs its post-capture phases (anchored the same way) and `verify_state()` (or the first replay)
+proves the post-capture memory the graphs read and the declared state equal SAVE's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphpersist import phases, region, state
+from graphpersist.archive import open_archive
+from graphpersist.errors import PersistError
+
+# torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
+
+_rec = phases.Recorder()
+_declared: dict[str, state.Declared] = {}
+
+
+@dataclass
+class Pending:
+    """LOAD's checks that wait for the post-capture phases: run by verify_state() or the first replay."""
+
+    archive: Any
+    rank: int
+    saved: list[phases.Phase]
+    saved_events: list[region.Event]
+    pointers: list[int]
+    states: list[state.StateRecord]
+    done: list[str] = field(default_factory=list)
+
+
+_pending: Pending | None = None
+
+
+def recorder() -> phases.Recorder:
+    return _rec
+
+
+def reset() -> None:
+    """Forgets this process's phases, declarations and pending checks (a new SAVE or LOAD in the same process)."""
+    global _rec, _pending
+    _rec = phases.Recorder()
+    _declared.clear()
+    _pending = None
+
+
+def _refuse(exc: Exception) -> PersistError:
+    return PersistError(f"{exc}: refused")
+
+
+def _move(target: int, n_events: int) -> None:
+    if target != region.info().cursor:
+        try:
+            region.set_cursor(target, n_events)
+        except region.RegionError as exc:
+            raise PersistError(f"moving the allocation cursor to offset {target:#x}: {exc}") from None
+
+
+def _step(call: Any) -> int:
+    """Runs one recorder step over the current log and cursor, then moves the native cursor where it says."""
+    evs = region.events()
+    info = region.info()
+    try:
+        target = call(evs, info.cursor, info.granularity)
+    except phases.PhaseError as exc:
+        raise _refuse(exc) from None
+    _move(target, len(evs))
+    return target
+
+
+def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[region.Event]]:
+    """The archive's phases (one exact phase for archives written before phases) and its allocation log."""
+    rec = archive.rank_facts(rank)
+    evs = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(archive.read_json(rank, "alloc_log.json"))]
+    if "phases" in rec.extra:
+        return [phases.Phase.from_json(p) for p in rec.extra["phases"]], evs
+    return phases.legacy(rec.extra["setup_events"], rec.extra["setup_cursor"]), evs
+
+
+def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:
+    """LOAD: reads the archive's phases before setup, so each phase begins at its saved anchor and a variable
+    phase cannot shift the ones after it. Call it after start_region(), before the first phase. Returns the
+    saved phase names."""
+    if _rec.phases or _rec.setup_done:
+        raise PersistError("use_layout() must come before the first phase and before mark_setup()")
+    archive = open_archive(root, verify_checksums=False)  # load() verifies it all; read() checks what it returns
+    saved, evs = saved_phases(archive, rank)
+    _rec.saved, _rec.saved_events = saved, evs
+    return [p.name for p in saved]
+
+
+def begin_phase(name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None) -> int:
+    """Starts phase `name` (ending the open one). `exact=False`: its allocations may differ between runs (SAVE
+    leaves `headroom` bytes of address space after it, default as much as it used and at least 1 GiB);
+    `skip_on_load=True`: LOAD may leave it out (capture-only work; its memory still live at SAVE is mapped from
+    the archive). After mark_setup() it is a post-capture phase, which LOAD re-runs after load(). Returns the
+    region offset the phase starts at."""
+    return _step(lambda evs, cur, gran: _rec.begin(name, evs, cur, gran, exact=exact, skip_on_load=skip_on_load,
+                                                   headroom=headroom))  # fmt: skip
+
+
+def end_phase() -> None:
+    """Ends the open phase (a variable phase's headroom is left now)."""
+    _step(_rec.end)
+    if _pending is not None and not any(p.post_capture for p in _rec.remaining_saved()):
+        _verify_memory(_pending)
+
+
+@contextmanager
+def phase(name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None) -> Iterator[int]:
+    """`with phase("weights"): ...` = begin_phase(...) ... end_phase(); an exception leaves the phase open."""
+    start = begin_phase(name, exact=exact, skip_on_load=skip_on_load, headroom=headroom)
+    yield start
+    end_phase()
+
+
+def finish_setup() -> None:
+    """mark_setup() (or load() when the engine did not call it): ends setup's last phase."""
+    if not _rec.setup_done:
+        _step(_rec.finish_setup)
+
+
+def close_open() -> None:
+    """SAVE: ends a post-capture phase left open."""
+    _step(_rec.close)
+
+
+def declare_state(name: str, what: Any, how: str = "bytes") -> None:
+    """Names device memory graphs read but no graph writes (rank data, registered peer pointers, planner
+    buffers). "bytes": SAVE stores its content and LOAD writes it back; "recreated": the engine re-creates it at
+    LOAD by the same calls and LOAD proves its content hashes equal SAVE's. Declare the same state, the same
+    way, in both runs; LOAD checks it in verify_state() or before the first replay."""
+    if hasattr(what, "data_ptr"):  # a torch tensor
+        if not what.is_contiguous():
+            raise PersistError(f"state {name!r}: declare a contiguous tensor (or an (addr, nbytes) pair)")
+        addr, nbytes = what.data_ptr(), what.numel() * what.element_size()
+    else:
+        addr, nbytes = int(what[0]), int(what[1])
+    cur = recorder().current
+    try:
+        state.declare(_declared, state.Declared(name, addr, nbytes, how, cur.name if cur else None))
+    except state.StateError as exc:
+        raise _refuse(exc) from None
+
+
+def declared() -> list[state.Declared]:
+    return list(_declared.values())
+
+
+def read_bytes(addr: int, nbytes: int) -> bytes:
+    import torch
+
+    from graphpersist.tensors import tensor_at
+
+    torch.cuda.synchronize()
+    return tensor_at({"addr": addr, "dtype": "uint8", "shape": [nbytes], "stride": [1]}).cpu().numpy().tobytes()
+
+
+def write_bytes(addr: int, data: bytes) -> None:
+    import torch
+
+    from graphpersist.tensors import tensor_at
+
+    dst = tensor_at({"addr": addr, "dtype": "uint8", "shape": [len(data)], "stride": [1]})
+    dst.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    torch.cuda.synchronize()
+
+
+def records_for_save() -> list[tuple[state.StateRecord, bytes]]:
+    """SAVE: each declared state with its content (stored for "bytes", hashed for both)."""
+    out = []
+    for i, d in enumerate(_declared.values()):
+        data = read_bytes(d.addr, d.nbytes)
+        out.append((state.record(d, data, file=f"state/{i}.bin"), data))
+    return out
+
+
+def set_pending(p: Pending | None) -> None:
+    global _pending
+    _pending = p
+
+
+def needs_verify() -> bool:
+    return _pending is not None
+
+
+def _verify_memory(p: Pending) -> None:
+    """Graph addresses in post-capture memory, once the post-capture phases ran: saved address, saved size."""
+    try:
+        phases.check_backed(p.pointers, p.saved, p.saved_events, region.live_ranges(region.events()))
+    except phases.PhaseError as exc:
+        raise _refuse(exc) from None
+    p.pointers = []
+
+
+def verify_state() -> list[str]:
+    """LOAD, after the post-capture phases: proves the memory they made where graphs read it, writes "bytes"
+    state back and checks "recreated" state against SAVE's hashes; then the layout is final (freed ranges may
+    be reused). Runs by itself before the first replay. Returns the names of the state it handled."""
+    p = _pending
+    if p is None:
+        return []
+    left = [q.name for q in _rec.remaining_saved() if q.post_capture]
+    if _rec.current is not None and _rec.current.post_capture:
+        left.insert(0, _rec.current.name)
+    if left:
+        raise PersistError(
+            f"post-capture phase(s) {', '.join(map(repr, left))} of SAVE have not run (to their end) in this LOAD: "
+            "run the engine's post-capture registration after load(), inside the same phases, before the first "
+            "replay: refused"
+        )
+    _verify_memory(p)
+    try:
+        state.check_declarations(p.states, _declared)
+        done = state.restore(p.states, lambda r: p.archive.read(p.rank, r.file), write_bytes,
+                             read_bytes)  # fmt: skip
+    except state.StateError as exc:
+        raise _refuse(exc) from None
+    set_pending(None)
+    region.freeze()
+    return done
