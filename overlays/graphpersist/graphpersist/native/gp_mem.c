@@ -252,7 +252,10 @@ GP_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         r = unmap(dptr, g_live[i].size);
         if (r == CUDA_SUCCESS) r = release(g_live[i].h);
         gp_log_append(&g_log, GP_EV_FREE, dptr, g_live[i].size, 0);
-        if (g_live[i].fd >= 0) close(g_live[i].fd); /* the exporter's side ends here; importers keep theirs */
+        if (g_live[i].fd >= 0) { /* the exporter's side ends here; importers keep theirs */
+            gp_ipc_unserve(g_live[i].export_id);
+            close(g_live[i].fd);
+        }
         if (r == CUDA_SUCCESS) gp_free_add(&g_free, dptr, g_live[i].size);
         gp_log("free 0x%llx", (unsigned long long)dptr);
         g_live[i] = g_live[--g_nlive];
