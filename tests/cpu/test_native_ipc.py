@@ -28,6 +28,10 @@ import pytest
 
 from graphpersist import region
 
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import seccomp_block  # noqa: E402 - lives in tests/
+
 NATIVE = region.NATIVE_DIR
 LAYOUT = struct.Struct("<IHHIiQQQQIIQ")  # the 64 bytes standing in a CUipcMemHandle
 MAGIC, VERSION = 0x47504950, 2
@@ -345,10 +349,11 @@ def test_pidfd_transport_is_opt_in(ipc: ctypes.CDLL) -> None:
 
 
 SECCOMP_IMPORTER = r"""
-import errno, json, platform, struct
+import errno, json
+sys.path.insert(0, sys.argv[5])
+from seccomp_block import block_pidfd_getfd
 lib = declare(ctypes.CDLL(sys.argv[1]))
 raw, exporter_pid, exporter_fd = bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-libc = ctypes.CDLL(None, use_errno=True)
 err = ctypes.c_int()
 
 def pidfd_getfd_errno(pid, fd):
@@ -359,16 +364,7 @@ def pidfd_getfd_errno(pid, fd):
     return err.value
 
 out = {"self_before": pidfd_getfd_errno(os.getpid(), 0)}  # the control: allowed before the filter
-# seccomp BPF: pidfd_getfd (438 on x86_64 and aarch64) returns EPERM, every other syscall is allowed
-arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
-LD, JEQ, RET = 0x20, 0x15, 0x06
-prog = [(LD, 0, 0, 4), (JEQ, 0, 3, arch), (LD, 0, 0, 0), (JEQ, 0, 1, 438), (RET, 0, 0, 0x00050000 | errno.EPERM),
-        (RET, 0, 0, 0x7FFF0000)]
-insns = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *i) for i in prog))
-fprog = struct.pack("=HxxxxxxQ", len(prog), ctypes.addressof(insns))
-assert libc.prctl(38, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())  # PR_SET_NO_NEW_PRIVS
-fbuf = ctypes.create_string_buffer(fprog)
-assert libc.prctl(22, 2, fbuf, 0, 0) == 0, os.strerror(ctypes.get_errno())  # PR_SET_SECCOMP, FILTER
+block_pidfd_getfd()
 out["self_after"] = pidfd_getfd_errno(os.getpid(), 0)
 out["exporter_pidfd"] = pidfd_getfd_errno(exporter_pid, exporter_fd)
 h, fd = Handle(), ctypes.c_int(-1)
@@ -385,11 +381,11 @@ print(json.dumps(out), flush=True)
 def test_scm_works_where_pidfd_getfd_is_blocked_by_seccomp(ipc: ctypes.CDLL) -> None:
     """The default transport needs no ptrace: an importer whose pidfd_getfd is refused (container seccomp profiles,
     Yama ptrace_scope 2/3) still gets the exporter's shared memory."""
-    if platform.machine() not in ("x86_64", "aarch64"):
+    if not seccomp_block.supported():
         pytest.skip(f"the seccomp filter of this test knows x86_64 and aarch64, not {platform.machine()}")
     with exporter(ipc) as (proc, raw, fd_number):
         run = subprocess.run([sys.executable, "-c", PRELUDE + SECCOMP_IMPORTER, ipc._name, raw.hex(), str(proc.pid),
-                              str(fd_number)], capture_output=True, text=True, timeout=45)  # fmt: skip
+                              str(fd_number), str(TESTS)], capture_output=True, text=True, timeout=45)  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
         out = json.loads(run.stdout)
         if out["self_before"] == errno.ENOSYS:

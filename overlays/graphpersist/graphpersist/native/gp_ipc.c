@@ -76,12 +76,6 @@ int gp_fd_from_pid(pid_t pid, int fd, int *err) {
     return got < 0 ? -1 : got;
 }
 
-int gp_allow_peer_getfd(void) {
-    /* Yama ptrace_scope=1 only lets ancestors ptrace (and so pidfd_getfd); peers are siblings. EINVAL: no Yama. */
-    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0 || errno == EINVAL) return 0;
-    return -errno;
-}
-
 int gp_fd_send(int sock, int fd, const void *msg, size_t len) {
     if (!msg || len == 0) return -EINVAL; /* a stream socket drops fds sent without data */
     union {
@@ -402,6 +396,13 @@ int gp_ipc_transport(const char *value) {
     return GP_IPC_E_TRANSPORT;
 }
 
+/* PR_SET_PTRACER_ANY for this process, so peers may pidfd_getfd from it; 0 also when Yama is absent. */
+static int allow_peer_getfd(void) {
+    /* Yama ptrace_scope=1 only lets ancestors ptrace (and so pidfd_getfd); peers are siblings. EINVAL: no Yama. */
+    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0 || errno == EINVAL) return 0;
+    return -errno;
+}
+
 int gp_ipc_export(void *raw64, int fd, uint64_t base, uint64_t size, uint64_t offset, uint64_t export_id,
                   int transport) {
     gp_ipc_handle_t h;
@@ -419,7 +420,7 @@ int gp_ipc_export(void *raw64, int fd, uint64_t base, uint64_t size, uint64_t of
     if (transport == GP_IPC_F_SCM)
         rc = serve(export_id, fd, &h.token);
     else if (transport == GP_IPC_F_PIDFD)
-        rc = gp_allow_peer_getfd();
+        rc = allow_peer_getfd();
     else
         rc = GP_IPC_E_TRANSPORT;
     return rc ? rc : gp_ipc_encode(raw64, &h);

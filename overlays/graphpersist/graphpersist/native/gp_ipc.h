@@ -11,7 +11,7 @@
  *    uid) and only exports still registered (gp_ipc_unserve at free). Nothing about the process is opened to ptrace,
  *    so this works under Yama ptrace_scope 2/3 and container seccomp profiles that refuse pidfd_getfd.
  *  - "pidfd" (opt-in): the importer takes the fd with pidfd_getfd; only then does the exporter call
- *    gp_allow_peer_getfd (PR_SET_PTRACER_ANY: every same-user process may then ptrace it, for its whole life).
+ *    PR_SET_PTRACER_ANY (every same-user process may then ptrace it, for its whole life).
  *
  * The server thread: never calls CUDA and never takes the interposer's lock (only its own registry mutex, held to
  * look up and dup one fd), so it cannot block the exporter's CUDA calls; serves one client at a time, giving each
@@ -114,10 +114,8 @@ const char *gp_ipc_strerror(int code);
 int gp_proc_start_time(pid_t pid, uint64_t *out);
 
 /* pidfd path: a duplicate of `fd` of process `pid` (close-on-exec), or -1 with *err = errno. Needs ptrace access to
- * `pid` (same user; under Yama ptrace_scope=1 the target must have called gp_allow_peer_getfd). */
+ * `pid` (same user; under Yama ptrace_scope=1 the target must have exported with the pidfd transport). */
 int gp_fd_from_pid(pid_t pid, int fd, int *err);
-/* PR_SET_PTRACER_ANY for this process, so peers may pidfd_getfd from it; 0 also when Yama is absent. */
-int gp_allow_peer_getfd(void);
 
 /* SCM_RIGHTS: at most one fd plus a payload of 1..len bytes per message (SOCK_SEQPACKET keeps boundaries).
  * send: 0 or -errno. recv: payload bytes and *fd (close-on-exec; -1 for a message without fd, such as an error
