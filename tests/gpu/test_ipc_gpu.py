@@ -3,17 +3,22 @@
 An exporter process allocates a plain buffer (cuMemAlloc) and a pitched one (cuMemAllocPitch) inside its region,
 fills them and exports both with cuIpcGetMemHandle. An importer process opens them (on the second GPU when there
 is one): the same handle opened twice gives the same mapping, the pitched export covers pitch x height, the data
-is the exporter's. Then the exporter exits while the importer still holds a mapping: the mapping keeps working
-until the importer's last close, after which it is gone; a third close and a new open from the dead exporter are
-refused with errors, and a handle that is not ours goes to the driver's legacy path.
+is the exporter's. The handles use the default transport (SCM_RIGHTS from the exporter's server thread), and the
+importer has pidfd_getfd blocked by a seccomp filter (as in container default profiles), so it cannot fall back to
+it. Then the exporter exits while the importer still holds a mapping: the mapping keeps working until the
+importer's last close, after which it is gone; a third close and a new open from the dead exporter are refused
+with errors, and a handle that is not ours goes to the driver's legacy path.
 
 Run: `python3 -m pytest -m gpu tests/gpu/test_ipc_gpu.py` on a GPU host (torch, cuda-bindings, gcc).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -24,6 +29,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "overlays" / "graphpersist"
+F_SCM = 2  # gp_ipc.h: the handle's transport flag (bytes 6..7)
 N = 3 << 20  # plain buffer: 3 MiB (two granules when mapped)
 WIDTH, HEIGHT = 1000, 37  # pitched buffer: bytes per row, rows
 
@@ -72,9 +78,22 @@ def importer(work: Path) -> dict[str, Any]:
 
     from graphpersist import api, region
 
+    sys.path.insert(0, str(REPO / "tests"))
+    import seccomp_block
+
     dev = 1 if torch.cuda.device_count() > 1 else 0
     torch.cuda.set_device(dev)
     api.start_region()
+    out: dict[str, Any] = {"device": dev, "pidfd_getfd_blocked": False}
+    if seccomp_block.supported():
+        seccomp_block.block_pidfd_getfd()
+        libc = ctypes.CDLL(None, use_errno=True)
+        pidfd = libc.syscall(434, os.getpid(), 0)  # pidfd_open (allowed), then pidfd_getfd on ourselves
+        got = libc.syscall(438, pidfd, 0, 0) if pidfd >= 0 else 0
+        out["pidfd_getfd_blocked"] = got < 0 and ctypes.get_errno() == errno.EPERM
+        for fd in (pidfd, got):
+            if fd >= 0:
+                os.close(fd)
     _wait_for(work / "handles.json")
     info = json.loads((work / "handles.json").read_text())
     lazy = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
@@ -89,7 +108,8 @@ def importer(work: Path) -> dict[str, Any]:
         err = drv.cuMemcpyDtoH(buf, ptr, n)[0]
         return bytes(buf) if int(err) == 0 else err.name
 
-    out: dict[str, Any] = {"device": dev, "inner_handle_same": info["plain"] == info["plain_inner"]}
+    out["inner_handle_same"] = info["plain"] == info["plain_inner"]
+    out["transports"] = [struct.unpack_from("<H", bytes.fromhex(info[k]), 6)[0] for k in ("plain", "pitched")]
     a = int(_ck(drv.cuIpcOpenMemHandle(handle(info["plain"]), lazy), "open plain"))
     a2 = int(_ck(drv.cuIpcOpenMemHandle(handle(info["plain"]), lazy), "open plain again"))
     p = int(_ck(drv.cuIpcOpenMemHandle(handle(info["pitched"]), lazy), "open pitched"))
@@ -159,6 +179,8 @@ def test_ipc_ownership_and_lifetimes(tmp_path: Path) -> None:
     r = json.loads((tmp_path / "importer.json").read_text())
     print(json.dumps(r, indent=1))
     assert r["inner_handle_same"], "a handle names the whole allocation, as legacy IPC does"
+    assert r["transports"] == [F_SCM, F_SCM], "the default transport is SCM_RIGHTS"
+    assert r["pidfd_getfd_blocked"], "the importer must run with pidfd_getfd blocked (seccomp) to prove SCM needs none"
     assert r["same_mapping_twice"] and r["mapped_in_region"], r
     assert r["plain_data"] and r["pitched_data"] and r["pitch"] >= 1000 and r["pitch"] % 512 == 0, r
     assert r["readable_after_first_close"] and r["readable_after_exporter_exit"], r

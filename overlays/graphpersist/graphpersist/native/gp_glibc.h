@@ -16,5 +16,8 @@ __asm__(".symver dlvsym,dlvsym@" GP_GLIBC_BASE);
 __asm__(".symver dladdr,dladdr@" GP_GLIBC_BASE);
 __asm__(".symver dlerror,dlerror@" GP_GLIBC_BASE);
 __asm__(".symver pthread_once,pthread_once@" GP_GLIBC_BASE);
+__asm__(".symver pthread_create,pthread_create@" GP_GLIBC_BASE);
+__asm__(".symver pthread_join,pthread_join@" GP_GLIBC_BASE);
+__asm__(".symver pthread_sigmask,pthread_sigmask@" GP_GLIBC_BASE);
 #endif
 #endif

@@ -1,12 +1,14 @@
 /* VMM-IPC: legacy IPC handles do not work on cuMem allocations, so region memory gets our own handles.
- * Ownership (gp_ipc.h): the exporter owns the allocation and one exported fd per allocation, closed when it frees
- * the allocation; the importer fetches a duplicate of that fd (pidfd_getfd), imports it, maps it into its own
- * region at the next deterministic place and is the only one who unmaps and releases it (cuIpcCloseMemHandle, last
- * reference). The physical memory lives until both sides let go, so an exporter exiting first does not invalidate
- * a live mapping. Like legacy IPC, a handle names the whole allocation and open returns its base. */
+ * Ownership (gp_ipc.h): the exporter owns the allocation and one exported fd per allocation, which its fd server
+ * thread hands out (SCM_RIGHTS; pidfd_getfd only with GP_IPC_TRANSPORT=pidfd) until it frees the allocation and
+ * closes the fd; the importer fetches a duplicate of that fd, imports it, maps it into its own region at the next
+ * deterministic place and is the only one who unmaps and releases it (cuIpcCloseMemHandle, last reference). The
+ * physical memory lives until both sides let go, so an exporter exiting first does not invalidate a live mapping.
+ * Like legacy IPC, a handle names the whole allocation and open returns its base. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -23,10 +25,14 @@ GP_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr
     NEED(cuIpcGetMemHandle);
     if (!enabled() || !in_region(dptr)) return d->cuIpcGetMemHandle(handle, dptr);
     __typeof__(d->cuMemExportToShareableHandle) exp = d->cuMemExportToShareableHandle;
+    int transport = gp_ipc_transport(getenv("GP_IPC_TRANSPORT"));
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     live_t *l = live_containing(dptr);
-    if (!l) {
+    if (transport < 0) {
+        set_error("cuIpcGetMemHandle: GP_IPC_TRANSPORT='%s': %s", getenv("GP_IPC_TRANSPORT"),
+                  gp_ipc_strerror(transport));
+    } else if (!l) {
         set_error("cuIpcGetMemHandle(0x%llx): not inside a live region allocation", (unsigned long long)dptr);
     } else if (l->fd < 0 && (!exp || (r = FAULTY("export", exp(&l->fd, l->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                                                    0))) != CUDA_SUCCESS)) {
@@ -35,11 +41,15 @@ GP_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr
                   (int)r);
     } else {
         if (!l->export_id) l->export_id = new_export_id();
-        gp_allow_peer_getfd();
-        gp_ipc_encode(handle->reserved, (uint32_t)getpid(), l->fd, l->addr, l->size, 0, l->export_id,
-                      GP_IPC_F_PIDFD);
-        gp_log("ipc export 0x%llx size %llu fd %d", (unsigned long long)l->addr, (unsigned long long)l->size, l->fd);
-        r = CUDA_SUCCESS;
+        int e = gp_ipc_export(handle->reserved, l->fd, l->addr, l->size, 0, l->export_id, transport);
+        if (e == 0) {
+            gp_log("ipc export 0x%llx size %llu fd %d (%s)", (unsigned long long)l->addr,
+                   (unsigned long long)l->size, l->fd, transport == GP_IPC_F_SCM ? "scm" : "pidfd");
+            r = CUDA_SUCCESS;
+        } else {
+            set_error("cuIpcGetMemHandle(0x%llx): serving the exported fd failed: %s", (unsigned long long)dptr,
+                      gp_ipc_strerror(e));
+        }
     }
     pthread_mutex_unlock(&g_lock);
     return r;
@@ -51,10 +61,10 @@ static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
     const gp_driver_t *d = gp_driver();
     if (!d->cuMemImportFromShareableHandle || !d->cuMemRelease) return CUDA_ERROR_NOT_INITIALIZED;
     if (log_reserve()) return CUDA_ERROR_OUT_OF_MEMORY;
-    int err = EBADF, fd = gp_fault("fd") ? -1 : gp_fd_from_pid((pid_t)h->pid, h->fd, &err);
-    if (fd < 0) {
-        set_error("cuIpcOpenMemHandle: cannot fetch fd %d of exporter pid %u (%s): the exporter must be alive, same "
-                  "user, and allow pidfd_getfd", h->fd, h->pid, strerror(err));
+    int fd = -1, got = gp_fault("fd") ? -EBADF : gp_ipc_fetch(h, &fd);
+    if (got != 0) {
+        set_error("cuIpcOpenMemHandle: cannot fetch the allocation from exporter pid %u (%s transport): %s", h->pid,
+                  h->flags == GP_IPC_F_PIDFD ? "pidfd" : "scm", gp_ipc_strerror(got));
         return CUDA_ERROR_INVALID_HANDLE;
     }
     CUmemGenericAllocationHandle mh;
@@ -65,7 +75,7 @@ static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
         set_error("cuIpcOpenMemHandle: importing the exporter's fd failed with %d", (int)r);
         return r;
     }
-    gp_ipc_transition(&e->st, GP_IPC_EV_IMPORT);
+    gp_ipc_transition(&e->state, GP_IPC_EV_IMPORT);
     uint64_t addr, mapped, saved = g_bump.cursor;
     int reused;
     if (next_range(h->size, 0, &addr, &mapped, &reused)) {
@@ -82,10 +92,10 @@ static CUresult ipc_import(gp_ipc_import_t *e, const gp_ipc_handle_t *h) {
     }
     if (r != CUDA_SUCCESS) {
         d->cuMemRelease(mh);
-        gp_ipc_transition(&e->st, GP_IPC_EV_RELEASE);
+        gp_ipc_transition(&e->state, GP_IPC_EV_RELEASE);
         return r;
     }
-    gp_ipc_transition(&e->st, GP_IPC_EV_MAP);
+    gp_ipc_transition(&e->state, GP_IPC_EV_MAP);
     e->cu_handle = (uint64_t)mh;
     e->map_addr = addr;
     gp_log_append(&g_log, GP_EV_IPC_OPEN, addr, mapped, h->size);
@@ -100,7 +110,7 @@ GP_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHan
     int dec = gp_ipc_decode(handle.reserved, &h);
     if (dec == GP_IPC_E_NOT_OURS) return d->cuIpcOpenMemHandle_v2(pdptr, handle, flags); /* a legacy handle */
     if (dec != 0) {
-        set_error("cuIpcOpenMemHandle: a graphpersist handle that does not decode (%d: version or checksum)", dec);
+        set_error("cuIpcOpenMemHandle: a graphpersist handle that does not decode: %s", gp_ipc_strerror(dec));
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!enabled()) {
@@ -118,7 +128,7 @@ GP_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHan
         if (r == CUDA_SUCCESS) {
             *pdptr = (CUdeviceptr)(e->map_addr + e->offset);
         } else { /* nothing mapped: the slot is dead and reusable */
-            gp_ipc_transition(&e->st, GP_IPC_EV_RELEASE);
+            gp_ipc_transition(&e->state, GP_IPC_EV_RELEASE);
             e->refs = 0;
         }
     }
@@ -130,7 +140,7 @@ GP_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHan
 static gp_ipc_import_t *import_at(uint64_t ptr) {
     for (size_t i = 0; i < g_imports.n; i++) {
         gp_ipc_import_t *e = &g_imports.e[i];
-        if (e->st.state == GP_IPC_MAPPED && e->map_addr + e->offset == ptr) return e;
+        if (e->state == GP_IPC_MAPPED && e->map_addr + e->offset == ptr) return e;
     }
     return NULL;
 }
@@ -175,7 +185,7 @@ GP_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
                 gp_log_append(&g_log, GP_EV_IPC_CLOSE, e->map_addr, e->size, 0);
                 gp_free_add(&g_free, e->map_addr, e->size);
             } else { /* undo the CLOSE: the mapping is there and referenced, as before the call */
-                e->st.state = GP_IPC_MAPPED;
+                e->state = GP_IPC_MAPPED;
                 e->refs = 1;
                 set_error("cuIpcCloseMemHandle(0x%llx): unmapping or releasing failed with %d; the mapping stays",
                           (unsigned long long)dptr, (int)r);

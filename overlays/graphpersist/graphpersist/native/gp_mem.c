@@ -304,7 +304,10 @@ GP_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
                       "withdrawn from the region", (unsigned long long)dptr, (int)r);
     } else {
         gp_log_append(&g_log, GP_EV_FREE, dptr, l->size, 0);
-        if (l->fd >= 0) close(l->fd); /* the exporter's side ends here; importers keep theirs */
+        if (l->fd >= 0) { /* the exporter's side ends here; importers keep theirs */
+            gp_ipc_unserve(l->export_id);
+            close(l->fd);
+        }
         gp_free_add(&g_free, dptr, l->size);
         gp_log("free 0x%llx", (unsigned long long)dptr);
         *l = g_live[--g_nlive];
