@@ -22,7 +22,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 FORMAT_NAME = "graphpersist-archive"
@@ -281,7 +281,7 @@ class Creation:
         from graphpersist import __version__
 
         return cls(
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             host=socket.gethostname(),
             graphpersist_version=__version__,
             python=platform.python_version(),
