@@ -25,7 +25,7 @@ $(VENV)/.ready: requirements-dev.txt
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt
 	@touch $@
 
-setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-commit)
+setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-commit, vermin)
 
 build: setup ## fetch + verify pinned upstream, patch, overlay, stamp and write wheels to dist/
 	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST)
