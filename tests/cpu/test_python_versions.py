@@ -168,6 +168,8 @@ def test_pyfloor_passes_the_runtime_and_names_what_needs_a_newer_python(tmp_path
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "'datetime.UTC' member requires !2, 3.11" in bad.stdout and "'typing.Self'" in bad.stdout
     assert str(newer) in bad.stdout
+    missing = _pyfloor(tmp_path / "absent.py")
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
 
 
 def test_pyfloor_wants_ruffs_runtime_target_to_be_the_same_floor() -> None:

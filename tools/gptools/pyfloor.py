@@ -66,6 +66,10 @@ def _cmd_pyfloor(args: argparse.Namespace) -> int:
         print("gptools pyfloor: vermin is not installed in this Python: run `make setup`", file=sys.stderr)
         return 2
     paths = [Path(p) for p in args.paths] or [RUNTIME]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print(f"gptools pyfloor: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
     findings = ruff_findings(floor, REPO_ROOT / "pyproject.toml") + vermin_findings(floor, paths)
     where = ", ".join(str(p) for p in paths)
     if findings:
