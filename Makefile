@@ -12,8 +12,9 @@ ENGINE ?= all
 VERSION ?=
 DIST ?= dist
 PYTEST_ARGS ?=
+OFFLINE ?=
 
-.PHONY: help setup build test check lint rebase edit export bundle gpu-test prove clean
+.PHONY: help setup build test test-fast check lint rebase edit export bundle gpu-test prove clean
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,20 +26,26 @@ $(VENV)/.ready: requirements-dev.txt
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt
 	@touch $@
 
-setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-commit)
+setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-commit, vermin)
 
-build: setup ## fetch + verify pinned upstream, patch, overlay, stamp and write wheels to dist/
-	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST)
+build: setup ## fetch + verify pinned upstream, patch, overlay, stamp, write dist/ (OFFLINE=1: cache only)
+	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST) $(if $(filter 1,$(OFFLINE)),--offline)
 
 test: build ## build, then run the CPU test-suite (what CI runs)
 	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest $(PYTEST_ARGS)
 
-check: setup ## lint code + series, zero-fuzz dry run against pinned upstream, check hooked functions
+# No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
+# says how many ("N deselected"). The index URL points nowhere so that a fetch that slipped through fails at once.
+test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
+	GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
+	  -p no:cacheprovider $(PYTEST_ARGS)
+
+check: setup ## ruff, series lint, runtime Python floor, zero-fuzz dry run on pinned upstream, hooked functions
 	$(VENV)/bin/pre-commit run --all-files
 	$(PY) -m gptools apply --engine $(ENGINE) --dry-run
 	$(PY) -m gptools hooks --engine $(ENGINE)
 
-lint: check
+lint: check ## the same as make check
 
 rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0: re-apply the series on a new upstream and report
 	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version>"; exit 2; }

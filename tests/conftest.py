@@ -26,7 +26,16 @@ def has_gpu() -> bool:
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+# Fixtures that download the pinned upstream wheels (unless the cache is warm) or build dist/: a test that uses one is
+# a `network` test, marked here so that `make test-fast` (-m "not network ...") never runs it, even if unmarked.
+NETWORK_FIXTURES = ("dist_dir", "upstream_tree")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in NETWORK_FIXTURES):
+            item.add_marker(pytest.mark.network)
     if has_gpu():
         return
     skip = pytest.mark.skip(

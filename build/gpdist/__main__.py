@@ -1,9 +1,10 @@
-"""Command line of the distribution build: `python -m gpdist build|fetch`."""
+"""Command line of the distribution build: `python -m gpdist build|fetch` (`make build` runs it)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -50,21 +51,70 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpdist", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    engines = ["all", *pins_mod.load().engines]
+ENVIRONMENT = """environment:
+  GP_CACHE_DIR   download cache, keyed by sha256 (default $XDG_CACHE_HOME/graphpersist-dist, else
+                 ~/.cache/graphpersist-dist); with a warm cache --offline needs no network at all
+  GP_INDEX_URL   package index to download from (default https://pypi.org/simple)
 
-    build = sub.add_parser("build", help="fetch, verify, patch, overlay, stamp and write wheels")
-    build.add_argument("--engine", choices=engines, default="all")
+Run from the repository with PYTHONPATH=build:tools:overlays/graphpersist, or use `make build` (OFFLINE=1 for
+--offline), which sets it. Exit 0 on success, 1 when the build or a download fails, 2 on misuse."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpdist",
+        description="Build the patched engine wheels and the graphpersist runtime wheel from build/pins.toml.",
+        epilog=ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{build,fetch}")
+    engines = ["all", *pins_mod.load().engines]
+    names = ", ".join(engines[1:])
+
+    build = sub.add_parser(
+        "build",
+        help="fetch, verify, patch, overlay, stamp and write wheels",
+        description=textwrap.fill(
+            "Fetch each pinned upstream wheel (verified by its sha256 in build/pins.toml), apply "
+            "patches/<engine>/series with zero fuzz, copy overlays/<engine>/, stamp the version, and write the "
+            "engine wheels, the graphpersist runtime wheel and BUILD-REPORT.md / build-report.json to --out.",
+            100,
+        ),
+        epilog=ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    build.add_argument(
+        "--engine",
+        choices=engines,
+        default="all",
+        help=f"which patched engine wheel to build: one of {names}, or all (default); "
+        "the graphpersist runtime wheel is always built",
+    )
     build.add_argument("--out", default="dist", help="output folder for wheels and the build report (default dist)")
-    build.add_argument("--offline", action="store_true", help="use only the download cache; never the network")
+    build.add_argument(
+        "--offline",
+        action="store_true",
+        help="use only the download cache ($GP_CACHE_DIR); fail, never download, when a file is missing or "
+        "fails its sha256",
+    )
     build.set_defaults(func=cmd_build)
 
-    fetch_p = sub.add_parser("fetch", help="download and verify the pinned upstream artifacts into the cache")
-    fetch_p.add_argument("--engine", choices=engines, default="all")
+    fetch_p = sub.add_parser(
+        "fetch",
+        help="download and verify the pinned upstream artifacts into the cache",
+        description=textwrap.fill(
+            "Download the pinned upstream artifacts into the cache ($GP_CACHE_DIR) and verify their sha256; "
+            "print the path of each verified file.",
+            100,
+        ),
+        epilog=ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fetch_p.add_argument(
+        "--engine", choices=engines, default="all", help=f"whose artifacts: one of {names}, or all (default)"
+    )
     fetch_p.add_argument("--sdist", action="store_true", help="also fetch the sdist where one is pinned")
-    fetch_p.add_argument("--offline", action="store_true", help="only verify what is cached")
+    fetch_p.add_argument("--offline", action="store_true", help="only verify what is cached; never download")
     fetch_p.set_defaults(func=cmd_fetch)
 
     args = parser.parse_args(argv)

@@ -81,8 +81,8 @@ def _copy_overlay(tree: Path, overlay: Path) -> list[str]:
 
 def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = False) -> EngineBuild:
     log = lambda msg: print(f"gpdist[{engine.name}]: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    src_wheel = fetch(engine.wheel, offline=offline)
-    pristine = upstream_tree(engine, offline=offline)
+    src_wheel = fetch(engine.wheel, offline=offline)  # verified once here; unpacking uses this same copy
+    pristine = upstream_tree(engine, offline=offline, wheel=src_wheel)
 
     stage = WORK_DIR / "build" / engine.name
     log(f"staging a copy of {engine.wheel.filename}")

@@ -93,15 +93,21 @@ def _download_or_explain(url: str, dest: Path, label: str) -> None:
 
 
 def fetch(artifact: Artifact, offline: bool = False) -> Path:
-    """Return a verified local copy of the artifact, downloading it at most once."""
+    """Return a verified local copy of the artifact, downloading it at most once.
+
+    Every call hashes the file: callers hash a file once per build by passing the returned path on (see
+    gpdist.unpack.upstream_tree) instead of calling fetch again."""
     path = cached_path(artifact)
     if path.exists():
         actual = sha256_file(path)
         if actual == artifact.sha256:
             print(f"gpdist: using cached {artifact.filename} (sha256 verified)", file=sys.stderr)
             return path
+        failed = f"cached {artifact.filename} failed its sha256 (expected {artifact.sha256}, got {actual})"
+        if offline:
+            raise FetchError(f"{failed}; not fetching again because --offline: delete {path} or build online")
         path.unlink()
-        print(f"gpdist: cached {artifact.filename} failed its sha256 ({actual}); fetching again", file=sys.stderr)
+        print(f"gpdist: {failed}; deleted it, fetching again", file=sys.stderr)
     if offline:
         raise FetchError(f"{artifact.filename} is not in the cache ({path}) and --offline was given")
     url, advertised = resolve_url(artifact.project, artifact.filename)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,17 @@ class Pins:
     def dist_version(self, upstream: str) -> str:
         """Version of a patched engine wheel: upstream version plus our local label."""
         return f"{upstream}+{self.label}.{self.release}"
+
+    @property
+    def runtime_python_floor(self) -> tuple[int, int]:
+        """The oldest Python the runtime wheel supports: what its import tests and the static check target."""
+        match = re.fullmatch(r">=\s*(\d+)\.(\d+)", self.runtime_requires_python.strip())
+        if not match:
+            raise SystemExit(
+                f"gpdist: build/pins.toml [runtime] requires_python = {self.runtime_requires_python!r}: "
+                'write it as ">=MAJOR.MINOR" (the checks and tests read the floor from it)'
+            )
+        return int(match[1]), int(match[2])
 
     @property
     def runtime_version(self) -> str:

@@ -43,12 +43,13 @@ def package_files() -> list[Path]:
 
 def metadata(pins: Pins) -> str:
     readme = SOURCE / "README.md"
+    major, minor = pins.runtime_python_floor
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {pins.runtime_name}",
         f"Version: {pins.runtime_version}",
         "Summary: Persist captured CUDA graphs of inference engines and restore them on the next start",
-        f"Requires-Python: {pins.runtime_requires_python}",
+        f"Requires-Python: >={major}.{minor}",
         "License: Apache-2.0",
     ]
     if readme.is_file():

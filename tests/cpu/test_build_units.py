@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from gptools_fixtures import make_series, standard_changes, upstream_files
 
+from gpdist import __main__ as gpdist_cli
+from gpdist import engine as engine_mod
 from gpdist import fetch as fetch_mod
+from gpdist import unpack as unpack_mod
 from gpdist.engine import BuildError, _copy_overlay
-from gpdist.pins import Artifact
+from gpdist.pins import Artifact, EnginePin, Pins
 from gpdist.wheelmeta import WheelName, parse_record, record_digest, render_record, stamp_metadata
 from gpdist.wheelzip import ReproducibleZip, read_raw
 
@@ -123,7 +130,9 @@ def test_fetch_refuses_when_the_index_advertises_another_hash(monkeypatch: pytes
     assert calls == []
 
 
-def test_fetch_replaces_a_corrupted_cache_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_fetch_replaces_a_corrupted_cache_entry_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     art = _artifact(b"expected")
     calls = _fake_index(monkeypatch, tmp_path, b"expected", art.sha256)
     cached = fetch_mod.cached_path(art)
@@ -131,6 +140,121 @@ def test_fetch_replaces_a_corrupted_cache_entry(monkeypatch: pytest.MonkeyPatch,
     cached.write_bytes(b"bit rot")
     assert fetch_mod.fetch(art).read_bytes() == b"expected"
     assert len(calls) == 1
+    err = capsys.readouterr().err
+    rot = hashlib.sha256(b"bit rot").hexdigest()
+    said = [line for line in err.splitlines() if "failed its sha256" in line]
+    failed = f"cached {art.filename} failed its sha256 (expected {art.sha256}, got {rot})"
+    assert said == [f"gpdist: {failed}; deleted it, fetching again"]
+
+
+def test_offline_fetch_of_a_tampered_cache_says_once_that_it_will_not_fetch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    art = _artifact(b"expected")
+    calls = _fake_index(monkeypatch, tmp_path, b"expected", art.sha256)
+    cached = fetch_mod.cached_path(art)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"bit rot")
+    with pytest.raises(fetch_mod.FetchError) as err:
+        fetch_mod.fetch(art, offline=True)
+    rot = hashlib.sha256(b"bit rot").hexdigest()
+    assert str(err.value) == (
+        f"cached {art.filename} failed its sha256 (expected {art.sha256}, got {rot}); "
+        f"not fetching again because --offline: delete {cached} or build online"
+    )
+    assert capsys.readouterr().err == "", "offline: the error is the only message, nothing says 'fetching again'"
+    assert calls == [] and cached.read_bytes() == b"bit rot", "offline leaves the cache as it found it"
+
+
+def test_offline_build_with_a_tampered_cache_prints_one_error_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], pins: Pins
+) -> None:
+    """The real command line and the real pin: the user sees one line that says what happened and what to do."""
+    monkeypatch.setenv("GP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GP_INDEX_URL", "http://127.0.0.1:9/unreachable")
+    art = pins.engine("sglang").wheel
+    cached = fetch_mod.cached_path(art)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"tampered")
+    assert gpdist_cli.main(["build", "--engine", "sglang", "--offline", "--out", str(tmp_path / "dist")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    [error] = [line for line in lines if art.filename in line]
+    assert error.startswith(f"gpdist: error: cached {art.filename} failed its sha256 (expected {art.sha256}, got ")
+    assert error.endswith(
+        "not fetching again because --offline: delete it or build online".replace("it", str(cached), 1)
+    )
+    assert not any("fetching again;" in line or "downloading" in line for line in lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScratchEngine(EnginePin):
+    """A pinned engine whose series and overlay live in a scratch folder instead of patches/ and overlays/."""
+
+    root: Path = Path()
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def overlay_dir(self) -> Path:
+        return self.root / "overlay"
+
+
+def _scratch_wheel(path: Path, files: dict[str, str]) -> Artifact:
+    """A small upstream wheel with a valid RECORD (what build_engine checks the output against)."""
+    info = "fakepkg-1.0.0.dist-info"
+    members = {**files, f"{info}/METADATA": "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0.0\n\n"}
+    rows = [(rel, record_digest(text.encode()), str(len(text.encode()))) for rel, text in sorted(members.items())]
+    with zipfile.ZipFile(path, "w") as zf:
+        for rel, text in sorted(members.items()):
+            zf.writestr(rel, text)
+        zf.writestr(f"{info}/RECORD", render_record([*rows, (f"{info}/RECORD", "", "")]))
+    return Artifact("fakepkg", path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_a_first_build_hashes_the_upstream_wheel_once_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], pins: Pins
+) -> None:
+    """A first build (cached wheel, no unpacked tree yet) verifies the wheel once and uses that copy throughout."""
+    series = make_series(tmp_path, upstream_files(), standard_changes())
+    monkeypatch.setenv("GP_CACHE_DIR", str(tmp_path / "cache"))
+    art = _scratch_wheel(tmp_path / "fakepkg-1.0.0-py3-none-any.whl", upstream_files())
+    cached = fetch_mod.cached_path(art)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes((tmp_path / art.filename).read_bytes())
+    engine = ScratchEngine("fakepkg", "fakepkg", "1.0.0", art, None, "", "", "2.11.0", root=series.patches_dir.parent)
+    for module in (unpack_mod, engine_mod):
+        monkeypatch.setattr(module, "WORK_DIR", tmp_path / "work")
+    hashed: list[Path] = []
+    real_sha256_file = fetch_mod.sha256_file
+
+    def counting_sha256_file(path: Path) -> str:
+        hashed.append(Path(path))
+        return real_sha256_file(path)
+
+    for module in (fetch_mod, engine_mod):
+        monkeypatch.setattr(module, "sha256_file", counting_sha256_file)
+
+    build = engine_mod.build_engine(pins, engine, tmp_path / "dist")
+    assert build.wheel.is_file() and build.patches == series.names
+    assert hashed.count(cached) == 1, f"the upstream wheel was hashed {hashed.count(cached)} times"
+    assert len(hashed) == len(set(hashed)), "every file is hashed once per build"
+    said = [line for line in capsys.readouterr().err.splitlines() if "sha256 verified" in line]
+    assert said == [f"gpdist: using cached {art.filename} (sha256 verified)"]
+
+
+@pytest.mark.parametrize("command", ["build", "fetch"])
+def test_gpdist_help_explains_engine_offline_and_the_cache(command: str, repo_root: Path) -> None:
+    env = {"PYTHONPATH": f"{repo_root / 'build'}:{repo_root / 'tools'}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpdist", command, "--help"], capture_output=True, text=True, env=env, cwd=repo_root
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--engine {all,vllm,sglang} " in text and "one of vllm, sglang, or all (default)" in text
+    assert "GP_CACHE_DIR" in text and "~/.cache/graphpersist-dist" in text and "GP_INDEX_URL" in text
+    assert "never download" in text
 
 
 def test_offline_fetch_of_an_uncached_file_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

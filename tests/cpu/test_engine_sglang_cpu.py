@@ -25,6 +25,8 @@ import pytest
 
 from graphpersist.switch import SwitchError
 
+pytestmark = pytest.mark.network  # every test reads the built SGLang wheel (dist/)
+
 PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
 SERVER_ARGS = "sglang/srt/server_args.py"
 OVERLAY = "sglang/srt/graphpersist_switch.py"

@@ -21,6 +21,7 @@ def _copy_module(tree: Path, rel: str, dest: Path) -> Path:
     return target
 
 
+@pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_hooks_match_the_pristine_pinned_tree(
     engine: str, upstream_tree: Callable[[str], Path], repo_root: Path
@@ -43,6 +44,7 @@ def test_every_patched_file_has_a_declared_hook(engine: str, repo_root: Path) ->
                 assert line[len("+++ b/") :] in declared, f"{name} edits {line[6:]} but hooks.toml declares none of it"
 
 
+@pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
 def test_renamed_method_is_reported(upstream_tree: Callable[[str], Path], repo_root: Path, tmp_path: Path) -> None:
     rel = "vllm/engine/arg_utils.py"
     path = _copy_module(upstream_tree("vllm"), rel, tmp_path)
@@ -61,6 +63,7 @@ def test_renamed_method_is_reported(upstream_tree: Callable[[str], Path], repo_r
     ]
 
 
+@pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
 def test_removed_parameter_is_reported(upstream_tree: Callable[[str], Path], repo_root: Path, tmp_path: Path) -> None:
     rel = "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
     path = _copy_module(upstream_tree("sglang"), rel, tmp_path)
@@ -80,6 +83,7 @@ def test_removed_parameter_is_reported(upstream_tree: Callable[[str], Path], rep
     )
 
 
+@pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
 def test_lost_var_keyword_is_reported(upstream_tree: Callable[[str], Path], tmp_path: Path) -> None:
     rel = "vllm/entrypoints/llm.py"
     path = _copy_module(upstream_tree("vllm"), rel, tmp_path)
@@ -131,6 +135,7 @@ def test_malformed_hooks_file_is_a_usage_error(tmp_path: Path, body: str, messag
         hooks.check_hooks(tmp_path, hooks_file)
 
 
+@pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
 def test_cli_exit_codes(upstream_tree: Callable[[str], Path], repo_root: Path, tmp_path: Path) -> None:
     env_path = ":".join(str(repo_root / p) for p in ("build", "tools", "overlays/graphpersist"))
 

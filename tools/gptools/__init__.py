@@ -1,5 +1,5 @@
 """Build-time tooling for the patched vLLM/SGLang distribution: series lint/apply, edit/export, rebase, hook-point
-check and offline bundles.
+check, the runtime's Python floor and offline bundles.
 
 Each subcommand lives in its own module that exposes `register(subparsers)`; `python -m gptools` wires them up.
 """
@@ -13,5 +13,6 @@ COMMANDS = (
     "gptools.worktree",
     "gptools.rebase",
     "gptools.hooks",
+    "gptools.pyfloor",
     "gptools.bundle",
 )

@@ -294,7 +294,7 @@ class Creation:
         from graphpersist import __version__
 
         return cls(
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),  # noqa: UP017 - datetime.UTC needs 3.11
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             host=socket.gethostname(),
             graphpersist_version=__version__,
             python=platform.python_version(),

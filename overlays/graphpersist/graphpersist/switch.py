@@ -28,7 +28,7 @@ DIR_ENV = "GRAPHPERSIST_DIR"
 DEFAULT_SOURCE = "default"
 
 
-class Mode(str, enum.Enum):  # noqa: UP042 - enum.StrEnum needs 3.11; the runtime supports 3.10
+class Mode(str, enum.Enum):
     """What the engine does with its CUDA graphs."""
 
     OFF = "off"  # behave exactly like upstream
