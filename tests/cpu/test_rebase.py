@@ -111,6 +111,36 @@ def test_clean_series_updates_the_pins_copy(tmp_path: Path) -> None:
     assert (s.work / "fakepkg-1.1.0/report.md").read_text().startswith("all 2 patches apply cleanly to fakepkg 1.1.0")
 
 
+def test_hunk_placed_with_fuzz_where_the_merge_conflicts_is_reported_as_a_conflict(tmp_path: Path) -> None:
+    # Upstream inserts two lines where the first patch inserts its line; the second ends like the hunk's leading
+    # context, so GNU patch places the hunk after them with fuzz 2, while git's 3-way merge sees both sides insert
+    # at the same point and conflicts. The report must call that hunk a conflict, not fuzz.
+    files = with_unrelated_change()
+    files["fakepkg/config.py"] = files["fakepkg/config.py"].replace(
+        "    y = x + 3\n", "    y = x + 3\n    x = -x\n    y = x + 3\n", 1
+    )
+    s = Setup(tmp_path, files)
+    report = s.run()
+    first = report.patches[0]
+    assert first.status == CONFLICT and first.conflict_files == ["fakepkg/config.py"]
+    [hunk] = first.hunks
+    assert (hunk.status, hunk.fuzz, hunk.offset) == (CONFLICT, 2, 2)
+    assert hunk.message == (
+        "GNU patch alone would apply it at line 20 (offset +2 lines, fuzz 2), but the 3-way merge conflicts at "
+        "lines 21-22"
+    )
+    assert first.note == (
+        "GNU patch alone would apply every hunk (fuzzy), but the 3-way merge conflicts in hunk(s) fakepkg/config.py #1"
+    )
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    assert md.splitlines()[0] == f"1 of 2 patches need work on fakepkg 1.1.0: {s.names[0]} (conflict)"
+    assert f"- fakepkg/config.py hunk #1 (@@ -18,6 +18,7 @@ def config_2(x):): CONFLICT: {hunk.message}" in md
+    assert "applies at line" not in md
+    data = json.loads((s.work / "fakepkg-1.1.0/report.json").read_text())
+    assert data["counts"] == {CLEAN: 1, FUZZY: 0, CONFLICT: 1}
+    assert data["patches"][0]["hunks"][0]["status"] == CONFLICT
+
+
 def test_change_already_upstream_is_not_reported_clean(tmp_path: Path) -> None:
     files = with_unrelated_change()
     files["fakepkg/config.py"] = files["fakepkg/config.py"].replace("y = x + 3\n", "y = x + 3\n    y = hook(y)\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 from gpdist import REPO_ROOT
 from gpdist import pins as pins_mod
 from gptools.apply import CLEAN, CONFLICT, FUZZY, HunkResult, classify_patch
-from gptools.series import load_series
+from gptools.series import Patch, load_series
 from gptools.worktree import (
     BASE_TAG,
     WorktreeMeta,
@@ -334,6 +334,51 @@ def _conflict_files(repo: Path) -> list[str]:
     return [f for f in git(repo, "diff", "--name-only", "--diff-filter=U").stdout.splitlines() if f]
 
 
+def conflict_spans(text: str) -> list[tuple[int, int]]:
+    """The conflict blocks git left in a file, as 1-based inclusive line ranges of the merge's "ours" side (new
+    upstream plus the earlier patches): the same file GNU patch classified the hunks against, so its hunk line
+    numbers compare with these. A block whose ours side is empty spans the two lines around its insertion point."""
+    spans: list[tuple[int, int]] = []
+    ours = 0
+    state = ""
+    start = 0
+    for line in text.splitlines():
+        if not state and line.startswith("<<<<<<< "):
+            state, start = "ours", ours + 1
+        elif state in ("ours", "base") and line.rstrip() == "=======":
+            state = "theirs"
+        elif state == "ours" and line.startswith("||||||| "):
+            state = "base"
+        elif state == "theirs" and line.startswith(">>>>>>> "):
+            spans.append((start, ours) if ours >= start else (ours, start))
+            state = ""
+        elif state in ("", "ours"):
+            ours += 1
+    return spans
+
+
+def mark_conflicting_hunks(repo: Path, patch: Patch, hunks: list[HunkResult], files: list[str]) -> list[HunkResult]:
+    """A hunk GNU patch places (exactly, with offset or with fuzz) but whose lines the 3-way merge left in conflict
+    is a conflict, not fuzz: re-label it so the report says so. Returns the hunks re-labelled."""
+    lengths = {(fd.path, h.index): h.old_len for fd in patch.files for h in fd.hunks}
+    spans = {f: conflict_spans((repo / f).read_text(errors="replace")) for f in files if (repo / f).is_file()}
+    changed = []
+    for h in hunks:
+        if h.status == "failed" or h.line is None or not spans.get(h.file):
+            continue
+        first, last = h.line, h.line + max(lengths.get((h.file, h.index), 1), 1) - 1
+        hit = [(a, b) for a, b in spans[h.file] if a <= last and first <= b]
+        if not hit:
+            continue
+        how = ", ".join([f"offset {h.offset:+d} lines"] * bool(h.offset) + [f"fuzz {h.fuzz}"] * bool(h.fuzz))
+        where = ", ".join(f"{a}-{b}" for a, b in hit)
+        h.message = f"GNU patch alone would apply it at line {h.line} ({how or 'exactly'}), but the 3-way merge "
+        h.message += f"conflicts at lines {where}"
+        h.status = CONFLICT
+        changed.append(h)
+    return changed
+
+
 def _marker_files(repo: Path) -> list[str]:
     proc = git(repo, "grep", "-l", "-E", "^(<{7}|>{7}) ", check=False)
     return [f for f in proc.stdout.splitlines() if f]
@@ -429,9 +474,11 @@ def rebase(
             outcome.conflict_files = _conflict_files(repo)
             outcome.merge = f"conflicts in {len(outcome.conflict_files)} file(s)"
             outcome.status = CONFLICT
+            relabelled = mark_conflicting_hunks(repo, patch, outcome.hunks, outcome.conflict_files)
             if cls.status != CONFLICT:
                 outcome.note = (outcome.note + "; " if outcome.note else "") + (
-                    f"hunks apply with {cls.status} but the 3-way merge conflicts"
+                    f"GNU patch alone would apply every hunk ({cls.status}), but the 3-way merge conflicts"
+                    + (f" in hunk(s) {', '.join(f'{h.file} #{h.index}' for h in relabelled)}" if relabelled else "")
                 )
             git(repo, "cherry-pick", "--abort", check=False)
             git(repo, "reset", "-q", "--hard", check=False)
