@@ -12,6 +12,8 @@ ENGINE ?= all
 VERSION ?=
 DIST ?= dist
 PYTEST_ARGS ?=
+FINISH ?=
+REBASE_ARGS ?=
 
 .PHONY: help setup build test check lint rebase edit export bundle gpu-test prove clean
 
@@ -40,9 +42,9 @@ check: setup ## lint code + series, zero-fuzz dry run against pinned upstream, c
 
 lint: check
 
-rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0: re-apply the series on a new upstream and report
-	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version>"; exit 2; }
-	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION)
+rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0 [FINISH=1]: re-apply the series on a new upstream, report
+	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version> [FINISH=1]"; exit 2; }
+	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION) $(if $(FINISH),--finish) $(REBASE_ARGS)
 
 edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git work tree to edit
 	$(PY) -m gptools edit --engine $(ENGINE)

@@ -10,8 +10,8 @@ one (tag `gp-base`), so git knows the common base for 3-way merges. Each patch i
 
 Finally the series is cherry-picked onto `gp-base` on branch `rebased`; git stops at the first conflict and
 leaves the markers in the tree, ready to be resolved (`git cherry-pick --continue` carries on with the rest) and
-exported (`gptools rebase ... --finish`). build/pins.toml is updated only when every patch is clean and every
-hooked upstream function (patches/<engine>/hooks.toml) still matches.
+exported (`make rebase ENGINE=... VERSION=... FINISH=1`). build/pins.toml is updated only when every patch is
+clean and every hooked upstream function (patches/<engine>/hooks.toml) still matches.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import datetime as dt
 import json
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -92,6 +93,7 @@ class RebaseReport:
     pins_path: str = ""
     pins_note: str = ""
     hook_findings: list[str] = field(default_factory=list)  # hooked upstream functions that moved or changed
+    work_root: str = ""  # the --work-root given (empty: the default), so the finish command can name it
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.patches if p.status == status)
@@ -104,6 +106,15 @@ class RebaseReport:
     def repinnable(self) -> bool:
         """Re-pin only when the series applies cleanly AND every hooked upstream function is where we expect it."""
         return self.clean and not self.hook_findings
+
+    def finish_command(self) -> str:
+        """The `make` form of `gptools rebase --finish`: it runs as written from the repository root, where the
+        Makefile provides .venv and PYTHONPATH (a bare `python -m gptools` does not find the build tools)."""
+        cmd = f"make rebase ENGINE={self.engine} VERSION={self.new_version} FINISH=1"
+        extra = [f"--work-root {shlex.quote(self.work_root)}"] if self.work_root else []
+        if self.pins_path and Path(self.pins_path).resolve() != pins_mod.PINS_PATH.resolve():
+            extra.append(f"--pins {shlex.quote(self.pins_path)}")
+        return cmd + (f' REBASE_ARGS="{" ".join(extra)}"' if extra else "")
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -153,6 +164,7 @@ class RebaseReport:
             out += ["", "## Hook points that changed (patches/<engine>/hooks.toml)", ""]
             out += [f"- {f}" for f in self.hook_findings]
         out += ["", "## Next steps", ""]
+        finish = f"`{self.finish_command()}`"
         if self.stopped_at:
             out += [
                 f"The series is being cherry-picked onto {self.new_version} in `{self.worktree}` (branch `rebased`); "
@@ -161,23 +173,25 @@ class RebaseReport:
                 *[f"- `{m}`" for m in self.conflict_markers],
                 "",
                 "Resolve them, `git add` the files, `git cherry-pick --continue` (repeat for later conflicts), then "
-                f"`python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish` to "
-                "export the refreshed patches, check them against the new upstream and re-pin.",
+                f"run {finish} from the repository root to export the refreshed patches, check them against the new "
+                "upstream and re-pin.",
             ]
         elif not self.clean:
             out.append(
                 f"Every patch was carried onto {self.new_version} in `{self.worktree}` (branch `rebased`); review it, "
-                f"then `python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish` "
-                "refreshes the patches and re-pins."
+                f"then {finish} (from the repository root) refreshes the patches and re-pins."
             )
         elif self.hook_findings:
             out.append(
                 "The series applies cleanly, but hooked upstream functions changed: update "
-                f"patches/{self.engine}/hooks.toml and the overlays that call them, then "
-                f"`python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish`."
+                f"patches/{self.engine}/hooks.toml and the overlays that call them, then run {finish} from the "
+                "repository root."
             )
         else:
-            out.append(f"Refresh the patches' index lines with `python -m gptools export --dir {self.worktree}`.")
+            out.append(
+                f"Refresh the patches' index lines with {finish} (from the repository root): it exports the rebased "
+                "tree and checks it against the new upstream."
+            )
         return "\n".join(out) + "\n"
 
 
@@ -452,6 +466,7 @@ def rebase(
         host=socket.gethostname(),
         worktree=str(repo),
         pins_path=str(pins_path),
+        work_root=str(work_root) if work_root is not None else "",
     )
     left_out: list[str] = []
     for patch, sha in zip(patches, commits, strict=True):
@@ -533,7 +548,7 @@ def finish(
     work = (work_root or REPO_ROOT / ".work" / "rebase") / f"{engine}-{version}"
     report_path = work / "report.json"
     if not report_path.is_file():
-        raise RebaseError(f"no rebase report in {work}; run `gptools rebase --engine {engine} --version {version}`")
+        raise RebaseError(f"no rebase report in {work}; run `make rebase ENGINE={engine} VERSION={version}` first")
     data = json.loads(report_path.read_text())
     repo = work / "tree"
     try:
