@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import json
 import re
 import shlex
@@ -348,26 +349,38 @@ def _conflict_files(repo: Path) -> list[str]:
     return [f for f in git(repo, "diff", "--name-only", "--diff-filter=U").stdout.splitlines() if f]
 
 
-def conflict_spans(text: str) -> list[tuple[int, int]]:
-    """The conflict blocks git left in a file, as 1-based inclusive line ranges of the merge's "ours" side (new
-    upstream plus the earlier patches): the same file GNU patch classified the hunks against, so its hunk line
-    numbers compare with these. A block whose ours side is empty spans the two lines around its insertion point."""
-    spans: list[tuple[int, int]] = []
-    ours = 0
+def conflict_spans(marked: str, ours: str) -> list[tuple[int, int]]:
+    """The conflict blocks git left in a file (`marked`), as 1-based inclusive line ranges of the merge's "ours"
+    side (`ours`: new upstream plus the earlier patches), the file GNU patch classified the hunks against, so its
+    hunk line numbers compare with these. Outside the blocks the marked file also holds the other side's cleanly
+    merged lines, so each block is located by the nearest lines around it that ours has too. A block whose ours
+    side is empty spans the two lines around its insertion point."""
+    projection: list[str] = []  # the marked file with each block reduced to its ours side
+    blocks: list[tuple[int, int]] = []  # each block's ours side, as a slice of `projection`
     state = ""
     start = 0
-    for line in text.splitlines():
+    for line in marked.splitlines():
         if not state and line.startswith("<<<<<<< "):
-            state, start = "ours", ours + 1
+            state, start = "ours", len(projection)
         elif state in ("ours", "base") and line.rstrip() == "=======":
             state = "theirs"
         elif state == "ours" and line.startswith("||||||| "):
             state = "base"
         elif state == "theirs" and line.startswith(">>>>>>> "):
-            spans.append((start, ours) if ours >= start else (ours, start))
+            blocks.append((start, len(projection)))
             state = ""
         elif state in ("", "ours"):
-            ours += 1
+            projection.append(line)
+    ours_lines = ours.splitlines()
+    to_ours: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, ours_lines, projection, autojunk=False)
+    for i, j, n in matcher.get_matching_blocks():
+        to_ours.update({j + k: i + k + 1 for k in range(n)})
+    spans = []
+    for first, end in blocks:
+        before = next((to_ours[j] for j in range(first - 1, -1, -1) if j in to_ours), 0)
+        after = next((to_ours[j] for j in range(end, len(projection)) if j in to_ours), len(ours_lines) + 1)
+        spans.append((before + 1, after - 1) if after - 1 >= before + 1 else (before, after))
     return spans
 
 
@@ -375,7 +388,11 @@ def mark_conflicting_hunks(repo: Path, patch: Patch, hunks: list[HunkResult], fi
     """A hunk GNU patch places (exactly, with offset or with fuzz) but whose lines the 3-way merge left in conflict
     is a conflict, not fuzz: re-label it so the report says so. Returns the hunks re-labelled."""
     lengths = {(fd.path, h.index): h.old_len for fd in patch.files for h in fd.hunks}
-    spans = {f: conflict_spans((repo / f).read_text(errors="replace")) for f in files if (repo / f).is_file()}
+    spans = {}
+    for f in files:
+        ours = git(repo, "show", f"HEAD:{f}", check=False)
+        if (repo / f).is_file() and ours.returncode == 0:
+            spans[f] = conflict_spans((repo / f).read_text(errors="replace"), ours.stdout)
     changed = []
     for h in hunks:
         if h.status == "failed" or h.line is None or not spans.get(h.file):
