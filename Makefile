@@ -13,6 +13,8 @@ VERSION ?=
 DIST ?= dist
 PYTEST_ARGS ?=
 OFFLINE ?=
+FINISH ?=
+REBASE_ARGS ?=
 
 .PHONY: help setup build test test-fast check lint rebase edit export bundle gpu-test prove clean
 
@@ -47,9 +49,9 @@ check: setup ## ruff, series lint, runtime Python floor, zero-fuzz dry run on pi
 
 lint: check ## the same as make check
 
-rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0: re-apply the series on a new upstream and report
-	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version>"; exit 2; }
-	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION)
+rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0 [FINISH=1]: re-apply the series on a new upstream, report
+	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version> [FINISH=1]"; exit 2; }
+	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION) $(if $(FINISH),--finish) $(REBASE_ARGS)
 
 edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git work tree to edit
 	$(PY) -m gptools edit --engine $(ENGINE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from gpdist.fetch import fetch
 from gpdist.pins import Pins
 from gpdist.wheelmeta import WheelName, parse_record
+from gpdist.wheelzip import read_raw
 
 pytestmark = pytest.mark.network
 
@@ -213,3 +215,62 @@ def test_build_is_reproducible_and_works_offline(dist_dir: Path, pins: Pins, tmp
     second = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.glob("*.whl")}
     assert first == second
     assert (dist_dir / "build-report.json").read_text() == (out / "build-report.json").read_text()
+
+
+def _same_bytes(a: zipfile.ZipFile, a_name: str, b: zipfile.ZipFile, b_name: str) -> bool:
+    """Member bytes compared: identical compressed payloads (the build copies unchanged members raw) decompress
+    to identical bytes; anything else is decompressed and compared, streamed (vLLM's wheel holds about 1 GB)."""
+    a_info, b_info = a.getinfo(a_name), b.getinfo(b_name)
+    if a_info.file_size != b_info.file_size:
+        return False
+    if a_info.compress_type == b_info.compress_type and read_raw(a, a_info).data == read_raw(b, b_info).data:
+        return True
+    with a.open(a_name) as fa, b.open(b_name) as fb:
+        while chunk := fa.read(1 << 20):
+            if chunk != fb.read(len(chunk)):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_wheel_differs_from_upstream_only_in_series_overlay_and_metadata_files(
+    dist_dir: Path, pins: Pins, repo_root: Path, engine: str
+) -> None:
+    """The zip-level diff of pristine upstream vs our wheel: every member compared by name and bytes. It must
+    equal what build-report.json says, and that must be the series' files + the overlay's files + dist-info
+    METADATA (stamped) and RECORD (its hashes change with every changed file); nothing else may differ."""
+    from gptools.series import load_series
+
+    pin = pins.engine(engine)
+    old_info = WheelName.parse(pin.wheel.filename).dist_info
+    new_info = WheelName.parse(pin.wheel.filename).with_version(pins.dist_version(pin.version)).dist_info
+    with zipfile.ZipFile(fetch(pin.wheel)) as up, zipfile.ZipFile(engine_wheel(dist_dir, pins, engine)) as ours:
+        up_names = {n.replace(old_info, new_info, 1): n for n in up.namelist() if not n.endswith("/")}
+        our_names = {n for n in ours.namelist() if not n.endswith("/")}
+        only_upstream = set(up_names) - our_names
+        added = our_names - set(up_names)
+        changed = {n for n in our_names & set(up_names) if not _same_bytes(up, up_names[n], ours, n)}
+    assert not only_upstream, f"members of upstream missing from our wheel: {sorted(only_upstream)}"
+
+    series_files = {fd.path for patch in load_series(pin.patches_dir) for fd in patch.files}
+    overlay_files = {
+        p.relative_to(pin.overlay_dir).as_posix()
+        for p in pin.overlay_dir.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+    metadata = {f"{new_info}/METADATA", f"{new_info}/RECORD"}
+    assert series_files and overlay_files
+    assert added == overlay_files, "only the overlay adds files"
+    assert changed == series_files | metadata, "only the series' files and the stamped metadata change"
+
+    [built] = [e for e in json.loads((dist_dir / "build-report.json").read_text())["engines"] if e["engine"] == engine]
+    assert set(built["patched_files"]) == series_files
+    assert set(built["overlay_files"]) == overlay_files
+    assert set(built["metadata_files"]) == {f"{new_info}/METADATA"}  # RECORD is rewritten last, never reported
+    assert (
+        set(built["patched_files"])
+        | set(built["overlay_files"])
+        | set(built["metadata_files"])
+        | {f"{new_info}/RECORD"}
+        == added | changed
+    )

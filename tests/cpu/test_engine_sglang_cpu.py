@@ -4,8 +4,11 @@
 pinned wheel is CPython 3.12 only; no CPU torch for 3.12 is on disk and PyPI's is several GB. So instead of
 importing ServerArgs these tests (1) read the patched server_args.py from the built wheel and check by AST that
 the fields and both calls are where the patch means them to be, and that it compiles, and (2) run the SGLang
-overlay module from the wheel against a stand-in with the same two fields. What this does NOT prove: that the
-real ServerArgs accepts `sglang.Engine(graph_persist=...)` at run time; the GPU tests cover that.
+overlay module from the wheel against a stand-in with the same two fields, and (3) check that with the switch's
+additions taken out the patched server_args.py is the pristine one, AST node for node (so with persistence off every
+field, default and argument is upstream's). What this does NOT prove: that the real ServerArgs accepts
+`sglang.Engine(graph_persist=...)` at run time, or parses to the same values as upstream's at run time (a test tries
+that import and skips saying which import fails); the GPU tests cover the former.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import importlib.util
 import logging
 import shutil
@@ -160,3 +164,118 @@ def test_overlay_off_logs_nothing(
     with caplog.at_level(logging.DEBUG):
         assert not overlay.resolve_server_args(StandInServerArgs()).enabled
     assert caplog.records == []
+
+
+# ------------------------------------------------------------------------- with persistence off: upstream's
+
+
+def _strip_switch(module: ast.Module) -> list[str]:
+    """Remove exactly what the patch adds to server_args.py (the two fields, and in __post_init__ and add_cli_args
+    the overlay import and its call) and return what was removed; fails if any of it is missing."""
+    cls = _class(module, "ServerArgs")
+    fields = [
+        n
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id.startswith("graph_persist")
+    ]
+    removed = [ast.unparse(n) for n in fields]
+    cls.body = [n for n in cls.body if all(n is not f for f in fields)]
+    for method, call in (("__post_init__", "resolve_server_args(self)"), ("add_cli_args", "add_gp_args(parser)")):
+        node = _method(cls, method)
+        ours = [
+            n
+            for n in node.body
+            if (isinstance(n, ast.ImportFrom) and n.module == "sglang.srt.graphpersist_switch")
+            or (isinstance(n, ast.Expr) and ast.unparse(n) == call)
+        ]
+        assert len(ours) == 2, (
+            f"{method}: expected the overlay import and `{call}`, found {[ast.unparse(n) for n in ours]}"
+        )
+        removed += [ast.unparse(n) for n in ours]
+        node.body = [n for n in node.body if all(n is not o for o in ours)]
+    return removed
+
+
+def test_server_args_is_upstream_plus_the_switch_only(built: Path, upstream_tree) -> None:
+    """Every field, default, argument-adding call and post-init step of the patched server_args.py is upstream's:
+    with the switch's additions taken out, the module's AST equals the pristine 0.5.17 one node for node. (The
+    weaker stand-in for comparing parsed ServerArgs, which cannot be imported here; see the skip below.)"""
+    upstream = ast.parse((upstream_tree("sglang") / SERVER_ARGS).read_text())
+    patched = ast.parse((built / SERVER_ARGS).read_text())
+    removed = _strip_switch(patched)
+    assert removed == [
+        "graph_persist: Optional[str] = None",
+        "graph_persist_dir: Optional[str] = None",
+        "from sglang.srt.graphpersist_switch import resolve_server_args",
+        "resolve_server_args(self)",
+        "from sglang.srt.graphpersist_switch import add_cli_args as add_gp_args",
+        "add_gp_args(parser)",
+    ]
+    if ast.dump(patched) != ast.dump(upstream):
+        diff = difflib.unified_diff(
+            ast.unparse(upstream).splitlines(), ast.unparse(patched).splitlines(), "upstream", "patched", lineterm=""
+        )
+        pytest.fail("patched server_args.py differs from upstream beyond the switch:\n" + "\n".join(list(diff)[:80]))
+
+
+def test_switch_stripping_notices_any_other_change(built: Path, upstream_tree) -> None:
+    """The comparison above can fail: one changed default in the patched module makes the ASTs differ."""
+    upstream = ast.parse((upstream_tree("sglang") / SERVER_ARGS).read_text())
+    text = (built / SERVER_ARGS).read_text()
+    assert text.count("    graph_persist_dir: Optional[str] = None\n") == 1
+    patched = ast.parse(
+        text.replace(
+            "    graph_persist_dir: Optional[str] = None\n",
+            "    graph_persist_dir: Optional[str] = None\n    extra: int = 0\n",
+        )
+    )
+    _strip_switch(patched)
+    assert ast.dump(patched) != ast.dump(upstream)
+
+
+def test_parsed_server_args_equal_upstream_when_off(upstream_tree) -> None:
+    """The real comparison would import sglang.srt.server_args under CPython 3.12 from the pristine and the
+    patched tree and compare ServerArgs.from_cli_args(...) field by field. Try the import and say why it fails."""
+    if not PY312.exists():
+        pytest.skip(f"{PY312} not found: SGLang 0.5.17 is cp312 only, so ServerArgs cannot be imported here")
+    tree = upstream_tree("sglang")
+    probe = subprocess.run(
+        [str(PY312), "-c", "import sglang.srt.server_args"],
+        cwd=tree,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if probe.returncode == 0:
+        pytest.fail(
+            f"sglang.srt.server_args now imports under {PY312}: replace this probe with the ServerArgs comparison"
+        )
+    failing = (probe.stderr.strip().splitlines() or ["(no error output)"])[-1]
+    common = ast.parse((tree / "sglang/srt/utils/common.py").read_text())
+    module_level = sorted(
+        {
+            alias.name.split(".")[0]
+            for n in common.body
+            if isinstance(n, ast.Import)
+            for alias in n.names
+            if alias.name.split(".")[0] in ("torch", "triton", "torchvision")
+        }
+        | {
+            n.module.split(".")[0]
+            for n in common.body
+            if isinstance(n, ast.ImportFrom)
+            and n.module
+            and n.module.split(".")[0] in ("torch", "triton", "torchvision")
+        }
+    )
+    torch = subprocess.run([str(PY312), "-c", "import torch"], capture_output=True, text=True, timeout=120)
+    torch_error = (torch.stderr.strip().splitlines() or ["imports"])[-1]
+    pytest.skip(
+        f"sglang.srt.server_args cannot be imported on this CPU machine: under {PY312} "
+        f"`import sglang.srt.server_args` fails first with `{failing}`, and beyond that server_args.py (and "
+        "sglang/__init__.py, through sglang.srt.utils) imports sglang.srt.utils.common, whose module level imports "
+        f"{', '.join(module_level)}; `import torch` there gives `{torch_error}` (no CPU torch for CPython 3.12 is "
+        "installable here: /opt/wheels has a cp311 CPU build only and PyPI's cp312 torch is the multi-GB CUDA "
+        "build). Compared instead: test_server_args_is_upstream_plus_the_switch_only (AST)"
+    )

