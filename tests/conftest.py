@@ -17,7 +17,9 @@ for sub in ("build", "tools", "overlays/graphpersist"):
         sys.path.insert(0, path)
 
 from gpdist import pins as pins_mod  # noqa: E402
+from gpdist.runtime import wheel_tag  # noqa: E402
 from gpdist.unpack import upstream_tree as _upstream_tree  # noqa: E402
+from gpdist.wheelmeta import WheelName  # noqa: E402
 
 
 def has_gpu() -> bool:
@@ -81,3 +83,11 @@ def dist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def runtime_wheel(dist_dir: Path, pins: pins_mod.Pins) -> Path:
+    """The runtime wheel `make build` wrote: a platform wheel for the build machine (it carries the interposer)."""
+    path = dist_dir / WheelName(pins.runtime_name, pins.runtime_version, wheel_tag()).filename
+    assert path.is_file(), f"{path.name} missing from {dist_dir}: {sorted(p.name for p in dist_dir.iterdir())}"
+    return path

@@ -31,14 +31,8 @@ def engine_wheel(dist_dir: Path, pins: Pins, engine: str) -> Path:
     return path
 
 
-def runtime_wheel(dist_dir: Path, pins: Pins) -> Path:
-    path = dist_dir / f"{pins.runtime_name}-{pins.runtime_version}-py3-none-manylinux_2_28_x86_64.whl"
-    assert path.is_file(), f"{path.name} missing from {dist_dir}: {sorted(p.name for p in dist_dir.iterdir())}"
-    return path
-
-
-def test_dist_holds_exactly_the_three_wheels(dist_dir: Path, pins: Pins) -> None:
-    expected = {engine_wheel(dist_dir, pins, e).name for e in pins.engines} | {runtime_wheel(dist_dir, pins).name}
+def test_dist_holds_exactly_the_three_wheels(runtime_wheel: Path, dist_dir: Path, pins: Pins) -> None:
+    expected = {engine_wheel(dist_dir, pins, e).name for e in pins.engines} | {runtime_wheel.name}
     assert {p.name for p in dist_dir.glob("*.whl")} == expected
     assert "vllm-0.26.0+gp.1-cp38-abi3-manylinux_2_28_x86_64.whl" in expected
     assert "sglang-0.5.17+gp.1-cp312-cp312-manylinux_2_34_x86_64.whl" in expected
@@ -98,17 +92,17 @@ def test_record_hashes_are_valid_and_native_code_is_byte_identical(dist_dir: Pat
     assert f"{old_info}/METADATA" in changed
 
 
-def test_runtime_wheel_record_is_valid(dist_dir: Path, pins: Pins) -> None:
-    digests = _check_record(runtime_wheel(dist_dir, pins))
+def test_runtime_wheel_record_is_valid(runtime_wheel: Path) -> None:
+    digests = _check_record(runtime_wheel)
     assert "graphpersist/__init__.py" in digests and "graphpersist/cli.py" in digests
 
 
-def test_runtime_wheel_carries_the_interposer_for_these_sources(dist_dir: Path, pins: Pins, tmp_path: Path) -> None:
+def test_runtime_wheel_carries_the_interposer_for_these_sources(runtime_wheel: Path, tmp_path: Path) -> None:
     """A serving host needs only pip: the platform wheel holds the compiled interposer, built from exactly the
     sources it ships (their digest), needing nothing newer than glibc 2.28 (its manylinux_2_28 tag)."""
     from graphpersist import region
 
-    with zipfile.ZipFile(runtime_wheel(dist_dir, pins)) as zf:
+    with zipfile.ZipFile(runtime_wheel) as zf:
         names = set(zf.namelist())
         info = next(n for n in names if n.endswith(".dist-info/WHEEL"))
         assert "Root-Is-Purelib: false" in zf.read(info).decode()
@@ -144,11 +138,13 @@ def test_every_patched_python_file_compiles(dist_dir: Path, pins: Pins, engine: 
 
 
 @pytest.mark.slow
-def test_wheels_install_with_no_deps_into_a_fresh_venv(dist_dir: Path, pins: Pins, tmp_path: Path) -> None:
+def test_wheels_install_with_no_deps_into_a_fresh_venv(
+    runtime_wheel: Path, dist_dir: Path, pins: Pins, tmp_path: Path
+) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    wheels = [engine_wheel(dist_dir, pins, "vllm"), runtime_wheel(dist_dir, pins)]
+    wheels = [engine_wheel(dist_dir, pins, "vllm"), runtime_wheel]
     subprocess.run(
         [py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-index", *map(str, wheels)], check=True
     )
