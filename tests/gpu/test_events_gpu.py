@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from interposed import run_step, step_main
 
-REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "overlays" / "graphpersist"
 N = 1 << 16
 SPIN_CYCLES = 1_000_000_000  # about 0.5 s at 2 GHz: long enough to see the wait node hold the graph
 ENGINE = {"name": "graphpersist-events-test", "version": "1", "commit": "none"}
 MODEL = {"dtype": "float32", "config_fingerprint": "events-test-v1"}
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 _keep: list[Any] = []  # host callbacks referenced by captured graphs
 
 
@@ -311,33 +307,11 @@ def _same(torch: Any, a: Any, b: Any) -> bool:
     return bool(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
 
-def main() -> int:
-    sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
-
-    region.reexec_with_interposer()
-    step, archive, out, result = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-    data = step_save(archive, out) if step == "save" else step_load(archive, out, native=step == "load-native")
-    result.write_text(json.dumps(data, indent=2, default=str))
-    return 0
-
-
 # ------------------------------------------------------------------------------------------- the test
 
 
 def _run(step: str, archive: Path, out: Path) -> dict[str, Any]:
-    from graphpersist import region
-
-    env = region.preload_env()
-    env.update(PINNED_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env.get("PYTHONPATH", "")])
-    result = out / f"{step}.json"
-    proc = subprocess.run([sys.executable, __file__, step, str(archive), str(out), str(result)], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    log = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0 and result.exists(), f"{step} failed (rc {proc.returncode}):\n{log}"
-    return json.loads(result.read_text())
+    return run_step(__file__, [step, str(archive), str(out)], out / f"{step}.json")[0]
 
 
 @pytest.mark.gpu
@@ -366,5 +340,10 @@ def test_event_nodes_save_load_replay(tmp_path: Path) -> None:
         assert b["bit_identical"] == [True, True], (step, b["bit_identical"])
 
 
+def _step(args: list[str]) -> dict[str, Any]:
+    step, archive, out = args[0], Path(args[1]), Path(args[2])
+    return step_save(archive, out) if step == "save" else step_load(archive, out, native=step == "load-native")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(step_main(_step))

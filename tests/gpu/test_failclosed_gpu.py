@@ -15,19 +15,15 @@ Run: `python3 -m pytest -m gpu tests/gpu/test_failclosed_gpu.py` on a GPU host (
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from interposed import run_step, step_main
 
-REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "overlays" / "graphpersist"
 ENGINE = {"name": "graphpersist-failclosed-test", "version": "1", "commit": "none"}
 MODEL = {"dtype": "float32", "config_fingerprint": "failclosed-v1"}
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PTX = b"""
 .version 8.0
 .target sm_90
@@ -162,29 +158,8 @@ def step_ownership(tmp: Path) -> dict[str, Any]:
 STEPS = {"foreign": step_foreign, "bypass": step_bypass, "ownership": step_ownership}
 
 
-def main() -> int:
-    sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
-
-    region.reexec_with_interposer()
-    step, tmp, result = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    result.write_text(json.dumps(STEPS[step](tmp), indent=2, default=str))
-    return 0
-
-
 def _run(step: str, tmp: Path) -> dict[str, Any]:
-    from graphpersist import region
-
-    env = region.preload_env()
-    env.update(PINNED_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env.get("PYTHONPATH", "")])
-    result = tmp / f"{step}.json"
-    proc = subprocess.run([sys.executable, __file__, step, str(tmp), str(result)], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    log = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0 and result.exists(), f"{step} failed (rc {proc.returncode}):\n{log}"
-    data = json.loads(result.read_text())
+    data, _ = run_step(__file__, [step, str(tmp)], tmp / f"{step}.json")
     print(step, json.dumps(data, indent=1))
     return data
 
@@ -226,4 +201,4 @@ def test_setup_segment_ownership_and_reuse(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(step_main(lambda args: STEPS[args[0]](Path(args[1]))))

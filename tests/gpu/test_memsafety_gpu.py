@@ -17,18 +17,14 @@ Run: `python3 -m pytest -m gpu tests/gpu/test_memsafety_gpu.py` on a GPU host (t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from interposed import run_step, step_main
 
-REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "overlays" / "graphpersist"
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SLEEP_CYCLES = 2_000_000_000  # about a second at H200 clocks
 N = 16 << 20  # int32 elements: 64 MiB
 
@@ -133,30 +129,9 @@ def step_capture() -> dict[str, Any]:
 STEPS = {"torch": step_torch, "driver": step_driver, "capture": step_capture}
 
 
-def main() -> int:
-    sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
-
-    region.reexec_with_interposer()
-    step, result = sys.argv[1], Path(sys.argv[2])
-    result.write_text(json.dumps(STEPS[step](), indent=2, default=str))
-    return 0
-
-
 def _run(step: str, tmp: Path) -> dict[str, Any]:
-    from graphpersist import region
-
-    env = region.preload_env()
-    env.update(PINNED_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env.get("PYTHONPATH", "")])
-    result = tmp / f"{step}.json"
-    proc = subprocess.run([sys.executable, __file__, step, str(result)], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    log = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0 and result.exists(), f"{step} failed (rc {proc.returncode}):\n{log}"
+    data, log = run_step(__file__, [step], tmp / f"{step}.json")
     assert "illegal memory access" not in log, log
-    data = json.loads(result.read_text())
     print(step, json.dumps(data, indent=1))
     return data
 
@@ -190,4 +165,4 @@ def test_free_during_capture_keeps_or_frees_cleanly(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(step_main(lambda args: STEPS[args[0]]()))
