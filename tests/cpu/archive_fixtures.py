@@ -21,14 +21,33 @@ from graphpersist.manifest import FORMAT_VERSION
 REGION_BASE = 0x7E0000000000
 REGION_SIZE = 64 << 30
 CAPTURE_SIZES = (1, 2, 4, 8)
-# The GPUs rank 0 and rank 1 saved on (a 2-GPU host: UUIDs as nvidia-smi prints them, PCI ids as sysfs does).
-GPU_UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa")
-PCI_BUS_IDS = ("0000:19:00.0", "0000:3a:00.0")
+# The GPUs of an 8-GPU host in PCI order (UUIDs as nvidia-smi prints them, PCI ids as sysfs does); rank r saved on
+# GPU r. A 2-rank archive uses the first two, so every rank of any world up to 8 has a GPU of its own.
+GPU_UUIDS = (
+    "GPU-11111111-2222-3333-4444-555555555555",
+    "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa",
+    "GPU-22222222-3333-4444-5555-666666666602",
+    "GPU-33333333-4444-5555-6666-777777777703",
+    "GPU-44444444-5555-6666-7777-888888888804",
+    "GPU-55555555-6666-7777-8888-999999999905",
+    "GPU-77777777-8888-9999-aaaa-bbbbbbbbbb06",
+    "GPU-88888888-9999-aaaa-bbbb-cccccccccc07",
+)
+PCI_BUS_IDS = (
+    "0000:19:00.0",
+    "0000:3a:00.0",
+    "0000:4c:00.0",
+    "0000:5d:00.0",
+    "0000:9b:00.0",
+    "0000:bb:00.0",
+    "0000:cb:00.0",
+    "0000:db:00.0",
+)
 
 
 def device(rank: int) -> dict[str, Any]:
     """rank.json's `device` for a rank of the fixture archive: device index = rank, one GPU each."""
-    return {"index": rank, "uuid": GPU_UUIDS[rank % 2], "pci_bus_id": PCI_BUS_IDS[rank % 2]}
+    return {"index": rank, "uuid": GPU_UUIDS[rank], "pci_bus_id": PCI_BUS_IDS[rank]}
 
 
 def world(**changes: Any) -> dict[str, Any]:
@@ -51,13 +70,10 @@ def world(**changes: Any) -> dict[str, Any]:
     return facts
 
 
-def fake_nvidia_smi(folder: Path) -> Path:
-    """Writes an `nvidia-smi` into `folder` that lists the fixture's two GPUs (put `folder` first on PATH).
-
-    It answers graphpersist's --query-gpu=... --format=csv,noheader with the fields asked for, spelled as
-    nvidia-smi spells them (8-digit PCI domain, upper-case hex), in PCI order like the real one.
-    """
-    rows = [
+def smi_rows(gpus: int = 2) -> list[dict[str, str]]:
+    """nvidia-smi's rows for the fixture's first `gpus` GPUs, spelled as nvidia-smi spells them (8-digit PCI
+    domain, upper-case hex), in PCI order like the real one: what `liveenv._smi_gpus()` returns on that host."""
+    return [
         {
             "index": str(i),
             "uuid": GPU_UUIDS[i],
@@ -66,8 +82,16 @@ def fake_nvidia_smi(folder: Path) -> Path:
             "pci.bus_id": "0000" + PCI_BUS_IDS[i].upper(),
             "compute_cap": "9.0",
         }
-        for i in (0, 1)
+        for i in range(gpus)
     ]
+
+
+def fake_nvidia_smi(folder: Path, gpus: int = 2) -> Path:
+    """Writes an `nvidia-smi` into `folder` that lists the fixture's first `gpus` GPUs (put `folder` first on PATH).
+
+    It answers graphpersist's --query-gpu=... --format=csv,noheader with the fields asked for (smi_rows).
+    """
+    rows = smi_rows(gpus)
     script = folder / "nvidia-smi"
     script.write_text(
         f"#!{sys.executable}\n"
@@ -87,8 +111,11 @@ def _blob(*parts: object) -> bytes:
     return b"".join(hashlib.sha256(seed + bytes([i])).digest() for i in range(32))
 
 
-def write_rank(writer: ArchiveWriter, rank: int) -> dict[str, Any]:
-    """Writes one rank's payload (two kernel images, one graph per capture size) and its record."""
+def write_rank(writer: ArchiveWriter, rank: int, gpu: dict[str, Any] | int | None = None) -> dict[str, Any]:
+    """Writes one rank's payload (two kernel images, one graph per capture size) and its record.
+
+    `gpu` is the record's `device`: default device(rank); a bare device index makes the writer look the GPU up
+    (what SAVE does in a rank's process)."""
     images = []
     for kind in ("cubin", "fatbin"):
         data = _blob("image", kind, rank)
@@ -117,7 +144,7 @@ def write_rank(writer: ArchiveWriter, rank: int) -> dict[str, Any]:
         )
     writer.add_file(rank, "allocations.log", _blob("allocations", rank))
     facts = {
-        "device": device(rank),
+        "device": device(rank) if gpu is None else gpu,
         "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": (3 << 30) + rank * 4096},
         "pointers": {"fingerprint": hashlib.sha256(f"pointers-{rank}".encode()).hexdigest(), "count": 1200 + rank},
         "graphs": graphs,

@@ -6,15 +6,24 @@ from collections.abc import Mapping
 
 from graphpersist import ranks
 from graphpersist.errors import PersistError
+from graphpersist.world import layout_problems
 
 SINGLE = {"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1}
 
 
 def parallel_layout(parallel: Mapping[str, int] | None) -> dict[str, int]:
-    """The parallel layout (world_size, tp/pp/ep sizes); a single rank when not given."""
+    """The parallel layout (world_size, tp/pp/ep sizes); a single rank when not given.
+
+    Held to the rules of `world.parallel_facts` (tp_size x pp_size = world_size, ep_size divides it), so SAVE
+    never records a layout that the engine-side helper would refuse, whatever the world size.
+    """
     par = {**SINGLE, **(parallel or {})}
-    if par["world_size"] < 1 or par["tp_size"] * par["pp_size"] > par["world_size"]:
-        raise PersistError(f"inconsistent parallel layout {par}")
+    problems = layout_problems(par["world_size"], par["tp_size"], par["pp_size"], par["ep_size"])
+    if problems:
+        raise PersistError(
+            f"inconsistent parallel layout {par}: {'; '.join(problems)}. Pass the engine's layout, e.g. "
+            "graphpersist.world.parallel_facts(current_rank(), tp_size=..., pp_size=...)"
+        )
     return par
 
 

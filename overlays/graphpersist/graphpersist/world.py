@@ -112,13 +112,9 @@ def parallel_facts(info: RankInfo, *, tp_size: int, pp_size: int = 1, ep_size: i
     tp_size x pp_size must equal the world size (data parallelism runs separate engines, each with its own
     archive); ep_size (expert parallelism spans the tensor-parallel ranks) must divide it.
     """
-    for name, value in (("tp_size", tp_size), ("pp_size", pp_size), ("ep_size", ep_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise WorldError(f"{name} must be a positive integer, got {value!r}")
-    if tp_size * pp_size != info.world_size:
-        raise WorldError(f"tp_size {tp_size} x pp_size {pp_size} = {tp_size * pp_size}, world size {info.world_size}")
-    if info.world_size % ep_size:
-        raise WorldError(f"ep_size {ep_size} does not divide world size {info.world_size}")
+    problems = layout_problems(info.world_size, tp_size, pp_size, ep_size)
+    if problems:
+        raise WorldError("; ".join(problems))
     return {
         "world_size": info.world_size,
         "tp_size": tp_size,
@@ -126,6 +122,28 @@ def parallel_facts(info: RankInfo, *, tp_size: int, pp_size: int = 1, ep_size: i
         "ep_size": ep_size,
         "rank": info.rank,
     }
+
+
+def layout_problems(world_size: Any, tp_size: Any, pp_size: Any, ep_size: Any) -> list[str]:
+    """Why (world_size, tp_size, pp_size, ep_size) is not a layout one archive can hold; [] when it is.
+
+    Every size is a positive integer, tp_size x pp_size is the world size (data parallelism runs separate
+    engines, each with its own archive) and ep_size divides it. Any world size: nothing assumes two ranks.
+    """
+    sizes = {"world_size": world_size, "tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
+    bad = [
+        f"{name} must be a positive integer, got {value!r}"
+        for name, value in sizes.items()
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ]
+    if bad:
+        return bad
+    problems = []
+    if tp_size * pp_size != world_size:
+        problems.append(f"tp_size {tp_size} x pp_size {pp_size} = {tp_size * pp_size}, world size {world_size}")
+    if world_size % ep_size:
+        problems.append(f"ep_size {ep_size} does not divide world size {world_size}")
+    return problems
 
 
 def rank_device_facts(device: int) -> dict[str, Any]:
