@@ -88,7 +88,8 @@ def test_pack_round_trip_through_the_archive(tmp_path: Path) -> None:
         assert back == desc
         light = g.desc_of(got.pack)  # what the native path parses: kernel nodes reduced to stubs
         assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and light["edges"] == desc["edges"]
-        assert len(g.part(got.pack, "desc")) < len(g.part(got.pack, "kernels"))
+        assert len(g.part(got.pack, "kernels")) < g.kernels_size  # the kernel nodes' JSON, compressed
+        assert b'"type":"kernel"' not in bytes(g.part(got.pack, "desc"))  # stubs are not stored, only counted
         graphformat.check_shape(g.name, light, table, len(desc["nodes"]), {"kernel": len(desc["nodes"])})
         assert graphformat.topology_fingerprint(back) == graphformat.topology_fingerprint(desc)
         params = g.part(got.pack, "params")
@@ -107,6 +108,75 @@ def test_shape_check_refuses_counts_that_disagree() -> None:
         graphformat.check_shape("g", light, other_table, 4, {"kernel": 4})
     with pytest.raises(graphpack.PackError, match="4 kernel nodes, its kernel part 3"):
         graphpack.full_desc(light, desc["nodes"][:3])
+
+
+def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Path) -> None:
+    pack = graphpack.PackWriter()
+    plain, blob, table = _graph(3, 0)
+    ported = json.loads(json.dumps(plain))
+    ported["edges"][1][2:5] = [1, 0, 2]  # an edge with data (port, type) takes the stored edge_data
+    ported["nodes"].append({"type": "empty"})
+    for name, desc in (("a", plain), ("b", ported)):
+        pack.add(name, desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    assert pack.index()["funcs"] == plain["funcs"]  # both graphs use the same two functions: listed once
+    root = _write(tmp_path / "a", pack)
+    got = graphpack.read_graphs(open_archive(root, keep_rank=0), 0, ["a", "b"])
+    assert got.graphs[1].full_desc_of(got.pack) == ported
+    light = got.graphs[1].desc_of(got.pack)
+    assert light["edges"] == ported["edges"] and light["nodes"][-1] == {"type": "empty"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: d.update(other_nodes=[[99, {"type": "empty"}]]), "node entry 99"),
+        (lambda d: d.update(edge_ends=[0, 1, 2]), "3 edge ends"),
+        (lambda d: d.update(func_ids=[7]), "IndexError"),
+        (lambda d: d.pop("node_count"), "KeyError"),
+    ],
+)
+def test_a_malformed_stored_description_is_refused(damage: Any, message: str) -> None:
+    desc, _blob, _table = _graph(3, 0)
+    stored = graphpack.compact_desc(graphpack.split_desc(desc)[0], [0, 1])
+    assert graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"]) == graphpack.split_desc(desc)[0]
+    damage(stored)
+    with pytest.raises(graphpack.PackError, match=rf"graph 'g': malformed description in the pack .*{message}"):
+        graphpack.expand_desc("g", stored, desc["funcs"])
+
+
+def test_kernel_nodes_that_do_not_inflate_are_refused() -> None:
+    pack = graphpack.PackWriter()
+    desc, blob, table = _graph(3, 0)
+    pack.add("g", desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    data = pack.data()
+    (entry,) = graphpack.parse_index(json.loads(json.dumps(pack.index())), len(data))
+    short = dataclasses.replace(entry, kernels_size=entry.kernels_size - 1)
+    with pytest.raises(graphpack.PackError, match=rf"do not inflate to {entry.kernels_size - 1} bytes"):
+        short.full_desc_of(data)
+    off, n = entry.kernels
+    garbled = data[:off] + bytes(n) + data[off + n :]
+    with pytest.raises(graphpack.PackError, match="its kernel nodes do not inflate"):
+        entry.full_desc_of(garbled)
+
+
+def test_kernel_nodes_with_equal_attributes_share_their_table_rows() -> None:
+    """A kernel node reads back every launch attribute: equal sets are stored once, each node points at them."""
+    attrs = {"4": "01", "9": "0001", "1": ""}
+    nodes = [{"type": "kernel", "func": i % 2, "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0,
+              "params": [16 * i, 16], "layout": [[0, 8], [8, 8]], "attrs": dict(attrs) if i < 3 else {"4": "02"}}
+             for i in range(4)]  # fmt: skip
+    table = graphformat.pack_kernel_table({"nodes": nodes})
+    n_k, n_off, n_attr, _ = graphformat.TABLE_HEADER.unpack_from(table)
+    assert (n_k, n_off, n_attr) == (4, 2, 4)  # one layout, two attribute sets (3 + 1 rows)
+    rows_at = graphformat.TABLE_HEADER.size + n_k * graphformat.KNODE.size + 4 * n_off
+    for i, nd in enumerate(nodes):  # what gp_add_kernel_nodes reads for node i: attrs[attrs_off .. +n_attrs]
+        knode = graphformat.KNODE.unpack_from(table, graphformat.TABLE_HEADER.size + i * graphformat.KNODE.size)
+        layout_off, n_attrs, attrs_off = knode[11], knode[12], knode[13]
+        assert layout_off == 0 and knode[9] == 2
+        rows = [graphformat.KATTR.unpack_from(table, rows_at + (attrs_off + j) * graphformat.KATTR.size)
+                for j in range(n_attrs)]  # fmt: skip
+        want = sorted((int(k), bytes.fromhex(v).ljust(64, b"\0")) for k, v in nd["attrs"].items())
+        assert [(r[0], r[2]) for r in rows] == want
 
 
 def test_pack_writer_refuses_duplicate_names() -> None:
@@ -132,6 +202,10 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
         bad["pack_size"] += 1
     elif how == "format":
         bad["format"] = 99
+    elif how == "funcs":
+        bad["funcs"] = [["ab" * 32, "k0"]]
+    elif how == "kernels_size":
+        rows[0]["kernels_size"] = -1
     return bad
 
 
@@ -143,7 +217,9 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
         ("duplicate", r"graph 'PIECEWISE/bs1/piece1' is listed twice"),
         ("not_span", r"table span \[-1, 3\] is not \[offset, length\]"),
         ("size", r"the index says the pack has \d+ bytes, it has \d+"),
-        ("format", r"graph index format 99 is not 1"),
+        ("format", r"graph index format 99 is not 2"),
+        ("funcs", r"the index has no function table"),
+        ("kernels_size", r"kernels_size -1 is not a byte count"),
     ],
 )
 def test_damaged_index_is_refused_naming_the_problem(tmp_path: Path, how: str, message: str) -> None:

@@ -5,17 +5,19 @@ files per graph would mean thousands of fsync'd files at SAVE and thousands of o
 pack holds, per graph in capture order, its description (compact JSON), its kernel parameter blob and its packed
 kernel table; the index names each graph with the byte span of each part and its static-tensor records:
 
-    rank_<r>/graphs/index.json   {"format": 1, "pack": "graphs/pack.bin", "pack_size": N,
+    rank_<r>/graphs/index.json   {"format": 2, "pack": "graphs/pack.bin", "pack_size": N,
                                   "graphs": [{"name", "desc": [off, len], "kernels": [off, len],
-                                              "params": [off, len], "table": [off, len],
+                                              "kernels_size": n, "params": [off, len], "table": [off, len],
                                               "inputs": [...], "outputs": {...}}, ...]}
     rank_<r>/graphs/pack.bin     the parts, back to back
 
 The description is stored in two parts so that LOAD's native path parses only what it needs: `desc` is the
 description with every kernel node reduced to {"type": "kernel"} (edges, functions, events, non-kernel nodes,
-sizes: small), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: most of the
-bytes, and all already in the binary kernel table). full_desc() puts them back together (inspection, the
-reference rebuild, the topology fingerprint).
+sizes: small), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: already in the
+binary kernel table), as zlib-compressed JSON of `kernels_size` bytes: the nodes repeat kernel names, image
+hashes and attributes, so compressed they are a few percent of their JSON, and LOAD hashes every byte of the pack.
+full_desc() puts them back together (inspection, the reference rebuild, the topology fingerprint). Format 1 packs
+(kernel nodes as plain JSON) are refused: written by an older release, SAVE again.
 
 Both files go through ArchiveWriter (atomic, listed in the manifest with their sha256), so every byte is covered
 by the file table; parse_index() checks the index's own shape (spans inside the pack, not overlapping, names
@@ -25,15 +27,20 @@ torch nor CUDA.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist import graphformat
 from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.errors import PersistError
+from graphpersist.manifest import GraphRecord
 
-PACK_FORMAT = 1
+PACK_FORMAT = 2  # 2: the kernel nodes' part is zlib-compressed, its JSON size in `kernels_size`
 INDEX_NAME = "graphs/index.json"
 PACK_NAME = "graphs/pack.bin"
 _PARTS = ("desc", "kernels", "params", "table")
@@ -59,6 +66,8 @@ class PackedGraph:
     table: tuple[int, int]
     inputs: list[Any]
     outputs: Any
+    kernels_size: int = 0
+    funcs: list[Any] = field(default_factory=list, repr=False)  # the index's function table, shared by all graphs
 
     def part(self, pack: bytes, which: str) -> memoryview:
         """One part ("desc", "kernels", "params", "table") of this graph, without copying it."""
@@ -67,11 +76,23 @@ class PackedGraph:
 
     def desc_of(self, pack: bytes) -> dict[str, Any]:
         """The description with kernel nodes reduced to {"type": "kernel"} (what the native rebuild needs)."""
-        return json.loads(bytes(self.part(pack, "desc")))
+        return expand_desc(self.name, json.loads(bytes(self.part(pack, "desc"))), self.funcs)
 
     def full_desc_of(self, pack: bytes) -> dict[str, Any]:
         """The whole description, as graphwalk.serialize wrote it."""
-        return full_desc(self.desc_of(pack), json.loads(bytes(self.part(pack, "kernels"))))
+        return full_desc(self.desc_of(pack), json.loads(self.kernels_json(pack)))
+
+    def kernels_json(self, pack: bytes) -> bytes:
+        """The kernel nodes' JSON, inflated; PackError when it does not inflate to exactly kernels_size bytes."""
+        inflate = zlib.decompressobj()
+        try:
+            text = inflate.decompress(self.part(pack, "kernels"), self.kernels_size)
+            whole = inflate.eof and not inflate.unconsumed_tail and len(text) == self.kernels_size
+        except zlib.error as exc:
+            raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate: {exc}"]) from None
+        if not whole:
+            raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate to {self.kernels_size} bytes"])
+        return text
 
 
 def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -79,6 +100,48 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
     kernels = [nd for nd in desc["nodes"] if nd["type"] == "kernel"]
     light = {**desc, "nodes": [_KERNEL_STUB if nd["type"] == "kernel" else nd for nd in desc["nodes"]]}
     return light, kernels
+
+
+def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
+    """What the pack stores of a light description: the node count and only the non-kernel nodes (with their
+    indices), the edges' ends as one flat list (their data only when some edge has any), and the functions as
+    indices into the index's function table. A few hundred bytes for a piecewise graph, instead of a kilobyte of
+    kernel stubs, five-number edges and kernel names that LOAD parsed 1900 times."""
+    nodes, edges = light["nodes"], light["edges"]
+    out = {k: v for k, v in light.items() if k not in ("nodes", "edges", "funcs")}
+    out["node_count"] = len(nodes)
+    out["other_nodes"] = [[i, nd] for i, nd in enumerate(nodes) if nd["type"] != "kernel"]
+    out["edge_ends"] = [v for e in edges for v in e[:2]]
+    if any(e[2] or e[3] or e[4] for e in edges):
+        out["edge_data"] = [list(e[2:5]) for e in edges]
+    out["func_ids"] = func_ids
+    return out
+
+
+def expand_desc(name: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
+    """Inverse of compact_desc: the light description, kernel nodes as stubs; PackError when it does not fit."""
+    try:
+        n = stored.pop("node_count")
+        others = stored.pop("other_nodes")
+        ends = stored.pop("edge_ends")
+        data = stored.pop("edge_data", None)
+        ids = stored.pop("func_ids")
+        nodes = [_KERNEL_STUB] * n
+        for i, nd in others:
+            if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
+                raise ValueError(f"node entry {i!r}")
+            nodes[i] = nd
+        if len(ends) % 2 or (data is not None and len(data) * 2 != len(ends)):
+            raise ValueError(f"{len(ends)} edge ends for {len(data or ())} edge data")
+        it = iter(ends)
+        if data is None:
+            edges = [[a, b, 0, 0, 0] for a, b in zip(it, it, strict=False)]
+        else:
+            edges = [[a, b, *d] for (a, b), d in zip(zip(it, it, strict=False), data, strict=True)]
+        stored["nodes"], stored["edges"], stored["funcs"] = nodes, edges, [funcs[i] for i in ids]
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise PackError([f"graph {name!r}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
+    return stored
 
 
 def full_desc(light: Mapping[str, Any], kernels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,6 +161,8 @@ class PackWriter:
     size: int = 0
     entries: list[dict[str, Any]] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
+    funcs: list[Any] = field(default_factory=list)
+    func_ids: dict[bytes, int] = field(default_factory=dict)
 
     def _put(self, data: bytes) -> list[int]:
         span = [self.size, len(data)]
@@ -112,13 +177,24 @@ class PackWriter:
             raise ValueError(f"graph {name!r} is already in the pack")
         self.names.add(name)
         light, kernels = split_desc(desc)
-        entry = {"name": name, "desc": self._put(_compact(light)), "kernels": self._put(_compact(kernels))}
+        ids = []
+        for func in light["funcs"]:  # one function table for all graphs of the rank
+            key = _compact(func)
+            if key not in self.func_ids:
+                self.func_ids[key] = len(self.funcs)
+                self.funcs.append(func)
+            ids.append(self.func_ids[key])
+        text = _compact(kernels)
+        stored = _compact(compact_desc(light, ids))
+        entry = {"name": name, "desc": self._put(stored), "kernels": self._put(zlib.compress(text, 6))}
+        entry["kernels_size"] = len(text)
         entry["params"], entry["table"] = self._put(bytes(params)), self._put(bytes(table))
         entry["inputs"], entry["outputs"] = inputs, outputs
         self.entries.append(entry)
 
     def index(self) -> dict[str, Any]:
-        return {"format": PACK_FORMAT, "pack": PACK_NAME, "pack_size": self.size, "graphs": self.entries}
+        return {"format": PACK_FORMAT, "pack": PACK_NAME, "pack_size": self.size, "funcs": self.funcs,
+                "graphs": self.entries}  # fmt: skip
 
     def data(self) -> bytes:
         return b"".join(self.parts)
@@ -150,6 +226,13 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         problems.append(f"the index names pack {index.get('pack')!r}, expected {PACK_NAME!r}")
     if index.get("pack_size") != pack_size:
         problems.append(f"the index says the pack has {index.get('pack_size')!r} bytes, it has {pack_size}")
+    funcs = index.get("funcs")
+    if not isinstance(funcs, list) or not all(
+        type(f) is list and len(f) == 3 and type(f[0]) is str and type(f[1]) is str and type(f[2]) is dict
+        for f in funcs
+    ):
+        problems.append("the index has no function table (a list of [image sha256, kernel name, attributes])")
+        funcs = []
     rows = index.get("graphs")
     if not isinstance(rows, list):
         raise PackError([*problems, "the index has no list of graphs"])
@@ -177,10 +260,15 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
             else:
                 parts[part] = span
                 spans.append((span[0], span[1], f"{name!r} {part}"))
-        if not isinstance(row.get("inputs"), list) or "outputs" not in row:
+        kernels_size = row.get("kernels_size")
+        if type(kernels_size) is not int or kernels_size < 0:
+            problems.append(f"graph {name!r}: kernels_size {kernels_size!r} is not a byte count")
+        elif not isinstance(row.get("inputs"), list) or "outputs" not in row:
             problems.append(f"graph {name!r}: no static tensor records (inputs, outputs)")
         elif len(parts) == len(_PARTS):
-            out.append(PackedGraph(name, *(parts[p] for p in _PARTS), row["inputs"], row["outputs"]))
+            out.append(
+                PackedGraph(name, *(parts[p] for p in _PARTS), row["inputs"], row["outputs"], kernels_size, funcs)
+            )
     spans.sort()
     for (a_off, a_len, a), (b_off, _b_len, b) in itertools.pairwise(spans):
         if b_off < a_off + a_len:
@@ -220,6 +308,38 @@ def read_graphs(archive: Archive, rank: int, names: list[str]) -> GraphPack:
             archive.root, f"{index_rel} lists graphs {_short(listed)}, rank {rank}'s record lists {_short(names)}"
         )
     return GraphPack(pack, graphs)
+
+
+def check_graphs(
+    records: Sequence[GraphRecord], packed: GraphPack, *, full: bool
+) -> dict[str, tuple[dict[str, Any], memoryview, memoryview, PackedGraph]]:
+    """Each graph's (description, parameter blob, kernel table, index entry), checked against its record before
+    anything is mapped or loaded (LOAD's validation; needs no GPU). `full` parses the kernel nodes too and
+    recomputes the topology fingerprint (verify_topology=True, the reference rebuild).
+    """
+    pack = packed.pack
+    descs = {}
+    for g, entry in zip(records, packed.graphs, strict=True):
+        try:
+            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
+        except (PackError, ValueError) as exc:
+            raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
+        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
+        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
+        graphformat.check_events(g.name, desc)
+        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
+        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
+            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
+        descs[g.name] = (desc, blob, table, entry)
+    return descs
+
+
+def read_pointers(archive: Archive, rank: int, fingerprint: str) -> list[int]:
+    """The rank's pointer inventory, refused when it does not hash to the rank record's fingerprint."""
+    pointers = archive.read_json(rank, "pointers.json")
+    if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != fingerprint:
+        raise PersistError("pointer inventory does not match its recorded fingerprint")
+    return pointers
 
 
 def _short(names: list[str]) -> str:

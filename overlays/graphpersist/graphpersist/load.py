@@ -7,8 +7,6 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,7 +18,6 @@ import torch
 
 from graphpersist import (
     graphbuild,
-    graphformat,
     graphpack,
     images,
     layout,
@@ -242,25 +239,10 @@ def _load_rank(
     rec = archive.rank_facts(rank)
     # Graph records are checked before anything is mapped or loaded.
     packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
-    pack = packed.pack
-    descs = {}
-    full = verify_topology or not native  # the native path never looks at kernel nodes' JSON
-    for g, entry in zip(rec.graphs, packed.graphs, strict=True):
-        try:
-            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
-        except (graphpack.PackError, ValueError) as exc:
-            raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
-        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
-        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
-        graphformat.check_events(g.name, desc)
-        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
-        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
-            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
-        descs[g.name] = (desc, blob, table, entry)
-    del pack, packed
-    pointers = archive.read_json(rank, "pointers.json")
-    if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != rec.pointers.fingerprint:
-        raise PersistError("pointer inventory does not match its recorded fingerprint")
+    # The native path never looks at kernel nodes' JSON.
+    descs = graphpack.check_graphs(rec.graphs, packed, full=verify_topology or not native)
+    del packed
+    pointers = graphpack.read_pointers(archive, rank, rec.pointers.fingerprint)
     setup.check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
     t_validate = time.perf_counter()
 
