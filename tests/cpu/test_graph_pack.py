@@ -87,7 +87,8 @@ def test_pack_round_trip_through_the_archive(tmp_path: Path) -> None:
         back = g.full_desc_of(got.pack)
         assert back == desc
         light = g.desc_of(got.pack)  # what the native path parses: kernel nodes reduced to stubs
-        assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and light["edges"] == desc["edges"]
+        assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and "edges" not in light
+        assert graphformat.edge_lists(*graphformat.edge_ends(light)) == desc["edges"] == back["edges"]
         assert len(g.part(got.pack, "kernels")) < g.kernels_size  # the kernel nodes' JSON, compressed
         assert b'"type":"kernel"' not in bytes(g.part(got.pack, "desc"))  # stubs are not stored, only counted
         graphformat.check_shape(g.name, light, table, len(desc["nodes"]), {"kernel": len(desc["nodes"])})
@@ -123,7 +124,8 @@ def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Pat
     got = graphpack.read_graphs(open_archive(root, keep_rank=0), 0, ["a", "b"])
     assert got.graphs[1].full_desc_of(got.pack) == ported
     light = got.graphs[1].desc_of(got.pack)
-    assert light["edges"] == ported["edges"] and light["nodes"][-1] == {"type": "empty"}
+    assert light["edge_data"] == [[0, 0, 0], [1, 0, 2]] and light["nodes"][-1] == {"type": "empty"}
+    assert graphformat.edge_lists(*graphformat.edge_ends(light)) == ported["edges"]
 
 
 @pytest.mark.parametrize(
@@ -131,6 +133,7 @@ def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Pat
     [
         (lambda d: d.update(other_nodes=[[99, {"type": "empty"}]]), "node entry 99"),
         (lambda d: d.update(edge_ends=[0, 1, 2]), "3 edge ends"),
+        (lambda d: d.update(edge_ends=[0, 3]), "an edge end outside the 3 nodes"),
         (lambda d: d.update(func_ids=[7]), "IndexError"),
         (lambda d: d.pop("node_count"), "KeyError"),
     ],
@@ -138,7 +141,8 @@ def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Pat
 def test_a_malformed_stored_description_is_refused(damage: Any, message: str) -> None:
     desc, _blob, _table = _graph(3, 0)
     stored = graphpack.compact_desc(graphpack.split_desc(desc)[0], [0, 1])
-    assert graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"]) == graphpack.split_desc(desc)[0]
+    light = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"])
+    assert graphpack.full_desc(light, graphpack.split_desc(desc)[1]) == desc
     damage(stored)
     with pytest.raises(graphpack.PackError, match=rf"graph 'g': malformed description in the pack .*{message}"):
         graphpack.expand_desc("g", stored, desc["funcs"])

@@ -135,6 +135,24 @@ def _node_types(desc: dict[str, Any]) -> dict[str, int]:
     return dict(Counter(map(itemgetter("type"), desc["nodes"])))
 
 
+def edge_ends(desc: dict[str, Any]) -> tuple[list[int], list[list[int]] | None]:
+    """(from0, to0, from1, to1, ...) and each edge's [from_port, to_port, type] (None when all are 0), from a full
+    description's `edges` or as a graph pack's light description stores them."""
+    if "edges" not in desc:
+        return desc["edge_ends"], desc.get("edge_data")
+    edges = desc["edges"]
+    data = [list(e[2:5]) for e in edges] if any(e[2] or e[3] or e[4] for e in edges) else None
+    return [v for e in edges for v in e[:2]], data
+
+
+def edge_lists(ends: list[int], data: list[list[int]] | None) -> list[list[int]]:
+    """The description's `edges` ([from, to, from_port, to_port, type] each) from the stored ends and data."""
+    it = iter(ends)
+    if data is None:
+        return [[a, b, 0, 0, 0] for a, b in zip(it, it, strict=False)]
+    return [[a, b, *d] for (a, b), d in zip(zip(it, it, strict=False), data, strict=True)]
+
+
 def driver() -> Any:
     """cuda.bindings.driver, imported on first use so this module loads without CUDA."""
     from cuda.bindings import driver

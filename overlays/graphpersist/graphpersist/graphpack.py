@@ -119,26 +119,24 @@ def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any
 
 
 def expand_desc(name: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
-    """Inverse of compact_desc: the light description, kernel nodes as stubs; PackError when it does not fit."""
+    """The light description from what compact_desc stored: kernel nodes as stubs, the functions resolved. The
+    edges stay in their stored form (`edge_ends`, `edge_data` when present): the native rebuild takes them as they
+    are (graphformat.edge_ends), full_desc() turns them back into `edges`. PackError when the parts do not fit."""
     try:
         n = stored.pop("node_count")
         others = stored.pop("other_nodes")
-        ends = stored.pop("edge_ends")
-        data = stored.pop("edge_data", None)
+        ends, data = stored["edge_ends"], stored.get("edge_data")
         ids = stored.pop("func_ids")
         nodes = [_KERNEL_STUB] * n
         for i, nd in others:
             if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
                 raise ValueError(f"node entry {i!r}")
             nodes[i] = nd
-        if len(ends) % 2 or (data is not None and len(data) * 2 != len(ends)):
+        if type(ends) is not list or len(ends) % 2 or (data is not None and len(data) * 2 != len(ends)):
             raise ValueError(f"{len(ends)} edge ends for {len(data or ())} edge data")
-        it = iter(ends)
-        if data is None:
-            edges = [[a, b, 0, 0, 0] for a, b in zip(it, it, strict=False)]
-        else:
-            edges = [[a, b, *d] for (a, b), d in zip(zip(it, it, strict=False), data, strict=True)]
-        stored["nodes"], stored["edges"], stored["funcs"] = nodes, edges, [funcs[i] for i in ids]
+        if ends and (min(ends) < 0 or max(ends) >= n):  # ints only: a str would fail the comparison (TypeError)
+            raise ValueError(f"an edge end outside the {n} nodes")
+        stored["nodes"], stored["funcs"] = nodes, [funcs[i] for i in ids]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise PackError([f"graph {name!r}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
     return stored
@@ -150,7 +148,11 @@ def full_desc(light: Mapping[str, Any], kernels: list[dict[str, Any]]) -> dict[s
     if stubs != len(kernels):
         raise PackError([f"the description has {stubs} kernel nodes, its kernel part {len(kernels)}"])
     it = iter(kernels)
-    return {**light, "nodes": [next(it) if nd["type"] == "kernel" else nd for nd in light["nodes"]]}
+    out = {k: v for k, v in light.items() if k not in ("edge_ends", "edge_data")}
+    if "edges" not in out:
+        out["edges"] = graphformat.edge_lists(light["edge_ends"], light.get("edge_data"))
+    out["nodes"] = [next(it) if nd["type"] == "kernel" else nd for nd in light["nodes"]]
+    return out
 
 
 @dataclass
@@ -205,12 +207,11 @@ def _compact(obj: Any) -> bytes:
 
 
 def _span(value: Any) -> tuple[int, int] | None:
-    ok = (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    )
-    return (value[0], value[1]) if ok else None
+    if type(value) is list and len(value) == 2:
+        off, n = value
+        if type(off) is int and type(n) is int and off >= 0 and n >= 0:
+            return off, n
+    return None
 
 
 def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
