@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
 from graphpersist import graphformat, graphpack, safejson  # noqa: E402
 from graphpersist.archive import ArchiveWriter, archive_path, open_archive  # noqa: E402
 from graphpersist.archive_read import _read_manifest  # noqa: E402
+from graphpersist.gcpause import paused_gc  # noqa: E402
 from graphpersist.liveenv import PINNED_ENV  # noqa: E402
 from graphpersist.manifest import RankRecord  # noqa: E402
 from graphpersist.validate import check_or_refuse, flatten  # noqa: E402
@@ -142,7 +142,8 @@ def write(root: Path) -> dict[str, Any]:
             x = out
             pointers.update(range(addr, out, 4096 * 64))
             by_type = {"kernel": len(desc["nodes"])}
-            records.append({"name": name, "file": index_rel, "topology_fingerprint": graphformat.topology_fingerprint(desc),
+            topology = graphformat.topology_fingerprint(desc)
+            records.append({"name": name, "file": index_rel, "topology_fingerprint": topology,
                             "node_count": len(desc["nodes"]), "nodes_by_type": by_type,
                             "kernel_count": len(desc["nodes"]), "images": sorted(shas), "capture_size": b,
                             "mode": mode})  # fmt: skip
@@ -213,6 +214,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/gp-cpu-bench"), help="where to write the archive")
     ap.add_argument("--runs", type=int, default=5, help="timed runs (the best is reported: the machine may be shared)")
     ap.add_argument("--heap", type=int, default=0, help="small objects kept alive while timing (a torch process)")
+    ap.add_argument("--gc", action="store_true", help="leave the garbage collector on (LOAD pauses it)")
     ap.add_argument("--reuse", action="store_true", help="time an archive already written to --out")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
@@ -224,9 +226,16 @@ def main() -> int:
             print(f"  {rel}: {size / 1e6:.1f} MB")
     heap = [(i,) for i in range(args.heap)]  # noqa: F841 (kept alive on purpose)
     gc.collect()
-    runs = [once(root) for _ in range(args.runs + 1)][1:]  # the first run warms the page cache
+    runs = []
+    for _ in range(args.runs + 1):  # the first run warms the page cache
+        if args.gc:
+            runs.append(once(root))
+        else:
+            with paused_gc():  # as load.load() runs _load_rank
+                runs.append(once(root))
+    runs = runs[1:]
     med = {k: min(r[k] for r in runs) for k in runs[0]}
-    print(f"cpus {os.cpu_count()}, heap {args.heap}, best of {args.runs} runs")
+    print(f"cpus {os.cpu_count()}, heap {args.heap}, gc {'on' if args.gc else 'paused'}, best of {args.runs} runs")
     print("| step | ms |\n|---|---|")
     for k, v in med.items():
         print(f"| {k} | {v * 1e3:.1f} |")

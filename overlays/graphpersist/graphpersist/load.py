@@ -31,6 +31,7 @@ from graphpersist import (
 from graphpersist.archive import open_archive
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
+from graphpersist.gcpause import paused_gc
 from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
 from graphpersist.tensors import tensor_at
@@ -190,7 +191,10 @@ def load(
     par = parallel_layout(parallel)
     coll = collective(par, rank, gather)
     try:
-        result = _load_rank(root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology)
+        with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
+            result = _load_rank(
+                root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology
+            )
     except Exception as exc:
         if coll.world_size > 1:
             try:
