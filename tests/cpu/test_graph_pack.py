@@ -132,20 +132,30 @@ def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Pat
     ("damage", "message"),
     [
         (lambda d: d.update(other_nodes=[[99, {"type": "empty"}]]), "node entry 99"),
-        (lambda d: d.update(edge_ends=[0, 1, 2]), "3 edge ends"),
-        (lambda d: d.update(edge_ends=[0, 3]), "an edge end outside the 3 nodes"),
+        (lambda d: d.update(edge_data=[[0, 0, 0]]), "2 edges for 1 edge data"),
         (lambda d: d.update(func_ids=[7]), "IndexError"),
         (lambda d: d.pop("node_count"), "KeyError"),
     ],
 )
 def test_a_malformed_stored_description_is_refused(damage: Any, message: str) -> None:
     desc, _blob, _table = _graph(3, 0)
-    stored = graphpack.compact_desc(graphpack.split_desc(desc)[0], [0, 1])
-    light = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"])
-    assert graphpack.full_desc(light, graphpack.split_desc(desc)[1]) == desc
+    light, kernels = graphpack.split_desc(desc)
+    stored, ends = graphpack.compact_desc(light, [0, 1]), graphpack.edge_ends_bytes(light["edges"])
+    back = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"], ends)
+    assert graphpack.full_desc(back, kernels) == desc
     damage(stored)
     with pytest.raises(graphpack.PackError, match=rf"graph 'g': malformed description in the pack .*{message}"):
-        graphpack.expand_desc("g", stored, desc["funcs"])
+        graphpack.expand_desc("g", stored, desc["funcs"], ends)
+
+
+@pytest.mark.parametrize(
+    ("ends", "message"), [(b"\0" * 7, "an edges part of 7 bytes"), (struct.pack("<2I", 0, 3), "outside the 3 nodes")]
+)
+def test_edges_that_do_not_fit_are_refused(ends: bytes, message: str) -> None:
+    desc, _blob, _table = _graph(3, 0)
+    stored = graphpack.compact_desc(graphpack.split_desc(desc)[0], [0, 1])
+    with pytest.raises(graphpack.PackError, match=message):
+        graphpack.expand_desc("g", stored, desc["funcs"], ends)
 
 
 def test_kernel_nodes_that_do_not_inflate_are_refused() -> None:

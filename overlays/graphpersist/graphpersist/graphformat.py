@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections import Counter
 from operator import itemgetter
 from typing import Any
 
@@ -132,7 +131,8 @@ _EVENT_KINDS = frozenset(("event_record", "event_wait"))
 
 def _node_types(desc: dict[str, Any]) -> dict[str, int]:
     """How many nodes of each type, in first-seen order (counted in C: graphs have thousands of nodes)."""
-    return dict(Counter(map(itemgetter("type"), desc["nodes"])))
+    kinds = list(map(itemgetter("type"), desc["nodes"]))
+    return {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
 
 
 def edge_ends(desc: dict[str, Any]) -> tuple[list[int], list[list[int]] | None]:

@@ -2,22 +2,25 @@
 
 An engine captures thousands of graphs (vLLM: about 1900 per worker, mostly small piecewise pieces); one set of
 files per graph would mean thousands of fsync'd files at SAVE and thousands of opens and hashes at LOAD. The
-pack holds, per graph in capture order, its description (compact JSON), its kernel parameter blob and its packed
-kernel table; the index names each graph with the byte span of each part and its static-tensor records:
+pack holds, per graph in capture order, five parts back to back; the index names each graph with the byte span of
+each part and its static-tensor records, and lists the kernel functions once for all graphs of the rank:
 
     rank_<r>/graphs/index.json   {"format": 2, "pack": "graphs/pack.bin", "pack_size": N,
-                                  "graphs": [{"name", "desc": [off, len], "kernels": [off, len],
-                                              "kernels_size": n, "params": [off, len], "table": [off, len],
+                                  "funcs": [[image sha256, kernel name, function attributes], ...],
+                                  "graphs": [{"name", "desc": [off, len], "kernels": [off, len], "kernels_size": n,
+                                              "params": [off, len], "table": [off, len], "edges": [off, len],
                                               "inputs": [...], "outputs": {...}}, ...]}
     rank_<r>/graphs/pack.bin     the parts, back to back
 
-The description is stored in two parts so that LOAD's native path parses only what it needs: `desc` is the
-description with every kernel node reduced to {"type": "kernel"} (edges, functions, events, non-kernel nodes,
-sizes: small), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: already in the
-binary kernel table), as zlib-compressed JSON of `kernels_size` bytes: the nodes repeat kernel names, image
-hashes and attributes, so compressed they are a few percent of their JSON, and LOAD hashes every byte of the pack.
-full_desc() puts them back together (inspection, the reference rebuild, the topology fingerprint). Format 1 packs
-(kernel nodes as plain JSON) are refused: written by an older release, SAVE again.
+The parts are laid out for what LOAD's native path reads, which is little: `desc` is the description without its
+kernel nodes and edges (compact JSON: node count, the non-kernel nodes with their indices, events, sizes, the
+indices of its functions in `funcs`, and edge data only when some edge has any); `edges` the edges' ends as
+uint32 pairs; `params` the kernel parameter blob; `table` the packed kernel table (graphformat); `kernels` the
+full kernel nodes in node order (names, launch shapes, attributes: all already in the table) as zlib-compressed
+JSON of `kernels_size` bytes, read only by full_desc() (inspection, the reference rebuild, the topology
+fingerprint). desc_of() gives the description with kernel nodes as {"type": "kernel"} stubs and the edges as
+stored; full_desc_of() the description graphwalk.serialize wrote. Format 1 packs (every part JSON, kernel stubs
+and five-number edges parsed 1900 times per LOAD) are refused: written by an older release, SAVE again.
 
 Both files go through ArchiveWriter (atomic, listed in the manifest with their sha256), so every byte is covered
 by the file table; parse_index() checks the index's own shape (spans inside the pack, not overlapping, names
@@ -27,9 +30,12 @@ torch nor CUDA.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import itertools
 import json
+import struct
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +49,7 @@ from graphpersist.manifest import GraphRecord
 PACK_FORMAT = 2  # 2: the kernel nodes' part is zlib-compressed, its JSON size in `kernels_size`
 INDEX_NAME = "graphs/index.json"
 PACK_NAME = "graphs/pack.bin"
-_PARTS = ("desc", "kernels", "params", "table")
+_PARTS = ("desc", "kernels", "params", "table", "edges")
 _KERNEL_STUB = {"type": "kernel"}
 
 
@@ -64,19 +70,21 @@ class PackedGraph:
     kernels: tuple[int, int]
     params: tuple[int, int]
     table: tuple[int, int]
+    edges: tuple[int, int]
     inputs: list[Any]
     outputs: Any
     kernels_size: int = 0
     funcs: list[Any] = field(default_factory=list, repr=False)  # the index's function table, shared by all graphs
 
     def part(self, pack: bytes, which: str) -> memoryview:
-        """One part ("desc", "kernels", "params", "table") of this graph, without copying it."""
+        """One part ("desc", "kernels", "params", "table", "edges") of this graph, without copying it."""
         off, n = getattr(self, which)
         return memoryview(pack)[off : off + n]
 
     def desc_of(self, pack: bytes) -> dict[str, Any]:
         """The description with kernel nodes reduced to {"type": "kernel"} (what the native rebuild needs)."""
-        return expand_desc(self.name, json.loads(bytes(self.part(pack, "desc"))), self.funcs)
+        stored = json.loads(str(self.part(pack, "desc"), "utf-8"))
+        return expand_desc(self.name, stored, self.funcs, self.part(pack, "edges"))
 
     def full_desc_of(self, pack: bytes) -> dict[str, Any]:
         """The whole description, as graphwalk.serialize wrote it."""
@@ -103,38 +111,49 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
 
 
 def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
-    """What the pack stores of a light description: the node count and only the non-kernel nodes (with their
-    indices), the edges' ends as one flat list (their data only when some edge has any), and the functions as
-    indices into the index's function table. A few hundred bytes for a piecewise graph, instead of a kilobyte of
-    kernel stubs, five-number edges and kernel names that LOAD parsed 1900 times."""
+    """What the pack stores of a light description as JSON: the node count and only the non-kernel nodes (with
+    their indices), the edges' data only when some edge has any (their ends go in the binary `edges` part,
+    edge_ends_bytes), and the functions as indices into the index's function table. A few hundred bytes for any
+    graph, instead of kilobytes of kernel stubs, five-number edges and kernel names that LOAD parsed 1900 times."""
     nodes, edges = light["nodes"], light["edges"]
     out = {k: v for k, v in light.items() if k not in ("nodes", "edges", "funcs")}
     out["node_count"] = len(nodes)
     out["other_nodes"] = [[i, nd] for i, nd in enumerate(nodes) if nd["type"] != "kernel"]
-    out["edge_ends"] = [v for e in edges for v in e[:2]]
     if any(e[2] or e[3] or e[4] for e in edges):
         out["edge_data"] = [list(e[2:5]) for e in edges]
     out["func_ids"] = func_ids
     return out
 
 
-def expand_desc(name: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
+def edge_ends_bytes(edges: list[list[int]]) -> bytes:
+    """The `edges` part of the pack: from0, to0, from1, to1, ... as little-endian uint32."""
+    return struct.pack(f"<{2 * len(edges)}I", *(v for e in edges for v in e[:2]))
+
+
+def expand_desc(name: str, stored: Any, funcs: list[Any], ends_part: bytes | memoryview) -> dict[str, Any]:
     """The light description from what compact_desc stored: kernel nodes as stubs, the functions resolved. The
-    edges stay in their stored form (`edge_ends`, `edge_data` when present): the native rebuild takes them as they
-    are (graphformat.edge_ends), full_desc() turns them back into `edges`. PackError when the parts do not fit."""
+    edges stay in their stored form (`edge_ends` an array of uint32, `edge_data` when present): the native rebuild
+    takes them as they are (graphformat.edge_ends), full_desc() turns them back into `edges`. PackError when the
+    parts do not fit."""
     try:
         n = stored.pop("node_count")
         others = stored.pop("other_nodes")
-        ends, data = stored["edge_ends"], stored.get("edge_data")
+        data = stored.get("edge_data")
         ids = stored.pop("func_ids")
+        if len(ends_part) % 8:
+            raise ValueError(f"an edges part of {len(ends_part)} bytes")
+        ends = array.array("I", bytes(ends_part))
+        if sys.byteorder != "little":
+            ends.byteswap()
+        stored["edge_ends"] = ends
         nodes = [_KERNEL_STUB] * n
         for i, nd in others:
             if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
                 raise ValueError(f"node entry {i!r}")
             nodes[i] = nd
-        if type(ends) is not list or len(ends) % 2 or (data is not None and len(data) * 2 != len(ends)):
-            raise ValueError(f"{len(ends)} edge ends for {len(data or ())} edge data")
-        if ends and (min(ends) < 0 or max(ends) >= n):  # ints only: a str would fail the comparison (TypeError)
+        if data is not None and (type(data) is not list or len(data) * 2 != len(ends)):
+            raise ValueError(f"{len(ends) // 2} edges for {len(data) if type(data) is list else data!r} edge data")
+        if ends and max(ends) >= n:
             raise ValueError(f"an edge end outside the {n} nodes")
         stored["nodes"], stored["funcs"] = nodes, [funcs[i] for i in ids]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
@@ -189,6 +208,7 @@ class PackWriter:
         text = _compact(kernels)
         stored = _compact(compact_desc(light, ids))
         entry = {"name": name, "desc": self._put(stored), "kernels": self._put(zlib.compress(text, 6))}
+        entry["edges"] = self._put(edge_ends_bytes(light["edges"]))
         entry["kernels_size"] = len(text)
         entry["params"], entry["table"] = self._put(bytes(params)), self._put(bytes(table))
         entry["inputs"], entry["outputs"] = inputs, outputs
