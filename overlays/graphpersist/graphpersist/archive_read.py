@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,9 @@ class Archive:
         return rel, entry
 
 
+_WORKERS = min(8, os.cpu_count() or 1)  # threads that read and hash an archive's files
+
+
 def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
@@ -131,33 +135,52 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     manifest = _read_manifest(root)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
+    own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
+
+    def keep(rel: str) -> bool:  # keep_rank's files and the shared top-level ones
+        return own is not None and (rel.startswith(own) or not RANK_DIR.fullmatch(rel.split("/", 1)[0]))
+
+    record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
     kept: dict[str, bytes] = {}
-    keep = None
-    if keep_rank is not None and verify_checksums:
-        own = f"{rank_dir(keep_rank)}/"
-        keep = lambda rel: rel.startswith(own) or not RANK_DIR.fullmatch(rel.split("/", 1)[0])  # noqa: E731
-    bad_files = dict(_file_problems(root, manifest, verify_checksums, keep, kept))
-    problems += bad_files.values()
     records: dict[int, RankRecord] = {}
-    for rank in sorted(set(manifest.ranks)):
-        rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-        entry = manifest.files.get(rel)
-        if entry is None or rel in bad_files:
-            continue  # named above (no entry in the file table, or a file that does not match it)
-        if entry.size > MAX_RECORD_BYTES:
-            problems.append(f"{rel} is {entry.size} bytes, more than a rank record may be ({MAX_RECORD_BYTES})")
-            continue
-        try:
-            record = RankRecord.from_json(_verified_bytes(root, rel, entry))
-        except ArchiveError as exc:
-            problems += exc.problems
-            continue
-        except ManifestError as exc:
-            problems.append(f"{rel}: {exc}")
-            continue
-        if record.rank != rank:
-            problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
-        records[rank] = record
+    record_problems: list[str] = []
+    # Every listed file is checked in a thread pool (reading and hashing release the GIL), biggest first, while
+    # this thread parses the rank records as soon as their own files are verified.
+    with ThreadPoolExecutor(max_workers=max(1, min(_WORKERS, len(manifest.files)))) as pool:
+        checks = {}
+        for rel, entry in sorted(manifest.files.items(), key=lambda kv: -kv[1].size):
+            is_record = rel in record_files and entry.size <= MAX_RECORD_BYTES  # a record is always hashed
+            hash_it = verify_checksums or is_record
+            checks[rel] = pool.submit(_check_listed, root, rel, entry, hash_it, is_record or keep(rel))
+        unlisted = pool.submit(_unlisted, root, manifest.files)
+        for rel, rank in record_files.items():
+            entry = manifest.files.get(rel)
+            if entry is None:
+                continue  # named by the consistency check (no entry in the file table)
+            if entry.size > MAX_RECORD_BYTES:
+                record_problems.append(
+                    f"{rel} is {entry.size} bytes, more than a rank record may be ({MAX_RECORD_BYTES})"
+                )
+                continue
+            problem, data = checks[rel].result()
+            if problem is not None:
+                continue  # named with the file problems
+            try:
+                record = RankRecord.from_json(data)
+            except ManifestError as exc:
+                record_problems.append(f"{rel}: {exc}")
+                continue
+            if record.rank != rank:
+                record_problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
+            records[rank] = record
+        for rel in manifest.files:  # in the file table's order
+            problem, data = checks[rel].result()
+            if problem is not None:
+                problems.append(problem)
+            elif data is not None and keep(rel):
+                kept[rel] = data
+        problems += [problem for _rel, problem in unlisted.result()]
+    problems += record_problems
     problems += _reference_problems(records, manifest.files)
     if problems:
         raise ArchiveError(root, problems)
@@ -204,46 +227,33 @@ def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
     return data
 
 
-def _file_problems(
-    root: Path,
-    manifest: Manifest,
-    verify_checksums: bool,
-    keep: Any = None,
-    kept: dict[str, bytes] | None = None,
-) -> Iterator[tuple[str, str]]:
-    """(path, problem) for every listed file that is missing, unsafe, resized or altered, and every extra file.
-
-    Files for which `keep(rel)` is true are read whole and, when they verify, their bytes stored in `kept`.
-    """
-    for rel, entry in manifest.files.items():
-        if not _plain(rel) or rel == MANIFEST_NAME:
-            yield rel, f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}"
-            continue
-        problem, size = _listed_file(root, rel)
-        data = None
-        keep_it = verify_checksums and keep is not None and kept is not None and keep(rel)
-        if problem is None and keep_it and size == entry.size:  # read once, hash these bytes, hand them to read()
-            try:
-                data = (root / rel).read_bytes()
-            except OSError as exc:
-                problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
-            else:
-                size = len(data)
-        if problem is None:
-            if data is not None:
-                digest = lambda d=data: hashlib.sha256(d).hexdigest()  # noqa: E731
-            else:
-                digest = (lambda p=root / rel: _entry_of(p).sha256) if verify_checksums else None
-            try:
-                problem = _content_problem(rel, entry, size, digest)
-            except OSError as exc:
-                problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
-        if problem:
-            yield rel, problem
-        elif data is not None:
-            kept[rel] = data
-    for rel, problem in _unlisted(root, manifest.files):
-        yield rel, problem
+def _check_listed(
+    root: Path, rel: str, entry: FileEntry, hash_it: bool, keep_it: bool
+) -> tuple[str | None, bytes | None]:
+    """(problem, bytes) for one listed file: a problem when it is missing, unsafe, resized or altered (hashed only
+    when `hash_it`). With `keep_it` it is read whole, hashed from those bytes, and they are returned when it
+    verifies, so that nobody reads or hashes them again."""
+    if not _plain(rel) or rel == MANIFEST_NAME:
+        return f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}", None
+    problem, size = _listed_file(root, rel)
+    data = None
+    if problem is None and keep_it and hash_it and size == entry.size:
+        try:
+            data = (root / rel).read_bytes()
+        except OSError as exc:
+            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
+        else:
+            size = len(data)
+    if problem is None:
+        if data is not None:
+            digest = lambda: hashlib.sha256(data).hexdigest()  # noqa: E731
+        else:
+            digest = (lambda: _entry_of(root / rel).sha256) if hash_it else None
+        try:
+            problem = _content_problem(rel, entry, size, digest)
+        except OSError as exc:
+            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
+    return problem, None if problem else data
 
 
 def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
