@@ -2,25 +2,29 @@
 
 An engine captures thousands of graphs (vLLM: about 1900 per worker, mostly small piecewise pieces); one set of
 files per graph would mean thousands of fsync'd files at SAVE and thousands of opens and hashes at LOAD. The
-pack holds, per graph in capture order, five parts back to back; the index names each graph with the byte span of
-each part and its static-tensor records, and lists the kernel functions once for all graphs of the rank:
+pack holds, per graph in capture order, three binary parts back to back; the index names each graph with the
+byte span of each part, its description and its static-tensor records:
 
     rank_<r>/graphs/index.json   {"format": 2, "pack": "graphs/pack.bin", "pack_size": N,
                                   "funcs": [[image sha256, kernel name, function attributes], ...],
-                                  "graphs": [{"name", "desc": [off, len], "kernels": [off, len], "kernels_size": n,
-                                              "params": [off, len], "table": [off, len], "edges": [off, len],
+                                  "descs": [{"node_count", "other_nodes", "edge_ends", "func_ids", ...}, ...],
+                                  "graphs": [{"name", "desc": i, "own": {"blob_size", "blob_sha256", "table_size",
+                                              "table_sha256"}, "kernels": [off, len], "kernels_size": n,
+                                              "params": [off, len], "table": [off, len],
                                               "inputs": [...], "outputs": {...}}, ...]}
     rank_<r>/graphs/pack.bin     the parts, back to back
 
-The parts are laid out for what LOAD's native path reads, which is little: `desc` is the description without its
-kernel nodes and edges (compact JSON: node count, the non-kernel nodes with their indices, events, sizes, the
-indices of its functions in `funcs`, and edge data only when some edge has any); `edges` the edges' ends as
-uint32 pairs; `params` the kernel parameter blob; `table` the packed kernel table (graphformat); `kernels` the
-full kernel nodes in node order (names, launch shapes, attributes: all already in the table) as zlib-compressed
-JSON of `kernels_size` bytes, read only by full_desc() (inspection, the reference rebuild, the topology
-fingerprint). desc_of() gives the description with kernel nodes as {"type": "kernel"} stubs and the edges as
-stored; full_desc_of() the description graphwalk.serialize wrote. Format 1 packs (every part JSON, kernel stubs
-and five-number edges parsed 1900 times per LOAD) are refused: written by an older release, SAVE again.
+Laid out for what LOAD's native path reads, which is little. A graph's description without its kernel nodes is
+`descs[desc]` (node count, the non-kernel nodes with their indices, the edges' ends as one flat list, edge data
+only when some edge has any, events, the indices of its functions in `funcs`) plus its `own` sizes and hashes:
+graphs of equal shape (every batch size of a piece, every FULL graph) share one entry of `descs`, so LOAD parses
+and checks each shape once, not 1900 times. `params` is the kernel parameter blob, `table` the packed kernel
+table (graphformat), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: all already
+in the table) as zlib-compressed JSON of `kernels_size` bytes, read only by full_desc_of() (inspection, the
+reference rebuild, the topology fingerprint). desc_of() gives the description with kernel nodes as
+{"type": "kernel"} stubs and the edges as stored (parts shared between graphs: read-only); full_desc_of() the
+description graphwalk.serialize wrote. Format 1 packs (every part JSON in the pack, kernel stubs and five-number
+edges parsed per graph) are refused: written by an older release, SAVE again.
 
 Both files go through ArchiveWriter (atomic, listed in the manifest with their sha256), so every byte is covered
 by the file table; parse_index() checks the index's own shape (spans inside the pack, not overlapping, names
@@ -30,12 +34,9 @@ torch nor CUDA.
 
 from __future__ import annotations
 
-import array
 import hashlib
 import itertools
 import json
-import struct
-import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from graphpersist.manifest import GraphRecord
 PACK_FORMAT = 2  # 2: the kernel nodes' part is zlib-compressed, its JSON size in `kernels_size`
 INDEX_NAME = "graphs/index.json"
 PACK_NAME = "graphs/pack.bin"
-_PARTS = ("desc", "kernels", "params", "table", "edges")
+_PARTS = ("kernels", "params", "table")
 _KERNEL_STUB = {"type": "kernel"}
 
 
@@ -63,28 +64,26 @@ class PackError(ValueError):
 
 @dataclass
 class PackedGraph:
-    """One graph's entry in the index: byte spans into the pack and its static-tensor records."""
+    """One graph's entry in the index: byte spans into the pack, its description and static-tensor records."""
 
     name: str
-    desc: tuple[int, int]
     kernels: tuple[int, int]
     params: tuple[int, int]
     table: tuple[int, int]
-    edges: tuple[int, int]
     inputs: list[Any]
     outputs: Any
-    kernels_size: int = 0
-    funcs: list[Any] = field(default_factory=list, repr=False)  # the index's function table, shared by all graphs
+    kernels_size: int
+    shared: dict[str, Any] = field(repr=False)  # its entry of the index's `descs`, expanded (expand_desc)
+    own: dict[str, Any] = field(repr=False)  # its blob and table sizes and hashes
 
     def part(self, pack: bytes, which: str) -> memoryview:
-        """One part ("desc", "kernels", "params", "table", "edges") of this graph, without copying it."""
+        """One part ("kernels", "params", "table") of this graph, without copying it."""
         off, n = getattr(self, which)
         return memoryview(pack)[off : off + n]
 
     def desc_of(self, pack: bytes) -> dict[str, Any]:
         """The description with kernel nodes reduced to {"type": "kernel"} (what the native rebuild needs)."""
-        stored = json.loads(str(self.part(pack, "desc"), "utf-8"))
-        return expand_desc(self.name, stored, self.funcs, self.part(pack, "edges"))
+        return {**self.shared, **self.own}
 
     def full_desc_of(self, pack: bytes) -> dict[str, Any]:
         """The whole description, as graphwalk.serialize wrote it."""
@@ -110,55 +109,48 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
     return light, kernels
 
 
+_OWN = ("blob_size", "blob_sha256", "table_size", "table_sha256")  # what graphs of one shape do not share
+_OWN_KEYS = frozenset(_OWN)
+
+
 def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
-    """What the pack stores of a light description as JSON: the node count and only the non-kernel nodes (with
-    their indices), the edges' data only when some edge has any (their ends go in the binary `edges` part,
-    edge_ends_bytes), and the functions as indices into the index's function table. A few hundred bytes for any
-    graph, instead of kilobytes of kernel stubs, five-number edges and kernel names that LOAD parsed 1900 times."""
+    """What the index stores of a light description (without its _OWN fields): the node count and only the
+    non-kernel nodes (with their indices), the edges' ends as one flat list and their data only when some edge has
+    any, and the functions as indices into the index's function table."""
     nodes, edges = light["nodes"], light["edges"]
-    out = {k: v for k, v in light.items() if k not in ("nodes", "edges", "funcs")}
+    out = {k: v for k, v in light.items() if k not in ("nodes", "edges", "funcs", *_OWN)}
     out["node_count"] = len(nodes)
     out["other_nodes"] = [[i, nd] for i, nd in enumerate(nodes) if nd["type"] != "kernel"]
+    out["edge_ends"] = [v for e in edges for v in e[:2]]
     if any(e[2] or e[3] or e[4] for e in edges):
         out["edge_data"] = [list(e[2:5]) for e in edges]
     out["func_ids"] = func_ids
     return out
 
 
-def edge_ends_bytes(edges: list[list[int]]) -> bytes:
-    """The `edges` part of the pack: from0, to0, from1, to1, ... as little-endian uint32."""
-    return struct.pack(f"<{2 * len(edges)}I", *(v for e in edges for v in e[:2]))
-
-
-def expand_desc(name: str, stored: Any, funcs: list[Any], ends_part: bytes | memoryview) -> dict[str, Any]:
-    """The light description from what compact_desc stored: kernel nodes as stubs, the functions resolved. The
-    edges stay in their stored form (`edge_ends` an array of uint32, `edge_data` when present): the native rebuild
-    takes them as they are (graphformat.edge_ends), full_desc() turns them back into `edges`. PackError when the
-    parts do not fit."""
+def expand_desc(where: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
+    """The light description (without its _OWN fields) from what compact_desc stored: kernel nodes as stubs, the
+    functions resolved, the edges as stored (`edge_ends`, `edge_data` when present: the native rebuild takes them
+    as they are, full_desc() turns them back into `edges`). PackError naming `where` when the parts do not fit."""
     try:
-        n = stored.pop("node_count")
-        others = stored.pop("other_nodes")
-        data = stored.get("edge_data")
-        ids = stored.pop("func_ids")
-        if len(ends_part) % 8:
-            raise ValueError(f"an edges part of {len(ends_part)} bytes")
-        ends = array.array("I", bytes(ends_part))
-        if sys.byteorder != "little":
-            ends.byteswap()
-        stored["edge_ends"] = ends
+        out = {k: v for k, v in stored.items() if k not in ("node_count", "other_nodes", "func_ids", *_OWN)}
+        n = stored["node_count"]
+        ends, data = stored["edge_ends"], stored.get("edge_data")
         nodes = [_KERNEL_STUB] * n
-        for i, nd in others:
+        for i, nd in stored["other_nodes"]:
             if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
                 raise ValueError(f"node entry {i!r}")
             nodes[i] = nd
+        if type(ends) is not list or len(ends) % 2 or not all(type(v) is int for v in ends):
+            raise ValueError("edge ends are not pairs of node indices")
         if data is not None and (type(data) is not list or len(data) * 2 != len(ends)):
             raise ValueError(f"{len(ends) // 2} edges for {len(data) if type(data) is list else data!r} edge data")
-        if ends and max(ends) >= n:
+        if ends and (min(ends) < 0 or max(ends) >= n):
             raise ValueError(f"an edge end outside the {n} nodes")
-        stored["nodes"], stored["funcs"] = nodes, [funcs[i] for i in ids]
+        out["nodes"], out["funcs"] = nodes, [funcs[i] for i in stored["func_ids"]]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
-        raise PackError([f"graph {name!r}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
-    return stored
+        raise PackError([f"{where}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
+    return out
 
 
 def full_desc(light: Mapping[str, Any], kernels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,6 +176,8 @@ class PackWriter:
     names: set[str] = field(default_factory=set)
     funcs: list[Any] = field(default_factory=list)
     func_ids: dict[bytes, int] = field(default_factory=dict)
+    descs: list[dict[str, Any]] = field(default_factory=list)
+    desc_ids: dict[bytes, int] = field(default_factory=dict)
 
     def _put(self, data: bytes) -> list[int]:
         span = [self.size, len(data)]
@@ -198,28 +192,30 @@ class PackWriter:
             raise ValueError(f"graph {name!r} is already in the pack")
         self.names.add(name)
         light, kernels = split_desc(desc)
-        ids = []
-        for func in light["funcs"]:  # one function table for all graphs of the rank
-            key = _compact(func)
-            if key not in self.func_ids:
-                self.func_ids[key] = len(self.funcs)
-                self.funcs.append(func)
-            ids.append(self.func_ids[key])
+        ids = [_intern(self.funcs, self.func_ids, func) for func in light["funcs"]]  # one table for all graphs
         text = _compact(kernels)
-        stored = _compact(compact_desc(light, ids))
-        entry = {"name": name, "desc": self._put(stored), "kernels": self._put(zlib.compress(text, 6))}
-        entry["edges"] = self._put(edge_ends_bytes(light["edges"]))
-        entry["kernels_size"] = len(text)
+        entry = {"name": name, "desc": _intern(self.descs, self.desc_ids, compact_desc(light, ids))}
+        entry["own"] = {k: light[k] for k in _OWN}
+        entry["kernels"], entry["kernels_size"] = self._put(zlib.compress(text, 6)), len(text)
         entry["params"], entry["table"] = self._put(bytes(params)), self._put(bytes(table))
         entry["inputs"], entry["outputs"] = inputs, outputs
         self.entries.append(entry)
 
     def index(self) -> dict[str, Any]:
         return {"format": PACK_FORMAT, "pack": PACK_NAME, "pack_size": self.size, "funcs": self.funcs,
-                "graphs": self.entries}  # fmt: skip
+                "descs": self.descs, "graphs": self.entries}  # fmt: skip
 
     def data(self) -> bytes:
         return b"".join(self.parts)
+
+
+def _intern(items: list[Any], ids: dict[bytes, int], item: Any) -> int:
+    """The index of `item` in `items` (equal JSON, equal index), appending it when new."""
+    key = _compact(item)
+    if key not in ids:
+        ids[key] = len(items)
+        items.append(item)
+    return ids[key]
 
 
 def _compact(obj: Any) -> bytes:
@@ -254,6 +250,17 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
     ):
         problems.append("the index has no function table (a list of [image sha256, kernel name, attributes])")
         funcs = []
+    stored = index.get("descs")
+    shared = []
+    if not isinstance(stored, list):
+        problems.append("the index has no list of descriptions")
+    else:
+        for j, desc in enumerate(stored):
+            try:
+                shared.append(expand_desc(f"description {j}", desc, funcs))
+            except PackError as exc:
+                problems += exc.problems
+                shared.append(None)
     rows = index.get("graphs")
     if not isinstance(rows, list):
         raise PackError([*problems, "the index has no list of graphs"])
@@ -285,13 +292,17 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
                     f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
                     f"({pack_size} bytes): the pack is truncated or the index is damaged"
                 )
-        kernels_size = row.get("kernels_size")
+        kernels_size, d, own = row.get("kernels_size"), row.get("desc"), row.get("own")
         if type(kernels_size) is not int or kernels_size < 0:
             problems.append(f"graph {name!r}: kernels_size {kernels_size!r} is not a byte count")
+        elif type(d) is not int or not 0 <= d < len(shared):
+            problems.append(f"graph {name!r}: desc {d!r} is not one of the {len(shared)} descriptions")
+        elif type(own) is not dict or own.keys() != _OWN_KEYS:
+            problems.append(f"graph {name!r}: own {own!r} does not hold exactly {', '.join(_OWN)}")
         elif not isinstance(row.get("inputs"), list) or "outputs" not in row:
             problems.append(f"graph {name!r}: no static tensor records (inputs, outputs)")
-        elif len(parts) == len(_PARTS):
-            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], kernels_size, funcs))
+        elif len(parts) == len(_PARTS) and shared[d] is not None:
+            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], kernels_size, shared[d], own))
     spans.sort()
     for (a_off, a_len, a, a_part), (b_off, _b_len, b, b_part) in itertools.pairwise(spans):
         if b_off < a_off + a_len:
