@@ -19,7 +19,9 @@ from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
 
 from graphpersist import graphformat, graphpack, structure
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
+from graphpersist.errors import PersistError
 from graphpersist.graphset import DuplicateGraph, GraphNotFound, GraphSet
+from graphpersist.manifest import GraphRecord
 
 # --------------------------------------------------------------------------------------------- pack round trip
 
@@ -452,3 +454,63 @@ def test_unknown_graph_names_the_closest_ones() -> None:
     with pytest.raises(KeyError, match=r"no graph 'decode/3' among 4 loaded graphs \(known: 'FULL/bs1'"):
         gs["decode/3"]
     assert "x" not in gs and gs.get("x") is None
+
+
+# --------------------------------------------------------------------------------------------- LOAD's validation
+
+
+def _records(made: dict[str, tuple[dict[str, Any], bytes, bytes]], **change: Any) -> list[GraphRecord]:
+    """Rank-record entries that match the packed graphs; `change` applies to FULL/bs8's."""
+    out = []
+    for name, (desc, _blob, _table) in made.items():
+        record = GraphRecord(
+            name=name,
+            file="rank_0/graphs/index.json",
+            topology_fingerprint=graphformat.topology_fingerprint(desc),
+            node_count=len(desc["nodes"]),
+            nodes_by_type={"kernel": len(desc["nodes"])},
+            kernel_count=len(desc["nodes"]),
+            images=(),
+        )
+        out.append(dataclasses.replace(record, **change) if name == "FULL/bs8" else record)
+    return out
+
+
+def test_check_graphs_gives_each_graph_checked_against_its_record(tmp_path: Path) -> None:
+    pack, made = _packed()
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
+    for full in (False, True):
+        descs = graphpack.check_graphs(_records(made), got, full=full)
+        assert list(descs) == list(GRAPHS)
+        for name, (desc, blob, table, _entry) in descs.items():
+            assert blob == made[name][1] and table == made[name][2]
+            assert desc == (made[name][0] if full else got.graphs[list(GRAPHS).index(name)].desc_of(got.pack))
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"node_count": 41}, graphformat.GraphFormatError, r"graph 'FULL/bs8': description has 40 nodes"),
+        ({"nodes_by_type": {"kernel": 39, "empty": 1}}, graphformat.GraphFormatError, "its record 40"),
+        ({"topology_fingerprint": "00" * 32}, PersistError, "does not match its recorded topology fingerprint"),
+    ],
+)
+def test_check_graphs_refuses_a_graph_that_differs_from_its_record(
+    tmp_path: Path, change: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    pack, made = _packed()
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
+    with pytest.raises(error, match=message):
+        graphpack.check_graphs(_records(made, **change), got, full=True)  # full: the fingerprint is recomputed
+
+
+def test_pointer_inventory_must_hash_to_its_fingerprint(tmp_path: Path) -> None:
+    pointers = [REGION_BASE, REGION_BASE + 4096]
+    with ArchiveWriter(tmp_path / "a", world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
+        w.add_json(0, "pointers.json", pointers)
+        w.set_rank_facts(0, _rank_facts("rank_0/pointers.json", []))
+        archive = open_archive(w.commit())
+    fingerprint = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+    assert graphpack.read_pointers(archive, 0, fingerprint) == pointers
+    with pytest.raises(PersistError, match="pointer inventory does not match its recorded fingerprint"):
+        graphpack.read_pointers(archive, 0, "00" * 32)
