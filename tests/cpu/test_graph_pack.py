@@ -138,7 +138,10 @@ def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Pat
         (lambda d: d.update(edge_ends=[0, 1, 2]), "edge ends are not pairs of node indices"),
         (lambda d: d.update(edge_ends=[0, "1"]), "edge ends are not pairs of node indices"),
         (lambda d: d.update(edge_ends=[0, 3]), "an edge end outside the 3 nodes"),
-        (lambda d: d.update(func_ids=[7]), "IndexError"),
+        (lambda d: d.update(func_ids=[7]), r"function indices \[7\] outside the 2 functions"),
+        (lambda d: d.update(func_ids=[-1]), r"function indices \[-1\] outside"),
+        (lambda d: d.update(node_count=10**12), r"node count 1000000000000 \(at most 1000 here\)"),
+        (lambda d: d.update(edge_data=[[0, 0, 0], [0, "1", 0]]), r"edge data are not \[from_port, to_port, type\]"),
         (lambda d: d.pop("node_count"), "KeyError"),
     ],
 )
@@ -146,12 +149,12 @@ def test_a_malformed_stored_description_is_refused(damage: Any, message: str) ->
     desc, _blob, _table = _graph(3, 0)
     light, kernels = graphpack.split_desc(desc)
     stored = graphpack.compact_desc(light, [0, 1])
-    back = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"])
+    back = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"], 1000)
     own = {k: desc[k] for k in ("blob_size", "blob_sha256", "table_size", "table_sha256")}
     assert graphpack.full_desc({**back, **own}, kernels) == desc
     damage(stored)
     with pytest.raises(graphpack.PackError, match=rf"g: malformed description in the pack .*{message}"):
-        graphpack.expand_desc("g", stored, desc["funcs"])
+        graphpack.expand_desc("g", stored, desc["funcs"], 1000)
 
 
 def test_graphs_of_one_shape_share_one_description(tmp_path: Path) -> None:

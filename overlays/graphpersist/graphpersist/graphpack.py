@@ -111,6 +111,7 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
 
 _OWN = ("blob_size", "blob_sha256", "table_size", "table_sha256")  # what graphs of one shape do not share
 _OWN_KEYS = frozenset(_OWN)
+_MAX_OTHER_NODES = 1 << 20  # non-kernel nodes a description may list beyond what the pack's tables could back
 
 
 def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
@@ -128,13 +129,18 @@ def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any
     return out
 
 
-def expand_desc(where: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
+def expand_desc(where: str, stored: Any, funcs: list[Any], max_nodes: int) -> dict[str, Any]:
     """The light description (without its _OWN fields) from what compact_desc stored: kernel nodes as stubs, the
     functions resolved, the edges as stored (`edge_ends`, `edge_data` when present: the native rebuild takes them
-    as they are, full_desc() turns them back into `edges`). PackError naming `where` when the parts do not fit."""
+    as they are, full_desc() turns them back into `edges`). PackError naming `where` when the parts do not fit;
+    `max_nodes` bounds the node count (a count no pack could back must not allocate a list that long)."""
     try:
         out = {k: v for k, v in stored.items() if k not in ("node_count", "other_nodes", "func_ids", *_OWN)}
-        n = stored["node_count"]
+        n, ids = stored["node_count"], stored["func_ids"]
+        if type(n) is not int or not 0 <= n <= max_nodes:
+            raise ValueError(f"node count {n!r} (at most {max_nodes} here)")
+        if type(ids) is not list or not all(type(i) is int and 0 <= i < len(funcs) for i in ids):
+            raise ValueError(f"function indices {ids!r} outside the {len(funcs)} functions")
         ends, data = stored["edge_ends"], stored.get("edge_data")
         nodes = [_KERNEL_STUB] * n
         for i, nd in stored["other_nodes"]:
@@ -145,9 +151,13 @@ def expand_desc(where: str, stored: Any, funcs: list[Any]) -> dict[str, Any]:
             raise ValueError("edge ends are not pairs of node indices")
         if data is not None and (type(data) is not list or len(data) * 2 != len(ends)):
             raise ValueError(f"{len(ends) // 2} edges for {len(data) if type(data) is list else data!r} edge data")
+        if data is not None and not all(
+            type(d) is list and len(d) == 3 and all(type(v) is int for v in d) for d in data
+        ):
+            raise ValueError("edge data are not [from_port, to_port, type] triples")
         if ends and (min(ends) < 0 or max(ends) >= n):
             raise ValueError(f"an edge end outside the {n} nodes")
-        out["nodes"], out["funcs"] = nodes, [funcs[i] for i in stored["func_ids"]]
+        out["nodes"], out["funcs"] = nodes, [funcs[i] for i in ids]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise PackError([f"{where}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
     return out
@@ -252,12 +262,13 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         funcs = []
     stored = index.get("descs")
     shared = []
+    max_nodes = pack_size // graphformat.KNODE.size + _MAX_OTHER_NODES  # kernel nodes need their table rows
     if not isinstance(stored, list):
         problems.append("the index has no list of descriptions")
     else:
         for j, desc in enumerate(stored):
             try:
-                shared.append(expand_desc(f"description {j}", desc, funcs))
+                shared.append(expand_desc(f"description {j}", desc, funcs, max_nodes))
             except PackError as exc:
                 problems += exc.problems
                 shared.append(None)
