@@ -568,14 +568,23 @@ def _union_converter(tp: Any) -> Converter:
     return convert
 
 
+def _exact_types(tp: Any) -> frozenset[type] | None:
+    """The value types a field takes as they are (str, bool, an int in range, None where allowed): what the record
+    converter accepts without calling the field's converter. None: always call it (containers, records, float)."""
+    options = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    if not all(o in (str, bool, int, type(None)) for o in options):
+        return None
+    return frozenset(options)
+
+
 def _record_converter(tp: Any) -> Converter:
     hints, known = _schema(tp)
     names = frozenset(known)
     fields = []
     for name, f in known.items():
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        scalar = _scalar(hints[name])
-        fields.append((name, required, scalar[0] if scalar else None, _converter(hints[name])))
+        exact = frozenset([object]) if hints[name] is Any else _exact_types(hints[name])
+        fields.append((name, required, exact, _converter(hints[name])))
 
     def convert(value: Any, where: str) -> Any:
         if not isinstance(value, Mapping):
@@ -586,13 +595,17 @@ def _record_converter(tp: Any) -> Converter:
             shown += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
             raise ManifestError(f"{where}: unknown field(s) {shown} for this format version")
         kwargs = {}
-        for name, required, ok, field_converter in fields:
+        for name, required, exact, field_converter in fields:
             if name not in value:
                 if required:
                     raise ManifestError(f"{where}.{name} is missing")
                 continue
             item = value[name]
-            kwargs[name] = item if ok is not None and ok(item) else field_converter(item, f"{where}.{name}")
+            kind = type(item)
+            if exact is not None and (kind in exact or object in exact) and (kind is not int or 0 <= item <= UINT_MAX):
+                kwargs[name] = item  # what the field's converter would return, without the call
+            else:
+                kwargs[name] = field_converter(item, f"{where}.{name}")
         return tp(**kwargs)
 
     return convert
