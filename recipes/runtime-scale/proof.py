@@ -363,7 +363,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
               f"{'yes' if 0 < open_validate <= TARGET_OPEN_VALIDATE_S else 'NO'} |"]  # fmt: skip
     phases = [
         ("open (open_archive: manifest, every file hashed once, records)", t.get("open_archive_s")),
-        ("live facts (collect_live)", t.get("collect_live_s")),
+        ("live facts (collect_live: what it took beyond the open it overlaps)", t.get("collect_live_s")),
         ("validate (drift rules, graph index and records, pointers, setup tensors)",
          None if not t else t["validate_s"] - t["open_archive_s"] - t["collect_live_s"]),
         ("memory (restore the capture-time allocations)", t.get("memory_s")),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, world, write_archive, write_rank
 
-from graphpersist import archive as archive_mod
+from graphpersist import archive_side, archive_write
 from graphpersist import world as world_mod
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, remove_stale_partials
 from graphpersist.manifest import FORMAT_VERSION, DeviceFacts, RankRecord
@@ -504,7 +504,7 @@ def test_failed_overwrite_leaves_the_old_archive_intact(saved: Path):
 def test_swap_without_rename_exchange_restores_the_old_archive_if_the_second_rename_fails(
     saved: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr(archive_mod, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(archive_write, "_exchange", lambda a, b: False)
     real_rename = os.rename
     calls = []
 
@@ -517,17 +517,17 @@ def test_swap_without_rename_exchange_restores_the_old_archive_if_the_second_ren
     writer = ArchiveWriter(saved, world(**{"model.dtype": "float16"}), overwrite=True)
     for rank in (0, 1):
         write_rank(writer, rank)
-    monkeypatch.setattr(archive_mod.os, "rename", flaky_rename)
+    monkeypatch.setattr(archive_write.os, "rename", flaky_rename)
     with pytest.raises(OSError, match="disk on fire"):
         writer.commit()
-    monkeypatch.setattr(archive_mod.os, "rename", real_rename)
+    monkeypatch.setattr(archive_write.os, "rename", real_rename)
     assert calls[0][0] == "archive" and ".trash-" in calls[0][1]
     assert open_archive(saved).manifest.world.model.dtype == "bfloat16"
     assert siblings(saved) == []
 
 
 def test_swap_without_rename_exchange_works(saved: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(archive_mod, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(archive_write, "_exchange", lambda a, b: False)
     write_archive(saved, overwrite=True, **{"model.dtype": "float16"})
     assert open_archive(saved).manifest.world.model.dtype == "float16"
     assert siblings(saved) == []
@@ -570,7 +570,7 @@ KILLED_SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, "tests/cpu")
     from archive_fixtures import world, write_rank
-    from graphpersist import archive as archive_mod
+    from graphpersist import archive_write as archive_mod
     from graphpersist.archive import ArchiveWriter
 
     root, where, overwrite = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
@@ -718,13 +718,13 @@ def test_staging_folders_are_named_after_the_writer_pid_and_start_time(tmp_path:
     with ArchiveWriter(tmp_path / "a", world()) as writer:
         pid, start, scope, _random = writer.staging.name.removeprefix("a.partial-").split("-")
         assert (int(pid), int(start)) == (os.getpid(), _own_start_time())
-        assert re.fullmatch(r"[0-9a-f]{8}", scope) and scope == archive_mod._scope()
+        assert re.fullmatch(r"[0-9a-f]{8}", scope) and scope == archive_side._scope()
 
 
 def test_a_folder_whose_pid_now_belongs_to_another_process_is_stale(tmp_path: Path):
     """Our own pid with another start time: the writer died and the pid was reused (here: by this test)."""
     root = tmp_path / "a"
-    scope, me, start = archive_mod._scope(), os.getpid(), _own_start_time()
+    scope, me, start = archive_side._scope(), os.getpid(), _own_start_time()
     reused = tmp_path / f"a.partial-{me}-{start + 1}-{scope}-00000001"
     mine = tmp_path / f"a.partial-{me}-{start}-{scope}-00000002"
     for path in (reused, mine):
@@ -735,7 +735,7 @@ def test_a_folder_whose_pid_now_belongs_to_another_process_is_stale(tmp_path: Pa
 
 def test_folders_from_another_boot_or_namespace_are_never_judged(tmp_path: Path):
     """Its pid means nothing here: even a pid that is free here may be a live writer elsewhere."""
-    other_scope = "00000000" if archive_mod._scope() != "00000000" else "11111111"
+    other_scope = "00000000" if archive_side._scope() != "00000000" else "11111111"
     foreign = tmp_path / f"a.partial-{_dead_pid()}-12345-{other_scope}-00000001"
     foreign.mkdir()
     assert remove_stale_partials(tmp_path / "a") == []

@@ -19,7 +19,9 @@ from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
 
 from graphpersist import graphformat, graphpack, structure
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
+from graphpersist.errors import PersistError
 from graphpersist.graphset import DuplicateGraph, GraphNotFound, GraphSet
+from graphpersist.manifest import GraphRecord
 
 # --------------------------------------------------------------------------------------------- pack round trip
 
@@ -87,8 +89,10 @@ def test_pack_round_trip_through_the_archive(tmp_path: Path) -> None:
         back = g.full_desc_of(got.pack)
         assert back == desc
         light = g.desc_of(got.pack)  # what the native path parses: kernel nodes reduced to stubs
-        assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and light["edges"] == desc["edges"]
-        assert len(g.part(got.pack, "desc")) < len(g.part(got.pack, "kernels"))
+        assert light["nodes"] == [{"type": "kernel"}] * len(desc["nodes"]) and "edges" not in light
+        assert graphformat.edge_lists(*graphformat.edge_ends(light)) == desc["edges"] == back["edges"]
+        assert len(g.part(got.pack, "kernels")) < g.kernels_size  # the kernel nodes' JSON, compressed
+        assert b'"type":"kernel"' not in graphpack._compact(pack.index()["descs"])  # stubs: only counted
         graphformat.check_shape(g.name, light, table, len(desc["nodes"]), {"kernel": len(desc["nodes"])})
         assert graphformat.topology_fingerprint(back) == graphformat.topology_fingerprint(desc)
         params = g.part(got.pack, "params")
@@ -109,6 +113,99 @@ def test_shape_check_refuses_counts_that_disagree() -> None:
         graphpack.full_desc(light, desc["nodes"][:3])
 
 
+def test_functions_are_stored_once_per_rank_and_edge_data_survives(tmp_path: Path) -> None:
+    pack = graphpack.PackWriter()
+    plain, blob, table = _graph(3, 0)
+    ported = json.loads(json.dumps(plain))
+    ported["edges"][1][2:5] = [1, 0, 2]  # an edge with data (port, type) takes the stored edge_data
+    ported["nodes"].append({"type": "empty"})
+    for name, desc in (("a", plain), ("b", ported)):
+        pack.add(name, desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    assert pack.index()["funcs"] == plain["funcs"]  # both graphs use the same two functions: listed once
+    root = _write(tmp_path / "a", pack)
+    got = graphpack.read_graphs(open_archive(root, keep_rank=0), 0, ["a", "b"])
+    assert got.graphs[1].full_desc_of(got.pack) == ported
+    light = got.graphs[1].desc_of(got.pack)
+    assert light["edge_data"] == [[0, 0, 0], [1, 0, 2]] and light["nodes"][-1] == {"type": "empty"}
+    assert graphformat.edge_lists(*graphformat.edge_ends(light)) == ported["edges"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: d.update(other_nodes=[[99, {"type": "empty"}]]), "node entry 99"),
+        (lambda d: d.update(edge_data=[[0, 0, 0]]), "2 edges for 1 edge data"),
+        (lambda d: d.update(edge_ends=[0, 1, 2]), "edge ends are not pairs of node indices"),
+        (lambda d: d.update(edge_ends=[0, "1"]), "edge ends are not pairs of node indices"),
+        (lambda d: d.update(edge_ends=[0, 3]), "an edge end outside the 3 nodes"),
+        (lambda d: d.update(func_ids=[7]), r"function indices \[7\] outside the 2 functions"),
+        (lambda d: d.update(func_ids=[-1]), r"function indices \[-1\] outside"),
+        (lambda d: d.update(node_count=10**12), r"node count 1000000000000 \(at most 1000 here\)"),
+        (lambda d: d.update(edge_data=[[0, 0, 0], [0, "1", 0]]), r"edge data are not \[from_port, to_port, type\]"),
+        (lambda d: d.pop("node_count"), "KeyError"),
+    ],
+)
+def test_a_malformed_stored_description_is_refused(damage: Any, message: str) -> None:
+    desc, _blob, _table = _graph(3, 0)
+    light, kernels = graphpack.split_desc(desc)
+    stored = graphpack.compact_desc(light, [0, 1])
+    back = graphpack.expand_desc("g", json.loads(json.dumps(stored)), desc["funcs"], 1000)
+    own = {k: desc[k] for k in ("blob_size", "blob_sha256", "table_size", "table_sha256")}
+    assert graphpack.full_desc({**back, **own}, kernels) == desc
+    damage(stored)
+    with pytest.raises(graphpack.PackError, match=rf"g: malformed description in the pack .*{message}"):
+        graphpack.expand_desc("g", stored, desc["funcs"], 1000)
+
+
+def test_graphs_of_one_shape_share_one_description(tmp_path: Path) -> None:
+    """Every batch size of a piece has the same nodes, edges and functions: stored and checked once."""
+    pack = graphpack.PackWriter()
+    made = {}
+    for seed in range(3):
+        made[f"bs{seed}"] = _graph(4, seed)  # same shape, other launch sizes and parameters
+        desc, blob, table = made[f"bs{seed}"]
+        pack.add(f"bs{seed}", desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    assert len(pack.index()["descs"]) == 1
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(made))
+    for g in got.graphs:
+        assert g.full_desc_of(got.pack) == made[g.name][0]  # own sizes and hashes stay per graph
+
+
+def test_kernel_nodes_that_do_not_inflate_are_refused() -> None:
+    pack = graphpack.PackWriter()
+    desc, blob, table = _graph(3, 0)
+    pack.add("g", desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
+    data = pack.data()
+    (entry,) = graphpack.parse_index(json.loads(json.dumps(pack.index())), len(data))
+    short = dataclasses.replace(entry, kernels_size=entry.kernels_size - 1)
+    with pytest.raises(graphpack.PackError, match=rf"do not inflate to {entry.kernels_size - 1} bytes"):
+        short.full_desc_of(data)
+    off, n = entry.kernels
+    garbled = data[:off] + bytes(n) + data[off + n :]
+    with pytest.raises(graphpack.PackError, match="its kernel nodes do not inflate"):
+        entry.full_desc_of(garbled)
+
+
+def test_kernel_nodes_with_equal_attributes_share_their_table_rows() -> None:
+    """A kernel node reads back every launch attribute: equal sets are stored once, each node points at them."""
+    attrs = {"4": "01", "9": "0001", "1": ""}
+    nodes = [{"type": "kernel", "func": i % 2, "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0,
+              "params": [16 * i, 16], "layout": [[0, 8], [8, 8]], "attrs": dict(attrs) if i < 3 else {"4": "02"}}
+             for i in range(4)]  # fmt: skip
+    table = graphformat.pack_kernel_table({"nodes": nodes})
+    n_k, n_off, n_attr, _ = graphformat.TABLE_HEADER.unpack_from(table)
+    assert (n_k, n_off, n_attr) == (4, 2, 4)  # one layout, two attribute sets (3 + 1 rows)
+    rows_at = graphformat.TABLE_HEADER.size + n_k * graphformat.KNODE.size + 4 * n_off
+    for i, nd in enumerate(nodes):  # what gp_add_kernel_nodes reads for node i: attrs[attrs_off .. +n_attrs]
+        knode = graphformat.KNODE.unpack_from(table, graphformat.TABLE_HEADER.size + i * graphformat.KNODE.size)
+        layout_off, n_attrs, attrs_off = knode[11], knode[12], knode[13]
+        assert layout_off == 0 and knode[9] == 2
+        rows = [graphformat.KATTR.unpack_from(table, rows_at + (attrs_off + j) * graphformat.KATTR.size)
+                for j in range(n_attrs)]  # fmt: skip
+        want = sorted((int(k), bytes.fromhex(v).ljust(64, b"\0")) for k, v in nd["attrs"].items())
+        assert [(r[0], r[2]) for r in rows] == want
+
+
 def test_pack_writer_refuses_duplicate_names() -> None:
     pack = graphpack.PackWriter()
     desc, blob, table = _graph(2, 0)
@@ -123,7 +220,7 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
     if how == "past_end":
         rows[-1]["params"] = [bad["pack_size"] - 4, 64]
     elif how == "overlap":
-        rows[1]["desc"] = list(rows[0]["desc"])
+        rows[1]["params"] = list(rows[0]["params"])
     elif how == "duplicate":
         rows[2]["name"] = rows[1]["name"]
     elif how == "not_span":
@@ -132,6 +229,16 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
         bad["pack_size"] += 1
     elif how == "format":
         bad["format"] = 99
+    elif how == "funcs":
+        bad["funcs"] = [["ab" * 32, "k0"]]
+    elif how == "kernels_size":
+        rows[0]["kernels_size"] = -1
+    elif how == "desc":
+        rows[0]["desc"] = 5
+    elif how == "own":
+        rows[0]["own"] = {}
+    elif how == "descs":
+        del bad["descs"][0]["node_count"]
     return bad
 
 
@@ -139,11 +246,19 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
     ("how", "message"),
     [
         ("past_end", r"params bytes \d+\.\.\d+ lie past the end of the pack \(\d+ bytes\)"),
-        ("overlap", r"graph parts overlap in the pack: 'PIECEWISE/bs1/piece0' desc and 'PIECEWISE/bs1/piece1' desc"),
+        (
+            "overlap",
+            r"graph parts overlap in the pack: 'PIECEWISE/bs1/piece0' params and 'PIECEWISE/bs1/piece1' params",
+        ),
         ("duplicate", r"graph 'PIECEWISE/bs1/piece1' is listed twice"),
         ("not_span", r"table span \[-1, 3\] is not \[offset, length\]"),
         ("size", r"the index says the pack has \d+ bytes, it has \d+"),
-        ("format", r"graph index format 99 is not 1"),
+        ("format", r"graph index format 99 is not 2"),
+        ("funcs", r"the index has no function table"),
+        ("kernels_size", r"kernels_size -1 is not a byte count"),
+        ("desc", r"graph 'PIECEWISE/bs1/piece0': desc 5 is not one of the \d+ descriptions"),
+        ("own", r"graph 'PIECEWISE/bs1/piece0': own \{\} does not hold exactly blob_size"),
+        ("descs", r"description 0: malformed description in the pack \(KeyError"),
     ],
 )
 def test_damaged_index_is_refused_naming_the_problem(tmp_path: Path, how: str, message: str) -> None:
@@ -342,3 +457,63 @@ def test_unknown_graph_names_the_closest_ones() -> None:
     with pytest.raises(KeyError, match=r"no graph 'decode/3' among 4 loaded graphs \(known: 'FULL/bs1'"):
         gs["decode/3"]
     assert "x" not in gs and gs.get("x") is None
+
+
+# --------------------------------------------------------------------------------------------- LOAD's validation
+
+
+def _records(made: dict[str, tuple[dict[str, Any], bytes, bytes]], **change: Any) -> list[GraphRecord]:
+    """Rank-record entries that match the packed graphs; `change` applies to FULL/bs8's."""
+    out = []
+    for name, (desc, _blob, _table) in made.items():
+        record = GraphRecord(
+            name=name,
+            file="rank_0/graphs/index.json",
+            topology_fingerprint=graphformat.topology_fingerprint(desc),
+            node_count=len(desc["nodes"]),
+            nodes_by_type={"kernel": len(desc["nodes"])},
+            kernel_count=len(desc["nodes"]),
+            images=(),
+        )
+        out.append(dataclasses.replace(record, **change) if name == "FULL/bs8" else record)
+    return out
+
+
+def test_check_graphs_gives_each_graph_checked_against_its_record(tmp_path: Path) -> None:
+    pack, made = _packed()
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
+    for full in (False, True):
+        descs = graphpack.check_graphs(_records(made), got, full=full)
+        assert list(descs) == list(GRAPHS)
+        for name, (desc, blob, table, _entry) in descs.items():
+            assert blob == made[name][1] and table == made[name][2]
+            assert desc == (made[name][0] if full else got.graphs[list(GRAPHS).index(name)].desc_of(got.pack))
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"node_count": 41}, graphformat.GraphFormatError, r"graph 'FULL/bs8': description has 40 nodes"),
+        ({"nodes_by_type": {"kernel": 39, "empty": 1}}, graphformat.GraphFormatError, "its record 40"),
+        ({"topology_fingerprint": "00" * 32}, PersistError, "does not match its recorded topology fingerprint"),
+    ],
+)
+def test_check_graphs_refuses_a_graph_that_differs_from_its_record(
+    tmp_path: Path, change: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    pack, made = _packed()
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
+    with pytest.raises(error, match=message):
+        graphpack.check_graphs(_records(made, **change), got, full=True)  # full: the fingerprint is recomputed
+
+
+def test_pointer_inventory_must_hash_to_its_fingerprint(tmp_path: Path) -> None:
+    pointers = [REGION_BASE, REGION_BASE + 4096]
+    with ArchiveWriter(tmp_path / "a", world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
+        w.add_json(0, "pointers.json", pointers)
+        w.set_rank_facts(0, _rank_facts("rank_0/pointers.json", []))
+        archive = open_archive(w.commit())
+    fingerprint = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+    assert graphpack.read_pointers(archive, 0, fingerprint) == pointers
+    with pytest.raises(PersistError, match="pointer inventory does not match its recorded fingerprint"):
+        graphpack.read_pointers(archive, 0, "00" * 32)

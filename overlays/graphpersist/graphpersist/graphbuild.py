@@ -16,6 +16,8 @@ from graphpersist.graphformat import (
     attr_ids,
     check_events,
     driver,
+    edge_ends,
+    edge_lists,
     verify_blob,
 )
 from graphpersist.images import check
@@ -173,9 +175,12 @@ def rebuild_native(
     drv = driver()
     if len(table) != desc["table_size"] or (not hashed and hashlib.sha256(table).hexdigest() != desc["table_sha256"]):
         raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
+    n = len(desc["nodes"])
+    ends, data = edge_ends(desc)
+    if ends and (min(ends) < 0 or max(ends) >= n):  # the native side indexes its node array with them
+        raise GraphFormatError(f"graph {name!r}: an edge names a node outside its {n} nodes")
     lib = region.lib()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
-    n = len(desc["nodes"])
     out = (ctypes.c_void_p * max(n, 1))()
     n_k, n_off, _n_attr, _ = TABLE_HEADER.unpack_from(table)
     tbuf = _cbuf(table)
@@ -195,15 +200,15 @@ def rebuild_native(
         if nd["type"] != "kernel":
             ctx = ctx or check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
             out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd, events))
-    edges = desc["edges"]
-    if edges and not any(e[2] or e[3] or e[4] for e in edges):
-        frm = (ctypes.c_uint32 * len(edges))(*[e[0] for e in edges])
-        to = (ctypes.c_uint32 * len(edges))(*[e[1] for e in edges])
-        if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(len(edges)), frm, to) != 0:
+    if ends and data is None:
+        n_e = len(ends) // 2
+        frm = (ctypes.c_uint32 * n_e)(*ends[0::2])
+        to = (ctypes.c_uint32 * n_e)(*ends[1::2])
+        if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(n_e), frm, to) != 0:
             raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
-    elif edges:
+    elif ends:
         nodes = [drv.CUgraphNode(out[i]) for i in range(n)]
-        _add_edges(drv, graph, name, nodes, edges)
+        _add_edges(drv, graph, name, nodes, edge_lists(ends, data))
     return graph
 
 

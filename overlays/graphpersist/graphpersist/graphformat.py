@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from operator import itemgetter
 from typing import Any
 
 ATTR_BYTES = 64  # sizeof(CUlaunchAttributeValue)
@@ -108,6 +109,8 @@ def check_events(name: str, desc: dict[str, Any]) -> list[int]:
         flags = [int(e["flags"]) for e in table]
     except (KeyError, TypeError, ValueError):
         raise GraphFormatError(f"graph {name!r}: malformed event table {table!r}") from None
+    if not flags and _EVENT_KINDS.isdisjoint(_node_types(desc)):  # most graphs: no events, no per-node loop
+        return flags
     used = set()
     for i, nd in enumerate(desc["nodes"]):
         if nd["type"] in ("event_record", "event_wait"):
@@ -121,6 +124,33 @@ def check_events(name: str, desc: dict[str, Any]) -> list[int]:
     if used != set(range(len(flags))):
         raise GraphFormatError(f"graph {name!r}: event table lists {len(flags)} events, nodes use {sorted(used)}")
     return flags
+
+
+_EVENT_KINDS = frozenset(("event_record", "event_wait"))
+
+
+def _node_types(desc: dict[str, Any]) -> dict[str, int]:
+    """How many nodes of each type, in first-seen order (counted in C: graphs have thousands of nodes)."""
+    kinds = list(map(itemgetter("type"), desc["nodes"]))
+    return {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+
+
+def edge_ends(desc: dict[str, Any]) -> tuple[list[int], list[list[int]] | None]:
+    """(from0, to0, from1, to1, ...) and each edge's [from_port, to_port, type] (None when all are 0), from a full
+    description's `edges` or as a graph pack's light description stores them."""
+    if "edges" not in desc:
+        return desc["edge_ends"], desc.get("edge_data")
+    edges = desc["edges"]
+    data = [list(e[2:5]) for e in edges] if any(e[2] or e[3] or e[4] for e in edges) else None
+    return [v for e in edges for v in e[:2]], data
+
+
+def edge_lists(ends: list[int], data: list[list[int]] | None) -> list[list[int]]:
+    """The description's `edges` ([from, to, from_port, to_port, type] each) from the stored ends and data."""
+    it = iter(ends)
+    if data is None:
+        return [[a, b, 0, 0, 0] for a, b in zip(it, it, strict=False)]
+    return [[a, b, *d] for (a, b), d in zip(zip(it, it, strict=False), data, strict=True)]
 
 
 def driver() -> Any:
@@ -149,6 +179,10 @@ def attr_ids() -> list[Any]:
 
 # Packed kernel-node table for the native fast path (native/gp_core.h: gp_knode_t, gp_kattr_t):
 # header (4 x u64: kernel nodes, parameter offsets, attributes, 0), nodes, u32 offsets, attributes.
+# Each node names its attributes by (attrs_off, n_attrs) into the attribute rows and its parameter offsets by
+# (layout_off, n_params) into the offset rows; nodes with equal attribute sets (or equal layouts) share one run of
+# rows. A kernel node reads back every launch attribute (14 on an H200, 72 bytes each, mostly zeros), so without
+# sharing the rows were 90 % of an engine's graph pack; gp_add_kernel_nodes reads them by offset either way.
 KNODE = struct.Struct("<II3I3IIIQIIII")
 KATTR = struct.Struct("<II64s")
 TABLE_HEADER = struct.Struct("<4Q")
@@ -157,18 +191,27 @@ TABLE_HEADER = struct.Struct("<4Q")
 def pack_kernel_table(desc: dict[str, Any]) -> bytes:
     """The kernel nodes of `desc` in the native layout; written at SAVE so LOAD does no per-node Python."""
     nodes, offsets, attrs = bytearray(), [], bytearray()
+    attr_runs: dict[tuple[tuple[str, str], ...], int] = {}
+    layout_runs: dict[tuple[int, ...], int] = {}
     n_k = n_a = 0
     for i, nd in enumerate(desc["nodes"]):
         if nd["type"] != "kernel":
             continue
-        a_off = n_a
-        for aid, hexval in sorted(nd["attrs"].items(), key=lambda kv: int(kv[0])):
-            attrs += KATTR.pack(int(aid), 0, bytes.fromhex(hexval).ljust(ATTR_BYTES, b"\0"))
-            n_a += 1
+        key = tuple(sorted(nd["attrs"].items(), key=lambda kv: int(kv[0])))
+        a_off = attr_runs.get(key)
+        if a_off is None:
+            a_off = attr_runs[key] = n_a
+            for aid, hexval in key:
+                attrs += KATTR.pack(int(aid), 0, bytes.fromhex(hexval).ljust(ATTR_BYTES, b"\0"))
+                n_a += 1
         layout = nd["layout"]
+        offs = tuple(o for o, _s in layout)
+        l_off = layout_runs.get(offs)
+        if l_off is None:
+            l_off = layout_runs[offs] = len(offsets)
+            offsets += offs
         nodes += KNODE.pack(i, nd["func"], *nd["grid"], *nd["block"], nd["smem"], len(layout), nd["params"][0],
-                             len(offsets), n_a - a_off, a_off, 0)  # fmt: skip
-        offsets += [o for o, _s in layout]
+                             l_off, len(key), a_off, 0)  # fmt: skip
         n_k += 1
     head = TABLE_HEADER.pack(n_k, len(offsets), n_a, 0)
     return head + bytes(nodes) + struct.pack(f"<{len(offsets)}I", *offsets) + bytes(attrs)
@@ -231,9 +274,7 @@ def check_shape(
     What LOAD's native path checks of every graph without parsing each kernel node (that is what the topology
     fingerprint needs; see load(verify_topology=True)). Works on descriptions with kernel nodes reduced to stubs.
     """
-    by_type: dict[str, int] = {}
-    for nd in desc["nodes"]:
-        by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+    by_type = _node_types(desc)
     if len(desc["nodes"]) != node_count or by_type != dict(nodes_by_type):
         raise GraphFormatError(
             f"graph {name!r}: description has {len(desc['nodes'])} nodes {by_type}, its record "

@@ -2,20 +2,29 @@
 
 An engine captures thousands of graphs (vLLM: about 1900 per worker, mostly small piecewise pieces); one set of
 files per graph would mean thousands of fsync'd files at SAVE and thousands of opens and hashes at LOAD. The
-pack holds, per graph in capture order, its description (compact JSON), its kernel parameter blob and its packed
-kernel table; the index names each graph with the byte span of each part and its static-tensor records:
+pack holds, per graph in capture order, three binary parts back to back; the index names each graph with the
+byte span of each part, its description and its static-tensor records:
 
-    rank_<r>/graphs/index.json   {"format": 1, "pack": "graphs/pack.bin", "pack_size": N,
-                                  "graphs": [{"name", "desc": [off, len], "kernels": [off, len],
+    rank_<r>/graphs/index.json   {"format": 2, "pack": "graphs/pack.bin", "pack_size": N,
+                                  "funcs": [[image sha256, kernel name, function attributes], ...],
+                                  "descs": [{"node_count", "other_nodes", "edge_ends", "func_ids", ...}, ...],
+                                  "graphs": [{"name", "desc": i, "own": {"blob_size", "blob_sha256", "table_size",
+                                              "table_sha256"}, "kernels": [off, len], "kernels_size": n,
                                               "params": [off, len], "table": [off, len],
                                               "inputs": [...], "outputs": {...}}, ...]}
     rank_<r>/graphs/pack.bin     the parts, back to back
 
-The description is stored in two parts so that LOAD's native path parses only what it needs: `desc` is the
-description with every kernel node reduced to {"type": "kernel"} (edges, functions, events, non-kernel nodes,
-sizes: small), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: most of the
-bytes, and all already in the binary kernel table). full_desc() puts them back together (inspection, the
-reference rebuild, the topology fingerprint).
+Laid out for what LOAD's native path reads, which is little. A graph's description without its kernel nodes is
+`descs[desc]` (node count, the non-kernel nodes with their indices, the edges' ends as one flat list, edge data
+only when some edge has any, events, the indices of its functions in `funcs`) plus its `own` sizes and hashes:
+graphs of equal shape (every batch size of a piece, every FULL graph) share one entry of `descs`, so LOAD parses
+and checks each shape once, not 1900 times. `params` is the kernel parameter blob, `table` the packed kernel
+table (graphformat), `kernels` the full kernel nodes in node order (names, launch shapes, attributes: all already
+in the table) as zlib-compressed JSON of `kernels_size` bytes, read only by full_desc_of() (inspection, the
+reference rebuild, the topology fingerprint). desc_of() gives the description with kernel nodes as
+{"type": "kernel"} stubs and the edges as stored (parts shared between graphs: read-only); full_desc_of() the
+description graphwalk.serialize wrote. Format 1 packs (every part JSON in the pack, kernel stubs and five-number
+edges parsed per graph) are refused: written by an older release, SAVE again.
 
 Both files go through ArchiveWriter (atomic, listed in the manifest with their sha256), so every byte is covered
 by the file table; parse_index() checks the index's own shape (spans inside the pack, not overlapping, names
@@ -25,18 +34,23 @@ torch nor CUDA.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist import graphformat
 from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.errors import PersistError
+from graphpersist.manifest import GraphRecord
 
-PACK_FORMAT = 1
+PACK_FORMAT = 2  # 2: the kernel nodes' part is zlib-compressed, its JSON size in `kernels_size`
 INDEX_NAME = "graphs/index.json"
 PACK_NAME = "graphs/pack.bin"
-_PARTS = ("desc", "kernels", "params", "table")
+_PARTS = ("kernels", "params", "table")
 _KERNEL_STUB = {"type": "kernel"}
 
 
@@ -48,30 +62,44 @@ class PackError(ValueError):
         super().__init__("; ".join(self.problems))
 
 
-@dataclass(frozen=True)
+@dataclass
 class PackedGraph:
-    """One graph's entry in the index: byte spans into the pack and its static-tensor records."""
+    """One graph's entry in the index: byte spans into the pack, its description and static-tensor records."""
 
     name: str
-    desc: tuple[int, int]
     kernels: tuple[int, int]
     params: tuple[int, int]
     table: tuple[int, int]
     inputs: list[Any]
     outputs: Any
+    kernels_size: int
+    shared: dict[str, Any] = field(repr=False)  # its entry of the index's `descs`, expanded (expand_desc)
+    own: dict[str, Any] = field(repr=False)  # its blob and table sizes and hashes
 
     def part(self, pack: bytes, which: str) -> memoryview:
-        """One part ("desc", "kernels", "params", "table") of this graph, without copying it."""
+        """One part ("kernels", "params", "table") of this graph, without copying it."""
         off, n = getattr(self, which)
         return memoryview(pack)[off : off + n]
 
     def desc_of(self, pack: bytes) -> dict[str, Any]:
         """The description with kernel nodes reduced to {"type": "kernel"} (what the native rebuild needs)."""
-        return json.loads(bytes(self.part(pack, "desc")))
+        return {**self.shared, **self.own}
 
     def full_desc_of(self, pack: bytes) -> dict[str, Any]:
         """The whole description, as graphwalk.serialize wrote it."""
-        return full_desc(self.desc_of(pack), json.loads(bytes(self.part(pack, "kernels"))))
+        return full_desc(self.desc_of(pack), json.loads(self.kernels_json(pack)))
+
+    def kernels_json(self, pack: bytes) -> bytes:
+        """The kernel nodes' JSON, inflated; PackError when it does not inflate to exactly kernels_size bytes."""
+        inflate = zlib.decompressobj()
+        try:
+            text = inflate.decompress(self.part(pack, "kernels"), self.kernels_size)
+            whole = inflate.eof and not inflate.unconsumed_tail and len(text) == self.kernels_size
+        except zlib.error as exc:
+            raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate: {exc}"]) from None
+        if not whole:
+            raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate to {self.kernels_size} bytes"])
+        return text
 
 
 def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -81,13 +109,71 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
     return light, kernels
 
 
+_OWN = ("blob_size", "blob_sha256", "table_size", "table_sha256")  # what graphs of one shape do not share
+_OWN_KEYS = frozenset(_OWN)
+_MAX_OTHER_NODES = 1 << 20  # non-kernel nodes a description may list beyond what the pack's tables could back
+
+
+def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
+    """What the index stores of a light description (without its _OWN fields): the node count and only the
+    non-kernel nodes (with their indices), the edges' ends as one flat list and their data only when some edge has
+    any, and the functions as indices into the index's function table."""
+    nodes, edges = light["nodes"], light["edges"]
+    out = {k: v for k, v in light.items() if k not in ("nodes", "edges", "funcs", *_OWN)}
+    out["node_count"] = len(nodes)
+    out["other_nodes"] = [[i, nd] for i, nd in enumerate(nodes) if nd["type"] != "kernel"]
+    out["edge_ends"] = [v for e in edges for v in e[:2]]
+    if any(e[2] or e[3] or e[4] for e in edges):
+        out["edge_data"] = [list(e[2:5]) for e in edges]
+    out["func_ids"] = func_ids
+    return out
+
+
+def expand_desc(where: str, stored: Any, funcs: list[Any], max_nodes: int) -> dict[str, Any]:
+    """The light description (without its _OWN fields) from what compact_desc stored: kernel nodes as stubs, the
+    functions resolved, the edges as stored (`edge_ends`, `edge_data` when present: the native rebuild takes them
+    as they are, full_desc() turns them back into `edges`). PackError naming `where` when the parts do not fit;
+    `max_nodes` bounds the node count (a count no pack could back must not allocate a list that long)."""
+    try:
+        out = {k: v for k, v in stored.items() if k not in ("node_count", "other_nodes", "func_ids", *_OWN)}
+        n, ids = stored["node_count"], stored["func_ids"]
+        if type(n) is not int or not 0 <= n <= max_nodes:
+            raise ValueError(f"node count {n!r} (at most {max_nodes} here)")
+        if type(ids) is not list or not all(type(i) is int and 0 <= i < len(funcs) for i in ids):
+            raise ValueError(f"function indices {ids!r} outside the {len(funcs)} functions")
+        ends, data = stored["edge_ends"], stored.get("edge_data")
+        nodes = [_KERNEL_STUB] * n
+        for i, nd in stored["other_nodes"]:
+            if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
+                raise ValueError(f"node entry {i!r}")
+            nodes[i] = nd
+        if type(ends) is not list or len(ends) % 2 or not all(type(v) is int for v in ends):
+            raise ValueError("edge ends are not pairs of node indices")
+        if data is not None and (type(data) is not list or len(data) * 2 != len(ends)):
+            raise ValueError(f"{len(ends) // 2} edges for {len(data) if type(data) is list else data!r} edge data")
+        if data is not None and not all(
+            type(d) is list and len(d) == 3 and all(type(v) is int for v in d) for d in data
+        ):
+            raise ValueError("edge data are not [from_port, to_port, type] triples")
+        if ends and (min(ends) < 0 or max(ends) >= n):
+            raise ValueError(f"an edge end outside the {n} nodes")
+        out["nodes"], out["funcs"] = nodes, [funcs[i] for i in ids]
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise PackError([f"{where}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
+    return out
+
+
 def full_desc(light: Mapping[str, Any], kernels: list[dict[str, Any]]) -> dict[str, Any]:
     """Inverse of split_desc; refuses parts that do not fit together."""
     stubs = sum(1 for nd in light["nodes"] if nd["type"] == "kernel")
     if stubs != len(kernels):
         raise PackError([f"the description has {stubs} kernel nodes, its kernel part {len(kernels)}"])
     it = iter(kernels)
-    return {**light, "nodes": [next(it) if nd["type"] == "kernel" else nd for nd in light["nodes"]]}
+    out = {k: v for k, v in light.items() if k not in ("edge_ends", "edge_data")}
+    if "edges" not in out:
+        out["edges"] = graphformat.edge_lists(light["edge_ends"], light.get("edge_data"))
+    out["nodes"] = [next(it) if nd["type"] == "kernel" else nd for nd in light["nodes"]]
+    return out
 
 
 @dataclass
@@ -98,6 +184,10 @@ class PackWriter:
     size: int = 0
     entries: list[dict[str, Any]] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
+    funcs: list[Any] = field(default_factory=list)
+    func_ids: dict[bytes, int] = field(default_factory=dict)
+    descs: list[dict[str, Any]] = field(default_factory=list)
+    desc_ids: dict[bytes, int] = field(default_factory=dict)
 
     def _put(self, data: bytes) -> list[int]:
         span = [self.size, len(data)]
@@ -112,16 +202,30 @@ class PackWriter:
             raise ValueError(f"graph {name!r} is already in the pack")
         self.names.add(name)
         light, kernels = split_desc(desc)
-        entry = {"name": name, "desc": self._put(_compact(light)), "kernels": self._put(_compact(kernels))}
+        ids = [_intern(self.funcs, self.func_ids, func) for func in light["funcs"]]  # one table for all graphs
+        text = _compact(kernels)
+        entry = {"name": name, "desc": _intern(self.descs, self.desc_ids, compact_desc(light, ids))}
+        entry["own"] = {k: light[k] for k in _OWN}
+        entry["kernels"], entry["kernels_size"] = self._put(zlib.compress(text, 6)), len(text)
         entry["params"], entry["table"] = self._put(bytes(params)), self._put(bytes(table))
         entry["inputs"], entry["outputs"] = inputs, outputs
         self.entries.append(entry)
 
     def index(self) -> dict[str, Any]:
-        return {"format": PACK_FORMAT, "pack": PACK_NAME, "pack_size": self.size, "graphs": self.entries}
+        return {"format": PACK_FORMAT, "pack": PACK_NAME, "pack_size": self.size, "funcs": self.funcs,
+                "descs": self.descs, "graphs": self.entries}  # fmt: skip
 
     def data(self) -> bytes:
         return b"".join(self.parts)
+
+
+def _intern(items: list[Any], ids: dict[bytes, int], item: Any) -> int:
+    """The index of `item` in `items` (equal JSON, equal index), appending it when new."""
+    key = _compact(item)
+    if key not in ids:
+        ids[key] = len(items)
+        items.append(item)
+    return ids[key]
 
 
 def _compact(obj: Any) -> bytes:
@@ -129,12 +233,11 @@ def _compact(obj: Any) -> bytes:
 
 
 def _span(value: Any) -> tuple[int, int] | None:
-    ok = (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    )
-    return (value[0], value[1]) if ok else None
+    if type(value) is list and len(value) == 2:
+        off, n = value
+        if type(off) is int and type(n) is int and off >= 0 and n >= 0:
+            return off, n
+    return None
 
 
 def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
@@ -150,12 +253,31 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         problems.append(f"the index names pack {index.get('pack')!r}, expected {PACK_NAME!r}")
     if index.get("pack_size") != pack_size:
         problems.append(f"the index says the pack has {index.get('pack_size')!r} bytes, it has {pack_size}")
+    funcs = index.get("funcs")
+    if not isinstance(funcs, list) or not all(
+        type(f) is list and len(f) == 3 and type(f[0]) is str and type(f[1]) is str and type(f[2]) is dict
+        for f in funcs
+    ):
+        problems.append("the index has no function table (a list of [image sha256, kernel name, attributes])")
+        funcs = []
+    stored = index.get("descs")
+    shared = []
+    max_nodes = pack_size // graphformat.KNODE.size + _MAX_OTHER_NODES  # kernel nodes need their table rows
+    if not isinstance(stored, list):
+        problems.append("the index has no list of descriptions")
+    else:
+        for j, desc in enumerate(stored):
+            try:
+                shared.append(expand_desc(f"description {j}", desc, funcs, max_nodes))
+            except PackError as exc:
+                problems += exc.problems
+                shared.append(None)
     rows = index.get("graphs")
     if not isinstance(rows, list):
         raise PackError([*problems, "the index has no list of graphs"])
     out: list[PackedGraph] = []
     seen: set[str] = set()
-    spans: list[tuple[int, int, str]] = []
+    spans: list[tuple[int, int, int, str]] = []  # (offset, length, entry, part): named only when they overlap
     for i, row in enumerate(rows):
         name = row.get("name") if isinstance(row, dict) else None
         if not isinstance(name, str) or not name:
@@ -164,27 +286,40 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         if name in seen:
             problems.append(f"graph {name!r} is listed twice")
         seen.add(name)
-        parts = {}
+        parts = []
         for part in _PARTS:
-            span = _span(row.get(part))
+            value = row.get(part)
+            if type(value) is list and len(value) == 2:  # the common case, inline: 1900 graphs x 5 parts
+                off, n = value
+                if type(off) is int and type(n) is int and off >= 0 and n >= 0 and off + n <= pack_size:
+                    parts.append((off, n))
+                    spans.append((off, n, i, part))
+                    continue
+            span = _span(value)
             if span is None:
-                problems.append(f"graph {name!r}: {part} span {row.get(part)!r} is not [offset, length]")
-            elif span[0] + span[1] > pack_size:
+                problems.append(f"graph {name!r}: {part} span {value!r} is not [offset, length]")
+            else:
                 problems.append(
                     f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
                     f"({pack_size} bytes): the pack is truncated or the index is damaged"
                 )
-            else:
-                parts[part] = span
-                spans.append((span[0], span[1], f"{name!r} {part}"))
-        if not isinstance(row.get("inputs"), list) or "outputs" not in row:
+        kernels_size, d, own = row.get("kernels_size"), row.get("desc"), row.get("own")
+        if type(kernels_size) is not int or kernels_size < 0:
+            problems.append(f"graph {name!r}: kernels_size {kernels_size!r} is not a byte count")
+        elif type(d) is not int or not 0 <= d < len(shared):
+            problems.append(f"graph {name!r}: desc {d!r} is not one of the {len(shared)} descriptions")
+        elif type(own) is not dict or own.keys() != _OWN_KEYS:
+            problems.append(f"graph {name!r}: own {own!r} does not hold exactly {', '.join(_OWN)}")
+        elif not isinstance(row.get("inputs"), list) or "outputs" not in row:
             problems.append(f"graph {name!r}: no static tensor records (inputs, outputs)")
-        elif len(parts) == len(_PARTS):
-            out.append(PackedGraph(name, *(parts[p] for p in _PARTS), row["inputs"], row["outputs"]))
+        elif len(parts) == len(_PARTS) and shared[d] is not None:
+            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], kernels_size, shared[d], own))
     spans.sort()
-    for (a_off, a_len, a), (b_off, _b_len, b) in itertools.pairwise(spans):
+    for (a_off, a_len, a, a_part), (b_off, _b_len, b, b_part) in itertools.pairwise(spans):
         if b_off < a_off + a_len:
-            problems.append(f"graph parts overlap in the pack: {a} and {b}")
+            problems.append(
+                f"graph parts overlap in the pack: {rows[a]['name']!r} {a_part} and {rows[b]['name']!r} {b_part}"
+            )
     if problems:
         raise PackError(problems)
     return out
@@ -220,6 +355,38 @@ def read_graphs(archive: Archive, rank: int, names: list[str]) -> GraphPack:
             archive.root, f"{index_rel} lists graphs {_short(listed)}, rank {rank}'s record lists {_short(names)}"
         )
     return GraphPack(pack, graphs)
+
+
+def check_graphs(
+    records: Sequence[GraphRecord], packed: GraphPack, *, full: bool
+) -> dict[str, tuple[dict[str, Any], memoryview, memoryview, PackedGraph]]:
+    """Each graph's (description, parameter blob, kernel table, index entry), checked against its record before
+    anything is mapped or loaded (LOAD's validation; needs no GPU). `full` parses the kernel nodes too and
+    recomputes the topology fingerprint (verify_topology=True, the reference rebuild).
+    """
+    pack = packed.pack
+    descs = {}
+    for g, entry in zip(records, packed.graphs, strict=True):
+        try:
+            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
+        except (PackError, ValueError) as exc:
+            raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
+        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
+        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
+        graphformat.check_events(g.name, desc)
+        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
+        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
+            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
+        descs[g.name] = (desc, blob, table, entry)
+    return descs
+
+
+def read_pointers(archive: Archive, rank: int, fingerprint: str) -> list[int]:
+    """The rank's pointer inventory, refused when it does not hash to the rank record's fingerprint."""
+    pointers = archive.read_json(rank, "pointers.json")
+    if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != fingerprint:
+        raise PersistError("pointer inventory does not match its recorded fingerprint")
+    return pointers
 
 
 def _short(names: list[str]) -> str:

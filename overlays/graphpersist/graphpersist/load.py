@@ -7,11 +7,10 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import torch
 
 from graphpersist import (
     graphbuild,
-    graphformat,
     graphpack,
     images,
     layout,
@@ -34,6 +32,7 @@ from graphpersist import (
 from graphpersist.archive import open_archive
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
+from graphpersist.gcpause import paused_gc
 from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
 from graphpersist.tensors import tensor_at
@@ -193,7 +192,10 @@ def load(
     par = parallel_layout(parallel)
     coll = collective(par, rank, gather)
     try:
-        result = _load_rank(root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology)
+        with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
+            result = _load_rank(
+                root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology
+            )
     except Exception as exc:
         if coll.world_size > 1:
             try:
@@ -225,42 +227,31 @@ def _load_rank(
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
-    archive = open_archive(root, keep_rank=rank)
-    t_open = time.perf_counter()
     info = region.info()
-    live = collect_live(
-        device=torch.cuda.current_device(),
-        engine=dict(engine),
-        model=dict(model),
-        capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
-        parallel=par,
-        flags=dict(flags or {}),
-        region={"base": info.base, "size": info.size},
-    )
-    t_facts = time.perf_counter()
+    # The live facts (nvidia-smi runs as a subprocess: tens of ms) are collected while the archive is read.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        live_job = pool.submit(
+            collect_live,
+            device=torch.cuda.current_device(),
+            engine=dict(engine),
+            model=dict(model),
+            capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
+            parallel=par,
+            flags=dict(flags or {}),
+            region={"base": info.base, "size": info.size},
+        )
+        archive = open_archive(root, keep_rank=rank)
+        t_open = time.perf_counter()
+        live = live_job.result()
+    t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
     rec = archive.rank_facts(rank)
     # Graph records are checked before anything is mapped or loaded.
     packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
-    pack = packed.pack
-    descs = {}
-    full = verify_topology or not native  # the native path never looks at kernel nodes' JSON
-    for g, entry in zip(rec.graphs, packed.graphs, strict=True):
-        try:
-            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
-        except (graphpack.PackError, ValueError) as exc:
-            raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
-        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
-        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
-        graphformat.check_events(g.name, desc)
-        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
-        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
-            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
-        descs[g.name] = (desc, blob, table, entry)
-    del pack, packed
-    pointers = archive.read_json(rank, "pointers.json")
-    if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != rec.pointers.fingerprint:
-        raise PersistError("pointer inventory does not match its recorded fingerprint")
+    # The native path never looks at kernel nodes' JSON.
+    descs = graphpack.check_graphs(rec.graphs, packed, full=verify_topology or not native)
+    del packed
+    pointers = graphpack.read_pointers(archive, rank, rec.pointers.fingerprint)
     setup.check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
     t_validate = time.perf_counter()
 

@@ -29,7 +29,7 @@ import re
 import socket
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -472,53 +472,170 @@ def _schema(tp: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]
 
 
 def _from_json(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
+    return _converter(tp)(value, where)
+
+
+# Each type gets a converter, built once: (value, where) -> the checked value, or ManifestError naming `where`.
+# A rank record of an engine holds thousands of graph records; resolving each field's type on every call cost more
+# than parsing the JSON. Scalars also get a predicate that is true exactly when the converter would return the
+# value unchanged: the common case then costs one call, and the error path builds the same message as ever.
+Converter = Callable[[Any, str], Any]
+
+
+def _identity(value: Any, where: str) -> Any:
+    return value
+
+
+def _int_ok(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= UINT_MAX
+
+
+def _check_int(value: Any, where: str) -> Any:
+    if not _int_ok(value):
+        raise ManifestError(f"{where} must be an integer from 0 to 2**64-1, got {_show(value)}")
+    return value
+
+
+def _float_ok(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_float(value: Any, where: str) -> Any:
+    if not _float_ok(value):
+        raise ManifestError(f"{where} must be a finite number, got {_show(value)}")
+    return value
+
+
+def _instance_check(tp: type) -> tuple[Callable[[Any], bool], Converter]:
+    def ok(value: Any) -> bool:
+        return isinstance(value, tp)
+
+    def check(value: Any, where: str) -> Any:
+        if not isinstance(value, tp):
+            raise ManifestError(f"{where} must be a {_type_name(tp)}, got {_show(value)}")
         return value
+
+    return ok, check
+
+
+@functools.cache
+def _scalar(tp: Any) -> tuple[Callable[[Any], bool], Converter] | None:
+    """(predicate, converter) for the leaf types; None for containers, records and unions."""
+    if tp is Any:
+        return (lambda value: True), _identity
+    if tp is int:
+        return _int_ok, _check_int
+    if tp is float:
+        return _float_ok, _check_float
+    if tp in (str, bool):
+        return _instance_check(tp)
+    return None
+
+
+@functools.cache
+def _converter(tp: Any) -> Converter:
+    scalar = _scalar(tp)
+    if scalar is not None:
+        return scalar[1]
+    origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
+        return _union_converter(tp)
+    if dataclasses.is_dataclass(tp):
+        return _record_converter(tp)
+    if origin is tuple:
+        return _tuple_converter(typing.get_args(tp)[0])
+    if origin is dict:
+        return _dict_converter(typing.get_args(tp)[1])
+    return _identity  # a plain type this module does not check (none of the records use one)
+
+
+def _union_converter(tp: Any) -> Converter:
+    options = typing.get_args(tp)
+    nullable = type(None) in options
+    converters = [_converter(o) for o in options if o is not type(None)]
+
+    def convert(value: Any, where: str) -> Any:
+        if value is None and nullable:
             return None
         errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option in converters:
             try:
-                return _from_json(option, value, where)
+                return option(value, where)
             except ManifestError as exc:
                 errors.append(str(exc))
         raise ManifestError(errors[0] if len(errors) == 1 else f"{where}: unexpected value {_show(value)}")
-    if dataclasses.is_dataclass(tp):
+
+    return convert
+
+
+def _exact_types(tp: Any) -> frozenset[type] | None:
+    """The value types a field takes as they are (str, bool, an int in range, None where allowed): what the record
+    converter accepts without calling the field's converter. None: always call it (containers, records, float)."""
+    options = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    if not all(o in (str, bool, int, type(None)) for o in options):
+        return None
+    return frozenset(options)
+
+
+def _record_converter(tp: Any) -> Converter:
+    hints, known = _schema(tp)
+    names = frozenset(known)
+    fields = []
+    for name, f in known.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        exact = frozenset([object]) if hints[name] is Any else _exact_types(hints[name])
+        fields.append((name, required, exact, _converter(hints[name])))
+
+    def convert(value: Any, where: str) -> Any:
         if not isinstance(value, Mapping):
             raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
-        hints, known = _schema(tp)
-        unknown = sorted(str(k) for k in set(value) - set(known))
-        if unknown:
-            names = ", ".join(_clip(k) for k in unknown[:8])
-            names += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
-            raise ManifestError(f"{where}: unknown field(s) {names} for this format version")
+        if not value.keys() <= names:
+            unknown = sorted(str(k) for k in set(value) - names)
+            shown = ", ".join(_clip(k) for k in unknown[:8])
+            shown += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
+            raise ManifestError(f"{where}: unknown field(s) {shown} for this format version")
         kwargs = {}
-        for name, f in known.items():
+        for name, required, exact, field_converter in fields:
             if name not in value:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if required:
                     raise ManifestError(f"{where}.{name} is missing")
                 continue
-            kwargs[name] = _from_json(hints[name], value[name], f"{where}.{name}")
+            item = value[name]
+            kind = type(item)
+            if exact is not None and (kind in exact or object in exact) and (kind is not int or 0 <= item <= UINT_MAX):
+                kwargs[name] = item  # what the field's converter would return, without the call
+            else:
+                kwargs[name] = field_converter(item, f"{where}.{name}")
         return tp(**kwargs)
-    if origin is tuple:
-        (item, _ellipsis) = typing.get_args(tp)
+
+    return convert
+
+
+def _tuple_converter(item_tp: Any) -> Converter:
+    scalar = _scalar(item_tp)
+    ok = scalar[0] if scalar else None
+    item_converter = _converter(item_tp)
+
+    def convert(value: Any, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ManifestError(f"{where} must be a list, got {type(value).__name__}")
-        return tuple(_from_json(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        _key, item = typing.get_args(tp)
+        if ok is not None and all(map(ok, value)):
+            return tuple(value)
+        return tuple(item_converter(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+    return convert
+
+
+def _dict_converter(item_tp: Any) -> Converter:
+    scalar = _scalar(item_tp)
+    ok = scalar[0] if scalar else None
+    item_converter = _converter(item_tp)
+
+    def convert(value: Any, where: str) -> Any:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise ManifestError(f"{where} must be an object with string keys, got {_show(value)}")
-        return {k: _from_json(item, v, f"{where}.{_clip(k)}") for k, v in value.items()}
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= UINT_MAX):
-        raise ManifestError(f"{where} must be an integer from 0 to 2**64-1, got {_show(value)}")
-    if tp is float and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
-        raise ManifestError(f"{where} must be a finite number, got {_show(value)}")
-    if tp in (str, bool) and not isinstance(value, tp):
-        raise ManifestError(f"{where} must be a {_type_name(tp)}, got {_show(value)}")
-    return value
+        if ok is not None and all(map(ok, value.values())):
+            return dict(value)
+        return {k: item_converter(v, f"{where}.{_clip(k)}") for k, v in value.items()}
+
+    return convert

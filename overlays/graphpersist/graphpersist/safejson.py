@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 MAX_DEPTH = 32
@@ -37,8 +38,10 @@ def loads(data: bytes | bytearray | memoryview | str, *, strict: bool = True) ->
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonError(f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}") from None
+        raw_surrogates = False  # the UTF-8 decoder refuses encoded surrogates
     elif isinstance(data, str):
         text = data
+        raw_surrogates = not _encodes(text)
     else:
         raise JsonError(f"expected bytes or text, got {type(data).__name__}")
     hooks: dict[str, Any] = {"parse_constant": _refuse_constant, "parse_float": _finite_float}
@@ -55,8 +58,38 @@ def loads(data: bytes | bytearray | memoryview | str, *, strict: bool = True) ->
     except ValueError as exc:  # e.g. an integer longer than the interpreter converts (sys.get_int_max_str_digits)
         raise JsonError(_clip(str(exc), 120)) from None
     if strict:
-        _check_tree(value)
+        if raw_surrogates or _SURROGATE_ESCAPE.search(text):
+            _check_tree(value)
+        else:  # no string can hold a lone surrogate: only the depth is left to check
+            _check_depth(value)
     return value
+
+
+# A lone surrogate in a parsed string comes from a \ud800-\udfff escape (or from text that already held one).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_depth(value: Any) -> None:
+    """Nesting depth only, one level of containers at a time (the scalars of a record are most of its values)."""
+    level = [value] if type(value) in (dict, list) else []
+    depth = 1
+    while level:
+        if depth > MAX_DEPTH:
+            raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
+        nxt: list[Any] = []
+        for item in level:
+            values = item.values() if type(item) is dict else item
+            nxt += [v for v in values if type(v) in (dict, list)]
+        level = nxt
+        depth += 1
 
 
 def _refuse_constant(name: str) -> Any:

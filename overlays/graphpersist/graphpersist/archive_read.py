@@ -1,0 +1,300 @@
+"""Reading an archive: total (any folder gives an Archive or an ArchiveError naming each problem) and verified.
+
+The reader accepts a folder only if the manifest parses and every file matches it, with no file missing or
+extra; JSON goes through graphpersist.safejson.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from graphpersist import safejson
+from graphpersist.archive_base import (
+    ADVICE_OLDER_FORMAT,
+    ADVICE_OTHER_FORMAT,
+    MAX_RECORD_BYTES,
+    ArchiveError,
+    _content_problem,
+    _entry_of,
+    _name,
+    _plain,
+    _reference_problems,
+    archive_path,
+)
+from graphpersist.archive_side import _missing_root
+from graphpersist.manifest import (
+    MANIFEST_NAME,
+    RANK_DIR,
+    RANK_RECORD_NAME,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    RankRecord,
+    UnsupportedFormat,
+    rank_dir,
+)
+
+
+class Archive:
+    """A verified archive. read() returns bytes checked against the manifest: those open_archive kept while
+    verifying (keep_rank) once without reading or hashing them again, any other read re-checked."""
+
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        records: Mapping[int, RankRecord],
+        verified: dict[str, bytes] | None = None,
+    ) -> None:
+        self.root = root
+        self.manifest = manifest
+        self._records = dict(records)
+        self._verified = verified if verified is not None else {}
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.manifest.ranks
+
+    def rank_facts(self, rank: int) -> RankRecord:
+        if rank not in self._records:
+            raise ArchiveError(self.root, f"it holds no rank {rank} (ranks {list(self.ranks)})", advice="")
+        return self._records[rank]
+
+    def names(self, rank: int | None) -> list[str]:
+        """Payload names of one rank (or the top level), as add_file() took them."""
+        prefix = "" if rank is None else f"{rank_dir(rank)}/"
+        out = []
+        for rel in self.manifest.files:
+            if rank is None and RANK_DIR.fullmatch(rel.split("/", 1)[0]):
+                continue
+            if rel.startswith(prefix) and rel != f"{prefix}{RANK_RECORD_NAME}":
+                out.append(rel.removeprefix(prefix))
+        return out
+
+    def file_path(self, rank: int | None, name: str) -> Path:
+        """Where a payload file lies, for callers that map it instead of reading it (verify it yourself)."""
+        return self.root / self._entry(archive_path(rank, name))[0]
+
+    def read(self, rank: int | None, name: str) -> bytes:
+        return self.read_path(archive_path(rank, name))
+
+    def read_json(self, rank: int | None, name: str) -> Any:
+        """A payload file's JSON, verified like read(); any text it refuses raises ArchiveError naming the file.
+
+        Parsed by safejson without its per-object checks (payloads can be megabytes): their shape is the caller's.
+        """
+        rel = archive_path(rank, name)
+        try:
+            return safejson.loads(self.read_path(rel), strict=False)
+        except safejson.JsonError as exc:
+            raise ArchiveError(self.root, f"{rel} is not valid JSON: {exc}") from None
+
+    def read_path(self, rel: str) -> bytes:
+        """Reads an archive-relative path (as records name them), verified against size and sha256."""
+        rel, entry = self._entry(rel)
+        kept = self._verified.pop(rel, None)
+        if kept is not None:
+            return kept
+        return _verified_bytes(self.root, rel, entry)
+
+    def _entry(self, rel: str) -> tuple[str, FileEntry]:
+        entry = self.manifest.files.get(rel)
+        if entry is None:
+            raise ArchiveError(self.root, f"it has no file {_name(rel)}", advice="")
+        return rel, entry
+
+
+_WORKERS = min(8, os.cpu_count() or 1)  # threads that read and hash an archive's files
+
+
+def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
+    """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
+
+    Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
+    exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
+    hashing every file up front (read() still verifies what it returns; rank records are always verified), for
+    callers that read all files anyway. keep_rank=r keeps the bytes of rank r's files and of the shared top-level
+    ones as they were hashed, so that rank's LOAD hashes each byte once: the first read() of each returns them (and
+    drops them), later ones read and verify again.
+    """
+    root = Path(os.path.abspath(root))
+    try:
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _missing_root(root) from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read it: {exc.strerror or exc}") from None
+    if not is_dir:
+        raise ArchiveError(root, "it is not a directory")
+    manifest = _read_manifest(root)
+
+    problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
+    own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
+
+    def keep(rel: str) -> bool:  # keep_rank's files and the shared top-level ones
+        return own is not None and (rel.startswith(own) or not RANK_DIR.fullmatch(rel.split("/", 1)[0]))
+
+    record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
+    kept: dict[str, bytes] = {}
+    records: dict[int, RankRecord] = {}
+    record_problems: list[str] = []
+    # Every listed file is checked in a thread pool (reading and hashing release the GIL), biggest first, while
+    # this thread parses the rank records as soon as their own files are verified.
+    with ThreadPoolExecutor(max_workers=max(1, min(_WORKERS, len(manifest.files)))) as pool:
+        checks = {}
+        for rel, entry in sorted(manifest.files.items(), key=lambda kv: -kv[1].size):
+            is_record = rel in record_files and entry.size <= MAX_RECORD_BYTES  # a record is always hashed
+            hash_it = verify_checksums or is_record
+            checks[rel] = pool.submit(_check_listed, root, rel, entry, hash_it, is_record or keep(rel))
+        unlisted = pool.submit(_unlisted, root, manifest.files)
+        for rel, rank in record_files.items():
+            entry = manifest.files.get(rel)
+            if entry is None:
+                continue  # named by the consistency check (no entry in the file table)
+            if entry.size > MAX_RECORD_BYTES:
+                record_problems.append(
+                    f"{rel} is {entry.size} bytes, more than a rank record may be ({MAX_RECORD_BYTES})"
+                )
+                continue
+            problem, data = checks[rel].result()
+            if problem is not None:
+                continue  # named with the file problems
+            try:
+                record = RankRecord.from_json(data)
+            except ManifestError as exc:
+                record_problems.append(f"{rel}: {exc}")
+                continue
+            if record.rank != rank:
+                record_problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
+            records[rank] = record
+        for rel in manifest.files:  # in the file table's order
+            problem, data = checks[rel].result()
+            if problem is not None:
+                problems.append(problem)
+            elif data is not None and keep(rel):
+                kept[rel] = data
+        problems += [problem for _rel, problem in unlisted.result()]
+    problems += record_problems
+    problems += _reference_problems(records, manifest.files)
+    if problems:
+        raise ArchiveError(root, problems)
+    return Archive(root, manifest, records, kept)
+
+
+def _read_manifest(root: Path) -> Manifest:
+    """manifest.json parsed and type-checked, or ArchiveError saying why not (with the advice that fits)."""
+    path = root / MANIFEST_NAME
+    try:
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_RECORD_BYTES:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        raise ArchiveError(
+            root, f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive"
+        ) from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read {MANIFEST_NAME}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ArchiveError(root, f"{MANIFEST_NAME} is not a regular file")
+    if info.st_size > MAX_RECORD_BYTES or len(data) > MAX_RECORD_BYTES:
+        raise ArchiveError(root, f"{MANIFEST_NAME} is larger than a manifest may be ({MAX_RECORD_BYTES} bytes)")
+    try:
+        return Manifest.from_json(data)
+    except UnsupportedFormat as exc:
+        raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
+    except ManifestError as exc:
+        raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
+
+
+def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
+    """The bytes of one listed file, checked against its size and sha256; ArchiveError when they differ."""
+    try:
+        data = (root / rel).read_bytes()
+    except FileNotFoundError:
+        raise ArchiveError(root, f"missing file {_name(rel)} (listed in {MANIFEST_NAME})") from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read {_name(rel)}: {exc.strerror or exc}") from None
+    problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+    if problem:
+        raise ArchiveError(root, problem)
+    return data
+
+
+def _check_listed(
+    root: Path, rel: str, entry: FileEntry, hash_it: bool, keep_it: bool
+) -> tuple[str | None, bytes | None]:
+    """(problem, bytes) for one listed file: a problem when it is missing, unsafe, resized or altered (hashed only
+    when `hash_it`). With `keep_it` it is read whole, hashed from those bytes, and they are returned when it
+    verifies, so that nobody reads or hashes them again."""
+    if not _plain(rel) or rel == MANIFEST_NAME:
+        return f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}", None
+    problem, size = _listed_file(root, rel)
+    data = None
+    if problem is None and keep_it and hash_it and size == entry.size:
+        try:
+            data = (root / rel).read_bytes()
+        except OSError as exc:
+            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
+        else:
+            size = len(data)
+    if problem is None:
+        if data is not None:
+            digest = lambda: hashlib.sha256(data).hexdigest()  # noqa: E731
+        else:
+            digest = (lambda: _entry_of(root / rel).sha256) if hash_it else None
+        try:
+            problem = _content_problem(rel, entry, size, digest)
+        except OSError as exc:
+            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
+    return problem, None if problem else data
+
+
+def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
+    """(problem, size) of a listed path: it must be a regular file reached through real folders, no link."""
+    path = root
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            info = path.lstat()
+        except (FileNotFoundError, NotADirectoryError):
+            return f"missing file {_name(rel)} (listed in {MANIFEST_NAME})", 0
+        except OSError as exc:
+            return f"cannot read {_name(rel)}: {exc.strerror or exc}", 0
+        if stat.S_ISLNK(info.st_mode) and i < len(parts) - 1:
+            return f"{_name(rel)} is not a regular file ({_name('/'.join(parts[: i + 1]))} is a symbolic link)", 0
+    if not stat.S_ISREG(info.st_mode):
+        return f"{_name(rel)} is not a regular file", 0
+    return None, info.st_size
+
+
+def _unlisted(root: Path, files: Mapping[str, FileEntry]) -> list[tuple[str, str]]:
+    """Everything under `root` that is not a folder, manifest.json or a listed file (links are never followed)."""
+    found = []
+    folders = [""]
+    while folders:  # a loop, not recursion: the tree may be as deep as paths allow
+        folder = folders.pop()
+        try:
+            with os.scandir(root / folder) as it:
+                entries = list(it)
+        except OSError as exc:
+            found.append((folder, f"cannot list folder {_name(folder or '.')}: {exc.strerror or exc}"))
+            continue
+        for entry in entries:
+            rel = f"{folder}/{entry.name}" if folder else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                folders.append(rel)
+            elif rel != MANIFEST_NAME and rel not in files:
+                found.append((rel, f"unexpected file {_name(rel)} (not listed in {MANIFEST_NAME})"))
+    return sorted(found)
