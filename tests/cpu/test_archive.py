@@ -766,3 +766,30 @@ def test_the_writer_refuses_what_the_reader_would(tmp_path: Path):
     with pytest.raises(ArchiveError, match=r"parallel\.world_size is 0: it must be at least 1"):
         writer.commit()
     assert not (tmp_path / "empty").exists()
+
+
+def test_keep_rank_verifies_its_own_files_and_leaves_the_other_ranks_to_theirs(tmp_path: Path) -> None:
+    """A rank's LOAD (keep_rank) hashes its own payload, the shared files and every rank record, not the other
+    ranks' payloads: those are checked for presence and size here, and hashed by their own rank or when read."""
+    root = write_archive(tmp_path / "a")
+    log = root / "rank_1" / "allocations.log"
+    data = bytearray(log.read_bytes())
+    data[0] ^= 0xFF  # rank 1's payload corrupted, same size
+    log.write_bytes(bytes(data))
+    archive = open_archive(root, keep_rank=0)  # rank 0 does not hash rank 1's payload
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_1/allocations\.log"):
+        archive.read(1, "allocations.log")  # read anyway: verified
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_1/allocations\.log"):
+        open_archive(root, keep_rank=1)  # rank 1's own LOAD refuses
+    with pytest.raises(ArchiveError, match=r"corrupted file rank_1/allocations\.log"):
+        open_archive(root)  # and so do inspect and check (every file)
+    log.write_bytes(bytes(data[:-1]))  # a truncation is caught by every rank (size)
+    with pytest.raises(ArchiveError, match=r"rank_1/allocations\.log"):
+        open_archive(root, keep_rank=0)
+    record = root / "rank_1" / "rank.json"
+    log.write_bytes(bytes(data[:0]) + bytes([data[0] ^ 0xFF]) + bytes(data[1:]))  # repaired
+    text = bytearray(record.read_bytes())
+    text[-2] ^= 0x01  # a rank record is always hashed, whichever rank opens
+    record.write_bytes(bytes(text))
+    with pytest.raises(ArchiveError, match=r"rank_1/rank\.json"):
+        open_archive(root, keep_rank=0)

@@ -119,9 +119,10 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
     exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
-    callers that read all files anyway. keep_rank=r keeps the bytes of rank r's files and of the shared top-level
-    ones as they were hashed, so that rank's LOAD hashes each byte once: the first read() of each returns them (and
-    drops them), later ones read and verify again.
+    callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files, the shared
+    top-level ones and every rank record (other ranks' payloads are checked for presence and size; each rank
+    verifies its own) and keeps the bytes it hashed, so that rank hashes each byte once: the first read() of each
+    returns them (and drops them), later ones read and verify again.
     """
     root = Path(os.path.abspath(root))
     try:
@@ -150,7 +151,9 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
         checks = {}
         for rel, entry in sorted(manifest.files.items(), key=lambda kv: -kv[1].size):
             is_record = rel in record_files and entry.size <= MAX_RECORD_BYTES  # a record is always hashed
-            hash_it = verify_checksums or is_record
+            # With keep_rank, other ranks' payloads are that rank's to verify (their reads here still are): at TP=8
+            # each rank would otherwise hash the whole archive.
+            hash_it = is_record or (verify_checksums and (own is None or keep(rel)))
             checks[rel] = pool.submit(_check_listed, root, rel, entry, hash_it, is_record or keep(rel))
         unlisted = pool.submit(_unlisted, root, manifest.files)
         for rel, rank in record_files.items():
