@@ -33,14 +33,14 @@ class ThreadGather:
         return gather
 
 
-def run_ranks(n: int, body: Callable[[ranks.Ranks], Any]) -> list[Any]:
-    """Runs body(Ranks) on n threads; returns each rank's result or the exception it raised."""
+def run_world(n: int, body: Callable[[int, ranks.Gather], Any]) -> list[Any]:
+    """Runs body(rank, gather) on n threads, one per rank; each rank's result or the exception it raised."""
     g = ThreadGather(n)
     results: list[Any] = [None] * n
 
     def run(rank: int) -> None:
         try:
-            results[rank] = body(ranks.Ranks(n, rank, g.for_rank(rank)))
+            results[rank] = body(rank, g.for_rank(rank))
         except Exception as exc:  # collected for the assertions
             results[rank] = exc
 
@@ -48,9 +48,14 @@ def run_ranks(n: int, body: Callable[[ranks.Ranks], Any]) -> list[Any]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
     assert not any(t.is_alive() for t in threads), "a rank is still blocked: the protocol deadlocked"
     return results
+
+
+def run_ranks(n: int, body: Callable[[ranks.Ranks], Any]) -> list[Any]:
+    """Runs body(Ranks) on n threads; returns each rank's result or the exception it raised."""
+    return run_world(n, lambda rank, gather: body(ranks.Ranks(n, rank, gather)))
 
 
 def test_one_rank_refusing_refuses_all_and_names_it() -> None:

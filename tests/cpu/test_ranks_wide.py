@@ -15,8 +15,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from archive_fixtures import (
     world,
     write_rank,
 )
-from test_ranks import ThreadGather
+from test_ranks import run_world
 
 from graphpersist import liveenv, ranks
 from graphpersist.archive import open_archive
@@ -76,26 +75,6 @@ def eight_gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
-
-
-def run_world(n: int, body: Callable[[int, ranks.Gather], Any]) -> list[Any]:
-    """Runs body(rank, gather) on n threads, one per rank; each rank's result or the exception it raised."""
-    g = ThreadGather(n)
-    results: list[Any] = [None] * n
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = body(rank, g.for_rank(rank))
-        except Exception as exc:  # collected for the assertions
-            results[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank is still blocked: the protocol deadlocked"
-    return results
 
 
 def save_rank(
