@@ -109,7 +109,7 @@ def check_events(name: str, desc: dict[str, Any]) -> list[int]:
         flags = [int(e["flags"]) for e in table]
     except (KeyError, TypeError, ValueError):
         raise GraphFormatError(f"graph {name!r}: malformed event table {table!r}") from None
-    if not flags and _EVENT_KINDS.isdisjoint(_node_types(desc)):  # most graphs: no events, no per-node loop
+    if not flags and _EVENT_KINDS.isdisjoint(node_types(desc)):  # most graphs: no events, no per-node loop
         return flags
     used = set()
     for i, nd in enumerate(desc["nodes"]):
@@ -129,7 +129,7 @@ def check_events(name: str, desc: dict[str, Any]) -> list[int]:
 _EVENT_KINDS = frozenset(("event_record", "event_wait"))
 
 
-def _node_types(desc: dict[str, Any]) -> dict[str, int]:
+def node_types(desc: dict[str, Any]) -> dict[str, int]:
     """How many nodes of each type, in first-seen order (counted in C: graphs have thousands of nodes)."""
     kinds = list(map(itemgetter("type"), desc["nodes"]))
     return {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
@@ -274,7 +274,7 @@ def check_shape(
     What LOAD's native path checks of every graph without parsing each kernel node (that is what the topology
     fingerprint needs; see load(verify_topology=True)). Works on descriptions with kernel nodes reduced to stubs.
     """
-    by_type = _node_types(desc)
+    by_type = node_types(desc)
     if len(desc["nodes"]) != node_count or by_type != dict(nodes_by_type):
         raise GraphFormatError(
             f"graph {name!r}: description has {len(desc['nodes'])} nodes {by_type}, its record "

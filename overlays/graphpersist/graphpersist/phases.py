@@ -398,6 +398,7 @@ def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs:
 
 
 def find_range(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
+    """The (start, size) in sorted, disjoint `ranges` holding `addr`, or None."""
     i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1
     return ranges[i] if i >= 0 and addr < ranges[i][0] + ranges[i][1] else None
 

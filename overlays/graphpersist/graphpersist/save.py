@@ -38,6 +38,11 @@ from graphpersist.liveenv import collect_live, world_facts
 from graphpersist.tensors import tensor_spec
 
 
+def _listed(evs: Sequence[region.Event]) -> str:
+    """The first five events of a refusal, described."""
+    return "; ".join(e.describe() for e in evs[:5]) + (" ..." if len(evs) > 5 else "")
+
+
 class PersistentCUDAGraph(torch.cuda.CUDAGraph):
     """torch.cuda.CUDAGraph that keeps its cudaGraph_t so it can be saved; use with torch.cuda.graph(g)."""
 
@@ -167,14 +172,14 @@ class Saver:
         rec_phases = list(layout.recorder().phases)
         bad = region.outside(evs)
         if bad:
-            listed = "; ".join(e.describe() for e in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            listed = _listed(bad)
             raise PersistError(
                 f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
                 f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
             )
         late = phases.late_mappings(evs, mark.events, rec_phases)
         if late:
-            listed = "; ".join(e.describe() for e in late[:5]) + (" ..." if len(late) > 5 else "")
+            listed = _listed(late)
             raise PersistError(
                 f"{len(late)} reservation/mapping event(s) after mark_setup() outside a post-capture phase: "
                 f"{listed}. LOAD recreates only allocations made after setup, so connect every peer before "
@@ -184,7 +189,7 @@ class Saver:
             )
         after = phases.after_post_problems(rec_phases, evs)
         if after:
-            listed = "; ".join(e.describe() for e in after[:5]) + (" ..." if len(after) > 5 else "")
+            listed = _listed(after)
             raise PersistError(
                 f"{len(after)} allocation event(s) after the post-capture phase began, outside any phase: {listed}. "
                 "LOAD maps capture-time memory before the engine re-runs its post-capture phases, so it would sit "
@@ -269,9 +274,7 @@ class Saver:
         for name, sg in saved.items():
             e = self.entries[name]
             pack.add(name, sg.desc, sg.blob, sg.table, inputs=[tensor_spec(t) for t in e.inputs], outputs=e.outputs)
-            by_type: dict[str, int] = {}
-            for nd in sg.desc["nodes"]:
-                by_type[nd["type"]] = by_type.get(nd["type"], 0) + 1
+            by_type = graphformat.node_types(sg.desc)
             graph_records.append(
                 {
                     "name": name,

@@ -7,7 +7,6 @@ LOAD running the same setup code; SAVE proves the graphs use only memory LOAD ca
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 
 from graphpersist import layout, region
 from graphpersist.errors import PersistError
+from graphpersist.phases import find_range
 from graphpersist.tensors import tensor_key
 
 
@@ -86,23 +86,17 @@ def _torch_blocks() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return sorted(segments), sorted(blocks)
 
 
-def _find(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
-    """The (start, size) in sorted, disjoint `ranges` holding `addr`, or None."""
-    i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1
-    return ranges[i] if i >= 0 and addr < ranges[i][0] + ranges[i][1] else None
-
-
 def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) -> None:
     """Every in-region address a graph uses must be memory LOAD recreates exactly and nobody else can take:
     live at SAVE, and, inside a torch segment that existed at mark_setup(), inside a block that was live then
     (the rest of such a segment is free space torch may hand to any later tensor at LOAD)."""
     segments, blocks = (_mark.segments, _mark.blocks) if _mark is not None else ([], [])
     for p in sorted(pointers):
-        if _find(live, p) is None:
+        if find_range(live, p) is None:
             raise PersistError(f"graph {name!r}: address {p:#x} is not backed by live region memory at SAVE "
                                "(freed before SAVE?): SAVE refused")  # fmt: skip
-        seg = _find(segments, p)
-        if seg is not None and _find(blocks, p) is None:
+        seg = find_range(segments, p)
+        if seg is not None and find_range(blocks, p) is None:
             raise PersistError(
                 f"graph {name!r}: address {p:#x} lies in free space of torch segment {seg[0]:#x}+{seg[1]} as it "
                 "was at mark_setup(): memory allocated there after mark_setup() is not recreated at LOAD and could "
