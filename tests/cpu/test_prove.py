@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gptools import proofkit, prove
+from gptools import proofcheck, proofkit, prove
 from gptools.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +176,11 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert data["ok"] is True
     assert all(c["status"] == "pass" for c in checks.values()), checks
     expected = {f"{r} finished" for r in RUNS} | {f"{r} log clean" for r in RUNS} | {"outputs identical"}
-    expected |= {"archives a = b"} | {f"{r} {w}" for r in ("load", "load_fresh") for w in
-                                      ("restored every graph", "captured nothing", "no new JIT files")}  # fmt: skip
+    expected |= {"archives a = b"} | {
+        f"{r} {w}"
+        for r in ("load", "load_fresh")
+        for w in ("restored every graph", "captured nothing", "no new JIT files")
+    }
     assert set(checks) == expected
     assert "restored = captured by save per rank: [4, 4]" in checks["load restored every graph"]["detail"]
     assert checks["archives a = b"]["detail"].startswith("2 rank(s), graphs per rank [4, 4]")
@@ -320,6 +323,26 @@ def test_archives_differing_in_one_field_name_its_path(tmp_path: Path) -> None:
     assert checks["archives a = b"]["detail"] == '1 field(s) differ: world.nccl.version: "2.27.3" vs "2.27.5"'
 
 
+def test_archive_projection_compares_phase_anchors_and_ignores_creation() -> None:
+    def doc(anchor: int, created: str) -> dict[str, Any]:
+        rank = {
+            "region": {"base": 1 << 40, "size": 1 << 36, "final_offset": 4096},
+            "pointers": {"fingerprint": "p", "count": 3},
+            "graphs": [{"name": "g1", "topology_fingerprint": "t", "node_count": 5, "file": "rank_0/x"}],
+            "images": [{"sha256": "i2"}, {"sha256": "i1"}],
+            "extra": {"phases": [{"name": "weights", "start": 0}, {"name": "kv", "start": anchor, "end": anchor}]},
+        }
+        return {
+            "manifest": {"format_version": 2, "created": {"created_at": created}, "world": {"w": 1}, "ranks": [0]},
+            "ranks": {"0": rank},
+        }
+
+    same = proofcheck.archive_projection(doc(8192, "monday")), proofcheck.archive_projection(doc(8192, "tuesday"))
+    assert list(proofcheck.differences(*same)) == []
+    moved = proofcheck.archive_projection(doc(8192, "x")), proofcheck.archive_projection(doc(12288, "x"))
+    assert list(proofcheck.differences(*moved)) == ["rank.0.phase_anchors[1].start: 8192 vs 12288"]
+
+
 def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
     targets = textwrap.dedent("""\
         [[target]]
@@ -381,6 +404,16 @@ def test_a_bad_proof_toml_is_misuse_naming_the_key(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_driver_that_cannot_start_fails_its_run(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, runs=("baseline",))
+    toml = (recipe / "proof.toml").read_text().replace('["{python}", "driver.py"]', '["./no-such-driver"]')
+    (recipe / "proof.toml").write_text(toml)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    detail = report(out)[2]["baseline finished"]["detail"]
+    assert detail.startswith("the driver could not be started: [Errno 2]")
+
+
 def test_unknown_run_in_runs_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert prove_cli(make_recipe(tmp_path), tmp_path / "out", "--runs", "baseline,lod") == 2
     assert "--runs: unknown run(s) lod" in capsys.readouterr().err
@@ -397,9 +430,15 @@ def test_runs_subset_runs_only_those_and_reports_the_rest_not_run(tmp_path: Path
     )
     assert checks["archives a = b"] == {"name": "archives a = b", "status": "not run", "detail": "needs save2"}
     assert {n for n, c in checks.items() if c["status"] == "not run"} == {
-        "save2 finished", "load finished", "archives a = b", "load restored every graph", "load captured nothing",
-        "load no new JIT files", "save2 log clean", "load log clean",
-    }  # fmt: skip
+        "save2 finished",
+        "load finished",
+        "archives a = b",
+        "load restored every graph",
+        "load captured nothing",
+        "load no new JIT files",
+        "save2 log clean",
+        "load log clean",
+    }
     assert text.splitlines()[0].startswith("FAILED: save2 finished, load finished, archives a = b")
     # the rest later, into the same --out: the report then covers every run
     assert prove_cli(make_recipe(tmp_path / "again"), out, "--runs", "save2,load") == 0

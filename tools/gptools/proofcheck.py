@@ -96,7 +96,7 @@ def run_problem(record: dict[str, Any], loaded: tuple[dict[str, Any] | None, str
     if record.get("timed_out"):
         return f"timed out after {record.get('timeout_s', 0):g} s (process group ended)"
     if code is None:
-        return "the driver could not be started (see the log)"
+        return f"the driver could not be started: {record.get('start_error')}"
     if code != 0:
         why = f"killed by signal {-code}" if code < 0 else f"exit {code}"
         return why + (f": {result.get('error')}" if result and result.get("error") else "")
@@ -222,8 +222,12 @@ def archive_projection(doc: dict[str, Any]) -> dict[str, Any]:
         if phases := rec.get("extra", {}).get("phases"):
             entry["phase_anchors"] = [{"name": p["name"], "start": p["start"]} for p in phases]
         ranks[rank] = entry
-    return {"format_version": manifest["format_version"], "world": manifest["world"], "ranks": manifest["ranks"],
-            "rank": ranks}  # fmt: skip
+    return {
+        "format_version": manifest["format_version"],
+        "world": manifest["world"],
+        "ranks": manifest["ranks"],
+        "rank": ranks,
+    }
 
 
 def differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
@@ -304,9 +308,12 @@ def check_archives(recipe: Recipe, out: Path, runs: dict[str, RunData], python: 
             more = f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else ""
             checks.append(Check(name, FAIL, f"{len(diffs)} field(s) differ: " + "; ".join(diffs[:5]) + more))
         else:
-            graphs = [len(r["graphs"]) for r in first["rank"].values()]
-            checks.append(Check(name, PASS, f"{len(graphs)} rank(s), graphs per rank {graphs}: world facts, "
-                                            "region, pointers, graphs, images and phase anchors equal"))  # fmt: skip
+            ranks = first["rank"].values()
+            equal = "world facts, region, pointers, graphs, images" + (
+                " and phase anchors" if all("phase_anchors" in r for r in ranks) else ""
+            )
+            graphs = [len(r["graphs"]) for r in ranks]
+            checks.append(Check(name, PASS, f"{len(graphs)} rank(s), graphs per rank {graphs}: {equal} equal"))
     return checks
 
 

@@ -47,13 +47,17 @@ def headline(checks: list[Check]) -> str:
 
 
 def host_facts(python: str) -> dict[str, str]:
+    """Host name, GPUs and driver (nvidia-smi, when there is one), and the versions --python sees."""
     facts = {"host": socket.gethostname(), "gpus": "none found (no nvidia-smi)", "driver": "-"}
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        rows = [[f.strip() for f in line.split(",")] for line in smi.stdout.splitlines() if "," in line]
-        facts["gpus"] = "; ".join(r[0] for r in rows) or f"nvidia-smi failed: {smi.stderr.strip()[:200]}"
-        facts["driver"] = ", ".join(sorted({r[1] for r in rows})) or "-"
+        query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+        try:
+            smi = subprocess.run(query, capture_output=True, text=True, timeout=60)
+            rows = [[f.strip() for f in line.split(",")] for line in smi.stdout.splitlines() if "," in line]
+            facts["gpus"] = "; ".join(r[0] for r in rows) or f"nvidia-smi failed: {smi.stderr.strip()[:200]}"
+            facts["driver"] = ", ".join(sorted({r[1] for r in rows})) or "-"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            facts["gpus"] = f"nvidia-smi failed: {exc}"
     try:
         probe = subprocess.run([python, "-c", VERSION_PROBE], capture_output=True, text=True, timeout=300)
         facts |= json.loads(probe.stdout.strip().splitlines()[-1])
@@ -124,8 +128,10 @@ def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]
             per_archive[name] = sizes
     ranks = sorted({k for s in per_archive.values() for k in s if k != "shared"}, key=lambda k: (len(k), k))
     header = ["archive", *ranks, "shared", "total"]
-    rows = [[name, *(_size(s.get(r)) for r in ranks), _size(s.get("shared", 0)), _size(sum(s.values()))]
-            for name, s in per_archive.items()]  # fmt: skip
+    rows = [
+        [name, *(_size(s.get(r)) for r in ranks), _size(s.get("shared", 0)), _size(sum(s.values()))]
+        for name, s in per_archive.items()
+    ]
     return header, rows
 
 
@@ -172,10 +178,21 @@ def write_chart(path: Path, title: str, rows: list[tuple[str, dict[str, float]]]
 def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: dict[str, Any], chart: str) -> str:
     facts, phases = data["host"], data["phase_names"]
     lines = [data["headline"], "", f"# {recipe.title}: proof report", ""]
-    lines += [f"- date: {data['date']}", f"- host: {facts['host']}", f"- gpus: {facts['gpus']}",
-              f"- driver: {facts['driver']}", f"- python: {facts.get('python')}", f"- torch: {facts.get('torch')}",
-              f"- graphpersist: {facts.get('graphpersist')}", f"- engine: {_engines(runs)}",
-              f"- command: `{data['command']}`", f"- out: {data['out']}", "", "## Checks", ""]  # fmt: skip
+    lines += [
+        f"- date: {data['date']}",
+        f"- host: {facts['host']}",
+        f"- gpus: {facts['gpus']}",
+        f"- driver: {facts['driver']}",
+        f"- python: {facts.get('python')}",
+        f"- torch: {facts.get('torch')}",
+        f"- graphpersist: {facts.get('graphpersist')}",
+        f"- engine: {_engines(runs)}",
+        f"- command: `{data['command']}`",
+        f"- out: {data['out']}",
+        "",
+        "## Checks",
+        "",
+    ]
     lines += _table(["check", "result", "detail"], [[c.name, c.status, c.detail] for c in checks])
     failed = [(name, d) for name, d in runs.items() if d.ran and d.problem()]
     if failed:
@@ -187,8 +204,10 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     lines += _table(["run", "mode", "cache", "wall", "start to ready", *phases], timing_rows(runs, phases))
     latency = _keys(runs, "latency")
     lines += ["", "## Latency", ""]
-    lines += _table(["run", *latency], [[n, *(_section(d.result, "latency").get(k) for k in latency)]
-                                        for n, d in runs.items() if d.ran])  # fmt: skip
+    lines += _table(
+        ["run", *latency],
+        [[n, *(_section(d.result, "latency").get(k) for k in latency)] for n, d in runs.items() if d.ran],
+    )
     lines += ["", "## Targets (stated, not checks)", ""]
     targets = [[t["name"], t["value"], t["bound"], t["status"], t["detail"]] for t in data["targets"]]
     lines += _table(["target", "value", "bound", "result", "from"], targets) if targets else ["none in proof.toml"]
@@ -209,8 +228,9 @@ def _leftover(data: RunData) -> str:
     return f"ended {ended} leftover process(es) after exit" if ended and not record.get("timed_out") else ""
 
 
-def write(recipe: Recipe, out: Path, runs: dict[str, RunData], checks: list[Check], report: Path, *, command: str,
-          python: str) -> str:  # fmt: skip
+def write(
+    recipe: Recipe, out: Path, runs: dict[str, RunData], checks: list[Check], report: Path, *, command: str, python: str
+) -> str:
     """Writes <out>/REPORT.md, <out>/report.json, <out>/phases.png (and REPORT.md + chart at `report`)."""
     phases = _keys(runs, "phases")
     chart_rows = [(n, _section(d.result, "phases")) for n, d in runs.items() if d.ran and _section(d.result, "phases")]

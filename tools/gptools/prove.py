@@ -48,6 +48,7 @@ TERM_GRACE_S = 10.0  # SIGTERM to SIGKILL
 WARM_CACHE = "cache-warm"  # under --out: the cache folders every warm run shares, kept between invocations
 DEFAULT_ERROR_PATTERNS = ("Traceback", "CUDA error", "CUBLAS_STATUS", "illegal memory", "ERROR")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become folder names
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns"}
 RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs"}
@@ -193,16 +194,21 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
     taken = {WARM_CACHE, Path(archive_dir).parts[0] if archive_dir and not Path(archive_dir).is_absolute() else ""}
     if clash := [n for n in names if n in taken]:
         raise ProofConfigError(f"run: {clash[0]!r} is taken by a folder of --out (the warm cache or archive_dir)")
+    if clash := [r.archive for r in runs if r.archive in {*names, WARM_CACHE}]:
+        raise ProofConfigError(f"run: archive {clash[0]!r} has the name of a run's folder; choose another")
+    cache_env = _strings(data, "cache_env", "")
+    if bad := [v for v in cache_env if not ENV_NAME.fullmatch(v)]:
+        raise ProofConfigError(f"cache_env: {bad[0]!r} is not an environment variable name")
     patterns = {
         "error_patterns": _strings(data, "error_patterns", "", DEFAULT_ERROR_PATTERNS),
         "ignore_patterns": _strings(data, "ignore_patterns", ""),
     }
-    for key in patterns:
-        for p in patterns[key]:
+    for key, regexes in patterns.items():
+        for regex in regexes:
             try:
-                re.compile(p)
+                re.compile(regex)
             except re.error as exc:
-                raise ProofConfigError(f"{key}: {p!r} is not a regular expression: {exc}") from None
+                raise ProofConfigError(f"{key}: {regex!r} is not a regular expression: {exc}") from None
     targets = tuple(_parse_target(t, i, set(names)) for i, t in enumerate(_get(data, "target", "", list, [])))
     return Recipe(
         dir=recipe_dir.resolve(),
@@ -210,7 +216,7 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
         driver=driver,
         timeout_s=float(timeout),
         archive_dir=archive_dir,
-        cache_env=_strings(data, "cache_env", ""),
+        cache_env=cache_env,
         runs=runs,
         targets=targets,
         error_patterns=patterns["error_patterns"],
@@ -296,11 +302,18 @@ def execute_run(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> dict[s
     start = time.monotonic()
     with (run_dir / "log.txt").open("wb") as log:
         try:
-            proc = subprocess.Popen(cmd, cwd=recipe.dir, env=driver_env(caches, stats), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                cwd=recipe.dir,
+                env=driver_env(caches, stats),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as exc:
             log.write(f"prove: cannot start the driver {shlex.join(cmd)}: {exc}\n".encode())
-            record.update(exit_code=None, timed_out=False, wall_s=0.0, ended_processes=0)
+            record.update(exit_code=None, timed_out=False, wall_s=0.0, ended_processes=0, start_error=str(exc))
             return _save_record(run_dir, record)
         try:
             proc.wait(timeout=recipe.timeout_s)
@@ -415,8 +428,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `prove` subcommand to `python -m gptools`."""
-    p = subparsers.add_parser("prove", help="run a recipe's proof (proof.toml), check it, write REPORT.md",
-                              description=DESCRIPTION)  # fmt: skip
+    p = subparsers.add_parser(
+        "prove", help="run a recipe's proof (proof.toml), check it, write REPORT.md", description=DESCRIPTION
+    )
     add_arguments(p)
     p.set_defaults(func=_cmd_prove)
 
