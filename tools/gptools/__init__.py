@@ -1,5 +1,5 @@
 """Build-time tooling for the patched vLLM/SGLang distribution: series lint/apply, edit/export, rebase, hook-point
-check, the runtime's Python floor and offline bundles.
+check, the runtime's Python floor, offline bundles and the engine-agnostic proof runner.
 
 Each subcommand lives in its own module that exposes `register(subparsers)`; `python -m gptools` wires them up.
 """
@@ -15,4 +15,5 @@ COMMANDS = (
     "gptools.hooks",
     "gptools.pyfloor",
     "gptools.bundle",
+    "gptools.prove",
 )

@@ -12,7 +12,7 @@ from gptools import COMMANDS
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gptools",
-        description="Patch-series tooling (lint, apply, edit/export, rebase, hooks) and offline bundles.",
+        description="Patch-series tooling (lint, apply, edit/export, rebase, hooks), offline bundles and proofs.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     for name in COMMANDS:

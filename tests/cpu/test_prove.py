@@ -1,0 +1,501 @@
+"""`python -m gptools prove` end to end on CPU, with a fake engine driver that does what each test asks.
+
+The fake driver follows the real contract (gptools.proofkit for arguments, cache snapshots and result.json; stats
+files in GRAPHPERSIST_STATS_DIR; archives written with archive_fixtures, inspected by the real `graphpersist
+inspect`). What it does wrong in a given run (crash, hang, different outputs ...) comes from behaviour.json in the
+recipe folder, keyed by run name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gptools import proofcheck, proofkit, prove
+from gptools.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+DRIVER = """
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+
+from gptools import proofkit
+
+args, extra = proofkit.driver_args()
+todo = json.loads(Path("behaviour.json").read_text()).get(args.run, {})
+print(f"driver: run {args.run}, mode {args.mode}, extra {extra}", flush=True)
+if todo.get("ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def sleeper(pid_file):
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if todo.get("ignore_term") else "")
+                              + "time.sleep(120)"])
+    Path(pid_file).write_text(str(child.pid))
+
+
+phases = proofkit.Phases()
+before = proofkit.cache_snapshot()
+with proofkit.Timer() as ready:
+    with phases.phase("weights"):
+        pass
+    phases.add("compile", 0.0 if args.mode == "load" else 0.5)
+    phases.add("graphs", 0.25)
+    if todo.get("crash"):
+        print("Traceback (most recent call last):", flush=True)
+        print("RuntimeError: engine fell over", flush=True)
+        sys.exit(3)
+    if todo.get("hang"):
+        sleeper(todo["hang"])
+        time.sleep(120)
+    if args.mode == "save":
+        from archive_fixtures import write_archive
+
+        write_archive(Path(args.archive), **todo.get("world", {}))
+at_ready = proofkit.cache_snapshot()
+if todo.get("jit_file"):
+    (proofkit.cache_dirs()[0] / todo["jit_file"]).write_text("a freshly compiled kernel")
+after_first = proofkit.cache_snapshot()
+
+outputs = {"sequential": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [11, 12]], "concurrent": [[13, 14], [15, 16, 17]],
+           "oversize": [[18] * 12]}
+if "change" in todo:
+    workload, i, j = todo["change"]
+    outputs[workload][i][j] += 100
+stats = Path(os.environ["GRAPHPERSIST_STATS_DIR"])
+if args.mode != "off" and not todo.get("no_stats"):
+    for rank in (0, 1):
+        captured = 4 if args.mode == "save" else 0
+        restored = 4 - todo.get("missing_graphs", 0) * rank if args.mode == "load" else 0
+        calls = captured if args.mode == "save" else todo.get("capture_calls", 0)
+        (stats / f"rank_{rank}.json").write_text(json.dumps({"rank": rank, "mode": args.mode, "captured": captured,
+            "restored": restored, "capture_calls": calls, "phases": {}}))
+if todo.get("log"):
+    print(todo["log"], flush=True)
+if todo.get("leftover"):
+    sleeper(todo["leftover"])
+new_start, new_first = proofkit.new_files(before, at_ready), proofkit.new_files(at_ready, after_first)
+proofkit.write_result(args.result, {
+    "ok": True, "error": None, "start_to_ready_s": ready.seconds, "phases": phases.to_dict(), "outputs": outputs,
+    "latency": todo.get("latency", {"first_request_s": 0.5, "decode_tps_b1": 250.0}),
+    "jit": {"new_cache_files_start": len(new_start), "new_cache_files_first_request": len(new_first),
+            "examples": (new_start + new_first)[:5]},
+    "engine": {"name": "fake", "version": "1.0"},
+    "seen": {"extra": extra, "env": {k: os.environ.get(k) for k in ("HOME", "TRITON_CACHE_DIR",
+             "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED")}},
+})
+"""
+
+RUNS = {
+    "baseline": 'mode = "off"',
+    "eager": 'mode = "off"\nargs = ["--enforce-eager"]\ncompare_outputs = false',
+    "save": 'mode = "save"\narchive = "a"',
+    "save2": 'mode = "save"\narchive = "b"',
+    "load": 'mode = "load"\narchive = "a"',
+    "load_fresh": 'mode = "load"\narchive = "a"\ncache = "fresh"',
+}
+
+
+def proof_toml(
+    runs: tuple[str, ...] = ("baseline", "save", "save2", "load"), extra: str = "", timeout: float = 60
+) -> str:
+    text = textwrap.dedent(f"""\
+        title = "fake engine, TP=2"
+        driver = ["{{python}}", "driver.py"]
+        timeout_s = {timeout}
+        cache_env = ["HOME", "TRITON_CACHE_DIR"]
+        {extra}
+        """)
+    for name in runs:
+        text += f'\n[[run]]\nname = "{name}"\n{RUNS[name]}\n'
+    return text
+
+
+def make_recipe(tmp_path: Path, behaviour: dict[str, dict[str, Any]] | None = None, **toml: Any) -> Path:
+    recipe = tmp_path / "recipe"
+    recipe.mkdir(parents=True)
+    (recipe / "driver.py").write_text(DRIVER)
+    (recipe / "proof.toml").write_text(proof_toml(**toml))
+    (recipe / "behaviour.json").write_text(json.dumps(behaviour or {}))
+    return recipe
+
+
+@pytest.fixture(autouse=True)
+def driver_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake driver writes archives with archive_fixtures; `graphpersist inspect` needs the runtime on the path."""
+    paths = [str(REPO / "tests" / "cpu"), str(REPO / "overlays" / "graphpersist")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+
+
+def prove_cli(recipe: Path, out: Path, *extra: str) -> int:
+    return main(["prove", str(recipe), "--out", str(out), *extra])
+
+
+def report(out: Path) -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
+    text = (out / "REPORT.md").read_text()
+    data = json.loads((out / "report.json").read_text())
+    return text, data, {c["name"]: c for c in data["checks"]}
+
+
+def gone(pid: int) -> bool:
+    """A process that no longer runs: absent, or a zombie waiting for its reaper."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    leftover = tmp_path / "leftover.pid"
+    recipe = make_recipe(
+        tmp_path,
+        {"baseline": {"leftover": str(leftover)}, "eager": {"change": ["sequential", 0, 5]}},
+        runs=("baseline", "eager", "save", "save2", "load", "load_fresh"),
+    )
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    printed = capsys.readouterr().out
+    assert "prove: [3/6] save: starting (mode=save, archive=a, cache=warm)" in printed
+    assert "prove: [6/6] load_fresh: done in " in printed
+    assert f"prove: report: {out / 'REPORT.md'}" in printed
+
+    text, data, checks = report(out)
+    assert text.splitlines()[0] == "all checks passed"
+    assert data["ok"] is True
+    assert all(c["status"] == "pass" for c in checks.values()), checks
+    expected = {f"{r} finished" for r in RUNS} | {f"{r} log clean" for r in RUNS} | {"outputs identical"}
+    expected |= {"archives a = b"} | {
+        f"{r} {w}"
+        for r in ("load", "load_fresh")
+        for w in ("restored every graph", "captured nothing", "no new JIT files")
+    }
+    assert set(checks) == expected
+    assert "restored = captured by save per rank: [4, 4]" in checks["load restored every graph"]["detail"]
+    assert checks["archives a = b"]["detail"].startswith("2 rank(s), graphs per rank [4, 4]")
+    for heading in ("## Checks", "## Timing (s)", "## Latency", "## Targets", "## Archive sizes", "## Logs"):
+        assert heading in text
+    assert "| run | mode | cache | wall | start to ready | weights | compile | graphs |" in text
+    assert "| run | first_request_s | decode_tps_b1 |" in text
+    assert "| archive | rank_0 | rank_1 | shared | total |" in text
+    assert "- engine: fake 1.0" in text
+    # the eager run differs, but it is compared for information only
+    assert "- eager vs baseline: differs at sequential[0] (token 5)" in text
+    # the leftover process of a run that exited is ended with the run's process group
+    assert gone(int(leftover.read_text()))
+    assert "ended 1 leftover process(es) after exit" in text
+    # the driver's environment: warm runs share cache folders, a fresh run has its own, empty one
+    seen = {r: json.loads((out / r / "result.json").read_text())["seen"] for r in ("load", "load_fresh", "eager")}
+    assert seen["load"]["env"]["TRITON_CACHE_DIR"] == str(out / "cache-warm" / "TRITON_CACHE_DIR")
+    assert seen["load_fresh"]["env"]["HOME"] == str(out / "load_fresh" / "cache" / "HOME")
+    assert seen["load"]["env"]["GP_PROOF_CACHE_DIRS"].split(os.pathsep) == [
+        str(out / "cache-warm" / "HOME"),
+        str(out / "cache-warm" / "TRITON_CACHE_DIR"),
+    ]
+    assert seen["load"]["env"]["PYTHONUNBUFFERED"] == "1"
+    assert seen["eager"]["extra"] == ["--enforce-eager"]
+
+
+def test_phases_chart_or_a_note_without_matplotlib(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out, "--report", str(tmp_path / "copy" / "REPORT.md"))
+    text, data, _ = report(out)
+    assert (tmp_path / "copy" / "REPORT.md").read_text() == text
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "no chart: matplotlib is not importable" in text
+        assert not (out / "phases.png").exists() and data["chart"] is None
+    else:
+        assert (out / "phases.png").read_bytes().startswith(b"\x89PNG")
+        assert (tmp_path / "copy" / "phases.png").exists()
+        assert "![phases per run](phases.png)" in text
+
+
+def test_differing_outputs_name_the_run_and_workload(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"load": {"change": ["concurrent", 1, 2]}})
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, _, checks = report(out)
+    assert text.splitlines()[0] == "FAILED: outputs identical"
+    detail = checks["outputs identical"]["detail"]
+    assert detail.startswith("load differs from baseline at concurrent[1] (token 2):")
+    assert "baseline [15, 16, 17] (3 tokens) vs load [15, 16, 117] (3 tokens)" in detail
+
+
+def test_a_crash_fails_its_run_with_the_log_tail_and_stops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = make_recipe(tmp_path, {"save": {"crash": True}})
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    printed = capsys.readouterr().out
+    assert "prove: [2/4] save: FAILED: exit 3; log: " in printed
+    assert "not run: save2, load" in printed
+    text, data, checks = report(out)
+    assert checks["save finished"] == {"name": "save finished", "status": "FAIL", "detail": "exit 3"}
+    assert checks["load finished"]["status"] == "not run"
+    assert checks["save log clean"]["status"] == "FAIL"
+    assert "line 2: Traceback (most recent call last):" in checks["save log clean"]["detail"]
+    assert data["runs"]["save"]["log_tail"][-1] == "RuntimeError: engine fell over"
+    assert "## Failed runs" in text and "RuntimeError: engine fell over" in text
+    assert not (out / "load").exists()
+
+
+def test_keep_going_runs_the_rest_after_a_failure(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"save": {"crash": True}})
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out, "--keep-going") == 1
+    _, _, checks = report(out)
+    assert checks["save2 finished"]["status"] == "pass"
+    assert checks["load finished"]["status"] == "pass"  # it loads archive a, which the failed save did not write:
+    assert checks["load restored every graph"]["status"] == "FAIL"  # the fake driver does not care, the check does
+    assert checks["archives a = b"]["detail"] == "not measured: save did not finish"
+
+
+def test_a_hang_is_killed_at_the_timeout_with_its_whole_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prove, "TERM_GRACE_S", 0.5)
+    child = tmp_path / "child.pid"
+    recipe = make_recipe(tmp_path, {"baseline": {"hang": str(child), "ignore_term": True}}, timeout=1.5)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    assert prove_cli(recipe, out) == 1
+    assert time.monotonic() - started < 30
+    _, data, checks = report(out)
+    assert checks["baseline finished"]["detail"] == "timed out after 1.5 s (process group ended)"
+    assert gone(int(child.read_text()))  # it ignored SIGTERM: SIGKILL ended it
+    assert data["runs"]["baseline"]["record"]["timed_out"] is True
+
+
+MISBEHAVING_LOADS = {
+    "l_graphs": ({"missing_graphs": 1}, "restored every graph", "restored != captured by save: rank 1: 3 of 4"),
+    "l_capture": ({"capture_calls": 2}, "captured nothing", "capture calls per rank [2, 2]"),
+    "l_jit": ({"jit_file": "kernel.cubin"}, "no new JIT files", "start 0, first request 1; e.g. HOME/kernel.cubin"),
+    "l_log": ({"log": "CUDA error: an illegal memory access"}, "log clean", "1 error line(s): line 2: CUDA error"),
+    "l_stats": ({"no_stats": True}, "captured nothing", "not measured: no stats files in"),
+}
+
+
+def test_each_misbehaving_load_fails_its_own_check_and_only_it(tmp_path: Path) -> None:
+    recipe = make_recipe(
+        tmp_path, {name: b for name, (b, _, _) in MISBEHAVING_LOADS.items()}, runs=("baseline", "save")
+    )
+    with (recipe / "proof.toml").open("a") as f:
+        f.writelines(f'\n[[run]]\nname = "{name}"\nmode = "load"\narchive = "a"\n' for name in MISBEHAVING_LOADS)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, _, checks = report(out)
+    failed = {n for n, c in checks.items() if c["status"] != "pass"}
+    expected = {f"{run} {check}" for run, (_, check, _) in MISBEHAVING_LOADS.items()} | {"l_stats restored every graph"}
+    assert failed == expected
+    assert text.splitlines()[0] == "FAILED: " + ", ".join(n for n in checks if n in expected)
+    for run, (_, check, detail) in MISBEHAVING_LOADS.items():
+        assert detail in checks[f"{run} {check}"]["detail"]
+    # missing stats are "not measured", never passed
+    assert checks["l_stats restored every graph"]["detail"].startswith("l_stats: not measured: no stats files in")
+
+
+def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:
+    extra = 'error_patterns = ["CUDA error"]\nignore_patterns = ["harmless"]'
+    behaviour = {"baseline": {"log": "CUDA error: harmless, printed by a probe\nCUDA error: out of memory"}}
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline",), extra=extra)
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    assert report(out)[2]["baseline log clean"]["detail"] == "1 error line(s): line 3: CUDA error: out of memory"
+
+
+def test_archives_differing_in_one_field_name_its_path(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"save2": {"world": {"nccl.version": "2.27.5"}}})
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, _, checks = report(out)
+    assert text.splitlines()[0] == "FAILED: archives a = b"
+    assert checks["archives a = b"]["detail"] == '1 field(s) differ: world.nccl.version: "2.27.3" vs "2.27.5"'
+
+
+def test_archive_projection_compares_phase_anchors_and_ignores_creation() -> None:
+    def doc(anchor: int, created: str) -> dict[str, Any]:
+        rank = {
+            "region": {"base": 1 << 40, "size": 1 << 36, "final_offset": 4096},
+            "pointers": {"fingerprint": "p", "count": 3},
+            "graphs": [{"name": "g1", "topology_fingerprint": "t", "node_count": 5, "file": "rank_0/x"}],
+            "images": [{"sha256": "i2"}, {"sha256": "i1"}],
+            "extra": {"phases": [{"name": "weights", "start": 0}, {"name": "kv", "start": anchor, "end": anchor}]},
+        }
+        return {
+            "manifest": {"format_version": 2, "created": {"created_at": created}, "world": {"w": 1}, "ranks": [0]},
+            "ranks": {"0": rank},
+        }
+
+    same = proofcheck.archive_projection(doc(8192, "monday")), proofcheck.archive_projection(doc(8192, "tuesday"))
+    assert list(proofcheck.differences(*same)) == []
+    moved = proofcheck.archive_projection(doc(8192, "x")), proofcheck.archive_projection(doc(12288, "x"))
+    assert list(proofcheck.differences(*moved)) == ["rank.0.phase_anchors[1].start: 8192 vs 12288"]
+
+
+def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
+    targets = textwrap.dedent("""\
+        [[target]]
+        name = "first request, LOAD / baseline"
+        num = "load.first_request_s"
+        den = "baseline.first_request_s"
+        max = 0.5
+        [[target]]
+        name = "decode b1, LOAD / baseline"
+        num = "load.decode_tps_b1"
+        den = "baseline.decode_tps_b1"
+        min = 0.99
+        [[target]]
+        name = "graphs phase of LOAD"
+        num = "load.phases.graphs"
+        max = 1
+        [[target]]
+        name = "ttft"
+        num = "load.ttft_long_s"
+        den = "baseline.ttft_long_s"
+        max = 1
+        """)
+    load_latency = {"first_request_s": 0.1, "decode_tps_b1": 240.0}
+    recipe = make_recipe(tmp_path, {"load": {"latency": load_latency}}, extra=targets)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0  # targets are stated, not checked
+    text, data, _ = report(out)
+    got = {t["name"]: (t["status"], t["value"]) for t in data["targets"]}
+    assert got == {
+        "first request, LOAD / baseline": ("met", pytest.approx(0.2)),
+        "decode b1, LOAD / baseline": ("NOT met", pytest.approx(0.96)),
+        "graphs phase of LOAD": ("met", pytest.approx(0.25)),
+        "ttft": ("not measured", None),
+    }
+    assert "| decode b1, LOAD / baseline | 0.960 | >= 0.99 | NOT met | 240 / 250 |" in text
+    assert "| ttft | - | <= 1 | not measured | load.ttft_long_s not in result.json |" in text
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        (proof_toml().replace('mode = "load"', 'mode = "lod"'), "run[3].mode: must be one of off, save, load"),
+        (proof_toml() + "\n[targets]\nx = 1\n", "targets: unknown key"),
+        (proof_toml().replace('driver = ["{python}", "driver.py"]', ""), "driver: missing"),
+        (proof_toml().replace('archive = "b"', ""), "run[2].archive: needed for mode='save'"),
+        (proof_toml() + '\n[[target]]\nname = "x"\nnum = "nosuch.start_to_ready_s"\nmax = 1\n', "target[0].num"),
+        (proof_toml() + '\n[[target]]\nname = "x"\nnum = "load.start_to_ready_s"\n', "target[0].min: a target needs"),
+        (proof_toml().replace("timeout_s = 60", 'timeout_s = "long"'), "timeout_s: wrong type str"),
+        ("title = [", "not valid TOML"),
+    ],
+)
+def test_a_bad_proof_toml_is_misuse_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], toml: str, key: str
+) -> None:
+    recipe = make_recipe(tmp_path)
+    (recipe / "proof.toml").write_text(toml)
+    assert prove_cli(recipe, tmp_path / "out") == 2
+    assert key in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_driver_that_cannot_start_fails_its_run(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, runs=("baseline",))
+    toml = (recipe / "proof.toml").read_text().replace('["{python}", "driver.py"]', '["./no-such-driver"]')
+    (recipe / "proof.toml").write_text(toml)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    detail = report(out)[2]["baseline finished"]["detail"]
+    assert detail.startswith("the driver could not be started: [Errno 2]")
+
+
+def test_unknown_run_in_runs_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert prove_cli(make_recipe(tmp_path), tmp_path / "out", "--runs", "baseline,lod") == 2
+    assert "--runs: unknown run(s) lod" in capsys.readouterr().err
+
+
+def test_runs_subset_runs_only_those_and_reports_the_rest_not_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert prove_cli(make_recipe(tmp_path), out, "--runs", "baseline,save") == 1
+    assert sorted(p.name for p in out.iterdir() if (p / "run.json").exists()) == ["baseline", "save"]
+    text, _, checks = report(out)
+    assert checks["outputs identical"]["status"] == "pass"
+    assert checks["outputs identical"]["detail"] == (
+        "2 runs identical in sequential, concurrent, oversize; not run: save2, load"
+    )
+    assert checks["archives a = b"] == {"name": "archives a = b", "status": "not run", "detail": "needs save2"}
+    assert {n for n, c in checks.items() if c["status"] == "not run"} == {
+        "save2 finished",
+        "load finished",
+        "archives a = b",
+        "load restored every graph",
+        "load captured nothing",
+        "load no new JIT files",
+        "save2 log clean",
+        "load log clean",
+    }
+    assert text.splitlines()[0].startswith("FAILED: save2 finished, load finished, archives a = b")
+    # the rest later, into the same --out: the report then covers every run
+    assert prove_cli(make_recipe(tmp_path / "again"), out, "--runs", "save2,load") == 0
+
+
+def test_check_only_rechecks_an_existing_out_without_running(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    started = json.loads((out / "load" / "run.json").read_text())["started"]
+    result = json.loads((out / "load" / "result.json").read_text())
+    result["outputs"]["oversize"][0][3] = 7
+    proofkit.write_result(out / "load" / "result.json", result)
+    assert prove_cli(recipe, out, "--check-only") == 1
+    _, _, checks = report(out)
+    assert checks["outputs identical"]["detail"].startswith("load differs from baseline at oversize[0] (token 3)")
+    assert json.loads((out / "load" / "run.json").read_text())["started"] == started
+
+
+def test_check_only_without_an_out_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert prove_cli(make_recipe(tmp_path), tmp_path / "nothing", "--check-only") == 2
+    assert "does not exist; run the proof first" in capsys.readouterr().err
+
+
+def test_proofkit_snapshots_results_and_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, triton = tmp_path / "HOME", tmp_path / "TRITON"
+    (home / ".cache").mkdir(parents=True)
+    triton.mkdir()
+    (home / ".cache" / "old").write_text("x")
+    monkeypatch.setenv(proofkit.CACHE_DIRS_ENV, os.pathsep.join([str(home), str(triton)]))
+    before = proofkit.cache_snapshot()
+    assert before == {"HOME/.cache/old"}
+    (triton / "k.cubin").write_text("y")
+    assert proofkit.new_files(before, proofkit.cache_snapshot()) == ["TRITON/k.cubin"]
+
+    proofkit.write_result(tmp_path / "r" / "result.json", {"ok": True})
+    assert json.loads((tmp_path / "r" / "result.json").read_text()) == {"ok": True}
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["result.json"]
+
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    for rank in (1, 0):
+        (stats / f"rank_{rank}.json").write_text(json.dumps({"rank": rank, "captured": 3}))
+    assert [s["rank"] for s in proofkit.read_stats(stats)] == [0, 1]
+    (stats / "rank_2.json").write_text("{")
+    with pytest.raises(ValueError, match=r"rank_2\.json: unreadable stats file"):
+        proofkit.read_stats(stats)
+
+    args, extra = proofkit.driver_args(["--run", "load", "--mode", "load", "--result", "r.json", "--tp", "2"])
+    assert (args.run, args.mode, args.archive, extra) == ("load", "load", None, ["--tp", "2"])
+
+
+@pytest.mark.parametrize("command", [["gptools", "prove"], ["gptools.prove"]])
+def test_the_command_has_help_both_ways(command: list[str]) -> None:
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(REPO / p) for p in ("build", "tools")))
+    proc = subprocess.run([sys.executable, "-m", *command, "--help"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0
+    assert "--check-only" in proc.stdout and "--keep-going" in proc.stdout

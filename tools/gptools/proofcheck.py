@@ -1,0 +1,473 @@
+"""The checks of `python -m gptools prove`, computed from what the runs left in --out (so --check-only can redo them).
+
+Every check is pass, FAIL or "not run" (a run it needs has not run). Data a check needs but cannot find makes it
+FAIL with "not measured: ...": a proof never passes on missing evidence. Targets and the comparison of runs with
+`compare_outputs = false` are computed here too, but they are statements for the report, not checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gptools import proofkit
+
+if TYPE_CHECKING:
+    from gptools.prove import Recipe, RunSpec
+
+PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
+LOG_TAIL_LINES = 20
+INSPECT_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass
+class RunData:
+    """What one run left in `<out>/<run>/`: run.json (None: it has not run), result.json, stats and its log."""
+
+    spec: RunSpec
+    dir: Path
+    record: dict[str, Any] | None
+    result: dict[str, Any] | None
+    result_problem: str | None
+    stats: list[dict[str, Any]]
+    stats_problem: str | None
+
+    @property
+    def ran(self) -> bool:
+        return self.record is not None
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "log.txt"
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines() if self.log.is_file() else []
+
+    def problem(self) -> str | None:
+        """Why this run did not finish; None when it did."""
+        return "not run" if self.record is None else run_problem(self.record, (self.result, self.result_problem))
+
+
+def load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """result.json, or None and why it cannot be used."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "the driver wrote no result.json"
+    except (OSError, ValueError) as exc:
+        return None, f"result.json is not valid JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, "result.json is not a JSON object"
+    return data, None
+
+
+def load_run(spec: RunSpec, out: Path) -> RunData:
+    run_dir = out / spec.name
+    try:
+        record = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    result, result_problem = load_result(run_dir / "result.json")
+    try:
+        stats, stats_problem = proofkit.read_stats(run_dir / "stats"), None
+    except ValueError as exc:
+        stats, stats_problem = [], str(exc)
+    return RunData(spec, run_dir, record, result, result_problem, stats, stats_problem)
+
+
+def run_problem(record: dict[str, Any], loaded: tuple[dict[str, Any] | None, str | None]) -> str | None:
+    """Why a run did not finish (exit status, timeout, result.json), or None."""
+    result, result_problem = loaded
+    code = record.get("exit_code")
+    if record.get("timed_out"):
+        return f"timed out after {record.get('timeout_s', 0):g} s (process group ended)"
+    if code is None:
+        return f"the driver could not be started: {record.get('start_error')}"
+    if code != 0:
+        why = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+        return why + (f": {result.get('error')}" if result and result.get("error") else "")
+    if result is None:
+        return result_problem
+    if result.get("ok") is not True:
+        return f"result.json says ok={result.get('ok')!r}: {result.get('error')}"
+    return None
+
+
+def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -> list[Check]:
+    """Every check, in the report's order: runs finished, outputs, archives, LOAD's graphs / captures / JIT, logs."""
+    checks = [check_finished(data) for data in runs.values()]
+    checks.append(check_outputs(runs))
+    checks += check_archives(recipe, out, runs, python)
+    for spec in recipe.runs:
+        if spec.mode == "load":
+            load = runs[spec.name]
+            checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
+    checks += [check_log(data, recipe.error_patterns, recipe.ignore_patterns) for data in runs.values()]
+    return checks
+
+
+# ------------------------------------------------------------------------------------------- runs and outputs
+
+
+def check_finished(data: RunData) -> Check:
+    name = f"{data.spec.name} finished"
+    if not data.ran:
+        return Check(name, NOT_RUN, "not run")
+    problem = data.problem()
+    wall = f"{data.record.get('wall_s', 0):.1f} s" if data.record else ""
+    return Check(name, PASS, f"exit 0 in {wall}") if problem is None else Check(name, FAIL, problem)
+
+
+def _tokens(seq: list[Any], at: int) -> str:
+    """A token list shortened around position `at`."""
+    lo = max(0, at - 3)
+    shown = ", ".join(str(t) for t in seq[lo : at + 5])
+    return f"[{'…, ' if lo else ''}{shown}{', …' if at + 5 < len(seq) else ''}] ({len(seq)} tokens)"
+
+
+def first_difference(ref_name: str, ref: dict[str, Any], name: str, other: dict[str, Any]) -> str | None:
+    """Where two runs' outputs first differ (workload, sequence index, token), or None when identical."""
+    for workload in [*ref, *(w for w in other if w not in ref)]:
+        if workload not in ref or workload not in other:
+            return f"{workload}: only {ref_name if workload in ref else name} has it"
+        a, b = ref[workload], other[workload]
+        if not isinstance(a, list) or not isinstance(b, list):
+            return f"{workload}: not a list of token lists"
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                if not isinstance(x, list) or not isinstance(y, list):
+                    return f"{workload}[{i}]: {ref_name} {x!r} vs {name} {y!r}"
+                at = next((j for j, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), min(len(x), len(y)))
+                return f"{workload}[{i}] (token {at}): {ref_name} {_tokens(x, at)} vs {name} {_tokens(y, at)}"
+        if len(a) != len(b):
+            return f"{workload}: {ref_name} has {len(a)} sequences, {name} {len(b)}"
+    return None
+
+
+def _outputs(data: RunData) -> dict[str, Any] | None:
+    outputs = (data.result or {}).get("outputs")
+    return outputs if isinstance(outputs, dict) and outputs else None
+
+
+def check_outputs(runs: dict[str, RunData]) -> Check:
+    name = "outputs identical"
+    compared = [d for d in runs.values() if d.spec.compare_outputs]
+    ran = [d for d in compared if d.ran]
+    if len(ran) < 2:
+        return Check(name, NOT_RUN, f"needs 2 runs with compare_outputs; ran: {', '.join(d.spec.name for d in ran)}")
+    if missing := [d.spec.name for d in ran if _outputs(d) is None]:
+        return Check(name, FAIL, f"not measured: no outputs from {', '.join(missing)}")
+    ref = ran[0]
+    for data in ran[1:]:
+        diff = first_difference(ref.spec.name, _outputs(ref) or {}, data.spec.name, _outputs(data) or {})
+        if diff:
+            return Check(name, FAIL, f"{data.spec.name} differs from {ref.spec.name} at {diff}")
+    workloads = ", ".join(_outputs(ref) or {})
+    skipped = [d.spec.name for d in compared if not d.ran]
+    return Check(
+        name,
+        PASS,
+        f"{len(ran)} runs identical in {workloads}" + (f"; not run: {', '.join(skipped)}" if skipped else ""),
+    )
+
+
+def informational(runs: dict[str, RunData]) -> list[dict[str, str]]:
+    """Runs with compare_outputs = false against the first compared run: a statement, not a check."""
+    ref = next((d for d in runs.values() if d.spec.compare_outputs and _outputs(d)), None)
+    notes = []
+    for data in runs.values():
+        if data.spec.compare_outputs or not data.ran:
+            continue
+        if ref is None or _outputs(data) is None:
+            text = "not compared: " + ("no reference run with outputs" if ref is None else "it has no outputs")
+        else:
+            diff = first_difference(ref.spec.name, _outputs(ref) or {}, data.spec.name, _outputs(data) or {})
+            text = "identical" if diff is None else f"differs at {diff}"
+        notes.append({"run": data.spec.name, "reference": ref.spec.name if ref else "", "comparison": text})
+    return notes
+
+
+# ------------------------------------------------------------------------------------------- archives
+
+
+def archive_projection(doc: dict[str, Any]) -> dict[str, Any]:
+    """What two SAVEs of one configuration must agree on, from `graphpersist inspect --json`: world facts, and
+    per rank region, pointer inventory, graphs (topology, node count), image hashes and phase anchors."""
+    manifest = doc["manifest"]
+    ranks = {}
+    for rank, rec in doc["ranks"].items():
+        entry = {
+            "region": {k: rec["region"][k] for k in ("base", "size", "final_offset")},
+            "pointers": {k: rec["pointers"][k] for k in ("fingerprint", "count")},
+            "graphs": {
+                g["name"]: {"topology_fingerprint": g["topology_fingerprint"], "node_count": g["node_count"]}
+                for g in rec["graphs"]
+            },
+            "images": sorted(im["sha256"] for im in rec["images"]),
+        }
+        if phases := rec.get("extra", {}).get("phases"):
+            entry["phase_anchors"] = [{"name": p["name"], "start": p["start"]} for p in phases]
+        ranks[rank] = entry
+    return {
+        "format_version": manifest["format_version"],
+        "world": manifest["world"],
+        "ranks": manifest["ranks"],
+        "rank": ranks,
+    }
+
+
+def differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
+    """Dotted paths where two JSON values differ, with both values (shortened)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                yield f"{sub}: only in {'first' if key in a else 'second'}"
+            else:
+                yield from differences(a[key], b[key], sub)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            yield from differences(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield f"{path}: {_short(a)} vs {_short(b)}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def inspect_archive(path: Path, python: str) -> tuple[dict[str, Any] | None, str]:
+    """`<python> -m graphpersist inspect DIR --json` (the engine host's graphpersist reads its own archive)."""
+    cmd = [python, "-m", "graphpersist", "inspect", str(path), "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, env=dict(os.environ))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"graphpersist inspect {path}: {exc}"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return None, f"graphpersist inspect {path} failed (exit {proc.returncode}): {last}"
+    try:
+        return json.loads(proc.stdout), ""
+    except ValueError as exc:
+        return None, f"graphpersist inspect {path} printed no JSON: {exc}"
+
+
+def archive_writers(recipe: Recipe) -> dict[str, RunSpec]:
+    """Archive name -> the save run that writes it last, in first-seen order."""
+    writers: dict[str, RunSpec] = {}
+    for spec in recipe.runs:
+        if spec.mode == "save" and spec.archive:
+            writers[spec.archive] = spec
+    return writers
+
+
+def check_archives(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -> list[Check]:
+    writers = archive_writers(recipe)
+    names = list(writers)
+    seen: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    checks = []
+    for other in names[1:]:
+        name = f"archives {names[0]} = {other}"
+        pair = [runs[writers[names[0]].name], runs[writers[other].name]]
+        if not_run := [d.spec.name for d in pair if not d.ran]:
+            checks.append(Check(name, NOT_RUN, f"needs {', '.join(not_run)}"))
+            continue
+        if failed := [d.spec.name for d in pair if d.problem()]:
+            checks.append(Check(name, FAIL, f"not measured: {', '.join(failed)} did not finish"))
+            continue
+        docs = []
+        for archive in (names[0], other):
+            if archive not in seen:
+                seen[archive] = inspect_archive(recipe.archive_path(out, archive), python)
+            docs.append(seen[archive])
+        if bad := [why for doc, why in docs if doc is None]:
+            checks.append(Check(name, FAIL, f"not measured: {bad[0]}"))
+            continue
+        try:
+            first, second = (archive_projection(doc) for doc, _ in docs if doc is not None)
+        except (KeyError, TypeError) as exc:
+            checks.append(Check(name, FAIL, f"not measured: inspect --json lacks {exc}"))
+            continue
+        diffs = list(differences(first, second))
+        if diffs:
+            more = f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else ""
+            checks.append(Check(name, FAIL, f"{len(diffs)} field(s) differ: " + "; ".join(diffs[:5]) + more))
+        else:
+            ranks = first["rank"].values()
+            equal = "world facts, region, pointers, graphs, images" + (
+                " and phase anchors" if all("phase_anchors" in r for r in ranks) else ""
+            )
+            graphs = [len(r["graphs"]) for r in ranks]
+            checks.append(Check(name, PASS, f"{len(graphs)} rank(s), graphs per rank {graphs}: {equal} equal"))
+    return checks
+
+
+# ------------------------------------------------------------------------------------------- LOAD runs
+
+
+def _writer_of(recipe: Recipe, load: RunSpec) -> RunSpec | None:
+    """The save run whose archive this load reads: the last one before it, else the last one at all."""
+    at = recipe.runs.index(load)
+    saves = [(i, s) for i, s in enumerate(recipe.runs) if s.mode == "save" and s.archive == load.archive]
+    before = [s for i, s in saves if i < at]
+    return (before or [s for _, s in saves] or [None])[-1]
+
+
+def _stats_problem(data: RunData) -> str | None:
+    if data.stats_problem:
+        return f"not measured: {data.stats_problem}"
+    if not data.stats:
+        return f"not measured: no stats files in {data.dir / 'stats'} (did the engine run with persistence?)"
+    return None
+
+
+def _ints(stats: list[dict[str, Any]], key: str) -> dict[int, int] | None:
+    values = {s["rank"]: s.get(key) for s in stats}
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in values.values())
+    return values if ok else None  # type: ignore[return-value]
+
+
+def check_restored(recipe: Recipe, runs: dict[str, RunData], load: RunData) -> Check:
+    name = f"{load.spec.name} restored every graph"
+    writer = _writer_of(recipe, load.spec)
+    if not load.ran:
+        return Check(name, NOT_RUN, "not run")
+    if writer is None:
+        return Check(name, FAIL, f"not measured: no save run of proof.toml writes archive {load.spec.archive}")
+    save = runs[writer.name]
+    if not save.ran:
+        return Check(name, NOT_RUN, f"needs {writer.name}")
+    for data in (load, save):
+        if problem := _stats_problem(data):
+            return Check(name, FAIL, f"{data.spec.name}: {problem}")
+    for data, mode in ((load, "load"), (save, "save")):
+        if wrong := [s["rank"] for s in data.stats if s.get("mode") != mode]:
+            return Check(name, FAIL, f"{data.spec.name}: stats of rank(s) {wrong} do not say mode {mode!r}")
+    restored, captured = _ints(load.stats, "restored"), _ints(save.stats, "captured")
+    if restored is None or captured is None:
+        which = f"{load.spec.name} restored" if restored is None else f"{writer.name} captured"
+        return Check(name, FAIL, f"not measured: {which} is not an integer on every rank")
+    if set(restored) != set(captured):
+        return Check(name, FAIL, f"ranks differ: {load.spec.name} {sorted(restored)}, {writer.name} {sorted(captured)}")
+    if not any(captured.values()):
+        return Check(name, FAIL, f"{writer.name} captured no graph (captured {list(captured.values())})")
+    short = [f"rank {r}: {restored[r]} of {captured[r]}" for r in sorted(captured) if restored[r] != captured[r]]
+    if short:
+        return Check(name, FAIL, f"restored != captured by {writer.name}: " + ", ".join(short))
+    per_rank = [captured[r] for r in sorted(captured)]
+    return Check(name, PASS, f"restored = captured by {writer.name} per rank: {per_rank}")
+
+
+def check_no_capture(load: RunData) -> Check:
+    name = f"{load.spec.name} captured nothing"
+    if not load.ran:
+        return Check(name, NOT_RUN, "not run")
+    if problem := _stats_problem(load):
+        return Check(name, FAIL, problem)
+    calls = _ints(load.stats, "capture_calls")
+    if calls is None:
+        return Check(name, FAIL, "not measured: capture_calls is not an integer on every rank")
+    per_rank = [calls[r] for r in sorted(calls)]
+    return Check(name, PASS if not any(per_rank) else FAIL, f"capture calls per rank {per_rank}")
+
+
+def check_no_jit(load: RunData) -> Check:
+    name = f"{load.spec.name} no new JIT files"
+    if not load.ran:
+        return Check(name, NOT_RUN, "not run")
+    jit = (load.result or {}).get("jit")
+    keys = ("new_cache_files_start", "new_cache_files_first_request")
+    if not isinstance(jit, dict) or not all(isinstance(jit.get(k), int) for k in keys):
+        return Check(name, FAIL, f"not measured: result.json has no jit.{keys[0]} / jit.{keys[1]}")
+    counts = f"start {jit[keys[0]]}, first request {jit[keys[1]]}"
+    if jit[keys[0]] or jit[keys[1]]:
+        examples = ", ".join(str(e) for e in (jit.get("examples") or [])[:3])
+        return Check(name, FAIL, f"new cache files: {counts}" + (f"; e.g. {examples}" if examples else ""))
+    return Check(name, PASS, f"new cache files: {counts}")
+
+
+# ------------------------------------------------------------------------------------------- logs
+
+
+def error_lines(lines: list[str], patterns: tuple[str, ...], ignore: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line number, line) of each line matching an error pattern and no ignore pattern."""
+    errors = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+    skip = re.compile("|".join(f"(?:{p})" for p in ignore)) if ignore else None
+    return [
+        (i, line)
+        for i, line in enumerate(lines, 1)
+        if errors and errors.search(line) and not (skip and skip.search(line))
+    ]
+
+
+def check_log(data: RunData, patterns: tuple[str, ...], ignore: tuple[str, ...]) -> Check:
+    name = f"{data.spec.name} log clean"
+    if not data.ran:
+        return Check(name, NOT_RUN, "not run")
+    if not data.log.is_file():
+        return Check(name, FAIL, f"not measured: no log at {data.log}")
+    lines = data.log_lines()
+    hits = error_lines(lines, patterns, ignore)
+    if not hits:
+        return Check(name, PASS, f"no error pattern in {len(lines)} line(s)")
+    quoted = "; ".join(f"line {i}: {line.strip()[:120]}" for i, line in hits[:3])
+    return Check(name, FAIL, f"{len(hits)} error line(s): {quoted}")
+
+
+# ------------------------------------------------------------------------------------------- targets
+
+
+def metric(runs: dict[str, RunData], path: str) -> tuple[float | None, str]:
+    """`run.name` (start_to_ready_s, then latency.name, then phases.name) or `run.a.b` (a path in result.json)."""
+    run, _, rest = path.partition(".")
+    data = runs[run]
+    if not data.ran or data.result is None:
+        return None, f"{run} has no result"
+    if "." in rest:
+        candidates = [_walk(data.result, rest.split("."))]
+    else:
+        candidates = [data.result.get(rest)] + [_walk(data.result, [part, rest]) for part in ("latency", "phases")]
+    for value in candidates:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value), ""
+    return None, f"{path} not in result.json"
+
+
+def _walk(data: Any, keys: list[str]) -> Any:
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def evaluate_targets(recipe: Recipe, runs: dict[str, RunData]) -> list[dict[str, Any]]:
+    rows = []
+    for t in recipe.targets:
+        bounds = (f">= {t.min:g}" if t.min is not None else "", f"<= {t.max:g}" if t.max is not None else "")
+        bound = " and ".join(b for b in bounds if b)
+        num, why = metric(runs, t.num)
+        den, why_den = metric(runs, t.den) if t.den else (1.0, "")
+        row: dict[str, Any] = {"name": t.name, "num": t.num, "den": t.den, "bound": bound, "value": None}
+        if num is None or den is None or den == 0:
+            row.update(status="not measured", detail=why or why_den or f"{t.den} is 0")
+        else:
+            value = num / den
+            met = (t.min is None or value >= t.min) and (t.max is None or value <= t.max)
+            detail = f"{num:.4g} / {den:.4g}" if t.den else f"{num:.4g}"
+            row.update(value=value, status="met" if met else "NOT met", detail=detail)
+        rows.append(row)
+    return rows

@@ -1,0 +1,132 @@
+"""What an engine driver of `python -m gptools prove` needs, and nothing else: standard library only.
+
+Drivers run under the engine's Python on the GPU host (3.10 or newer), where only this file of gptools has to be
+importable: the runner puts this repository's tools/ folder first on the driver's PYTHONPATH, so
+`from gptools import proofkit` works without installing anything. The contract itself (arguments, environment,
+result.json, stats files) is described in gptools/prove.py.
+
+A driver typically does::
+
+    args, extra = proofkit.driver_args()          # --run --mode --archive --result, the rest is the recipe's
+    phases = proofkit.Phases()
+    before = proofkit.cache_snapshot()
+    with proofkit.Timer() as ready:
+        engine = make_engine(args.mode, args.archive, extra)
+    at_ready = proofkit.cache_snapshot()
+    ... serve the first request, then the workloads ...
+    proofkit.write_result(args.result, {"ok": True, "start_to_ready_s": ready.seconds, ...,
+        "jit": {"new_cache_files_start": len(proofkit.new_files(before, at_ready)), ...}})
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# Environment the runner sets for each run.
+STATS_DIR_ENV = "GRAPHPERSIST_STATS_DIR"  # engines write <dir>/rank_<r>.json there
+CACHE_DIRS_ENV = "GP_PROOF_CACHE_DIRS"  # os.pathsep-joined folders of the run's JIT/compile caches
+MODES = ("off", "save", "load")
+
+
+def driver_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """The runner's arguments (run, mode, archive, result) and the recipe's own extra arguments, untouched."""
+    parser = argparse.ArgumentParser(description="one run of a proof (started by `python -m gptools prove`)")
+    parser.add_argument("--run", required=True, help="the run's name in proof.toml")
+    parser.add_argument("--mode", required=True, choices=MODES, help="graph persistence mode")
+    parser.add_argument("--archive", help="archive folder (save and load runs)")
+    parser.add_argument("--result", required=True, help="where to write result.json")
+    return parser.parse_known_args(argv)
+
+
+class Timer:
+    """Wall time of a `with` block: `with Timer() as t: ...` then `t.seconds`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+class Phases:
+    """Ordered, named timings for result.json's `phases` (the runner keeps their order in its tables)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Times the block and adds it to `name` (a phase entered twice adds up)."""
+        with Timer() as t:
+            yield
+        self.add(name, t.seconds)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+def cache_dirs() -> list[Path]:
+    """The run's cache folders, as the runner passed them."""
+    return [Path(p) for p in os.environ.get(CACHE_DIRS_ENV, "").split(os.pathsep) if p]
+
+
+def cache_snapshot(dirs: Sequence[Path] | None = None) -> set[str]:
+    """Every file under the cache folders, as `<folder name>/<relative path>` (compare two with new_files)."""
+    found: set[str] = set()
+    for root in cache_dirs() if dirs is None else dirs:
+        for folder, _subdirs, files in os.walk(root):
+            for name in files:
+                found.add(str(Path(root.name) / Path(folder, name).relative_to(root)))
+    return found
+
+
+def new_files(before: set[str], after: set[str]) -> list[str]:
+    """Files that appeared between two snapshots, sorted: the JIT/compile work a LOAD should not do."""
+    return sorted(after - before)
+
+
+def write_result(path: str | os.PathLike[str], result: dict[str, Any]) -> None:
+    """Writes result.json atomically (a crash mid-write leaves no half file for the runner to misread)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".result-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_stats(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The engine's per-rank stats files (`rank_<r>.json`), ordered by rank; [] when there are none.
+
+    Raises ValueError naming the file when one is not a JSON object with an integer `rank`.
+    """
+    stats = []
+    for path in sorted(Path(folder).glob("rank_*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: unreadable stats file: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("rank"), int):
+            raise ValueError(f"{path}: a stats file must be a JSON object with an integer `rank`")
+        stats.append(data)
+    return sorted(stats, key=lambda s: s["rank"])

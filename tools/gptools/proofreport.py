@@ -1,0 +1,278 @@
+"""REPORT.md, report.json and phases.png of `python -m gptools prove`: what the checks found, for people and machines.
+
+REPORT.md's first line is exactly `all checks passed` or `FAILED: <check>, <check>, ...` (every check that did not
+pass, "not run" included: a partial proof is not a passed one). Versions are probed with the --python interpreter,
+the one the engines ran under; the chart needs matplotlib in the runner's Python and is left out, saying so,
+without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import shutil
+import socket
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gptools import proofcheck
+from gptools.proofcheck import Check, RunData
+
+if TYPE_CHECKING:
+    from gptools.prove import Recipe
+
+ALL_PASSED = "all checks passed"
+SHOWN_LOG_LINES = 8
+CHART = "phases.png"
+# Run with --python: the versions the engines saw (torch is optional: a CPU test host has none).
+VERSION_PROBE = """
+import json, platform
+facts = {"python": platform.python_version()}
+for name in ("torch", "graphpersist"):
+    try:
+        mod = __import__(name)
+        facts[name] = mod.__version__ + (f" (CUDA {mod.version.cuda})" if name == "torch" else "")
+    except Exception as exc:
+        facts[name] = f"not importable ({type(exc).__name__})"
+print(json.dumps(facts))
+"""
+
+
+def headline(checks: list[Check]) -> str:
+    failed = [c.name for c in checks if c.status != proofcheck.PASS]
+    return "FAILED: " + ", ".join(failed) if failed else ALL_PASSED
+
+
+def host_facts(python: str) -> dict[str, str]:
+    """Host name, GPUs and driver (nvidia-smi, when there is one), and the versions --python sees."""
+    facts = {"host": socket.gethostname(), "gpus": "none found (no nvidia-smi)", "driver": "-"}
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+        try:
+            smi = subprocess.run(query, capture_output=True, text=True, timeout=60)
+            rows = [[f.strip() for f in line.split(",")] for line in smi.stdout.splitlines() if "," in line]
+            facts["gpus"] = "; ".join(r[0] for r in rows) or f"nvidia-smi failed: {smi.stderr.strip()[:200]}"
+            facts["driver"] = ", ".join(sorted({r[1] for r in rows})) or "-"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            facts["gpus"] = f"nvidia-smi failed: {exc}"
+    try:
+        probe = subprocess.run([python, "-c", VERSION_PROBE], capture_output=True, text=True, timeout=300)
+        facts |= json.loads(probe.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+        facts["python"] = f"{python}: version probe failed ({exc})"
+    return facts
+
+
+def _engines(runs: dict[str, RunData]) -> str:
+    seen = []
+    for data in runs.values():
+        engine = (data.result or {}).get("engine") or {}
+        text = f"{engine.get('name', '?')} {engine.get('version', '?')}" if engine else ""
+        if text and text not in seen:
+            seen.append(text)
+    return ", ".join(seen) or "not reported"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+    return str(value).replace("|", "\\|").replace("\n", " / ")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+
+
+def _keys(runs: dict[str, RunData], field: str) -> list[str]:
+    """Every key of result[field] seen in any run, in first-seen order."""
+    keys: list[str] = []
+    for data in runs.values():
+        values = (data.result or {}).get(field)
+        keys += [k for k in values if k not in keys] if isinstance(values, dict) else []
+    return keys
+
+
+def _section(result: dict[str, Any] | None, field: str) -> dict[str, Any]:
+    values = (result or {}).get(field)
+    return values if isinstance(values, dict) else {}
+
+
+def timing_rows(runs: dict[str, RunData], phases: list[str]) -> list[list[Any]]:
+    rows = []
+    for name, data in runs.items():
+        if data.ran:
+            result = data.result or {}
+            wall = (data.record or {}).get("wall_s")
+            row = [name, data.spec.mode, data.spec.cache, wall, result.get("start_to_ready_s")]
+            rows.append(row + [_section(result, "phases").get(p) for p in phases])
+    return rows
+
+
+def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]]:
+    """Per archive: bytes under each rank_<r>/ folder and in the shared files outside them."""
+    per_archive = {}
+    for name in proofcheck.archive_writers(recipe):
+        root = recipe.archive_path(out, name)
+        if root.is_dir():
+            sizes: dict[str, int] = {}
+            for f in (p for p in root.rglob("*") if p.is_file()):
+                top = f.relative_to(root).parts[0]
+                key = top if top.startswith("rank_") and (root / top).is_dir() else "shared"
+                sizes[key] = sizes.get(key, 0) + f.stat().st_size
+            per_archive[name] = sizes
+    ranks = sorted({k for s in per_archive.values() for k in s if k != "shared"}, key=lambda k: (len(k), k))
+    header = ["archive", *ranks, "shared", "total"]
+    rows = [
+        [name, *(_size(s.get(r)) for r in ranks), _size(s.get("shared", 0)), _size(sum(s.values()))]
+        for name, s in per_archive.items()
+    ]
+    return header, rows
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def write_chart(path: Path, title: str, rows: list[tuple[str, dict[str, float]]], phases: list[str]) -> str:
+    """A horizontal stacked bar per run (its phases, in seconds); returns "" or why there is no chart."""
+    if not phases or not rows:
+        return "no chart: no run reported phases"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not importable in the runner's Python (install it to get phases.png)"
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(rows)))
+    names = [name for name, _ in rows]
+    left = [0.0] * len(rows)
+    for phase in phases:
+        widths = [float(p.get(phase) or 0.0) for _, p in rows]
+        ax.barh(names, widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:.1f} s", va="center")
+    ax.set_xlim(0, 1.12 * max(left) or 1.0)  # room for the totals
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(f"{title}: start-up phases per run")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15 - 0.02 * len(rows)), ncol=min(len(phases), 5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return ""
+
+
+def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: dict[str, Any], chart: str) -> str:
+    facts, phases = data["host"], data["phase_names"]
+    lines = [data["headline"], "", f"# {recipe.title}: proof report", ""]
+    lines += [
+        f"- date: {data['date']}",
+        f"- host: {facts['host']}",
+        f"- gpus: {facts['gpus']}",
+        f"- driver: {facts['driver']}",
+        f"- python: {facts.get('python')}",
+        f"- torch: {facts.get('torch')}",
+        f"- graphpersist: {facts.get('graphpersist')}",
+        f"- engine: {_engines(runs)}",
+        f"- command: `{data['command']}`",
+        f"- out: {data['out']}",
+        "",
+        "## Checks",
+        "",
+    ]
+    lines += _table(["check", "result", "detail"], [[c.name, c.status, c.detail] for c in checks])
+    failed = [(name, d) for name, d in runs.items() if d.ran and d.problem()]
+    if failed:
+        lines += ["", "## Failed runs", ""]
+        for name, d in failed:
+            tail = d.log_lines()[-SHOWN_LOG_LINES:]
+            lines += ["", f"{name}: {d.problem()} (last {len(tail)} lines of {d.log}):", "", "```", *tail, "```"]
+    lines += ["", "## Timing (s)", ""]
+    lines += _table(["run", "mode", "cache", "wall", "start to ready", *phases], timing_rows(runs, phases))
+    latency = _keys(runs, "latency")
+    lines += ["", "## Latency", ""]
+    lines += _table(
+        ["run", *latency],
+        [[n, *(_section(d.result, "latency").get(k) for k in latency)] for n, d in runs.items() if d.ran],
+    )
+    lines += ["", "## Targets (stated, not checks)", ""]
+    targets = [[t["name"], t["value"], t["bound"], t["status"], t["detail"]] for t in data["targets"]]
+    lines += _table(["target", "value", "bound", "result", "from"], targets) if targets else ["none in proof.toml"]
+    if data["informational"]:
+        lines += ["", "## Outputs of runs not compared (compare_outputs = false)", ""]
+        lines += [f"- {n['run']} vs {n['reference']}: {n['comparison']}" for n in data["informational"]]
+    header, rows = archive_sizes(recipe, Path(data["out"]))
+    lines += ["", "## Archive sizes", ""] + (_table(header, rows) if rows else ["no archive found"])
+    lines += ["", "## Phases chart", "", chart if chart else f"![phases per run]({CHART})", "", "## Logs", ""]
+    logs = [[n, (d.record or {}).get("started"), str(d.log), _leftover(d)] for n, d in runs.items() if d.ran]
+    lines += _table(["run", "started", "log", "note"], logs)
+    return "\n".join(lines) + "\n"
+
+
+def _leftover(data: RunData) -> str:
+    record = data.record or {}
+    ended = record.get("ended_processes", 0)
+    return f"ended {ended} leftover process(es) after exit" if ended and not record.get("timed_out") else ""
+
+
+def write(
+    recipe: Recipe, out: Path, runs: dict[str, RunData], checks: list[Check], report: Path, *, command: str, python: str
+) -> str:
+    """Writes <out>/REPORT.md, <out>/report.json, <out>/phases.png (and REPORT.md + chart at `report`)."""
+    phases = _keys(runs, "phases")
+    chart_rows = [(n, _section(d.result, "phases")) for n, d in runs.items() if d.ran and _section(d.result, "phases")]
+    (out / CHART).unlink(missing_ok=True)
+    chart = write_chart(out / CHART, recipe.title, chart_rows, phases)
+    data: dict[str, Any] = {
+        "headline": headline(checks),
+        "ok": headline(checks) == ALL_PASSED,
+        "title": recipe.title,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": host_facts(python),
+        "runner_python": platform.python_version(),
+        "command": command,
+        "out": str(out),
+        "checks": [dataclasses.asdict(c) for c in checks],
+        "targets": proofcheck.evaluate_targets(recipe, runs),
+        "informational": proofcheck.informational(runs),
+        "phase_names": phases,
+        "chart": str(out / CHART) if not chart else None,
+        "chart_note": chart,
+        "runs": {n: _run_json(d) for n, d in runs.items()},
+    }
+    text = render(recipe, runs, checks, data, chart)
+    (out / "REPORT.md").write_text(text)
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    if report != out / "REPORT.md":
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(text)
+        if not chart:
+            shutil.copyfile(out / CHART, report.parent / CHART)
+    return data["headline"]
+
+
+def _run_json(data: RunData) -> dict[str, Any]:
+    problem = data.problem()
+    return {
+        "spec": dataclasses.asdict(data.spec),
+        "ran": data.ran,
+        "problem": problem,
+        "record": data.record,
+        "result": data.result,
+        "stats": data.stats,
+        "log": str(data.log),
+        "log_tail": data.log_lines()[-proofcheck.LOG_TAIL_LINES :] if data.ran and problem else [],
+    }

@@ -1,0 +1,462 @@
+"""`python -m gptools prove RECIPE --out DIR`: run a recipe's proof runs, check them, write REPORT.md.
+
+The runner knows nothing about engines. A recipe describes its runs in `<recipe>/proof.toml` and brings a driver
+(a program that starts the engine once and measures it); the runner starts each run as its own process group,
+collects what the drivers wrote, checks it (gptools/proofcheck.py) and renders the report (gptools/proofreport.py).
+
+The driver contract:
+
+- argv: `<driver> --run NAME --mode off|save|load [--archive DIR] --result FILE <the run's args>`, started with
+  cwd = the recipe folder, in a new session, stdout + stderr to `<out>/<run>/log.txt`. `{python}` in the driver's
+  argv is the --python interpreter. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH).
+- environment: each `cache_env` variable points at its own folder of the run's cache root (`<out>/cache-warm`,
+  shared by all warm runs and kept, or `<out>/<run>/cache`, new and empty, for `cache = "fresh"`);
+  GP_PROOF_CACHE_DIRS lists those folders (os.pathsep-joined); GRAPHPERSIST_STATS_DIR = `<out>/<run>/stats`,
+  where the engine writes one `rank_<r>.json` per rank (`rank`, `mode`, `captured`, `restored`, `capture_calls`);
+  PYTHONUNBUFFERED=1.
+- result: FILE, a JSON object: `ok`, `error`, `start_to_ready_s` (engine constructor wall time), `phases`
+  (ordered name -> seconds), `outputs` (workload -> list of greedy token-id lists), `latency` (name -> number),
+  `jit` (`new_cache_files_start`, `new_cache_files_first_request`, `examples`), `engine` (`name`, `version`).
+- lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
+  leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
+
+Misuse (a bad proof.toml, an unknown run) exits 2 naming the key; otherwise exit 0 when every check passes, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gptools import proofcheck, proofkit, proofreport
+
+TOOLS_DIR = Path(__file__).resolve().parents[1]  # put first on drivers' PYTHONPATH for gptools.proofkit
+TERM_GRACE_S = 10.0  # SIGTERM to SIGKILL
+WARM_CACHE = "cache-warm"  # under --out: the cache folders every warm run shares, kept between invocations
+DEFAULT_ERROR_PATTERNS = ("Traceback", "CUDA error", "CUBLAS_STATUS", "illegal memory", "ERROR")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become folder names
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
+TOP_KEYS |= {"ignore_patterns"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs"}
+TARGET_KEYS = {"name", "num", "den", "min", "max"}
+
+
+class ProofConfigError(ValueError):
+    """proof.toml says something the runner cannot do; the message names the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One [[run]] of proof.toml."""
+
+    name: str
+    mode: str
+    archive: str | None
+    cache: str
+    args: tuple[str, ...]
+    compare_outputs: bool
+
+
+@dataclass(frozen=True)
+class Target:
+    """One [[target]]: `num` (/ `den`) must lie within [min, max]; stated in the report, never a check."""
+
+    name: str
+    num: str
+    den: str | None
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed proof.toml."""
+
+    dir: Path
+    title: str
+    driver: tuple[str, ...]
+    timeout_s: float
+    archive_dir: str
+    cache_env: tuple[str, ...]
+    runs: tuple[RunSpec, ...]
+    targets: tuple[Target, ...]
+    error_patterns: tuple[str, ...]
+    ignore_patterns: tuple[str, ...]
+
+    def archive_path(self, out: Path, name: str) -> Path:
+        """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""
+        return (out / self.archive_dir / name).resolve()
+
+
+# ------------------------------------------------------------------------------------------- proof.toml
+
+
+def _get(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise ProofConfigError(f"{where}{key}: missing")
+        return default
+    value = table[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ProofConfigError(f"{where}{key}: wrong type {type(value).__name__} ({value!r})")
+    return value
+
+
+def _strings(table: dict[str, Any], key: str, where: str, default: Any = ()) -> tuple[str, ...]:
+    value = _get(table, key, where, list, default if default is ... else list(default))
+    if not all(isinstance(v, str) for v in value):
+        raise ProofConfigError(f"{where}{key}: must be a list of strings")
+    return tuple(value)
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    for key in table:
+        if key not in known:
+            hint = " (targets are [[target]] tables with name, num, den, min, max)" if key == "targets" else ""
+            raise ProofConfigError(f"{where}{key}: unknown key{hint}")
+
+
+def _parse_run(table: Any, i: int) -> RunSpec:
+    where = f"run[{i}]."
+    if not isinstance(table, dict):
+        raise ProofConfigError(f"run[{i}]: must be a table ([[run]])")
+    _no_unknown(table, RUN_KEYS, where)
+    name = _get(table, "name", where, str)
+    if not NAME.fullmatch(name):
+        raise ProofConfigError(f"{where}name: {name!r} is not a plain name (letters, digits, _ . -)")
+    mode = _get(table, "mode", where, str)
+    if mode not in proofkit.MODES:
+        raise ProofConfigError(f"{where}mode: must be one of {', '.join(proofkit.MODES)}, got {mode!r}")
+    archive = _get(table, "archive", where, str, None)
+    if (archive is None) != (mode == "off"):
+        raise ProofConfigError(f"{where}archive: {'needed for' if archive is None else 'not allowed with'} {mode=}")
+    if archive is not None and not NAME.fullmatch(archive):
+        raise ProofConfigError(f"{where}archive: {archive!r} is not a plain name (letters, digits, _ . -)")
+    cache = _get(table, "cache", where, str, "warm")
+    if cache not in ("warm", "fresh"):
+        raise ProofConfigError(f"{where}cache: must be warm or fresh, got {cache!r}")
+    return RunSpec(
+        name, mode, archive, cache, _strings(table, "args", where), _get(table, "compare_outputs", where, bool, True)
+    )
+
+
+def _parse_target(table: Any, i: int, runs: set[str]) -> Target:
+    where = f"target[{i}]."
+    if not isinstance(table, dict):
+        raise ProofConfigError(f"target[{i}]: must be a table ([[target]])")
+    _no_unknown(table, TARGET_KEYS, where)
+    num, den = _get(table, "num", where, str), _get(table, "den", where, str, None)
+    for key, path in (("num", num), ("den", den)):
+        if path is not None and ("." not in path or path.split(".", 1)[0] not in runs):
+            raise ProofConfigError(f"{where}{key}: {path!r} must be <run>.<metric> with a run of proof.toml")
+    low, high = _get(table, "min", where, (int, float), None), _get(table, "max", where, (int, float), None)
+    if low is None and high is None:
+        raise ProofConfigError(f"{where}min: a target needs min, max or both")
+    return Target(_get(table, "name", where, str), num, den, low, high)
+
+
+def parse_recipe(recipe_dir: Path) -> Recipe:
+    """Reads and validates `<recipe_dir>/proof.toml`; ProofConfigError names the first bad key."""
+    path = recipe_dir / "proof.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProofConfigError(f"no proof.toml in {recipe_dir}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProofConfigError(f"not valid TOML: {exc}") from None
+    _no_unknown(data, TOP_KEYS, "")
+    driver = _strings(data, "driver", "", ...)
+    if not driver:
+        raise ProofConfigError('driver: must name a program (e.g. ["{python}", "driver.py"])')
+    timeout = _get(data, "timeout_s", "", (int, float))
+    if timeout <= 0:
+        raise ProofConfigError(f"timeout_s: must be positive, got {timeout}")
+    tables = _get(data, "run", "", list)
+    runs = tuple(_parse_run(t, i) for i, t in enumerate(tables))
+    names = [r.name for r in runs]
+    if not runs or len(set(names)) != len(names):
+        raise ProofConfigError("run: needs at least one [[run]], each with its own name")
+    archive_dir = _get(data, "archive_dir", "", str, "archives")
+    taken = {WARM_CACHE, Path(archive_dir).parts[0] if archive_dir and not Path(archive_dir).is_absolute() else ""}
+    if clash := [n for n in names if n in taken]:
+        raise ProofConfigError(f"run: {clash[0]!r} is taken by a folder of --out (the warm cache or archive_dir)")
+    if clash := [r.archive for r in runs if r.archive in {*names, WARM_CACHE}]:
+        raise ProofConfigError(f"run: archive {clash[0]!r} has the name of a run's folder; choose another")
+    cache_env = _strings(data, "cache_env", "")
+    if bad := [v for v in cache_env if not ENV_NAME.fullmatch(v)]:
+        raise ProofConfigError(f"cache_env: {bad[0]!r} is not an environment variable name")
+    patterns = {
+        "error_patterns": _strings(data, "error_patterns", "", DEFAULT_ERROR_PATTERNS),
+        "ignore_patterns": _strings(data, "ignore_patterns", ""),
+    }
+    for key, regexes in patterns.items():
+        for regex in regexes:
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                raise ProofConfigError(f"{key}: {regex!r} is not a regular expression: {exc}") from None
+    targets = tuple(_parse_target(t, i, set(names)) for i, t in enumerate(_get(data, "target", "", list, [])))
+    return Recipe(
+        dir=recipe_dir.resolve(),
+        title=_get(data, "title", "", str),
+        driver=driver,
+        timeout_s=float(timeout),
+        archive_dir=archive_dir,
+        cache_env=cache_env,
+        runs=runs,
+        targets=targets,
+        error_patterns=patterns["error_patterns"],
+        ignore_patterns=patterns["ignore_patterns"],
+    )
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def cache_folders(recipe: Recipe, out: Path, spec: RunSpec) -> dict[str, Path]:
+    """Each cache variable's folder for this run: shared and kept when warm, new and empty when fresh."""
+    root = out / WARM_CACHE if spec.cache == "warm" else out / spec.name / "cache"
+    return {var: root / var for var in recipe.cache_env}
+
+
+def driver_command(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> list[str]:
+    cmd = [part.replace("{python}", python) for part in recipe.driver]
+    cmd += ["--run", spec.name, "--mode", spec.mode]
+    if spec.archive:
+        cmd += ["--archive", str(recipe.archive_path(out, spec.archive))]
+    return [*cmd, "--result", str(out / spec.name / "result.json"), *spec.args]
+
+
+def driver_env(caches: dict[str, Path], stats: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({var: str(folder) for var, folder in caches.items()})
+    env[proofkit.CACHE_DIRS_ENV] = os.pathsep.join(str(p) for p in caches.values())
+    env[proofkit.STATS_DIR_ENV] = str(stats)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TOOLS_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group; zombies wait for a reaper that may never come."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def end_group(pgid: int) -> int:
+    """SIGTERM to the group, SIGKILL to what is left after TERM_GRACE_S; returns how many processes were running."""
+    alive = group_members(pgid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not group_members(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 5.0)
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return len(alive)
+
+
+def execute_run(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> dict[str, Any]:
+    """Starts one run as its own process group, waits (bounded by timeout_s), ends the group, records run.json."""
+    run_dir = out / spec.name
+    stats = run_dir / "stats"
+    stats.mkdir(parents=True)
+    caches = cache_folders(recipe, out, spec)
+    for folder in caches.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    cmd = driver_command(recipe, out, spec, python)
+    record: dict[str, Any] = {"name": spec.name, "command": cmd, "started": _now(), "timeout_s": recipe.timeout_s}
+    start = time.monotonic()
+    with (run_dir / "log.txt").open("wb") as log:
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=recipe.dir,
+                env=driver_env(caches, stats),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.write(f"prove: cannot start the driver {shlex.join(cmd)}: {exc}\n".encode())
+            record.update(exit_code=None, timed_out=False, wall_s=0.0, ended_processes=0, start_error=str(exc))
+            return _save_record(run_dir, record)
+        try:
+            proc.wait(timeout=recipe.timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except KeyboardInterrupt:  # the run has its own session: Ctrl-C reached only us, so end the engine too
+            end_group(proc.pid)
+            raise
+        record["wall_s"] = time.monotonic() - start
+        running = end_group(proc.pid)
+        proc.wait()
+    record.update(exit_code=proc.returncode, timed_out=timed_out, ended_processes=running)
+    return _save_record(run_dir, record)
+
+
+def _save_record(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+    (run_dir / "run.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _run_all(recipe: Recipe, out: Path, selected: list[RunSpec], python: str, keep_going: bool) -> None:
+    for spec in selected:  # stale data of a selected run must never be read as this invocation's
+        shutil.rmtree(out / spec.name, ignore_errors=True)
+    for i, spec in enumerate(selected, 1):
+        tag = f"prove: [{i}/{len(selected)}] {spec.name}:"
+        where = f", archive={spec.archive}" if spec.archive else ""
+        print(f"{tag} starting (mode={spec.mode}{where}, cache={spec.cache})", flush=True)
+        if spec.mode == "save":
+            old = recipe.archive_path(out, spec.archive or "")
+            if old.exists():
+                print(f"{tag} removing the old archive {old}", flush=True)
+                shutil.rmtree(old)
+        record = execute_run(recipe, out, spec, python)
+        problem = proofcheck.run_problem(record, proofcheck.load_result(out / spec.name / "result.json"))
+        if problem is None:
+            print(f"{tag} done in {record['wall_s']:.1f} s", flush=True)
+            continue
+        print(f"{tag} FAILED: {problem}; log: {out / spec.name / 'log.txt'}", flush=True)
+        if not keep_going and i < len(selected):
+            rest = ", ".join(s.name for s in selected[i:])
+            print(f"prove: stopping (--keep-going runs the rest anyway); not run: {rest}", flush=True)
+            return
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+DESCRIPTION = (
+    "Run each [[run]] of RECIPE_DIR/proof.toml as its own process group through the recipe's driver, then check: "
+    "every run finished, outputs identical, SAVE archives identical, every graph restored, no capture and no new JIT "
+    "files during LOAD, clean logs. Writes REPORT.md, report.json and phases.png under --out. Exit 0 when every "
+    "check passes, 1 otherwise, 2 on misuse (a bad proof.toml: the message names the key)."
+)
+
+
+def _select(recipe: Recipe, runs: str | None) -> list[RunSpec]:
+    if runs is None:
+        return list(recipe.runs)
+    names = [n for n in runs.split(",") if n]
+    known = [r.name for r in recipe.runs]
+    if unknown := [n for n in names if n not in known]:
+        raise ProofConfigError(f"--runs: unknown run(s) {', '.join(unknown)}; proof.toml has {', '.join(known)}")
+    return [r for r in recipe.runs if r.name in names]
+
+
+def _misuse(message: str) -> int:
+    print(f"gptools prove: {message}", file=sys.stderr)
+    return 2
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    recipe_dir = Path(args.recipe)
+    out = Path(args.out).resolve()
+    try:
+        recipe = parse_recipe(recipe_dir)
+    except ProofConfigError as exc:
+        return _misuse(f"{recipe_dir / 'proof.toml'}: {exc}")
+    try:
+        selected = _select(recipe, args.runs)
+    except ProofConfigError as exc:
+        return _misuse(str(exc))
+    if args.check_only and args.runs:
+        return _misuse("--runs and --check-only exclude each other (--check-only re-checks every run in --out)")
+    if args.check_only and not out.is_dir():
+        return _misuse(f"--check-only: {out} does not exist; run the proof first")
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.check_only:
+        _run_all(recipe, out, selected, args.python, args.keep_going)
+    print("prove: checking", flush=True)
+    runs = {spec.name: proofcheck.load_run(spec, out) for spec in recipe.runs}
+    checks = proofcheck.evaluate(recipe, out, runs, args.python)
+    report = Path(args.report).resolve() if args.report else out / "REPORT.md"
+    headline = proofreport.write(recipe, out, runs, checks, report, command=command_line(args), python=args.python)
+    print(headline)
+    print(f"prove: report: {report}")
+    return 0 if headline == proofreport.ALL_PASSED else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", metavar="RECIPE_DIR", help="the recipe folder holding proof.toml")
+    p.add_argument("--out", required=True, help="where runs, archives, caches and the report go")
+    p.add_argument("--runs", help="comma-separated runs to (re-)run; the others keep what --out holds")
+    p.add_argument("--report", help="also write REPORT.md here (default: only <out>/REPORT.md)")
+    p.add_argument("--python", default=sys.executable, help="the interpreter for {python} (default: this one)")
+    p.add_argument("--keep-going", action="store_true", help="run the remaining runs after a failed one")
+    p.add_argument("--check-only", action="store_true", help="run nothing: re-check what --out holds")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `prove` subcommand to `python -m gptools`."""
+    p = subparsers.add_parser(
+        "prove", help="run a recipe's proof (proof.toml), check it, write REPORT.md", description=DESCRIPTION
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_prove)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The invocation, rebuilt from the parsed arguments (for the report: how to run it again)."""
+    words = ["python", "-m", "gptools", "prove", args.recipe, "--out", args.out]
+    for flag in ("runs", "report"):
+        if getattr(args, flag):
+            words += [f"--{flag}", getattr(args, flag)]
+    if args.python != sys.executable:
+        words += ["--python", args.python]
+    words += [f"--{f.replace('_', '-')}" for f in ("keep_going", "check_only") if getattr(args, f)]
+    return shlex.join(words)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gptools.prove`: the same command without the other subcommands' imports (for a GPU host)."""
+    parser = argparse.ArgumentParser(prog="python -m gptools.prove", description=DESCRIPTION)
+    add_arguments(parser)
+    try:
+        return _cmd_prove(parser.parse_args(argv))
+    except KeyboardInterrupt:
+        print("gptools prove: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
