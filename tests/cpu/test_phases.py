@@ -386,7 +386,7 @@ def test_phase_misuse_is_refused() -> None:
     mem.begin(rec, "a")
     with pytest.raises(PhaseError, match="used twice"):
         mem.begin(rec, "a")
-    with pytest.raises(PhaseError, match="headroom is for variable phases"):
+    with pytest.raises(PhaseError, match="headroom and span are for variable phases"):
         mem.begin(rec, "b", headroom=MIB)
     with pytest.raises(PhaseError, match="names must be non-empty"):
         mem.begin(rec, "(x)")
@@ -565,3 +565,27 @@ def test_range_mapped_from_the_archive_over_live_memory_is_refused() -> None:
     want = rf"range {BASE + 2 * MIB:#x}\+{4 * MIB} that LOAD maps from the archive \(made by \(capture\) at SAVE\) "
     with pytest.raises(PhaseError, match=want + "overlaps memory LOAD already has"):
         phases.restore_ranges(old, saved, live, [])
+
+
+def test_span_fixes_the_next_anchor_whatever_the_phase_used() -> None:
+    """A cold and a warm SAVE of a variable phase with a span put the next phase at the same anchor."""
+    gib = 1 << 30
+    anchors = []
+    for used in (3 * gib, 7 * gib):
+        rec = phases.Recorder()
+        rec.begin("compile", [], 0, 2 << 20, exact=False, span=16 * gib)
+        anchors.append(rec.begin("kv", [], used, 2 << 20))
+    assert anchors == [16 * gib, 16 * gib]
+
+
+def test_span_overrun_refuses_save_naming_the_phase() -> None:
+    rec = phases.Recorder()
+    rec.begin("compile", [], 0, 2 << 20, exact=False, span=1 << 30)
+    with pytest.raises(phases.PhaseError, match=r"phase 'compile' used 3221225472 bytes .* more than its span"):
+        rec.begin("kv", [], 3 << 30, 2 << 20)
+
+
+def test_span_is_for_variable_phases_only() -> None:
+    rec = phases.Recorder()
+    with pytest.raises(phases.PhaseError, match="headroom and span are for variable phases"):
+        rec.begin("weights", [], 0, 2 << 20, span=1 << 30)

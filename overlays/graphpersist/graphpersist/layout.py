@@ -98,14 +98,17 @@ def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:
     return [p.name for p in saved]
 
 
-def begin_phase(name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None) -> int:
+def begin_phase(
+    name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None, span: int | None = None
+) -> int:
     """Starts phase `name` (ending the open one). `exact=False`: its allocations may differ between runs (SAVE
-    leaves `headroom` bytes of address space after it, default as much as it used and at least 1 GiB);
-    `skip_on_load=True`: LOAD may leave it out (capture-only work; its memory still live at SAVE is mapped from
-    the archive). After mark_setup() it is a post-capture phase, which LOAD re-runs after load(). Returns the
-    region offset the phase starts at."""
+    leaves `headroom` bytes of address space after it, default as much as it used and at least 1 GiB); `span`: a
+    variable phase owns exactly that much address space from its anchor (the next anchor is then the same whatever
+    this run allocated, e.g. a cold and a warm compile); `skip_on_load=True`: LOAD may leave it out (capture-only
+    work; its memory still live at SAVE is mapped from the archive). After mark_setup() it is a post-capture
+    phase, which LOAD re-runs after load(). Returns the region offset the phase starts at."""
     return _step(lambda evs, cur, gran: _rec.begin(name, evs, cur, gran, exact=exact, skip_on_load=skip_on_load,
-                                                   headroom=headroom))  # fmt: skip
+                                                   headroom=headroom, span=span))  # fmt: skip
 
 
 def end_phase() -> None:
@@ -116,9 +119,11 @@ def end_phase() -> None:
 
 
 @contextmanager
-def phase(name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None) -> Iterator[int]:
+def phase(
+    name: str, *, exact: bool = True, skip_on_load: bool = False, headroom: int | None = None, span: int | None = None
+) -> Iterator[int]:
     """`with phase("weights"): ...` = begin_phase(...) ... end_phase(); an exception leaves the phase open."""
-    start = begin_phase(name, exact=exact, skip_on_load=skip_on_load, headroom=headroom)
+    start = begin_phase(name, exact=exact, skip_on_load=skip_on_load, headroom=headroom, span=span)
     yield start
     end_phase()
 

@@ -106,13 +106,15 @@ class LoadResult:
     (`res.get(name, default)` returns the default instead); iteration yields the names in capture order.
     `skipped_phases`: SAVE's skip_on_load phases this LOAD did not run (their memory was mapped from the
     archive); `post_capture_phases`: phases the engine must now re-run before the first replay (then
-    verify_state(), or the replay itself, checks them and the declared state).
+    verify_state(), or the replay itself, checks them and the declared state). `notes`: the engine's own
+    bookkeeping SAVE stored for this rank (`Saver.save(notes=...)`).
     """
 
     graphs: GraphSet[LoadedGraph]
     timings: dict[str, float]
     skipped_phases: list[str] = field(default_factory=list)
     post_capture_phases: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> LoadedGraph:
         return self.graphs[name]
@@ -311,4 +313,5 @@ def _load_rank(
         },
         skipped,
         [p.name for p in pending.saved if p.post_capture] if pending else [],
+        dict(rec.extra.get("engine_notes") or {}),
     )

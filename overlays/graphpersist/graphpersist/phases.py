@@ -60,6 +60,7 @@ class Phase:
     end: int = -1
     limit: int = -1
     headroom: int | None = None  # requested gap after a variable phase (None: as much as it used, >= 1 GiB)
+    span: int | None = None  # a variable phase's fixed reservation from its anchor (the next anchor = start + span)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,8 +109,12 @@ class Recorder:
         return self.phases[-1] if self.phases and self.phases[-1].end_event < 0 else None
 
     def begin(self, name: str, evs: Sequence[Event], cursor: int, gran: int, *, exact: bool = True,
-              skip_on_load: bool = False, headroom: int | None = None) -> int:  # fmt: skip
-        """Ends the open phase and opens `name`; returns the offset the cursor must move to (its anchor)."""
+              skip_on_load: bool = False, headroom: int | None = None, span: int | None = None) -> int:  # fmt: skip
+        """Ends the open phase and opens `name`; returns the offset the cursor must move to (its anchor).
+
+        `span` (variable phases): the phase owns exactly `span` bytes of address space from its anchor, so the
+        next anchor does not depend on how much this run used (a cold and a warm SAVE give the same layout); SAVE
+        refuses a run of it that goes past the span. Without it the next anchor is `end` + headroom."""
         if not name or name.startswith("("):
             raise PhaseError(f"phase name {name!r}: names must be non-empty and not start with '('")
         if any(p.name == name for p in self.phases) or name in self.skipped:
@@ -120,11 +125,15 @@ class Recorder:
                 "the registration); capture-time allocations outside post-capture phases need no phase, LOAD maps "
                 "them from the archive"
             )
-        if headroom is not None and exact:
-            raise PhaseError(f"phase {name!r}: headroom is for variable phases (exact=False)")
+        if (headroom is not None or span is not None) and exact:
+            raise PhaseError(f"phase {name!r}: headroom and span are for variable phases (exact=False)")
+        if headroom is not None and span is not None:
+            raise PhaseError(f"phase {name!r}: give headroom or span, not both")
+        if span is not None and span <= 0:
+            raise PhaseError(f"phase {name!r}: span must be > 0 bytes, got {span}")
         cursor = self._close(evs, cursor, gran, reopen=False)
         return self._open(Phase(name, exact, skip_on_load, self.setup_done, False, len(evs), -1, cursor,
-                                headroom=headroom), cursor)  # fmt: skip
+                                headroom=headroom, span=span), cursor)  # fmt: skip
 
     def end(self, evs: Sequence[Event], cursor: int, gran: int) -> int:
         """Ends the open named phase (in setup, events up to the next phase go to "(after NAME)")."""
@@ -209,7 +218,14 @@ class Recorder:
         idx = len(self.phases) - 1
         ph.end_event, ph.end = len(evs), cursor
         empty = ph.end_event == ph.start_event and cursor == ph.start
-        if self.saved is None:
+        if self.saved is None and not ph.exact and ph.span is not None:
+            ph.limit = round_up(ph.start + ph.span, gran)
+            if cursor > ph.limit:
+                raise PhaseError(
+                    f"phase {ph.name!r} used {cursor - ph.start} bytes of address space, more than its span of "
+                    f"{ph.span} bytes: give it a larger span (begin_phase(..., span=...)) and SAVE again"
+                )
+        elif self.saved is None:
             ph.limit = cursor if ph.exact else round_up(cursor + headroom_for(cursor - ph.start, ph.headroom, gran),
                                                         gran)  # fmt: skip
         elif idx in self._unmatched:

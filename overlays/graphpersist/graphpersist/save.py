@@ -113,8 +113,12 @@ class Saver:
         flags: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         gather: ranks.Gather | None = None,
+        notes: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
+
+        `notes` is this rank's free-form engine bookkeeping (JSON), stored in its rank record and handed back
+        by LOAD as `LoadResult.notes`; it is never compared as a fact.
 
         With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
         the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
@@ -137,7 +141,7 @@ class Saver:
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
         try:
-            summary = self._write(w, rank, prep)
+            summary = self._write(w, rank, prep, dict(notes or {}))
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
             if coll.world_size == 1:
                 w.abort()
@@ -256,7 +260,7 @@ class Saver:
             "states": states,
         }  # fmt: skip
 
-    def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any]) -> dict[str, Any]:
+    def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
         """Writes this rank's files and rank record into the (shared) staging folder."""
         info, evs, saved, used = prep["info"], prep["evs"], prep["saved"], prep["used"]
         pointers, inv_fp, mark = prep["pointers"], prep["inv_fp"], prep["mark"]
@@ -313,6 +317,7 @@ class Saver:
                     "granularity": info.granularity,
                     "phases": [p.to_json() for p in prep["phases"]],
                     "state": [r.to_json() for r, _ in prep["states"]],
+                    "engine_notes": notes,
                 },
             },
         )

@@ -9,11 +9,13 @@ passes through without touching CUDA, so a bad value is refused there before any
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import MutableMapping
 from typing import Any
 
 from vllm.logger import init_logger
 
-from graphpersist import switch
+from graphpersist import region, switch
 
 logger = init_logger(__name__)
 
@@ -29,9 +31,36 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     switch.add_arguments(group)
 
 
+WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
+
+
 def resolve_engine_args(engine_args: Any) -> switch.Switch:
-    """Resolve and validate the switch of an ``EngineArgs``; log one line when persistence is on, nothing when off."""
+    """Resolve and validate the switch of an ``EngineArgs``; log one line when persistence is on, nothing when off.
+
+    On, it selects the persisting worker and prepares the environment every engine and worker process inherits:
+    the resolved mode and directory, the runtime's interposer (``LD_PRELOAD``: the address region must exist
+    before any CUDA library allocates) and the ``spawn`` start method (a forked process would not load it).
+    """
     resolved = switch.resolve(engine_args.graph_persist, engine_args.graph_persist_dir)
-    if resolved.enabled:
-        logger.info("%s", resolved.describe())
+    if not resolved.enabled:
+        return resolved
+    if engine_args.worker_cls not in ("auto", WORKER_CLS):
+        raise switch.SwitchError(
+            f"graphpersist: --graph-persist {resolved.mode.value} needs vLLM's own GPU worker, but worker_cls is "
+            f"{engine_args.worker_cls!r}: drop --worker-cls or turn persistence off"
+        )
+    engine_args.worker_cls = WORKER_CLS
+    export_environment(resolved, os.environ)
+    logger.info("%s", resolved.describe())
     return resolved
+
+
+def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
+    """What the engine core and worker processes need to find the switch and run under the runtime."""
+    environ[switch.MODE_ENV] = resolved.mode.value
+    environ[switch.DIR_ENV] = str(resolved.directory)
+    environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    preload = region.preload_env(env=dict(environ))
+    for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
+        if name in preload:
+            environ[name] = preload[name]

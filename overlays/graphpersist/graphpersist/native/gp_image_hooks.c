@@ -1,6 +1,7 @@
 /* Module and library loads: every image the process loads is recorded (kept readable) for SAVE. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,50 @@ static void record_image(uint32_t kind, uint64_t handle, const void *image, uint
     pthread_mutex_unlock(&g_lock);
     gp_log("image kind %u handle 0x%llx size %llu owned %u", kind, (unsigned long long)handle,
            (unsigned long long)size, owned);
+}
+
+/* An image loaded from a file (torch Inductor's static launcher uses cuModuleLoad on its cubin files): the bytes
+ * are read once, kept, and recorded like loaded data, so LOAD can load them with cuModuleLoadData/cuLibraryLoadData.
+ * A file that cannot be read back is logged and left unrecorded: SAVE then refuses graphs using its kernels. */
+static void record_file(uint32_t kind, uint64_t handle, const char *path, uint32_t n_jit) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    long n = -1;
+    char *buf = NULL;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)n + 1);
+        if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    if (f) fclose(f);
+    if (!buf) {
+        gp_log("image file %s could not be read back: not recorded", path ? path : "(null)");
+        return;
+    }
+    buf[n] = 0; /* PTX text is NUL-terminated data */
+    uint32_t format = gp_image_format(buf);
+    uint64_t size = (uint64_t)n + (format == 3 ? 1 : 0);
+    pthread_mutex_lock(&g_lock);
+    gp_images_append(&g_images, kind, handle, (uint64_t)buf, size, 1, format, n_jit);
+    pthread_mutex_unlock(&g_lock);
+    gp_log("image kind %u handle 0x%llx size %llu from file %s", kind, (unsigned long long)handle,
+           (unsigned long long)size, path);
+}
+
+GP_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname) {
+    NEED(cuModuleLoad);
+    CUresult r = d->cuModuleLoad(module, fname);
+    if (r == CUDA_SUCCESS) record_file(1, (uint64_t)*module, fname, 0);
+    return r;
+}
+
+GP_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jo, void **jv,
+                                                 unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl) {
+    NEED(cuLibraryLoadFromFile);
+    CUresult r = d->cuLibraryLoadFromFile(library, fileName, jo, jv, nj, lo, lv, nl);
+    if (r == CUDA_SUCCESS) record_file(4, (uint64_t)*library, fileName, nj);
+    return r;
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {

@@ -87,6 +87,8 @@ static const hook_t g_hooks[] = {
     {"cuMemMap", "cuMemMap", (void *)cuMemMap, NULL},
     {"cuMemUnmap", "cuMemUnmap", (void *)cuMemUnmap, NULL},
     {"cuMemAllocManaged", "cuMemAllocManaged", (void *)cuMemAllocManaged, NULL},
+    {"cuPointerGetAttribute", "cuPointerGetAttribute", (void *)cuPointerGetAttribute, NULL},
+    {"cuPointerGetAttributes", "cuPointerGetAttributes", (void *)cuPointerGetAttributes, NULL},
     {"cuIpcGetMemHandle", "cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, NULL},
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, NULL},
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle", (void *)cuIpcOpenMemHandle_v2, NULL}, /* v1: same signature */
@@ -94,10 +96,12 @@ static const hook_t g_hooks[] = {
     {"cuMemAllocAsync", "cuMemAllocAsync", (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz},
     {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync,
      (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuModuleLoad", "cuModuleLoad", (void *)cuModuleLoad, NULL},
     {"cuModuleLoadData", "cuModuleLoadData", (void *)cuModuleLoadData, NULL},
     {"cuModuleLoadDataEx", "cuModuleLoadDataEx", (void *)cuModuleLoadDataEx, NULL},
     {"cuModuleLoadFatBinary", "cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary, NULL},
     {"cuLibraryLoadData", "cuLibraryLoadData", (void *)cuLibraryLoadData, NULL},
+    {"cuLibraryLoadFromFile", "cuLibraryLoadFromFile", (void *)cuLibraryLoadFromFile, NULL},
     {"cuGetProcAddress", "cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, NULL},
 };
 #define NHOOKS (sizeof g_hooks / sizeof g_hooks[0])

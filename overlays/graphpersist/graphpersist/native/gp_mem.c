@@ -447,6 +447,48 @@ live_t *live_containing(uint64_t p) {
     return NULL;
 }
 
+/* Region memory lives inside one big reservation, so the driver answers RANGE_START_ADDR / RANGE_SIZE with the whole
+ * region. Code that shares memory over IPC (vLLM's and SGLang's custom all-reduce, DeepEP) asks for the allocation's
+ * base before cuIpcGetMemHandle, as cudaMalloc memory would give it: answer with the allocation, as legacy memory. */
+static int allocation_of(uint64_t p, uint64_t *base, uint64_t *size) {
+    if (!enabled() || !in_region(p)) return 0;
+    pthread_mutex_lock(&g_lock);
+    live_t *l = live_containing(p);
+    if (l) {
+        *base = l->addr;
+        *size = l->size;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return l != NULL;
+}
+
+static void answer_range(CUpointer_attribute attr, void *data, uint64_t base, uint64_t size) {
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *(CUdeviceptr *)data = base;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *(size_t *)data = size;
+}
+
+GP_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+    NEED(cuPointerGetAttribute);
+    uint64_t base, size;
+    int range = attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+    if (range && data && allocation_of(ptr, &base, &size)) {
+        answer_range(attr, data, base, size);
+        return CUDA_SUCCESS;
+    }
+    return d->cuPointerGetAttribute(data, attr, ptr);
+}
+
+GP_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
+                                                  CUdeviceptr ptr) {
+    NEED(cuPointerGetAttributes);
+    CUresult r = d->cuPointerGetAttributes(n, attrs, data, ptr);
+    uint64_t base, size;
+    if (r == CUDA_SUCCESS && attrs && data && allocation_of(ptr, &base, &size))
+        for (unsigned int i = 0; i < n; i++)
+            if (data[i]) answer_range(attrs[i], data[i], base, size);
+    return r;
+}
+
 static CUresult async_refused(const char *what, size_t bytes) {
     pthread_mutex_lock(&g_lock);
     if (log_reserve() == 0) gp_log_append(&g_log, GP_EV_REFUSED, 0, 0, bytes);

@@ -86,9 +86,10 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
     X(cuMemSetAccess) X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemAlloc_v2)          \
     X(cuMemAllocPitch_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)          \
     X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)      \
-    X(cuIpcCloseMemHandle) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuLibraryLoadData) \
-    X(cuGetProcAddress_v2) X(cuGraphAddKernelNode_v2) X(cuGraphKernelNodeSetAttribute)                             \
-    X(cuGraphKernelNodeGetAttribute) X(cuGraphAddDependencies_v2)
+    X(cuIpcCloseMemHandle) X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary)      \
+    X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuGetProcAddress_v2) X(cuGraphAddKernelNode_v2)               \
+    X(cuGraphKernelNodeSetAttribute) X(cuGraphKernelNodeGetAttribute) X(cuGraphAddDependencies_v2)                \
+    X(cuPointerGetAttribute) X(cuPointerGetAttributes)
 
 #define GP_DRIVER_FIELD(name) __typeof__(&name) name;
 typedef struct {

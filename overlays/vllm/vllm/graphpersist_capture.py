@@ -1,0 +1,146 @@
+"""The capture sites: SAVE keeps every graph vLLM captures; LOAD installs restored graphs where vLLM keeps them.
+
+vLLM 0.26.0's V2 model runner captures two kinds of graphs (FULL_AND_PIECEWISE by default):
+- FULL graphs in `CudaGraphManager.capture` (`vllm/v1/worker/gpu/cudagraph_utils.py`), kept in
+  `manager.graphs[BatchExecutionDescriptor]`, all writing the manager's `hidden_states` buffer;
+- PIECEWISE graphs, one per piece of the split model and batch size, in `CUDAGraphWrapper.__call__`
+  (`vllm/compilation/cuda_graph.py`), kept in `wrapper.concrete_cudagraph_entries[BatchDescriptor]` with the
+  piece's output tensors.
+Names are stable across processes: `full/<tokens>/<reqs>/<uniform>` and `piecewise/<tokens>/<piece index>`
+(the piece index is the split graph's, `PiecewiseBackend.piecewise_compile_index`, not an object id). The
+descriptors themselves travel in the rank's notes, so LOAD rebuilds the exact dispatch keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from vllm import graphpersist_session as gps
+
+from graphpersist.errors import PersistError
+
+
+def new_graph() -> torch.cuda.CUDAGraph:
+    """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
+    sess = gps.current()
+    if sess is not None and sess.saving:
+        from graphpersist import api
+
+        return api.PersistentCUDAGraph()
+    return torch.cuda.CUDAGraph()
+
+
+def full_name(desc: Any) -> str:
+    return f"full/{desc.num_tokens}/{desc.num_reqs}/{desc.uniform_token_count}"
+
+
+def piece_name(batch_descriptor: Any, piece: int) -> str:
+    return f"piecewise/{batch_descriptor.num_tokens}/{piece:03d}"
+
+
+def piece_index(wrapper: Any) -> int:
+    index = getattr(wrapper.runnable, "piecewise_compile_index", None)
+    if not isinstance(index, int):
+        raise PersistError(
+            f"graphpersist: a piecewise CUDA graph wraps {type(wrapper.runnable).__name__}, which has no "
+            "piecewise_compile_index: only torch.compile's piecewise backend can be persisted (refused)"
+        )
+    return index
+
+
+def captured_full(manager: Any, desc: Any, graph: Any) -> None:
+    """SAVE: a FULL graph was captured; its output is the manager's hidden_states buffer."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    assert sess.saver is not None
+    if not getattr(manager, "is_last_pp_rank", True) or getattr(manager, "use_aux_hidden_state_outputs", False):
+        raise PersistError("graphpersist: FULL graphs of a non-last pipeline stage or with auxiliary hidden "
+                               "states are not persisted (refused)")  # fmt: skip
+    graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
+    name = full_name(desc)
+    fields = dataclasses.asdict(desc)
+    fields["cg_mode"] = desc.cg_mode.name
+    sess.notes["full"][name] = fields
+    sess.saver.add(name, graph, [], manager.hidden_states, capture_size=desc.num_tokens, mode="full")
+    sess.captured += 1
+
+
+def captured_piece(wrapper: Any, entry: Any, args: tuple[Any, ...], output: Any) -> None:
+    """SAVE: one piece of a PIECEWISE forward was captured for `entry.batch_descriptor`."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    assert sess.saver is not None
+    entry.cudagraph.instantiate()
+    name = piece_name(entry.batch_descriptor, piece_index(wrapper))
+    sess.notes["pieces"][name] = dataclasses.asdict(entry.batch_descriptor)
+    inputs = [x for x in args if isinstance(x, torch.Tensor)]
+    sess.saver.add(name, entry.cudagraph, inputs, output, capture_size=entry.batch_descriptor.num_tokens,
+                   mode="piecewise")  # fmt: skip
+    sess.captured += 1
+
+
+def expected_inventory(manager: Any) -> tuple[list[int], list[str]]:
+    """The capture sizes and modes this live configuration would capture (what LOAD must find saved)."""
+    sizes = sorted({d.num_tokens for descs in manager._capture_descs.values() for d in descs})
+    modes = sorted({m.name.lower() for m in manager._capture_descs})
+    return sizes, modes
+
+
+def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:
+    """LOAD: puts every restored graph where vLLM's dispatch looks for it; returns how many were installed.
+
+    Refuses (before any replay) when the saved inventory is not exactly what this configuration dispatches to:
+    a FULL descriptor vLLM would capture but the archive lacks, or the reverse, or a piece without a wrapper.
+    """
+    from vllm.compilation.cuda_graph import CUDAGraphEntry, CUDAGraphWrapper
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    installed = 0
+    live_full = {full_name(d): d for d in manager._capture_descs.get(CUDAGraphMode.FULL, [])}
+    saved_full = notes.get("full", {})
+    if set(live_full) != set(saved_full):
+        raise PersistError(
+            "graphpersist: FULL graphs differ: saved "
+            f"{sorted(set(saved_full) - set(live_full)) or 'none'} not captured by this configuration, live "
+            f"{sorted(set(live_full) - set(saved_full)) or 'none'} not in the archive. Re-run with mode=save for "
+            "this configuration."
+        )
+    for name, fields in saved_full.items():
+        desc = BatchExecutionDescriptor(**{**fields, "cg_mode": CUDAGraphMode[fields["cg_mode"]]})
+        if desc != live_full[name]:
+            raise PersistError(f"graphpersist: FULL graph {name}: saved descriptor {desc}, live "
+                                   f"{live_full[name]}. Re-run with mode=save for this configuration.")  # fmt: skip
+        graph = result[name]
+        manager.graphs[desc] = graph
+        manager.hidden_states = graph.outputs
+        installed += 1
+
+    wrappers = {piece_index(w): w for w in CUDAGraphWrapper._all_instances
+                if w.runtime_mode == CUDAGraphMode.PIECEWISE}  # fmt: skip
+    live_piece_sizes = {d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, [])}
+    saved_pieces = notes.get("pieces", {})
+    expected = {piece_name(BatchDescriptor(num_tokens=n), i) for n in live_piece_sizes for i in wrappers}
+    if set(saved_pieces) != expected:
+        missing, extra = sorted(expected - set(saved_pieces)), sorted(set(saved_pieces) - expected)
+        raise PersistError(
+            f"graphpersist: piecewise graphs differ ({len(wrappers)} live pieces x {len(live_piece_sizes)} sizes): "
+            f"not in the archive {missing[:5] or 'none'}{' ...' if len(missing) > 5 else ''}, saved but not "
+            f"dispatched here {extra[:5] or 'none'}{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for "
+            "this configuration."
+        )
+    for name, fields in saved_pieces.items():
+        bd = BatchDescriptor(**fields)
+        graph = result[name]
+        wrapper = wrappers[int(name.rsplit("/", 1)[1])]
+        wrapper.concrete_cudagraph_entries[bd] = CUDAGraphEntry(batch_descriptor=bd, cudagraph=graph,
+                                                                output=graph.outputs)  # fmt: skip
+        wrapper.first_run_finished = True
+        installed += 1
+    manager._graphs_captured = True
+    return installed

@@ -1,0 +1,130 @@
+"""vLLM's custom all-reduce under persistence: its post-capture registration as a phase LOAD re-runs.
+
+After capture, `CustomAllreduce.register_graph_buffers` exports every buffer the captured all-reduces read
+(7446 at TP=2 for Qwen3-8B), exchanges the handles, opens the peers' ones and writes one row of peer pointers
+per buffer into `rank_data`, which the captured kernels read. At SAVE this runs as upstream does, inside the
+post-capture phase `custom_all_reduce`; the rows (`rank_data`, declared state, "bytes") and this rank's buffer
+pointers (notes) go into the archive. LOAD captures nothing, so the C++ side has no buffers to register: it
+re-exports the same buffers, exchanges the handles over the CPU group and opens the peers' ones in the order
+the C++ side does (buffer by buffer, peer by peer, each allocation once), inside the same phase. The runtime
+then proves that every peer mapping landed at its saved address and writes the saved rows back.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import torch
+from vllm import graphpersist_session as gps
+
+from graphpersist.errors import PersistError
+
+PHASE = "custom_all_reduce"
+STATE = "custom_all_reduce.rank_data"
+ROW_BYTES = 64  # RankData: 8 device pointers
+FIRST_GRAPH_ROW = 1  # row 0 holds the eager input buffer registered at init (register_buffer)
+
+
+def register_graph_buffers(ca: Any) -> None:
+    """Called where upstream calls `ca.register_graph_buffers()` at the end of capture."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        ca.register_graph_buffers()
+        return
+    from vllm import _custom_ops as ops
+
+    from graphpersist import api
+
+    with api.phase(PHASE):
+        _, offsets = ops.get_graph_buffer_ipc_meta(ca._ptr)  # what upstream's call below exports, counted
+        ca.register_graph_buffers()
+    torch.cuda.synchronize()
+    api.declare_state(STATE, ca.rank_data, how="bytes")
+    sess.notes[PHASE] = {"own_pointers": _own_pointers(ca, len(offsets)), "world_size": ca.world_size}
+
+
+def _own_pointers(ca: Any, n: int) -> list[int]:
+    """This rank's buffer of each registered row, read back from rank_data (column `rank` of rows 1..n)."""
+    rows = ca.rank_data[FIRST_GRAPH_ROW * ROW_BYTES : (FIRST_GRAPH_ROW + n) * ROW_BYTES].cpu().numpy().tobytes()
+    own = [struct.unpack_from("<Q", rows, i * ROW_BYTES + 8 * ca.rank)[0] for i in range(n)]
+    if n and (0 in own or len(rows) != n * ROW_BYTES):
+        raise PersistError(
+            f"graphpersist: custom all-reduce registered {n} graph buffers, but rank_data rows "
+            f"{FIRST_GRAPH_ROW}..{FIRST_GRAPH_ROW + n - 1} do not hold them (the C++ layout changed?): SAVE refused"
+        )
+    return own
+
+
+def _custom_all_reduce() -> Any:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    comm = getattr(get_tp_group(), "device_communicator", None)
+    ca = getattr(comm, "ca_comm", None)
+    return ca if ca is not None and not ca.disabled else None
+
+
+def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
+    """LOAD: re-open the peers' graph buffers at SAVE's addresses and declare the saved rows."""
+    ca = _custom_all_reduce()
+    saved = notes.get(PHASE)
+    if ca is None and saved is None:
+        return
+    if ca is None or saved is None:
+        live = "on" if ca is not None else "off"
+        raise PersistError(
+            f"graphpersist: custom all-reduce is {live} in this LOAD but was "
+            f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
+        )
+    from cuda.bindings import driver as drv
+
+    from graphpersist import api
+
+    own = [int(p) for p in saved["own_pointers"]]
+    with api.phase(PHASE):
+        mine = [_export(drv, _range_start(drv, ptr)) for ptr in own]  # one export call per buffer, as C++ does
+        everyone = _gather(ca, mine)
+        opened: dict[bytes, int] = {}
+        for i in range(len(own)):
+            for peer in range(ca.world_size):
+                if peer == ca.rank:
+                    continue
+                handle = everyone[peer][i]
+                if handle not in opened:
+                    opened[handle] = _open(drv, handle)
+        sess.kept.append(opened)
+    api.declare_state(STATE, ca.rank_data, how="bytes")
+    sess.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))
+
+
+def _gather(ca: Any, mine: list[bytes]) -> list[list[bytes]]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * ca.world_size
+    dist.all_gather_object(out, mine, group=ca.group)
+    return out
+
+
+def _check(drv: Any, err: Any, what: str) -> None:
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise PersistError(f"graphpersist: custom all-reduce LOAD: {what} failed ({err.name})")
+
+
+def _range_start(drv: Any, ptr: int) -> int:
+    err, base = drv.cuPointerGetAttribute(drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
+    _check(drv, err, f"cuPointerGetAttribute(RANGE_START_ADDR, {ptr:#x})")
+    return int(base)
+
+
+def _export(drv: Any, base: int) -> bytes:
+    err, handle = drv.cuIpcGetMemHandle(base)
+    _check(drv, err, f"cuIpcGetMemHandle({base:#x})")
+    return bytes(handle.reserved)
+
+
+def _open(drv: Any, raw: bytes) -> int:
+    handle = drv.CUipcMemHandle()
+    handle.reserved = raw
+    err, ptr = drv.cuIpcOpenMemHandle(handle, drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    _check(drv, err, "cuIpcOpenMemHandle")
+    return int(ptr)

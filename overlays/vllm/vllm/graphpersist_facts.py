@@ -1,0 +1,197 @@
+"""What a vLLM archive must agree on, what persistence refuses, and the small engine lookups the worker needs.
+
+Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
+LOAD: a configuration that captures different graphs, or sizes its KV cache differently, is refused naming the
+field, the saved and the live value. `early_check` compares what is known before setup, so a wrong TP size or
+model is refused at start-up with those names rather than as an allocation that landed elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphpersist import api, ranks
+from graphpersist.archive import ArchiveError, open_archive
+from graphpersist.liveenv import collect_live
+from graphpersist.validate import LoadRefused, evaluate
+
+SUPPORTED = (
+    "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
+    "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or off), "
+    "no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+)
+
+
+def _refuse(what: str, instead: str) -> api.PersistError:
+    return api.PersistError(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
+
+
+def refuse_unsupported(cfg: Any) -> None:
+    """Refuses, before anything is allocated, the configurations whose graphs this integration cannot restore."""
+    par, comp = cfg.parallel_config, cfg.compilation_config
+    if cfg.model_config.enforce_eager:
+        raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
+    if par.pipeline_parallel_size != 1:
+        raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")
+    if par.data_parallel_size != 1:
+        raise _refuse(f"data_parallel_size={par.data_parallel_size}", "start one engine per data-parallel rank")
+    if getattr(par, "enable_expert_parallel", False):
+        raise _refuse("expert parallelism", "turn expert parallelism off")
+    if par.nnodes_within_dp != 1:
+        raise _refuse(f"{par.nnodes_within_dp} nodes", "run on a single node")
+    if cfg.lora_config is not None:
+        raise _refuse("LoRA", "serve without LoRA adapters")
+    if cfg.speculative_config is not None:
+        raise _refuse("speculative decoding", "serve without a speculative config")
+    mode = comp.cudagraph_mode
+    if mode is not None and mode.name == "NONE":
+        raise _refuse("cudagraph_mode NONE (no CUDA graphs)", "turn persistence off")
+    if par.tensor_parallel_size > 1 and comp.pass_config.fuse_allreduce_rms:
+        raise _refuse(
+            "the fused all-reduce + RMSNorm pass (flashinfer) at tensor parallelism > 1",
+            'turn it off with compilation_config={"pass_config": {"fuse_allreduce_rms": false}} (vllm serve: '
+            "-cc.pass_config.fuse_allreduce_rms=false). Its automatic backend needs NVLink multicast, which hosts "
+            "like ours do not have, and its IPC workspace is not persisted yet",
+        )
+
+
+def refuse_unsupported_runner(worker: Any) -> None:
+    """After the runner exists: only the V2 model runner's capture sites are hooked."""
+    if not getattr(worker, "use_v2_model_runner", False):
+        raise _refuse("this model (it runs on vLLM's V1 model runner)", "serve a dense decoder model on the V2 runner")
+
+
+def device_index(worker: Any) -> int:
+    """The CUDA device this worker uses, as Worker.init_device computes it (single node, no data parallelism)."""
+    from vllm.platforms import current_platform
+
+    return int(current_platform.logical_device_id_to_visible_device_id(worker.local_rank))
+
+
+def engine_facts() -> dict[str, str]:
+    import vllm
+
+    return {"name": "vllm", "version": vllm.__version__, "commit": str(getattr(vllm, "__commit_id__", "") or "")}
+
+
+def model_facts(cfg: Any) -> dict[str, str]:
+    return {"dtype": str(cfg.model_config.dtype), "config_fingerprint": cfg.model_config.compute_hash()}
+
+
+def parallel(cfg: Any) -> dict[str, int]:
+    par = cfg.parallel_config
+    return {"world_size": par.world_size, "tp_size": par.tensor_parallel_size, "pp_size": 1, "ep_size": 1}
+
+
+def _custom_all_reduce_on() -> bool:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    comm = getattr(get_tp_group(), "device_communicator", None)
+    ca = getattr(comm, "ca_comm", None)
+    return ca is not None and not ca.disabled
+
+
+def config_flags(cfg: Any) -> dict[str, Any]:
+    """Flags known from the configuration alone (compared before setup and again at LOAD)."""
+    comp, cache, sched = cfg.compilation_config, cfg.cache_config, cfg.scheduler_config
+    return {
+        "max_model_len": cfg.model_config.max_model_len,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "block_size": cache.block_size,
+        "kv_cache_dtype": str(cache.cache_dtype),
+        "gpu_memory_utilization": float(cache.gpu_memory_utilization),
+        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+        "compilation_mode": str(comp.mode),
+        "disable_custom_all_reduce": bool(cfg.parallel_config.disable_custom_all_reduce),
+        "fuse_allreduce_rms": bool(comp.pass_config.fuse_allreduce_rms),
+        "seed": cfg.model_config.seed,
+    }
+
+
+def flags(worker: Any, sizes: list[int], modes: list[str]) -> dict[str, Any]:
+    """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
+    from vllm import graphpersist_session as gps
+
+    cfg = worker.vllm_config
+    runner = worker.model_runner
+    sess = gps.current()
+    backends = sorted({g.backend.get_name() for groups in runner.attn_groups for g in groups})
+    return {
+        **config_flags(cfg),
+        "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
+        "cudagraph_capture_sizes": sorted(cfg.compilation_config.cudagraph_capture_sizes or []),
+        "attention_backends": backends,
+        "kv_available_bytes": None if sess is None else sess.kv_bytes,
+        "kv_num_blocks": worker.cache_config.num_gpu_blocks,
+        "custom_all_reduce": _custom_all_reduce_on(),
+        "vllm_config_hash": cfg.compute_hash(),
+    }
+
+
+def early_check(sess: Any, cfg: Any) -> None:
+    """LOAD, right after the region exists: versions, GPU, layout, model and configuration flags, by name."""
+    try:
+        archive = open_archive(sess.directory, verify_checksums=False)
+    except ArchiveError as exc:
+        raise api.PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
+    live = collect_live(
+        device=torch.cuda.current_device(),
+        engine=engine_facts(),
+        model=sess.model,
+        parallel=parallel(cfg),
+        flags=config_flags(cfg),
+    )
+    result = evaluate(archive, live, sess.rank, skip_unknown=True)
+    if result.mismatches:
+        raise LoadRefused(sess.directory, result.mismatches, sess.rank)
+    saved = archive.manifest.world.flags.get("kv_available_bytes")
+    if not isinstance(saved, int) or saved <= 0:
+        raise api.PersistError(f"graphpersist: {sess.directory} records no KV-cache size (flags.kv_available_bytes "
+                               f"= {saved!r}). Re-run with mode=save.")  # fmt: skip
+    sess.kv_bytes = saved
+
+
+def check_free_memory(kv_bytes: int) -> None:
+    """LOAD reuses SAVE's KV size instead of profiling: refuse when this GPU cannot hold it now."""
+    free, total = torch.cuda.mem_get_info()
+    if free < kv_bytes:
+        raise api.PersistError(
+            f"graphpersist: the archive's KV cache needs {kv_bytes / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB "
+            f"of {total / 2**30:.2f} GiB are free on this GPU: free the GPU (other processes?) or re-run with "
+            "mode=save on this host"
+        )
+
+
+def agree_kv_bytes(sess: Any, mine: int) -> None:
+    """SAVE: the engine sizes the KV cache by the smallest rank's profile; record that one value for LOAD."""
+    values = cpu_gather()(mine) if sess.world_size > 1 else [mine]
+    sess.kv_bytes = int(min(values))
+
+
+def cpu_gather() -> ranks.Gather:
+    """Rank agreement over vLLM's CPU (gloo) world group: nothing touches the GPU or NCCL."""
+    from vllm.distributed.parallel_state import get_world_group
+
+    return ranks.torch_gather(get_world_group().cpu_group)
+
+
+def compile_forward(runner: Any) -> None:
+    """LOAD: the profile run's forward without the sampler: compiles (or loads) the model as SAVE's profile did."""
+    runner._dummy_run(runner.max_num_tokens, skip_attn=True, is_profile=True)
+    torch.cuda.synchronize()
+
+
+def setup_tensors(runner: Any) -> dict[str, torch.Tensor]:
+    """The setup tensors the graphs read, by name: parameters, buffers and KV caches (LOAD proves their place)."""
+    named: dict[str, torch.Tensor] = {}
+    for name, t in runner.model.named_parameters():
+        named[f"param.{name}"] = t.data
+    for name, t in runner.model.named_buffers():
+        if t.is_cuda:
+            named[f"buffer.{name}"] = t
+    for i, t in enumerate(runner.kv_caches):
+        named[f"kv_cache.{i}"] = t
+    return named

@@ -1,0 +1,182 @@
+"""The GPU worker that persists (SAVE) or restores (LOAD) its CUDA graphs: vLLM's Worker plus the runtime's phases.
+
+`vllm/graphpersist_switch.py` selects this class (`worker_cls`) only when persistence is on; with it off vLLM
+uses its own Worker untouched. Every worker process (in-process at TP=1, spawned at TP>1) runs under the
+runtime's interposer (LD_PRELOAD set by the switch before vLLM spawns anything) and starts its address region
+before distributed init. Setup is divided into phases anchored at SAVE's offsets, so work whose allocations
+vary between runs (torch.compile, the memory profile, warm-ups) cannot move the memory the graphs use:
+
+| phase | what | kind |
+|---|---|---|
+| (setup) | NCCL and custom all-reduce buffers, model runner buffers, weights | exact |
+| profile | SAVE: upstream's memory profile (compiles the model); LOAD: one forward that compiles | variable, 96 GiB |
+| kv_cache | attention backends, KV cache, block tables | exact |
+| warmup | compile of other size ranges, kernel warm-up | variable, 48 GiB |
+| capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
+| custom_all_reduce | graph buffers registered with the peers (TP>1) | post-capture |
+
+LOAD never profiles: the KV cache gets SAVE's size (recorded as the smallest rank's profile), checked against the
+GPU's free memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+from vllm import graphpersist_capture as capture
+from vllm import graphpersist_customar as customar
+from vllm import graphpersist_facts as facts
+from vllm import graphpersist_session as gps
+from vllm.v1.worker.gpu_worker import Worker
+
+from graphpersist import api, region, switch
+
+# Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
+# code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
+PROFILE_SPAN = 96 << 30
+WARMUP_SPAN = 48 << 30
+
+
+def _release_cached() -> None:
+    """Drop torch's cached free blocks so the next phase allocates fresh, at its anchor, as in the other run."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+class PersistWorker(Worker):
+    """vLLM's GPU worker with CUDA-graph persistence (mode save or load)."""
+
+    def init_device(self) -> None:
+        resolved = switch.resolve()
+        facts.refuse_unsupported(self.vllm_config)
+        if not region.loaded():
+            raise api.PersistError(
+                "graphpersist: this worker runs without the runtime's interposer (LD_PRELOAD); start vLLM through "
+                "an entry point that resolves --graph-persist (LLM, vllm serve) so worker processes inherit it"
+            )
+        assert resolved.directory is not None
+        started = time.perf_counter()
+        sess = gps.open_session(resolved.mode, resolved.directory, self.rank, self.parallel_config.world_size)
+        sess.model = facts.model_facts(self.vllm_config)
+        torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU
+        info = api.start_region()
+        if sess.loading:
+            facts.early_check(sess, self.vllm_config)
+            api.use_layout(sess.directory, rank=self.rank)
+        sess.log("%s, region %#x + %d GiB", resolved.describe(), info.base, info.size >> 30)
+        super().init_device()
+        facts.refuse_unsupported_runner(self)
+        sess.timed("init_device", started)
+
+    def determine_available_memory(self) -> int:
+        sess = _session()
+        started = time.perf_counter()
+        with api.phase("profile", exact=False, span=PROFILE_SPAN):
+            if sess.loading:
+                assert sess.kv_bytes is not None  # early_check read it
+                available = sess.kv_bytes
+                facts.check_free_memory(available)
+                facts.compile_forward(self.model_runner)
+            else:
+                available = super().determine_available_memory()
+            _release_cached()
+        if not sess.loading:
+            facts.agree_kv_bytes(sess, available)
+        sess.timed("profile", started)
+        return available
+
+    def initialize_from_config(self, kv_cache_config: Any) -> None:
+        started = time.perf_counter()
+        with api.phase("kv_cache"):
+            super().initialize_from_config(kv_cache_config)
+        _session().timed("kv_cache", started)
+        api.begin_phase("warmup", exact=False, span=WARMUP_SPAN)  # ends where the capture starts (capture_model below)
+        self._warmup_started = time.perf_counter()
+        upstream_capture = self.model_runner.capture_model
+        self.model_runner.capture_model = lambda: self._capture_or_restore(upstream_capture)
+
+    def compile_or_warm_up_model(self) -> Any:
+        sess = _session()
+        try:
+            return super().compile_or_warm_up_model()
+        finally:
+            sess.write_stats()
+
+    def _capture_or_restore(self, upstream_capture: Any) -> int:
+        sess = _session()
+        api.end_phase()
+        _release_cached()
+        sess.timed("warmup", self._warmup_started)
+        runner = self.model_runner
+        manager = runner.cudagraph_manager
+        if manager is None or not manager.needs_capture():
+            raise api.PersistError(
+                "graphpersist: this configuration captures no CUDA graphs (enforce_eager or cudagraph_mode NONE): "
+                "there is nothing to persist; turn persistence off"
+            )
+        api.mark_setup(facts.setup_tensors(runner))
+        started = time.perf_counter()
+        if not sess.loading:
+            graph_bytes = upstream_capture()
+            sess.timed("capture", started)
+            self._save(manager)
+            return graph_bytes
+        self._restore(manager)
+        sess.timed("restore", started)
+        return 0
+
+    def _save(self, manager: Any) -> None:
+        sess = _session()
+        assert sess.saver is not None
+        started = time.perf_counter()
+        sizes, modes = capture.expected_inventory(manager)
+        summary = sess.saver.save(
+            sess.directory,
+            engine=facts.engine_facts(),
+            model=sess.model,
+            rank=self.rank,
+            parallel=facts.parallel(self.vllm_config),
+            flags=facts.flags(self, sizes, modes),
+            overwrite=True,
+            gather=facts.cpu_gather(),
+            notes=sess.notes,
+        )
+        sess.done = True
+        took = sess.timed("save", started)
+        sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images)", sess.captured,
+                 sess.directory, took, summary["serialize_s"], summary["images"])  # fmt: skip
+
+    def _restore(self, manager: Any) -> None:
+        sess = _session()
+        sizes, modes = capture.expected_inventory(manager)
+        result = api.load(
+            sess.directory,
+            engine=facts.engine_facts(),
+            model=sess.model,
+            sizes=sizes,
+            modes=modes,
+            rank=self.rank,
+            parallel=facts.parallel(self.vllm_config),
+            flags=facts.flags(self, sizes, modes),
+            setup_tensors=facts.setup_tensors(self.model_runner),
+            gather=facts.cpu_gather(),
+        )
+        sess.kept.append(result)
+        sess.restored = capture.install(manager, result, result.notes)
+        customar.restore_registration(sess, result.notes)
+        api.verify_state()
+        sess.done = True
+        t = result.timings
+        sess.log("restored %d graphs from %s in %.2f s (open + validate %.3f s, memory %.3f s, images %.3f s, "
+                 "graphs %.3f s)", sess.restored, sess.directory, t["total_s"], t["validate_s"], t["memory_s"],
+                 t["images_s"], t["graphs_s"])  # fmt: skip
+
+
+def _session() -> gps.Session:
+    sess = gps.current()
+    assert sess is not None, "PersistWorker without a persistence session"
+    return sess

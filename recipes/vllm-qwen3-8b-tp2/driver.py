@@ -1,0 +1,217 @@
+"""One vLLM start of the proof: LLM(...) in the given persistence mode, the fixed workloads, then result.json.
+
+The proof runner (`python -m gptools prove`, see proof.toml) starts this once per run as its own process group:
+`python driver.py --run NAME --mode off|save|load [--archive DIR] --result FILE [--tp N] [--enforce-eager]`.
+Without `--model DIR` it writes a Qwen3-8B `config.json` next to the run folders (one path for every run: the model
+path is part of vLLM's config fingerprint, which LOAD compares), loads dummy weights and no tokenizer (prompts are
+token ids): what runs on the GPU host. `--model` takes a real checkpoint directory instead.
+
+Workloads (greedy, `ignore_eos`, fixed token ids): sequential prompts one at a time; a concurrent batch; an
+"oversize" batch whose prefill is larger than the largest capture size (it runs without graphs, then decode
+replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32.
+Phases: the runtime's per-rank stats (persistence on) or vLLM's own log lines (off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+
+from gptools import proofkit  # noqa: E402  (stdlib only; the runner's helper for drivers)
+
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+VOCAB = 151936
+GEN = 32
+
+# vLLM's own log lines (persistence off): phase name -> pattern with the seconds in group 1.
+LOG_PHASES = {
+    "weights": r"Model loading took [\d.]+ GiB and ([\d.]+) seconds",
+    "compile": r"torch\.compile took ([\d.]+) s in total",
+    "profile": r"Memory profiling takes ([\d.]+) seconds",
+    "capture": r"Graph capturing finished in ([\d.]+) secs",
+    "init_engine": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)",
+}
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    """Deterministic token ids (a linear congruential sequence) in the vocabulary, avoiding special tokens."""
+    x, out = seed * 7919 + 1, []
+    for _ in range(length):
+        x = (1103515245 * x + 12345) % (2**31)
+        out.append(1000 + x % (VOCAB - 2000))
+    return out
+
+
+def write_model(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "config.json").write_text(json.dumps(QWEN3_8B, indent=1))
+    return where
+
+
+def build_llm(a: argparse.Namespace) -> Any:
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {
+        "model": str(a.model or write_model(Path(a.result).resolve().parent.parent / "qwen3-8b-dummy")),
+        "tensor_parallel_size": a.tp,
+        "gpu_memory_utilization": a.gpu_memory_utilization,
+        "max_model_len": 4096,
+        "seed": 0,
+        "enforce_eager": a.enforce_eager,
+        "graph_persist": a.mode,
+        "graph_persist_dir": a.archive,
+    }
+    if not a.model:
+        kwargs |= {"load_format": "dummy", "skip_tokenizer_init": True}
+    if a.tp > 1:  # see README.md: the flashinfer fusion's automatic backend needs multicast (not on this host)
+        kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
+    return LLM(**kwargs)
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int = GEN) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+def log_phases(log: Path) -> dict[str, float]:
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    phases = {}
+    for name, pattern in LOG_PHASES.items():
+        found = re.findall(pattern, text)
+        if found:
+            phases[name] = max(float(x) for x in found)  # the slowest rank
+    return phases
+
+
+def stats_phases() -> dict[str, float]:
+    where = os.environ.get("GRAPHPERSIST_STATS_DIR")
+    stats = proofkit.read_stats(Path(where)) if where else []
+    if not stats:
+        return {}
+    names = list(stats[0].get("phases", {}))
+    return {n: max(float(s.get("phases", {}).get(n, 0.0)) for s in stats) for n in names}
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    before = proofkit.cache_snapshot()
+    t0 = time.perf_counter()
+    llm = build_llm(a)
+    ready = time.perf_counter() - t0
+    after_start = proofkit.cache_snapshot()
+    print(f"driver: engine ready in {ready:.2f} s", flush=True)
+
+    sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]
+    first, first_s = timed(generate, llm, sequential_prompts[:1])
+    after_first = proofkit.cache_snapshot()
+    sequential = first + [generate(llm, [p])[0] for p in sequential_prompts[1:]]
+    steady = [timed(generate, llm, sequential_prompts[:1])[1] for _ in range(3)]
+    concurrent = generate(llm, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
+    oversize = generate(llm, [prompt(200 + i, 40) for i in range(48)] + [prompt(300, 1500)])
+
+    long_prompt = prompt(400, 3000)
+    generate(llm, [long_prompt[:2000]], 1)  # same shapes warm, different content
+    ttft = statistics.median(timed(generate, llm, [long_prompt], 1)[1] for _ in range(3))
+    _, b1 = timed(generate, llm, [prompt(500, 16)], 256)
+    _, b32 = timed(generate, llm, [prompt(600 + i, 16) for i in range(32)], 256)
+
+    phases = stats_phases() or log_phases(Path(os.environ.get("GP_PROOF_LOG", Path(a.result).parent / "log.txt")))
+    new_start = proofkit.new_files(before, after_start)
+    new_first = proofkit.new_files(after_start, after_first)
+    import vllm
+
+    return {
+        "ok": True,
+        "error": None,
+        "start_to_ready_s": round(ready, 3),
+        "phases": phases,
+        "outputs": {"sequential": sequential, "concurrent": concurrent, "oversize": oversize},
+        "latency": {
+            "first_request_s": round(first_s, 4),
+            "steady_request_s": round(statistics.median(steady), 4),
+            "ttft_long_s": round(ttft, 4),
+            "decode_tps_b1": round(256 / b1, 1),
+            "decode_tps_b32": round(32 * 256 / b32, 1),
+        },
+        "jit": {
+            "new_cache_files_start": len(new_start),
+            "new_cache_files_first_request": len(new_first),
+            "examples": (new_start + new_first)[:10],
+        },
+        "engine": {"name": "vllm", "version": vllm.__version__},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="run name (for the logs)")
+    ap.add_argument("--mode", choices=["off", "save", "load"], required=True)
+    ap.add_argument("--archive", help="archive directory (save/load)")
+    ap.add_argument("--result", required=True, help="where to write result.json")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
+    ap.add_argument("--model", help="a real checkpoint directory (default: dummy Qwen3-8B weights)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager comparison start)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    a = ap.parse_args()
+    print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}", flush=True)
+    try:
+        result = run(a)
+    except Exception as exc:  # the runner reports it; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    proofkit.write_result(Path(a.result), result)
+    print(f"driver: wrote {a.result}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's and NCCL's teardown can hang after the results are written (REFERENCE-GPU.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
