@@ -165,10 +165,30 @@ def check_free_memory(kv_bytes: int) -> None:
         )
 
 
-def agree_kv_bytes(sess: Any, mine: int) -> None:
-    """SAVE: the engine sizes the KV cache by the smallest rank's profile; record that one value for LOAD."""
+KV_GRANULE = 1 << 30
+
+
+def kv_budget(profiled: list[int]) -> int:
+    """SAVE's KV-cache budget: the smallest rank's profile (what vLLM would size by), rounded down to 1 GiB.
+
+    A cold SAVE (compiling) and a warm one profile a few tens of MiB apart; unrounded, the KV cache and every
+    address after it would differ between their archives. Rounding gives both the same layout (at most 1 GiB of
+    KV cache less than upstream would use); LOAD reuses the recorded budget and never profiles.
+    """
+    smallest = int(min(profiled))
+    if smallest < KV_GRANULE:
+        raise api.PersistError(
+            f"graphpersist: the memory profile leaves {smallest / 2**20:.0f} MiB for the KV cache, less than the "
+            f"{KV_GRANULE >> 30} GiB SAVE needs: raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
+        )
+    return smallest - smallest % KV_GRANULE
+
+
+def agree_kv_bytes(sess: Any, mine: int) -> int:
+    """SAVE: every rank returns the same budget (kv_budget over all ranks' profiles) and records it for LOAD."""
     values = cpu_gather()(mine) if sess.world_size > 1 else [mine]
-    sess.kv_bytes = int(min(values))
+    sess.kv_bytes = kv_budget(values)
+    return sess.kv_bytes
 
 
 def cpu_gather() -> ranks.Gather:

@@ -15,8 +15,8 @@ vary between runs (torch.compile, the memory profile, warm-ups) cannot move the 
 | capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
 | custom_all_reduce | graph buffers registered with the peers (TP>1) | post-capture |
 
-LOAD never profiles: the KV cache gets SAVE's size (recorded as the smallest rank's profile), checked against the
-GPU's free memory.
+SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the
+same archive); LOAD never profiles: it reuses that budget, checked against the GPU's free memory.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class PersistWorker(Worker):
                 available = super().determine_available_memory()
             _release_cached()
         if not sess.loading:
-            facts.agree_kv_bytes(sess, available)
+            available = facts.agree_kv_bytes(sess, available)
         sess.timed("profile", started)
         return available
 
