@@ -499,3 +499,16 @@ def test_the_command_has_help_both_ways(command: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", *command, "--help"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0
     assert "--check-only" in proc.stdout and "--keep-going" in proc.stdout
+
+
+@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (REPO / "recipes").glob("*/proof.toml")))
+def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> None:
+    """Every committed engine recipe parses and its driver file exists (a typo fails here, not on a GPU host)."""
+    from gptools import prove
+
+    parsed = prove.parse_recipe(REPO / "recipes" / recipe)
+    scripts = [part for part in parsed.driver if part.endswith(".py")]
+    assert scripts, f"{recipe}: the driver command names no .py file: {parsed.driver}"
+    for script in scripts:
+        assert (REPO / "recipes" / recipe / script).resolve().is_file(), f"{recipe}: {script} does not exist"
+    assert {r.mode for r in parsed.runs} == {"off", "save", "load"}
