@@ -81,6 +81,16 @@ class Session:
 _session: Session | None = None
 
 
+def seconds_since_process_start() -> float:
+    """How long this process ran before the worker started (spawn + imports), from /proc; 0.0 where unknown."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def current() -> Session | None:
     """The session of this process, or None when persistence is off (or this process is not a worker)."""
     return _session

@@ -50,6 +50,8 @@ def _release_cached() -> None:
 class PersistWorker(Worker):
     """vLLM's GPU worker with CUDA-graph persistence (mode save or load)."""
 
+    _graphs_done: float | None = None
+
     def init_device(self) -> None:
         resolved = switch.resolve()
         facts.refuse_unsupported(self.vllm_config)
@@ -61,6 +63,7 @@ class PersistWorker(Worker):
         assert resolved.directory is not None
         started = time.perf_counter()
         sess = gps.open_session(resolved.mode, resolved.directory, self.rank, self.parallel_config.world_size)
+        sess.timings["process_start"] = gps.seconds_since_process_start()
         sess.model = facts.model_facts(self.vllm_config)
         torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU
         info = api.start_region()
@@ -104,6 +107,8 @@ class PersistWorker(Worker):
         try:
             return super().compile_or_warm_up_model()
         finally:
+            if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
+                sess.timed("after_graphs", self._graphs_done)
             sess.write_stats()
 
     def _capture_or_restore(self, upstream_capture: Any) -> int:
@@ -124,10 +129,12 @@ class PersistWorker(Worker):
             graph_bytes = upstream_capture()
             sess.timed("capture", started)
             self._save(manager)
-            return graph_bytes
-        self._restore(manager)
-        sess.timed("restore", started)
-        return 0
+        else:
+            graph_bytes = 0
+            self._restore(manager)
+            sess.timed("restore", started)
+        self._graphs_done = time.perf_counter()
+        return graph_bytes
 
     def _save(self, manager: Any) -> None:
         sess = _session()
