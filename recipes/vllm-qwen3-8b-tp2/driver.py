@@ -101,8 +101,13 @@ def build_llm(a: argparse.Namespace) -> Any:
     }
     if not a.model:
         kwargs |= {"load_format": "dummy", "skip_tokenizer_init": True}
+    compilation: dict[str, Any] = {}
     if a.tp > 1:  # see README.md: the flashinfer fusion's automatic backend needs multicast (not on this host)
-        kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
+        compilation["pass_config"] = {"fuse_allreduce_rms": False}
+    if a.cudagraph_mode:
+        compilation["cudagraph_mode"] = a.cudagraph_mode
+    if compilation:
+        kwargs["compilation_config"] = compilation
     return LLM(**kwargs)
 
 
@@ -226,6 +231,7 @@ def main() -> int:
     ap.add_argument("--model", help="a real checkpoint directory (default: dummy Qwen3-8B weights)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager comparison start)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
     a = ap.parse_args()
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}", flush=True)
     try:
