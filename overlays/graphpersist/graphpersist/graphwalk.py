@@ -185,6 +185,20 @@ class SavedGraph:
     table: bytes
 
 
+def _kernel_info(table: ImageTable, func: Any) -> tuple[str, str, list[tuple[int, int]], dict[str, int], str]:
+    """(image sha256, name, parameter layout, settable attributes, function key) of a CUfunction, read once per
+    SAVE: an engine's graphs launch the same few hundred kernels hundreds of thousands of times, and all captures
+    are done when SAVE reads them, so every node of one function would read the same answers."""
+    key = int(func)
+    info = table.kernels.get(key)
+    if info is None:
+        sha, name, _load = table.resolve(func)
+        fattrs = func_attributes(func)
+        info = (sha, name, _param_layout(func, name), fattrs, json.dumps([sha, name, fattrs], sort_keys=True))
+        table.kernels[key] = info
+    return info
+
+
 def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> SavedGraph:
     """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
     drv = driver()
@@ -209,8 +223,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
             kind = node_kind(i, type_name)
             if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
                 p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
-                sha, name, _load = table.resolve(p.func)
-                layout = _param_layout(p.func, name)
+                sha, name, layout, fattrs, fkey = _kernel_info(table, p.func)
                 params = _read_params(p, layout, name)
                 pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
                 attrs: dict[str, str] = {}
@@ -228,8 +241,6 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                     if a.name in _EVENT_ATTRS and any(raw):
                         raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
                     attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
-                fattrs = func_attributes(p.func)
-                fkey = json.dumps([sha, name, fattrs], sort_keys=True)
                 if fkey not in funcs:
                     funcs[fkey] = len(func_list)
                     func_list.append([sha, name, fattrs])

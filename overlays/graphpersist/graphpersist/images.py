@@ -46,6 +46,7 @@ class ImageTable:
     by_module: dict[int, region.ImageLoad] = field(default_factory=dict)
     by_sha: dict[str, region.ImageLoad] = field(default_factory=dict)
     _sha: dict[int, str] = field(default_factory=dict)
+    kernels: dict[int, Any] = field(default_factory=dict)  # per CUfunction: what graphwalk reads once (see there)
 
     @classmethod
     def current(cls) -> ImageTable:
