@@ -1,4 +1,5 @@
-"""The JIT caches an archive carries (graphpersist.jitcache) and the shared archive file that holds them.
+"""The JIT caches an archive carries (graphpersist.jitcache), the shared archive file that holds them, and the vLLM
+worker's cache folders (overlays/vllm/vllm/graphpersist_caches.py, loaded without vLLM).
 
 What LOAD on a fresh host relies on: a collect is deterministic and carries every regular file with its executable
 bit and its exact modification time (ninja compares them); a restore writes only what the live folders lack, in
@@ -7,6 +8,8 @@ several processes at once, and hostile content never writes anything, let alone 
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import io
 import json
 import os
@@ -14,6 +17,8 @@ import subprocess
 import sys
 import tarfile
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ from archive_fixtures import world, write_archive, write_rank
 
 from graphpersist import jitcache
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, read_shared
-from graphpersist.errors import JitCacheError
+from graphpersist.errors import JitCacheError, PersistError
 from graphpersist.jitcache import collect, restore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -314,3 +319,116 @@ def test_a_corrupted_shared_file_is_refused_when_read(tmp_path: Path) -> None:
     (root / jitcache.SHARED_NAME).symlink_to(tmp_path / "a" / "rank_0" / "rank.json")
     with pytest.raises(ArchiveError, match=r"jitcache\.tar is not a regular file"):
         read_shared(root, jitcache.SHARED_NAME)
+
+
+# ------------------------------------------------------------------------------- vLLM's cache folders (no vLLM)
+
+
+def fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+@pytest.fixture
+def vllm_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> types.ModuleType:
+    """overlays/vllm/vllm/graphpersist_caches.py with stand-ins for vllm.envs, triton.knobs and flashinfer."""
+    envs = fake_module(monkeypatch, "vllm.envs", VLLM_CACHE_ROOT=str(tmp_path / "vllm-root"))
+    fake_module(monkeypatch, "vllm", envs=envs)
+
+    class Cache:  # triton.knobs.cache.dir reads the variable when asked, as Triton 3.6 does
+        @property
+        def dir(self) -> str:
+            return os.environ.get("TRITON_CACHE_DIR") or str(tmp_path / "home" / ".triton" / "cache")
+
+    knobs = fake_module(monkeypatch, "triton.knobs", cache=Cache())
+    fake_module(monkeypatch, "triton", knobs=knobs)
+    fake_module(monkeypatch, "flashinfer")
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_CUBIN_DIR",
+                "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = REPO / "overlays" / "vllm" / "vllm" / "graphpersist_caches.py"
+    spec = importlib.util.spec_from_file_location("graphpersist_caches_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vllm_cache_folders_follow_the_variables(vllm_caches: types.ModuleType, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi-base"))
+    monkeypatch.setenv("FLASHINFER_CUBIN_DIR", str(tmp_path / "cubins"))
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", "~/dg")
+    found, left_out = vllm_caches.cache_dirs()
+    assert left_out == {}
+    assert found == {
+        "vllm_compile": tmp_path / "vllm-root" / "torch_compile_cache",
+        "vllm_flashinfer_autotune": tmp_path / "vllm-root" / "flashinfer_autotune_cache",
+        "deep_gemm": tmp_path / "home" / "dg",  # vLLM expands ~ in this one
+        "inductor": tmp_path / "inductor",
+        "triton": tmp_path / "triton",
+        "flashinfer": tmp_path / "fi-base" / ".cache" / "flashinfer",
+        "flashinfer_cubins": tmp_path / "cubins",
+    }
+
+
+def test_vllm_cache_folders_default_like_the_libraries(vllm_caches: types.ModuleType, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch absent: Inductor's default cannot be determined
+    found, left_out = vllm_caches.cache_dirs()
+    assert found["triton"] == tmp_path / "home" / ".triton" / "cache"
+    assert found["flashinfer"] == tmp_path / "home" / ".cache" / "flashinfer"
+    assert found["deep_gemm"] == tmp_path / "vllm-root" / "deep_gemm"
+    assert "inductor" not in found and left_out["inductor"].startswith("ModuleNotFoundError")
+    assert left_out["flashinfer_cubins"] == "not used here"
+    monkeypatch.delitem(sys.modules, "flashinfer")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else object())
+    assert "flashinfer" not in vllm_caches.cache_dirs()[0]  # not installed: nothing to carry
+
+
+class FakeSession:
+    """What graphpersist_caches needs of vLLM's persistence session."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.caches: dict[str, Path] = {}
+        self.timings: dict[str, float] = {}
+        self.lines: list[str] = []
+
+    def log(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    def timed(self, name: str, started: float) -> float:
+        self.timings[name] = time.perf_counter() - started
+        return self.timings[name]
+
+
+def test_vllm_save_carries_and_load_restores_the_caches(vllm_caches: types.ModuleType, tmp_path: Path) -> None:
+    saving = FakeSession(tmp_path / "archive")
+    vllm_caches.resolve(saving)
+    saving.caches = make_cache(tmp_path / "warm")
+    carry: Callable[[], dict[str, bytes]] = lambda: vllm_caches.carry(saving)  # noqa: E731 (as the worker passes it)
+    root = shared_archive(saving.directory, carry())
+    assert any(line.startswith("carrying JIT caches") and "triton 3 files" in line for line in saving.lines)
+
+    loading = FakeSession(root)
+    loading.caches = {"triton": tmp_path / "fresh" / "triton", "flashinfer": tmp_path / "fresh" / "fi"}
+    vllm_caches.restore(loading)
+    assert "jitcache" in loading.timings
+    assert (tmp_path / "fresh" / "fi" / "0.6.14" / "90a" / "cached_ops" / "sampling" / "sampling.so").exists()
+    assert "JIT caches restored" in loading.lines[-1] and "triton 3 files" in loading.lines[-1]
+
+    old = FakeSession(write_archive(tmp_path / "old"))
+    vllm_caches.restore(old)
+    assert "carries no JIT caches" in old.lines[-1] and "jitcache" not in old.timings
+
+    (root / jitcache.SHARED_NAME).write_bytes(bytes(len((root / jitcache.SHARED_NAME).read_bytes())))
+    with pytest.raises(PersistError, match=r"cannot LOAD .*corrupted file jitcache\.tar"):
+        vllm_caches.restore(FakeSession(root))
