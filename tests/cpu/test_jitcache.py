@@ -246,6 +246,19 @@ def test_hostile_members_are_refused_before_anything_is_written(
     assert list(tmp_path.rglob("*")) == []  # not even the cache folder
 
 
+def test_restored_files_get_plain_modes_whatever_the_blob_says(tmp_path: Path) -> None:
+    blob = tar_of((member("triton/suid", mode=0o6777), b"x"), (member("triton/open", mode=0o666), b"y"))
+    restore(blob, {"triton": tmp_path / "t"})
+    assert (tmp_path / "t" / "suid").stat().st_mode & 0o7777 == 0o755 & ~_umask()
+    assert (tmp_path / "t" / "open").stat().st_mode & 0o7777 == 0o644 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_a_member_claiming_bytes_past_the_end_and_garbage_are_refused(tmp_path: Path) -> None:
     blob = tar_of((member("triton/a"), bytes(4096)))
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:

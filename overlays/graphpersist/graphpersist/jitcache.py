@@ -295,7 +295,8 @@ def _place(dir_fd: int, filename: str, tar: tarfile.TarFile, member: tarfile.Tar
     data = _member_bytes(tar, member)
     tmp = f".gp-{os.getpid()}-{secrets.token_hex(4)}.tmp"  # a name collect leaves out, should this process die
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, member.mode, dir_fd=dir_fd)
+    mode = 0o755 if member.mode & 0o111 else 0o644  # never set-user-ID or writable by others, whatever it says
+    fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
     try:
         with open(fd, "wb", closefd=True) as fh:
             fh.write(data)
