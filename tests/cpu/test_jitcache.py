@@ -126,6 +126,13 @@ def test_collect_carries_regular_files_sorted_and_leaves_out_locks_temporaries_a
     assert "flashinfer 3 files" in line and "absent: deep_gemm" in line and "2 symlink" in line, line
 
 
+def test_listing_names_what_a_collect_carries_without_reading_it(tmp_path: Path) -> None:
+    dirs = make_cache(tmp_path / "cache")
+    blob, _ = collect(dirs)
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        assert jitcache.listing(dirs) == set(tar.getnames())
+
+
 def test_collect_refuses_more_than_the_limit_naming_the_biggest_folders(tmp_path: Path) -> None:
     dirs = make_cache(tmp_path / "cache")
     (dirs["triton"] / "HUGE").mkdir()
@@ -412,6 +419,7 @@ class FakeSession:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.caches: dict[str, Path] = {}
+        self.carried: set[str] | None = None
         self.timings: dict[str, float] = {}
         self.lines: list[str] = []
 
@@ -430,6 +438,15 @@ def test_vllm_save_carries_and_load_restores_the_caches(vllm_caches: types.Modul
     carry: Callable[[], dict[str, bytes]] = lambda: vllm_caches.carry(saving)  # noqa: E731 (as the worker passes it)
     root = shared_archive(saving.directory, carry())
     assert any(line.startswith("carrying JIT caches") and "triton 3 files" in line for line in saving.lines)
+    vllm_caches.report_late(saving)
+    assert not any("after the archive was written" in line for line in saving.lines)
+    late = saving.caches["flashinfer"] / "0.6.14" / "90a" / "cached_ops" / "norm" / "norm.so"
+    late.parent.mkdir(parents=True)
+    late.write_bytes(b"built by the warm-up after the capture")
+    vllm_caches.report_late(saving)
+    assert saving.lines[-1].startswith("1 JIT cache file(s) were compiled after the archive was written"), saving.lines
+    assert "flashinfer/0.6.14/90a/cached_ops/norm/norm.so" in saving.lines[-1]
+    vllm_caches.report_late(FakeSession(tmp_path / "rank1"))  # the other ranks carried nothing: nothing to report
 
     loading = FakeSession(root)
     loading.caches = {"triton": tmp_path / "fresh" / "triton", "flashinfer": tmp_path / "fresh" / "fi"}

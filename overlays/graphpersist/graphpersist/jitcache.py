@@ -98,6 +98,17 @@ def collect(dirs: Mapping[str, Path], *, limit_bytes: int = LIMIT_BYTES) -> tupl
     return out.getvalue(), stats
 
 
+def listing(dirs: Mapping[str, Path]) -> set[str]:
+    """The member names a collect would carry now, nothing read: what was compiled after a collect is the
+    difference of two listings."""
+    names: set[str] = set()
+    for name, root in dirs.items():
+        _check_name(name)
+        if Path(root).is_dir():
+            names.update(f"{name}/{rel}" for rel, _, _ in _walk(Path(root), Counter()))
+    return names
+
+
 def restore(blob: bytes, dirs: Mapping[str, Path]) -> CacheStats:
     """Writes the blob's files that the live folders lack; never overwrites. Refuses hostile content, writing none.
 

@@ -23,9 +23,10 @@ Not carried: what vLLM keeps about the host rather than the model (the GPU peer-
 caches the API process reads before any worker starts (`$VLLM_CACHE_ROOT/modelinfos`): a worker restores too late.
 What SAVE compiles after its capture (the V2 runner's kernel warm-up builds FlashInfer's sampling module; the first
 requests) is carried only when the SAVE host's caches already held it from an earlier run: the archive is written
-at the end of the capture. Artifacts that embed absolute paths (FlashInfer's ninja files name their build folder)
-are reused only where the folders have the same paths as on the SAVE host; elsewhere the engine compiles them again,
-as it would without this.
+at the end of the capture. SAVE names such files once its warm-up is done (`report_late`).
+
+Artifacts that embed absolute paths (FlashInfer's ninja files name their build folder) are reused only where the
+folders have the same paths as on the SAVE host; elsewhere the engine compiles them again, as it would without this.
 """
 
 from __future__ import annotations
@@ -131,9 +132,22 @@ def carry(sess: Any) -> dict[str, bytes]:
     """SAVE, rank 0 (the ranks of one host share the caches): the archive's shared JIT-cache file."""
     started = time.perf_counter()
     blob, stats = jitcache.collect(sess.caches)
+    sess.carried = jitcache.listing(sess.caches)
     sess.log("carrying JIT caches (%.1f MiB, %.2f s): %s", len(blob) / 2**20, time.perf_counter() - started,
              stats.describe())  # fmt: skip
     return {jitcache.SHARED_NAME: blob}
+
+
+def report_late(sess: Any) -> None:
+    """SAVE, rank 0, once the engine's warm-up is done: names what it compiled after the archive was written (the
+    V2 runner warms its kernels after the capture), which a LOAD on a fresh host would compile again."""
+    if sess.carried is None:
+        return
+    late = sorted(jitcache.listing(sess.caches) - sess.carried)
+    if late:
+        sess.log("%d JIT cache file(s) were compiled after the archive was written, so it lacks them (e.g. %s): a "
+                 "LOAD on a fresh host compiles them again. SAVE once more on this host (its caches hold them now) "
+                 "to carry them", len(late), ", ".join(late[:3]))  # fmt: skip
 
 
 def restore(sess: Any) -> None:

@@ -109,7 +109,9 @@ class PersistWorker(Worker):
     def compile_or_warm_up_model(self) -> Any:
         sess = _session()
         try:
-            return super().compile_or_warm_up_model()
+            compiled = super().compile_or_warm_up_model()
+            caches.report_late(sess)  # SAVE: what the warm-up after the capture compiled is not in the archive
+            return compiled
         finally:
             sess.write_stats()
 
