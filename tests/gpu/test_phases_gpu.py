@@ -202,6 +202,7 @@ def step_ipc(mode: str, archive: Path, rank: int, port: int, shift_rank: int) ->
     from cuda.bindings import driver as drv
 
     from graphpersist import api
+    from graphpersist.archive import read_shared
     from graphpersist.tensors import tensor_at
 
     kernel_file = archive.parent / f"ipc_kernel_{rank}.py"  # triton.jit needs its source in a file
@@ -258,8 +259,10 @@ def step_ipc(mode: str, archive: Path, rank: int, port: int, shift_rank: int) ->
             register()
             saver = api.Saver()
             saver.add("ar", g, [], [result])
-            saver.save(archive, engine=ENGINE, model=MODEL, rank=rank, parallel=par, overwrite=True)
+            note = (lambda: {"note.txt": b"from rank 0"}) if rank == 0 else None  # shared: rank 0 only, called late
+            saver.save(archive, engine=ENGINE, model=MODEL, rank=rank, parallel=par, overwrite=True, shared=note)
         else:
+            out["note"] = (read_shared(archive, "note.txt") or b"").decode()
             res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[], rank=rank, parallel=par,
                            setup_tensors=named)  # fmt: skip
             register()
@@ -326,6 +329,7 @@ def test_post_capture_ipc_registration_across_two_ranks(tmp_path: Path) -> None:
     assert all("refused" not in r for r in loaded), loaded
     assert [r["peer_ptr"] for r in loaded] == [r["peer_ptr"] for r in saved]  # opens at their saved addresses
     assert [r["result"] for r in loaded] == [[3.0], [3.0]]
+    assert [r["note"] for r in loaded] == ["from rank 0", "from rank 0"]  # one shared file, read by every rank
     shifted = _run_ipc(tmp_path, "load", shift_rank=1)
     msg = shifted[1].get("refused", "")
     assert "phase 'post_capture' (exact, post_capture): event 0 differs: saved ipc_open" in msg, shifted

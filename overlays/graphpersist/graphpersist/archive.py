@@ -26,7 +26,7 @@ from graphpersist.archive_base import (
     ArchiveError,
     archive_path,
 )
-from graphpersist.archive_read import Archive, open_archive
+from graphpersist.archive_read import Archive, open_archive, read_shared
 from graphpersist.archive_side import remove_stale_partials
 from graphpersist.archive_write import ArchiveWriter
 
@@ -40,5 +40,6 @@ __all__ = [
     "ArchiveWriter",
     "archive_path",
     "open_archive",
+    "read_shared",
     "remove_stale_partials",
 ]

@@ -119,27 +119,20 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
     exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
-    callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files, the shared
-    top-level ones and every rank record (other ranks' payloads are checked for presence and size; each rank
-    verifies its own) and keeps the bytes it hashed, so that rank hashes each byte once: the first read() of each
-    returns them (and drops them), later ones read and verify again.
+    callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files and every rank
+    record (other ranks' payloads and the shared top-level files are checked for presence and size: each rank
+    verifies its own, and a shared file is verified when it is read, e.g. by read_shared before LOAD) and keeps the
+    bytes it hashed, so that rank hashes each byte once: the first read() of each returns them (and drops them),
+    later ones read and verify again.
     """
-    root = Path(os.path.abspath(root))
-    try:
-        is_dir = stat.S_ISDIR(root.stat().st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        raise _missing_root(root) from None
-    except OSError as exc:
-        raise ArchiveError(root, f"cannot read it: {exc.strerror or exc}") from None
-    if not is_dir:
-        raise ArchiveError(root, "it is not a directory")
+    root = _archive_root(root)
     manifest = _read_manifest(root)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
     own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
 
-    def keep(rel: str) -> bool:  # keep_rank's files and the shared top-level ones
-        return own is not None and (rel.startswith(own) or not RANK_DIR.fullmatch(rel.split("/", 1)[0]))
+    def keep(rel: str) -> bool:  # keep_rank's files
+        return own is not None and rel.startswith(own)
 
     record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
     kept: dict[str, bytes] = {}
@@ -188,6 +181,37 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     if problems:
         raise ArchiveError(root, problems)
     return Archive(root, manifest, records, kept)
+
+
+def read_shared(root: Path | str, name: str) -> bytes | None:
+    """One shared top-level file, verified against the manifest without hashing the rest; None when not listed.
+
+    For what an engine needs before its LOAD proper, such as the JIT caches it restores before anything compiles:
+    that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little.
+    """
+    root = _archive_root(root)
+    rel = archive_path(None, name)
+    entry = _read_manifest(root).files.get(rel)
+    if entry is None:
+        return None
+    problem, _ = _listed_file(root, rel)
+    if problem is not None:
+        raise ArchiveError(root, problem)
+    return _verified_bytes(root, rel, entry)
+
+
+def _archive_root(root: Path | str) -> Path:
+    """The archive folder as an absolute path, or ArchiveError when it is missing or not a folder."""
+    root = Path(os.path.abspath(root))
+    try:
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _missing_root(root) from None
+    except OSError as exc:
+        raise ArchiveError(root, f"cannot read it: {exc.strerror or exc}") from None
+    if not is_dir:
+        raise ArchiveError(root, "it is not a directory")
+    return root
 
 
 def _read_manifest(root: Path) -> Manifest:

@@ -98,6 +98,16 @@ class ArchiveWriter:
         self._write(rel, bytes(data))
         return rel
 
+    def add_shared(self, files: Mapping[str, bytes | bytearray | memoryview]) -> list[str]:
+        """Writes payload files shared by all ranks (top level); returns their paths. One copy per archive, so only
+        the owner writes them (the other ranks' writers refuse)."""
+        self._check_open()
+        if not self.owner:
+            raise ArchiveError(
+                self.root, "shared files are written by the owner (rank 0) only", action="write", advice=""
+            )
+        return [self.add_file(None, name, data) for name, data in sorted(files.items())]
+
     def add_json(self, rank: int | None, name: str, obj: Any) -> str:
         """Writes `obj` as JSON (stable layout, so SAVE twice gives equal bytes); returns its path."""
         text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"

@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ class PersistentCUDAGraph(torch.cuda.CUDAGraph):
         self, saver: Saver, name: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], **kw: Any
     ) -> None:
         saver.add(name, self, inputs, outputs, **kw)
+
+
+Shared = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]]
 
 
 @dataclass
@@ -114,11 +117,16 @@ class Saver:
         overwrite: bool = False,
         gather: ranks.Gather | None = None,
         notes: Mapping[str, Any] | None = None,
+        shared: Shared | None = None,
     ) -> dict[str, Any]:
         """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
 
         `notes` is this rank's free-form engine bookkeeping (JSON), stored in its rank record and handed back
         by LOAD as `LoadResult.notes`; it is never compared as a fact.
+
+        `shared` are files for the top of the archive (name -> bytes; read back with archive.read_shared), given
+        by rank 0 only. A function returning them is called once every rank has prepared its part (their compiles
+        are done, e.g. for the JIT caches), and its failure refuses the SAVE on every rank.
 
         With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
         the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
@@ -142,6 +150,8 @@ class Saver:
             raise PersistError(str(exc)) from None
         try:
             summary = self._write(w, rank, prep, dict(notes or {}))
+            if shared is not None:
+                w.add_shared(shared() if callable(shared) else shared)
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
             if coll.world_size == 1:
                 w.abort()

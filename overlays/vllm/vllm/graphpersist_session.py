@@ -40,6 +40,8 @@ class Session:
     capture_calls: int = 0
     model: dict[str, str] = field(default_factory=dict)  # model facts, computed at start in SAVE and LOAD alike
     kv_bytes: int | None = None  # the KV-cache size SAVE used (smallest rank's profile); LOAD reuses it
+    caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name (graphpersist_caches)
+    carried: set[str] | None = None  # SAVE, rank 0: the cache files the archive carries
     done: bool = False
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
 

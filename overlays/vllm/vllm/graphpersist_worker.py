@@ -15,6 +15,10 @@ vary between runs (torch.compile, the memory profile, warm-ups) cannot move the 
 | capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
 | custom_all_reduce | graph buffers registered with the peers (TP>1) | post-capture |
 
+The archive also carries the host's JIT and compile caches (`vllm/graphpersist_caches.py`): rank 0 packs them at
+SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
+`jitcache`, inside init_device).
+
 SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the
 same archive); LOAD never profiles: it reuses that budget, checked against the GPU's free memory.
 """
@@ -26,6 +30,7 @@ import time
 from typing import Any
 
 import torch
+from vllm import graphpersist_caches as caches
 from vllm import graphpersist_capture as capture
 from vllm import graphpersist_customar as customar
 from vllm import graphpersist_facts as facts
@@ -65,10 +70,12 @@ class PersistWorker(Worker):
         sess = gps.open_session(resolved.mode, resolved.directory, self.rank, self.parallel_config.world_size)
         sess.timings["process_start"] = gps.seconds_since_process_start()
         sess.model = facts.model_facts(self.vllm_config)
+        caches.resolve(sess)  # before vLLM's compile redirects Inductor's and Triton's caches
         torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU
         info = api.start_region()
         if sess.loading:
             facts.early_check(sess, self.vllm_config)
+            caches.restore(sess)  # before anything compiles
             api.use_layout(sess.directory, rank=self.rank)
         sess.log("%s, region %#x + %d GiB", resolved.describe(), info.base, info.size >> 30)
         super().init_device()
@@ -105,7 +112,9 @@ class PersistWorker(Worker):
     def compile_or_warm_up_model(self) -> Any:
         sess = _session()
         try:
-            return super().compile_or_warm_up_model()
+            compiled = super().compile_or_warm_up_model()
+            caches.report_late(sess)  # SAVE: what the warm-up after the capture compiled is not in the archive
+            return compiled
         finally:
             if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
                 sess.timed("after_graphs", self._graphs_done)
@@ -151,6 +160,7 @@ class PersistWorker(Worker):
             overwrite=True,
             gather=facts.cpu_gather(),
             notes=sess.notes,
+            shared=(lambda: caches.carry(sess)) if self.rank == 0 else None,  # the ranks share the host's caches
         )
         sess.done = True
         took = sess.timed("save", started)

@@ -1,0 +1,166 @@
+"""The JIT and compile caches a vLLM 0.26.0 worker reads, carried by SAVE and put back by LOAD before any compile.
+
+A LOAD on a host whose caches are empty compiled everything again (torch.compile/Inductor, Triton, FlashInfer's
+ninja-built sampling module): nearly three times a warm LOAD. The archive therefore carries these folders, as the
+worker process resolves them when it starts, before vLLM redirects anything:
+
+* `vllm_compile`: `$VLLM_CACHE_ROOT/torch_compile_cache`, vLLM's torch.compile artifacts (the AOT-compiled model,
+  per rank). While vLLM compiles the model it points `TORCHINDUCTOR_CACHE_DIR` (and, without AOT compile,
+  `TRITON_CACHE_DIR`) into this folder, process-wide.
+* `vllm_flashinfer_autotune`: `$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`, else `$VLLM_CACHE_ROOT/flashinfer_autotune_cache`:
+  FlashInfer tactics vLLM tuned.
+* `deep_gemm`: `$DG_JIT_CACHE_DIR`, else `$VLLM_CACHE_ROOT/deep_gemm`: DeepGEMM's JIT kernels (FP8 models).
+* `inductor`: `$TORCHINDUCTOR_CACHE_DIR`, else torch's default (`/tmp/torchinductor_<user>`): what Inductor compiles
+  before or besides vLLM's model compile, and its Triton kernels when `TRITON_CACHE_DIR` is unset.
+* `triton`: `$TRITON_CACHE_DIR`, else Triton's default (`~/.triton/cache`): Triton kernels launched directly (the V2
+  runner's, sampling) and their autotune results.
+* `flashinfer`: `$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`, else `~/.cache/flashinfer`: FlashInfer's JIT-built
+  modules (ninja) and downloaded cubins; `flashinfer_cubins`: `$FLASHINFER_CUBIN_DIR` when set.
+
+A folder that cannot be determined (its library is not installed, or changed) is left out and logged.
+
+Not carried: what vLLM keeps about the host rather than the model (the GPU peer-access cache, start-up plans) and
+caches the API process reads before any worker starts (`$VLLM_CACHE_ROOT/modelinfos`): a worker restores too late.
+What SAVE compiles after its capture (the V2 runner's kernel warm-up builds FlashInfer's sampling module; the first
+requests) is carried only when the SAVE host's caches already held it from an earlier run: the archive is written
+at the end of the capture. SAVE names such files once its warm-up is done (`report_late`).
+
+Artifacts that embed absolute paths (FlashInfer's ninja files name their build folder) are reused only where the
+folders have the same paths as on the SAVE host; elsewhere the engine compiles them again, as it would without this.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from graphpersist import jitcache
+from graphpersist.archive import ArchiveError, read_shared
+from graphpersist.errors import PersistError
+
+
+def _vllm_root() -> Path:
+    import vllm.envs as envs
+
+    return Path(envs.VLLM_CACHE_ROOT)
+
+
+def _vllm_sub(variable: str, sub: str) -> Path:
+    """A folder vLLM takes from `variable` when set and non-empty (user-expanded), else from its cache root."""
+    value = os.environ.get(variable)
+    return Path(value).expanduser() if value else _vllm_root() / sub
+
+
+def _inductor() -> Path:
+    """torch._inductor.runtime.cache_dir_utils.cache_dir(), without its side effects (it creates the folder and
+    sets the variable)."""
+    value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if value is None:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        value = default_cache_dir()
+    return Path(value)
+
+
+def _triton() -> Path | None:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from triton import knobs
+
+    return Path(knobs.cache.dir)  # TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, read when asked
+
+
+def _has_flashinfer() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def _flashinfer() -> Path | None:
+    """flashinfer.jit.env.FLASHINFER_CACHE_DIR (0.6.14), computed without importing flashinfer (its import
+    loads its kernel modules and asks torch about the GPUs)."""
+    if not _has_flashinfer():
+        return None
+    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home().as_posix())) / ".cache" / "flashinfer"
+
+
+def _flashinfer_cubins() -> Path | None:
+    """Where FlashInfer keeps downloaded cubins when FLASHINFER_CUBIN_DIR moves them out of its cache folder."""
+    value = os.environ.get("FLASHINFER_CUBIN_DIR")
+    return Path(value) if value and _has_flashinfer() else None
+
+
+RESOLVERS: dict[str, Callable[[], Path | None]] = {
+    "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
+    "vllm_flashinfer_autotune": lambda: _vllm_sub("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"),
+    "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
+    "inductor": _inductor,
+    "triton": _triton,
+    "flashinfer": _flashinfer,
+    "flashinfer_cubins": _flashinfer_cubins,
+}
+
+
+def cache_dirs() -> tuple[dict[str, Path], dict[str, str]]:
+    """(name -> absolute folder, name -> why it is left out) for this process, as its environment stands now."""
+    found: dict[str, Path] = {}
+    left_out: dict[str, str] = {}
+    for name, resolve in RESOLVERS.items():
+        try:
+            folder = resolve()
+        except Exception as exc:  # a library that is missing or changed: its cache is not carried, never fatal
+            left_out[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if folder is None:
+            left_out[name] = "not used here"
+        else:
+            found[name] = Path(os.path.abspath(folder))
+    return found, left_out
+
+
+def resolve(sess: Any) -> None:
+    """Records the worker's cache folders on the session: at start, before vLLM's compile redirects Inductor's
+    and Triton's caches into its own folder (process-wide, through their environment variables)."""
+    sess.caches, left_out = cache_dirs()
+    if left_out:
+        sess.log("JIT caches not carried: %s", "; ".join(f"{n} ({why})" for n, why in left_out.items()))
+
+
+def carry(sess: Any) -> dict[str, bytes]:
+    """SAVE, rank 0 (the ranks of one host share the caches): the archive's shared JIT-cache file."""
+    started = time.perf_counter()
+    blob, stats = jitcache.collect(sess.caches)
+    sess.carried = jitcache.listing(sess.caches)
+    sess.log("carrying JIT caches (%.1f MiB, %.2f s): %s", len(blob) / 2**20, time.perf_counter() - started,
+             stats.describe())  # fmt: skip
+    return {jitcache.SHARED_NAME: blob}
+
+
+def report_late(sess: Any) -> None:
+    """SAVE, rank 0, once the engine's warm-up is done: names what it compiled after the archive was written (the
+    V2 runner warms its kernels after the capture), which a LOAD on a fresh host would compile again."""
+    if sess.carried is None:
+        return
+    late = sorted(jitcache.listing(sess.caches) - sess.carried)
+    if late:
+        sess.log("%d JIT cache file(s) were compiled after the archive was written, so it lacks them (e.g. %s): a "
+                 "LOAD on a fresh host compiles them again. SAVE once more on this host (its caches hold them now) "
+                 "to carry them", len(late), ", ".join(late[:3]))  # fmt: skip
+
+
+def restore(sess: Any) -> None:
+    """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
+    started = time.perf_counter()
+    try:
+        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
+    except ArchiveError as exc:
+        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
+    if blob is None:
+        sess.log("%s carries no JIT caches (saved by an older release): what is missing here compiles again",
+                 sess.directory)  # fmt: skip
+        return
+    stats = jitcache.restore(blob, sess.caches)
+    took = sess.timed("jitcache", started)
+    sess.log("JIT caches restored in %.2f s: %s", took, stats.describe())
