@@ -170,6 +170,17 @@ def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]
     return {k: round(v, 3) for k, v in phases.items()}
 
 
+def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
+    """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them."""
+    roots = proofkit.cache_dirs()
+    named = set()
+    for path in (Path(p) for s in stats for p in s.get("jitcache_restored", [])):
+        for root in roots:
+            if path.is_relative_to(root):
+                named.add(str(Path(root.name) / path.relative_to(root)))
+    return named
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     before = proofkit.cache_snapshot()
     t0 = time.perf_counter()
@@ -194,7 +205,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     stats = rank_stats()
     phases = start_phases(ready, log_phases(Path(a.result).parent / "log.txt"), stats)
-    new_start = proofkit.new_files(before, after_start)
+    restored = restored_cache_files(stats)
+    new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)
     import vllm
 

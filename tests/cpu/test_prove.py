@@ -92,8 +92,10 @@ proofkit.write_result(args.result, {
             "examples": (new_start + new_first)[:5]},
     "engine": {"name": "fake", "version": "1.0"},
     "seen": {"extra": extra, "env": {k: os.environ.get(k) for k in ("HOME", "TRITON_CACHE_DIR",
-             "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED")}},
+             "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED")}, "cache_files_at_start": sorted(before)},
 })
+if args.mode == "off":  # a warm run leaves a compiled kernel behind (a fresh run must not see it)
+    (proofkit.cache_dirs()[0] / "warm-kernel.bin").write_text("compiled by a warm run")
 """
 
 RUNS = {
@@ -195,10 +197,16 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     # the leftover process of a run that exited is ended with the run's process group
     assert gone(int(leftover.read_text()))
     assert "ended 1 leftover process(es) after exit" in text
-    # the driver's environment: warm runs share cache folders, a fresh run has its own, empty one
+    # the driver's environment: every run sees the same cache paths (some caches record absolute paths); a fresh
+    # run finds them empty, the warm content is back afterwards, and what the fresh run wrote is kept aside
     seen = {r: json.loads((out / r / "result.json").read_text())["seen"] for r in ("load", "load_fresh", "eager")}
     assert seen["load"]["env"]["TRITON_CACHE_DIR"] == str(out / "cache-warm" / "TRITON_CACHE_DIR")
-    assert seen["load_fresh"]["env"]["HOME"] == str(out / "load_fresh" / "cache" / "HOME")
+    assert seen["load_fresh"]["env"]["HOME"] == str(out / "cache-warm" / "HOME")
+    assert "HOME/warm-kernel.bin" in seen["load"]["cache_files_at_start"]
+    assert seen["load_fresh"]["cache_files_at_start"] == []
+    assert (out / "cache-warm" / "HOME" / "warm-kernel.bin").is_file()
+    assert (out / "load_fresh" / "cache" / "HOME").is_dir()
+    assert not (out / "cache-warm.aside").exists()
     assert seen["load"]["env"]["GP_PROOF_CACHE_DIRS"].split(os.pathsep) == [
         str(out / "cache-warm" / "HOME"),
         str(out / "cache-warm" / "TRITON_CACHE_DIR"),

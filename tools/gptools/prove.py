@@ -10,7 +10,8 @@ The driver contract:
   cwd = the recipe folder, in a new session, stdout + stderr to `<out>/<run>/log.txt`. `{python}` in the driver's
   argv is the --python interpreter. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH).
 - environment: each `cache_env` variable points at its own folder of the run's cache root (`<out>/cache-warm`,
-  shared by all warm runs and kept, or `<out>/<run>/cache`, new and empty, for `cache = "fresh"`);
+  shared by all warm runs and kept; a `cache = "fresh"` run gets the same paths emptied, the warm content moved
+  aside for its length, and what it wrote is kept in `<out>/<run>/cache`);
   GP_PROOF_CACHE_DIRS lists those folders (os.pathsep-joined); GRAPHPERSIST_STATS_DIR = `<out>/<run>/stats`,
   where the engine writes one `rank_<r>.json` per rank (`rank`, `mode`, `captured`, `restored`, `capture_calls`);
   PYTHONUNBUFFERED=1.
@@ -36,6 +37,8 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,9 +231,32 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
 
 
 def cache_folders(recipe: Recipe, out: Path, spec: RunSpec) -> dict[str, Path]:
-    """Each cache variable's folder for this run: shared and kept when warm, new and empty when fresh."""
-    root = out / WARM_CACHE if spec.cache == "warm" else out / spec.name / "cache"
-    return {var: root / var for var in recipe.cache_env}
+    """Each cache variable's folder for this run: the shared warm folders, at the same paths for a fresh run too
+    (a new host has the same paths as the old one, and some caches record absolute paths: FlashInfer's ninja files).
+    A fresh run finds them empty: `fresh_caches` moves the warm content aside for its length."""
+    return {var: out / WARM_CACHE / var for var in recipe.cache_env}
+
+
+@contextmanager
+def fresh_caches(out: Path, spec: RunSpec) -> Iterator[None]:
+    """For a fresh run: the warm cache folder moved aside (kept), an empty one in its place; afterwards what the
+    fresh run wrote goes to `<out>/<run>/cache` and the warm folder comes back."""
+    if spec.cache != "fresh":
+        yield
+        return
+    warm, aside, kept = out / WARM_CACHE, out / f"{WARM_CACHE}.aside", out / spec.name / "cache"
+    if aside.exists():
+        raise ProofConfigError(f"{aside} exists (a run was interrupted?): move it back to {warm} or delete it")
+    if warm.exists():
+        warm.rename(aside)
+    try:
+        yield
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+        if warm.exists():
+            warm.rename(kept)
+        if aside.exists():
+            aside.rename(warm)
 
 
 def driver_command(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> list[str]:
@@ -294,6 +320,11 @@ def execute_run(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> dict[s
     run_dir = out / spec.name
     stats = run_dir / "stats"
     stats.mkdir(parents=True)
+    with fresh_caches(out, spec):
+        return _execute(recipe, out, spec, python, run_dir, stats)
+
+
+def _execute(recipe: Recipe, out: Path, spec: RunSpec, python: str, run_dir: Path, stats: Path) -> dict[str, Any]:
     caches = cache_folders(recipe, out, spec)
     for folder in caches.values():
         folder.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ class CacheStats:
     kept: dict[str, int] = field(default_factory=dict)  # restore: already present live, left alone
     absent: list[str] = field(default_factory=list)  # collect: named folders that do not exist
     skipped: Counter[str] = field(default_factory=Counter)  # why -> count (lock, temporary, symlink, ...)
+    written: list[str] = field(default_factory=list)  # restore: the files it created (absolute paths)
 
     def count(self, name: str, size: int) -> None:
         self.files[name] = self.files.get(name, 0) + 1
@@ -130,6 +131,7 @@ def restore(blob: bytes, dirs: Mapping[str, Path]) -> CacheStats:
                     continue
                 if _write_new(Path(dirs[name]), rel, tar, member):
                     stats.count(name, member.size)
+                    stats.written.append(str(Path(dirs[name]) / rel))
                 else:
                     stats.kept[name] = stats.kept.get(name, 0) + 1
     except tarfile.TarError as exc:

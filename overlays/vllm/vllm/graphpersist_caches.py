@@ -162,5 +162,6 @@ def restore(sess: Any) -> None:
                  sess.directory)  # fmt: skip
         return
     stats = jitcache.restore(blob, sess.caches)
+    sess.restored_files = stats.written  # not compiled here: the proof tells them from what a LOAD compiles
     took = sess.timed("jitcache", started)
     sess.log("JIT caches restored in %.2f s: %s", took, stats.describe())

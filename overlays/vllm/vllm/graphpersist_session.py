@@ -39,6 +39,7 @@ class Session:
     restored: int = 0
     capture_calls: int = 0
     model: dict[str, str] = field(default_factory=dict)  # model facts, computed at start in SAVE and LOAD alike
+    restored_files: list[str] = field(default_factory=list)  # LOAD: JIT cache files put back from the archive
     kv_bytes: int | None = None  # the KV-cache size SAVE used (smallest rank's profile); LOAD reuses it
     caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name (graphpersist_caches)
     carried: set[str] | None = None  # SAVE, rank 0: the cache files the archive carries
@@ -74,6 +75,7 @@ class Session:
             "restored": self.restored,
             "capture_calls": self.capture_calls,
             "phases": self.timings,
+            "jitcache_restored": self.restored_files,
         }
         tmp = Path(where) / f".rank_{self.rank}.json.tmp"
         tmp.write_text(json.dumps(stats, indent=1))

@@ -122,6 +122,8 @@ class PersistWorker(Worker):
 
     def _capture_or_restore(self, upstream_capture: Any) -> int:
         sess = _session()
+        if not sess.loading:
+            self._warm_kernels_before_save()
         api.end_phase()
         _release_cached()
         sess.timed("warmup", self._warmup_started)
@@ -144,6 +146,18 @@ class PersistWorker(Worker):
             sess.timed("restore", started)
         self._graphs_done = time.perf_counter()
         return graph_bytes
+
+    def _warm_kernels_before_save(self) -> None:
+        """SAVE: vLLM's V2 runner compiles its sampler and input-preparation kernels (Triton, FlashInfer) in a
+        warm-up after the capture, when the archive is already written. Running that warm-up once more here, in the
+        variable phase before the capture, puts those kernels into the caches the archive carries, so a LOAD on a
+        fresh host does not compile them. Upstream's own warm-up still runs after the capture (then from cache)."""
+        from vllm.v1.worker.gpu.warmup import warmup_kernels
+
+        started = time.perf_counter()
+        warmup_kernels(self.model_runner, self.execute_model, self.sample_tokens)
+        torch.cuda.synchronize()
+        _session().timed("kernel_warmup_before_save", started)
 
     def _save(self, manager: Any) -> None:
         sess = _session()
