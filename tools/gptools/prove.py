@@ -17,6 +17,9 @@ The driver contract:
 - result: FILE, a JSON object: `ok`, `error`, `start_to_ready_s` (engine constructor wall time), `phases`
   (ordered name -> seconds), `outputs` (workload -> list of greedy token-id lists), `latency` (name -> number),
   `jit` (`new_cache_files_start`, `new_cache_files_first_request`, `examples`), `engine` (`name`, `version`).
+- a run with `expect_refusal = true` proves that the engine refuses to start (e.g. a LOAD whose archive does not
+  fit): its driver writes ok=true only when the engine refused, and `refusal` = {`matched`: the log line that shows
+  the reason, ...}; such a run has no outputs, and LOAD's checks and the clean-log check do not apply to it.
 - lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
   leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
 
@@ -51,7 +54,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns"}
-RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 
 
@@ -69,6 +72,7 @@ class RunSpec:
     cache: str
     args: tuple[str, ...]
     compare_outputs: bool
+    expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,11 @@ def _parse_run(table: Any, i: int) -> RunSpec:
     cache = _get(table, "cache", where, str, "warm")
     if cache not in ("warm", "fresh"):
         raise ProofConfigError(f"{where}cache: must be warm or fresh, got {cache!r}")
-    return RunSpec(
-        name, mode, archive, cache, _strings(table, "args", where), _get(table, "compare_outputs", where, bool, True)
-    )
+    refusal = _get(table, "expect_refusal", where, bool, False)
+    compare = _get(table, "compare_outputs", where, bool, not refusal)
+    if refusal and compare:
+        raise ProofConfigError(f"{where}compare_outputs: a run with expect_refusal = true has no outputs to compare")
+    return RunSpec(name, mode, archive, cache, _strings(table, "args", where), compare, refusal)
 
 
 def _parse_target(table: Any, i: int, runs: set[str]) -> Target:
