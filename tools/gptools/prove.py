@@ -257,40 +257,18 @@ def driver_env(caches: dict[str, Path], stats: Path) -> dict[str, str]:
     return env
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group; zombies wait for a reaper that may never come."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
 def end_group(pgid: int) -> int:
     """SIGTERM to the group, SIGKILL to what is left after TERM_GRACE_S; returns how many processes were running."""
-    alive = group_members(pgid)
+    alive = proofkit.group_members(pgid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not group_members(pgid):
+        if not proofkit.group_members(pgid):
             break
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 5.0)
-        while group_members(pgid) and time.monotonic() < deadline:
+        while proofkit.group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
     return len(alive)
 
