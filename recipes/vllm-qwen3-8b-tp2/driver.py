@@ -126,8 +126,8 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-def log_phases(log: Path) -> dict[str, float]:
-    text = log.read_text(errors="replace") if log.is_file() else ""
+def log_phases(text: str) -> dict[str, float]:
+    """vLLM's own timings found in a log's text (also used by the `vllm serve` recipe's driver)."""
     phases = {}
     for name, pattern in LOG_PHASES.items():
         found = re.findall(pattern, text)
@@ -204,7 +204,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     _, b32 = timed(generate, llm, [prompt(600 + i, 16) for i in range(32)], 256)
 
     stats = rank_stats()
-    phases = start_phases(ready, log_phases(Path(a.result).parent / "log.txt"), stats)
+    log = Path(a.result).parent / "log.txt"
+    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
     restored = restored_cache_files(stats)
     new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)

