@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_cpu_venv import make_vllm_venv
+from vllm_cpu_venv import TINY_LLAMA, make_vllm_venv
 
 from gpdist.fetch import fetch
 from gpdist.pins import Pins
@@ -98,24 +98,16 @@ DRIVER = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def vllm_venv(built_vllm_venv: Path) -> Path:
-    """The BUILT vLLM and graphpersist wheels (the session's venv, see conftest.py), with this module's driver."""
-    (built_vllm_venv / "driver.py").write_text(DRIVER)
-    return built_vllm_venv
-
-
-@pytest.fixture(scope="module")
 def upstream_vllm_venv(tmp_path_factory: pytest.TempPathFactory, pins: Pins, repo_root: Path) -> Path:
-    """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours."""
-    venv = make_vllm_venv(
+    """The pristine pinned upstream vLLM wheel (fetched by sha256), nothing of ours. (`vllm_venv`: conftest.py.)"""
+    return make_vllm_venv(
         tmp_path_factory.mktemp("vllm-upstream") / "venv", repo_root, [fetch(pins.engine("vllm").wheel)]
     )
-    (venv / "driver.py").write_text(DRIVER)
-    return venv
 
 
 def drive(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the driver in the venv with a clean switch environment; stdout and stderr together."""
+    (venv / "driver.py").write_text(DRIVER)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHPERSIST_", "PYTHONPATH"))}
     clean.update({"VLLM_LOGGING_LEVEL": "INFO", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "0", **(env or {})})
     return subprocess.run(
@@ -135,7 +127,8 @@ def result(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 def switch_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    return [x for x in proc.stdout.splitlines() if "graphpersist" in x.lower()]
+    """What the run printed about persistence (not the driver's RESULT, which names our worker_cls when on)."""
+    return [x for x in proc.stdout.splitlines() if "graphpersist" in x.lower() and not x.startswith("RESULT ")]
 
 
 def test_installed_vllm_is_the_patched_build(vllm_venv: Path) -> None:
@@ -244,22 +237,6 @@ def test_off_logs_nothing_and_changes_nothing(vllm_venv: Path) -> None:
 
 # ---------------------------------------------------------------- with persistence off, exactly upstream's vLLM
 
-# A tiny Llama: enough for vLLM to resolve a full engine config (architecture, dtype, lengths) on CPU, no weights.
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 # Typical `vllm serve` command lines (after --model).
 COMMAND_LINES = [
     ["--tensor-parallel-size", "2", "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--enforce-eager"],

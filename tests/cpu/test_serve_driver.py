@@ -375,12 +375,12 @@ print("RESULT " + json.dumps({
 
 @pytest.mark.network
 @pytest.mark.slow
-def test_the_synthetic_tokenizer_loads_in_transformers_and_vllm(built_vllm_venv: Path, tmp_path: Path) -> None:
+def test_the_synthetic_tokenizer_loads_in_transformers_and_vllm(vllm_venv: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(RECIPE), str(REPO / "tools")])
     env |= {"HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [str(built_vllm_venv / "bin" / "python"), "-c", TOKENIZER_CHECK, str(tmp_path / "model")],
+        [str(vllm_venv / "bin" / "python"), "-c", TOKENIZER_CHECK, str(tmp_path / "model")],
         env=env,
         capture_output=True,
         text=True,

@@ -1,8 +1,8 @@
-"""A CPU venv with a vLLM wheel: CPU torch, vLLM's import-time dependencies and a platform plugin (tests only).
+"""A fresh CPU venv holding a vLLM wheel, for the tests that import vLLM without a GPU.
 
-vLLM finds no platform with CPU torch and a CUDA wheel (its CPU platform is chosen only for CPU builds), and
-building its argument parser or loading its tokenizers needs one. vLLM's own out-of-tree platform plugin mechanism
-selects its CpuPlatform here.
+vLLM 0.26.0 is a CUDA build, but with CPU torch and a few pure-Python dependencies it imports, builds its argument
+parser and resolves engine configs. Building the venv costs a minute or two, so the built wheels' venv is one
+session fixture (`tests/cpu/conftest.py`) that every vLLM CPU test module shares.
 """
 
 from __future__ import annotations
@@ -12,7 +12,33 @@ import sys
 import sysconfig
 from pathlib import Path
 
+# vLLM finds no platform with CPU torch and a CUDA wheel (its CPU platform is chosen only for CPU builds), and
+# building the parser needs one. vLLM's own out-of-tree platform plugin mechanism selects its CpuPlatform here.
 PLATFORM_PLUGIN = 'def platform() -> str:\n    return "vllm.platforms.cpu.CpuPlatform"\n'
+
+# A tiny Llama: enough for vLLM to resolve a full engine config (architecture, dtype, lengths) on CPU, no weights.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def built_wheels(dist_dir: Path) -> list[Path]:
+    """The vLLM and graphpersist wheels `make build` wrote."""
+    wheels = sorted(dist_dir.glob("vllm-0.26.0+gp.*.whl")) + sorted(dist_dir.glob("graphpersist-*.whl"))
+    assert len(wheels) == 2, f"expected the vllm and graphpersist wheels in {dist_dir}, found {wheels}"
+    return wheels
 
 
 def make_vllm_venv(venv: Path, repo_root: Path, wheels: list[Path]) -> Path:

@@ -178,7 +178,7 @@ def kv_budget(profiled: list[int]) -> int:
     smallest = int(min(profiled))
     if smallest < KV_GRANULE:
         raise api.PersistError(
-            f"graphpersist: the memory profile leaves {smallest / 2**20:.0f} MiB for the KV cache, less than the "
+            f"graphpersist: the memory profile leaves {smallest // 2**20} MiB for the KV cache, less than the "
             f"{KV_GRANULE >> 30} GiB SAVE needs: raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
         )
     return smallest - smallest % KV_GRANULE

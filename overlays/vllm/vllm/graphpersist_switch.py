@@ -33,9 +33,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
 
+# The switches this process has logged. vLLM builds more EngineArgs after the user's (LLM's log_non_default_args
+# builds a default instance to compare with), and those resolve the switch again from the environment exported
+# below: without this, one start would log a second line that names GRAPHPERSIST_MODE the user never set.
+_logged: set[tuple[switch.Mode, str]] = set()
+
 
 def resolve_engine_args(engine_args: Any) -> switch.Switch:
-    """Resolve and validate the switch of an ``EngineArgs``; log one line when persistence is on, nothing when off.
+    """Resolve and validate the switch of an ``EngineArgs``; log one line when persistence is on (once per process
+    and switch), nothing when off.
 
     On, it selects the persisting worker and prepares the environment every engine and worker process inherits:
     the resolved mode and directory, the runtime's interposer (``LD_PRELOAD``: the address region must exist
@@ -51,7 +57,9 @@ def resolve_engine_args(engine_args: Any) -> switch.Switch:
         )
     engine_args.worker_cls = WORKER_CLS
     export_environment(resolved, os.environ)
-    logger.info("%s", resolved.describe())
+    if (resolved.mode, str(resolved.directory)) not in _logged:
+        _logged.add((resolved.mode, str(resolved.directory)))
+        logger.info("%s", resolved.describe())
     return resolved
 
 

@@ -1,0 +1,724 @@
+"""The built vLLM's graph persistence on CPU: switch, refusals, KV budget, capture sites, LOAD's inventory and facts.
+
+What a GPU run proves end to end (recipes/vllm-qwen3-8b-tp2) is pinned down here piece by piece, without a GPU,
+against the installed patched wheel: real vLLM configs of a tiny model resolved by vLLM itself, vLLM's own graph
+manager and piecewise wrappers, the overlay modules as shipped. Each snippet runs in a fork of one warm
+interpreter in the shared CPU venv (tests/cpu/warm_python.py, prelude tests/cpu/vllm_persist_prelude.py), so the
+module costs seconds once the venv exists.
+
+Not covered on CPU (no CUDA): capturing, instantiating or replaying a graph, the runtime's region and LOAD, custom
+all-reduce's IPC; recipes/vllm-qwen3-8b-tp2 covers them on GPUs.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import re
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from archive_fixtures import fake_nvidia_smi
+from vllm_cpu_venv import TINY_LLAMA, built_wheels
+from warm_python import WarmPython
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+PRELUDE = Path(__file__).resolve().parent / "vllm_persist_prelude.py"
+WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
+    """The warm interpreter: the patched vLLM imported, the tiny model on disk, one fake GPU on PATH (so the GPU
+    facts LOAD compares are the same on every host), and no persistence, region or CUDA variables inherited."""
+    work = tmp_path_factory.mktemp("vllm-persist")
+    model = work / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    smi = work / "bin"
+    smi.mkdir()
+    fake_nvidia_smi(smi, gpus=1)
+    dropped = ("GRAPHPERSIST_", "GP_", "CUDA_", "VLLM_", "LD_PRELOAD", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    env.update(PATH=f"{smi}:{os.environ['PATH']}", GP_TEST_MODEL=str(model), PYTHONWARNINGS="ignore")
+    server = WarmPython(vllm_venv / "bin" / "python", PRELUDE, env, work)
+    yield server
+    server.close()
+
+
+# ---------------------------------------------------------------- the switch selects the worker and its environment
+
+
+def test_save_selects_the_persisting_worker_and_prepares_every_process(vllm: WarmPython, tmp_path: Path) -> None:
+    got = vllm.run(
+        f"""
+        from graphpersist import region
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+        from vllm.v1.worker.gpu_worker import Worker
+
+        os.chdir({str(tmp_path)!r})
+        os.environ["LD_PRELOAD"] = "/opt/site/libsite.so"  # the user's own preload stays, after ours
+        before = dict(os.environ)
+        args = EngineArgs(model=MODEL, graph_persist="save", graph_persist_dir="archive")
+        after = dict(os.environ)
+        worker = resolve_obj_by_qualname(args.worker_cls)
+        result = {{
+            "worker_cls": args.worker_cls,
+            "changed": {{k: v for k, v in after.items() if before.get(k) != v}},
+            "removed": sorted(set(before) - set(after)),
+            "interposer": str(region.prebuilt_interposer()),
+            "is_gpu_worker": issubclass(worker, Worker),
+            "overrides": sorted(k for k in ("init_device", "determine_available_memory", "initialize_from_config",
+                                            "compile_or_warm_up_model") if k in vars(worker)),
+            # the platform keeps it (vLLM's CPU and CUDA platforms replace only "auto")
+            "config_worker_cls": args.create_engine_config().parallel_config.worker_cls,
+            # resolving again (arguments built from resolved ones) does not refuse persistence's own worker
+            "again": EngineArgs(model=MODEL, worker_cls=args.worker_cls, graph_persist="save",
+                                graph_persist_dir="archive").worker_cls,
+        }}
+        """
+    ).ok()
+    interposer = Path(got["interposer"])
+    assert interposer.name == "libgpinterpose.so" and interposer.is_file()
+    assert got["changed"] == {
+        "GRAPHPERSIST_MODE": "save",
+        "GRAPHPERSIST_DIR": str(tmp_path / "archive"),
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "LD_PRELOAD": f"{interposer}:/opt/site/libsite.so",
+        "GP_REGION_BASE": "0x500000000000",
+    }
+    assert got["removed"] == []
+    assert got["worker_cls"] == got["config_worker_cls"] == got["again"] == WORKER_CLS
+    assert got["is_gpu_worker"]
+    assert got["overrides"] == [
+        "compile_or_warm_up_model",
+        "determine_available_memory",
+        "init_device",
+        "initialize_from_config",
+    ]
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [{}, {"graph_persist": "off", "graph_persist_dir": "/ignored"}],
+    ids=["default", "explicit-off"],
+)
+def test_off_keeps_vllms_worker_and_environment(vllm: WarmPython, engine_args: dict) -> None:
+    got = vllm.run(
+        f"""
+        before = dict(os.environ)
+        args = EngineArgs(model=MODEL, **{engine_args!r})
+        result = {{"worker_cls": args.worker_cls, "environ_unchanged": dict(os.environ) == before}}
+        """
+    ).ok()
+    assert got == {"worker_cls": "auto", "environ_unchanged": True}
+
+
+def test_later_engine_args_follow_the_exported_switch_without_a_second_line(vllm: WarmPython, tmp_path: Path) -> None:
+    """vLLM builds more EngineArgs in the same process (LLM's log_non_default_args builds a default instance to
+    compare with): they resolve the exported environment to the same switch, and the start still logs one line."""
+    outcome = vllm.run(
+        f"""
+        EngineArgs(model=MODEL, graph_persist="save", graph_persist_dir={str(tmp_path)!r})
+        result = EngineArgs(model=MODEL).worker_cls
+        """
+    )
+    assert outcome.ok() == WORKER_CLS
+    assert [line.split("] ", 1)[1] for line in outcome.output.splitlines() if "graphpersist: mode=" in line] == [
+        f"graphpersist: mode=save dir={tmp_path} (from keyword graph_persist, keyword graph_persist_dir)"
+    ]
+
+
+def test_another_worker_cls_is_refused_and_nothing_is_exported(vllm: WarmPython, tmp_path: Path) -> None:
+    outcome = vllm.run(
+        f"""
+        before = dict(os.environ)
+        try:
+            EngineArgs(model=MODEL, worker_cls="my.Worker", graph_persist="save", graph_persist_dir={str(tmp_path)!r})
+        finally:
+            assert dict(os.environ) == before, "a refused switch exported its environment"
+        """
+    )
+    assert outcome.raised("SwitchError") == (
+        "graphpersist: --graph-persist save needs vLLM's own GPU worker, but worker_cls is 'my.Worker': drop "
+        "--worker-cls or turn persistence off"
+    )
+
+
+# ---------------------------------------------------------------- configurations persistence cannot restore
+
+# (vLLM's EngineArgs, the change made to the resolved config, the refusal's "what", its advice). Changes are made
+# after resolving where vLLM on CPU cannot resolve the setting itself: expert parallelism needs a model with
+# experts, and the fused all-reduce pass at TP 2 needs CUDA ops the CPU build lacks; the refusal reads only the flag.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+REFUSED = {
+    "enforce_eager": (
+        {"enforce_eager": True},
+        "",
+        "enforce_eager (no CUDA graphs)",
+        "turn persistence off, or drop enforce_eager",
+    ),
+    "pipeline": ({"pipeline_parallel_size": 2}, "", "pipeline_parallel_size=2", "use tensor parallelism only"),
+    "data": ({"data_parallel_size": 2}, "", "data_parallel_size=2", "start one engine per data-parallel rank"),
+    "expert": (
+        {"tensor_parallel_size": 2},
+        "cfg.parallel_config.enable_expert_parallel = True",
+        "expert parallelism",
+        "turn expert parallelism off",
+    ),
+    "nodes": ({"tensor_parallel_size": 2, "nnodes": 2}, "", "2 nodes", "run on a single node"),
+    "lora": ({"enable_lora": True}, "", "LoRA", "serve without LoRA adapters"),
+    "speculative": ({"speculative_config": NGRAM}, "", "speculative decoding", "serve without a speculative config"),
+    "no-graphs": (
+        {},
+        "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.NONE",
+        "cudagraph_mode NONE (no CUDA graphs)",
+        "turn persistence off",
+    ),
+    "fused-allreduce-rms": (
+        {"tensor_parallel_size": 2},
+        "cfg.compilation_config.pass_config.fuse_allreduce_rms = True",
+        "the fused all-reduce + RMSNorm pass (flashinfer) at tensor parallelism > 1",
+        'turn it off with compilation_config={"pass_config": {"fuse_allreduce_rms": false}} (vllm serve: '
+        "-cc.pass_config.fuse_allreduce_rms=false). Its automatic backend needs NVLink multicast, which hosts like "
+        "ours do not have, and its IPC workspace is not persisted yet",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: str) -> None:
+    engine_args, change, what, advice = REFUSED[case]
+    outcome = vllm.run(
+        f"""
+        cfg = engine_config(**{engine_args!r})
+        {change}
+        facts.refuse_unsupported(cfg)
+        """
+    )
+    supported = (
+        "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
+        "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or off), "
+        "no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+    )
+    assert outcome.raised("PersistError") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
+
+
+@pytest.mark.parametrize(
+    "engine_args, change",
+    [
+        ({}, ""),
+        ({"tensor_parallel_size": 2}, ""),
+        ({}, "cfg.compilation_config.pass_config.fuse_allreduce_rms = True"),  # nothing to fuse at TP 1
+        ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY"),
+        ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE"),
+    ],
+    ids=["tp1", "tp2", "tp1-fused-pass", "full-decode-only", "piecewise"],
+)
+def test_supported_configuration_passes(vllm: WarmPython, engine_args: dict, change: str) -> None:
+    got = vllm.run(
+        f"""
+        cfg = engine_config(**{engine_args!r})
+        {change}
+        facts.refuse_unsupported(cfg)
+        result = "passed"
+        """
+    ).ok()
+    assert got == "passed"
+
+
+def test_v1_model_runner_is_refused(vllm: WarmPython) -> None:
+    got = vllm.run(
+        """
+        import inspect
+        from vllm.v1.worker.gpu_worker import Worker
+
+        out = {"sets_flag": "self.use_v2_model_runner = " in inspect.getsource(Worker)}
+        facts.refuse_unsupported_runner(types.SimpleNamespace(use_v2_model_runner=True))
+        for label, worker in (("v1", types.SimpleNamespace(use_v2_model_runner=False)), ("unknown", object())):
+            try:
+                facts.refuse_unsupported_runner(worker)
+            except Exception as exc:
+                out[label] = str(exc).split(". (")[0]
+        result = out
+        """
+    ).ok()
+    assert got["sets_flag"], "vLLM's Worker no longer sets use_v2_model_runner: the runner check reads a stale name"
+    refusal = (
+        "graphpersist: this model (it runs on vLLM's V1 model runner) cannot be persisted: serve a dense decoder "
+        "model on the V2 runner"
+    )
+    assert got["v1"] == got["unknown"] == refusal
+
+
+# ---------------------------------------------------------------- SAVE's KV-cache budget
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+@pytest.mark.parametrize(
+    "profiled, budget",
+    [
+        ([5 * GIB + 300 * MIB], 5 * GIB),
+        ([5 * GIB + 700 * MIB, 5 * GIB + 660 * MIB], 5 * GIB),  # a cold and a warm profile, 40 MiB apart
+        ([30 * GIB + 20 * MIB, 29 * GIB + 1000 * MIB], 29 * GIB),  # the smallest rank decides, then rounding
+        ([7 * GIB, 9 * GIB], 7 * GIB),
+        ([GIB], GIB),
+    ],
+)
+def test_kv_budget_is_the_smallest_profile_rounded_down_to_a_gib(
+    vllm: WarmPython, profiled: list[int], budget: int
+) -> None:
+    assert vllm.run(f"result = facts.kv_budget({profiled!r})").ok() == budget
+
+
+def test_cold_and_warm_profiles_give_the_same_budget(vllm: WarmPython) -> None:
+    got = vllm.run(
+        """
+        cold, warm = 71 * 2**30 + 512 * 2**20, 71 * 2**30 + 470 * 2**20
+        result = [facts.kv_budget([cold]), facts.kv_budget([warm]), facts.kv_budget([cold, warm])]
+        """
+    ).ok()
+    assert got == [71 * GIB] * 3
+
+
+@pytest.mark.parametrize(
+    "profiled, shown",
+    [([GIB - 1], "1023 MiB"), ([300 * MIB, 40 * GIB], "300 MiB"), ([0], "0 MiB")],
+)
+def test_kv_budget_below_a_gib_is_refused(vllm: WarmPython, profiled: list[int], shown: str) -> None:
+    message = vllm.run(f"facts.kv_budget({profiled!r})").raised("PersistError")
+    assert message == (
+        f"graphpersist: the memory profile leaves {shown} for the KV cache, less than the 1 GiB SAVE needs: raise "
+        "gpu_memory_utilization or lower max_model_len/max_num_seqs"
+    )
+
+
+def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
+    """agree_kv_bytes: TP=1 uses its own profile; TP>1 gathers every rank's over the CPU group (a stand-in here:
+    no process group on CPU) and every rank records the same budget in its session for LOAD."""
+    got = vllm.run(
+        """
+        sess = open_session("save")
+        one = facts.agree_kv_bytes(sess, 9 * 2**30 + 5)
+        gathered = []
+        facts.cpu_gather = lambda: (lambda mine: gathered.append(mine) or [mine, 8 * 2**30 + 7 * 2**20])
+        sess.world_size = 2
+        two = facts.agree_kv_bytes(sess, 9 * 2**30 + 5)
+        result = [one, two, sess.kv_bytes, gathered]
+        """
+    ).ok()
+    assert got == [9 * GIB, 8 * GIB, 8 * GIB, [9 * GIB + 5]]
+
+
+# ---------------------------------------------------------------- persistence off: the capture sites are upstream's
+
+# CPU torch cannot construct torch.cuda.CUDAGraph (a dummy class: "Tried to instantiate dummy base class"), so the
+# snippets replace it, and the runtime's PersistentCUDAGraph, by plain stand-in classes: the class of what new_graph()
+# returns shows which one a capture site would record into.
+STAND_IN_GRAPHS = """
+class UpstreamGraph:
+    pass
+class PersistentGraph:
+    pass
+torch.cuda.CUDAGraph = UpstreamGraph
+from graphpersist import api
+api.PersistentCUDAGraph = PersistentGraph
+"""
+
+# Opened before the stand-ins replace torch's graph class: a session counts captures on the real class.
+SESSIONS = {
+    "no-session": "",  # persistence off: no worker ever opens one
+    "load": "open_session('load')",
+    "save-written": "open_session('save').done = True",  # SAVE after its archive is written
+}
+
+
+@pytest.mark.parametrize("session", SESSIONS)
+def test_capture_sites_without_an_active_save_do_what_upstream_does(vllm: WarmPython, session: str) -> None:
+    got = vllm.run(
+        SESSIONS[session]
+        + STAND_IN_GRAPHS
+        + """
+capture.captured_full(Untouchable("manager"), Untouchable("desc"), Untouchable("graph"))
+capture.captured_piece(Untouchable("wrapper"), Untouchable("entry"), (Untouchable("arg"),), Untouchable("output"))
+ca = Recorder()
+customar.register_graph_buffers(ca)
+result = {"graph": type(capture.new_graph()).__name__, "custom_all_reduce": ca.calls}
+"""
+    ).ok()
+    assert got == {
+        "graph": "UpstreamGraph",
+        "custom_all_reduce": ["get register_graph_buffers", "call register_graph_buffers [] {}"],
+    }
+
+
+def test_an_active_save_records_into_the_runtimes_graph(vllm: WarmPython) -> None:
+    """The positive control of the test above: SAVE hands out the runtime's graph and does look at what a capture
+    site reports (so Untouchable would catch a hook that acts while off)."""
+    got = vllm.run(
+        'open_session("save")'
+        + STAND_IN_GRAPHS
+        + """
+out = {"graph": type(capture.new_graph()).__name__}
+try:
+    capture.captured_full(Untouchable("manager"), Untouchable("desc"), Untouchable("graph"))
+except AssertionError as exc:
+    out["touched"] = str(exc)
+result = out
+"""
+    ).ok()
+    assert got == {"graph": "PersistentGraph", "touched": "the hook touched manager.is_last_pp_rank"}
+
+
+# The patched upstream files against the pristine ones: every difference (difflib's opcodes over lines) as (the
+# upstream definition it lies in, lines removed, lines added). Anything else a patch changes in these files fails
+# here; with persistence off the added calls are the hooks pinned down above.
+PATCHED_LINES = {
+    "vllm/compilation/cuda_graph.py": [
+        ("<module>", [], ["from vllm import graphpersist_capture"]),
+        (
+            "CUDAGraphWrapper.__call__",
+            ["            cudagraph = torch.cuda.CUDAGraph()"],
+            ["            cudagraph = graphpersist_capture.new_graph()"],
+        ),
+        (
+            "CUDAGraphWrapper.__call__",
+            [],
+            ["            graphpersist_capture.captured_piece(self, entry, args, output)"],
+        ),
+    ],
+    "vllm/v1/worker/gpu/cudagraph_utils.py": [
+        ("<module>", [], ["from vllm import graphpersist_capture"]),
+        (
+            "CudaGraphManager.capture",
+            ["                        graph = torch.cuda.CUDAGraph()"],
+            ["                        graph = graphpersist_capture.new_graph()"],
+        ),
+        (
+            "CudaGraphManager.capture",
+            [],
+            ["                        graphpersist_capture.captured_full(self, desc, graph)"],
+        ),
+    ],
+    "vllm/distributed/device_communicators/custom_all_reduce.py": [
+        ("<module>", [], ["from vllm import graphpersist_customar"]),
+        (
+            "CustomAllreduce.capture",
+            ["                self.register_graph_buffers()"],
+            ["                graphpersist_customar.register_graph_buffers(self)"],
+        ),
+    ],
+    "vllm/engine/arg_utils.py": [
+        (
+            "EngineArgs",
+            [],
+            [
+                "    graph_persist: str | None = None",
+                '    """CUDA-graph persistence mode (off, save, load); None defers to',
+                '    GRAPHPERSIST_MODE. See vllm/graphpersist_switch.py."""',
+                "    graph_persist_dir: str | None = None",
+                '    """Archive directory for graph_persist save/load; None defers to',
+                '    GRAPHPERSIST_DIR."""',
+            ],
+        ),
+        (
+            "EngineArgs.__post_init__",
+            [],
+            [
+                "        from vllm.graphpersist_switch import resolve_engine_args",
+                "",
+                "        resolve_engine_args(self)",
+                "",
+            ],
+        ),
+        (
+            "EngineArgs.add_cli_args",
+            [],
+            [
+                "",
+                "        from vllm.graphpersist_switch import add_cli_args as add_graph_persist_args",
+                "",
+                "        add_graph_persist_args(parser)",
+            ],
+        ),
+    ],
+}
+
+
+def _definition_at(source: str, line: int) -> str:
+    """The qualified name of the innermost class or function of `source` holding `line` (1-based)."""
+    names: list[str] = []
+    body = ast.parse(source).body
+    while True:
+        inner = [
+            node
+            for node in body
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+        ]
+        if not inner:
+            return ".".join(names) or "<module>"
+        names.append(inner[0].name)
+        body = inner[0].body
+
+
+def test_patched_files_differ_from_upstream_only_by_the_hooks(
+    dist_dir: Path, upstream_tree: Callable[[str], Path], repo_root: Path
+) -> None:
+    series = (repo_root / "patches" / "vllm" / "series").read_text().split()
+    touched = {
+        line[len("+++ b/") :]
+        for name in series
+        for line in (repo_root / "patches" / "vllm" / name).read_text().splitlines()
+        if line.startswith("+++ b/")
+    }
+    assert touched == set(PATCHED_LINES), "the series edits other files than this test pins down"
+    [wheel] = [w for w in built_wheels(dist_dir) if w.name.startswith("vllm-")]
+    pristine = upstream_tree("vllm")
+    with zipfile.ZipFile(wheel) as zf:
+        for path, expected in PATCHED_LINES.items():
+            ours = zf.read(path).decode().splitlines()
+            upstream = (pristine / path).read_text()
+            theirs = upstream.splitlines()
+            matcher = difflib.SequenceMatcher(None, theirs, ours, autojunk=False)
+            edits = [
+                (_definition_at(upstream, max(i1, 1)), theirs[i1:i2], ours[j1:j2])  # i1: the line before the edit
+                for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+                if tag != "equal"
+            ]
+            assert edits == expected, f"{path}: the patched file differs from upstream by more than its hooks"
+
+
+# ---------------------------------------------------------------- LOAD installs exactly the inventory SAVE recorded
+
+
+def test_save_records_every_graph_vllm_captures(vllm: WarmPython) -> None:
+    got = vllm.run(
+        """
+        cfg = engine_config()
+        manager = graph_manager(cfg)
+        notes, saver = record_save(manager, piece_wrappers(cfg, 3))
+        result = {
+            "notes": notes,
+            "added": [
+                {"name": a["name"], "mode": a["mode"], "capture_size": a["capture_size"],
+                 "inputs": [tuple(t.shape) for t in a["inputs"]], "output_is_hidden_states":
+                 a["outputs"] is manager.hidden_states, "instantiated": a["graph"].instantiated}
+                for a in saver.added
+            ],
+        }
+        """
+    ).ok()
+    sizes = [8, 4, 2, 1]  # vLLM's capture order: largest first
+    full = [f"full/{n}/{n}/1" for n in sizes]
+    pieces = [f"piecewise/{n}/{i:03d}" for n in sizes for i in range(3)]
+    assert [a["name"] for a in got["added"]] == full + pieces
+    for added in got["added"]:
+        is_full = added["name"].startswith("full/")
+        assert added["mode"] == ("full" if is_full else "piecewise")
+        assert added["capture_size"] == int(added["name"].split("/")[1])
+        assert added["inputs"] == ([] if is_full else [[added["capture_size"]]])  # tensors only, not the int
+        assert added["output_is_hidden_states"] is is_full
+        assert added["instantiated"] == 1
+    assert got["notes"]["full"]["full/8/8/1"] == {
+        "cg_mode": "FULL",
+        "num_tokens": 8,
+        "num_reqs": 8,
+        "uniform_token_count": 1,
+        "num_active_loras": 0,
+    }
+    assert set(got["notes"]["pieces"]) == set(pieces)
+    assert got["notes"]["pieces"]["piecewise/4/002"] == {
+        "num_tokens": 4,
+        "num_reqs": None,
+        "uniform": False,
+        "has_lora": False,
+        "num_active_loras": 0,
+    }
+
+
+# LOAD in a new process: the same configuration's manager and wrappers, the restored graphs by name.
+LOAD = """
+cfg = engine_config()
+wrappers = piece_wrappers(cfg, 3)
+notes, _ = record_save(graph_manager(cfg), wrappers)
+full_wrapper = CUDAGraphWrapper(types.SimpleNamespace(), cfg, CUDAGraphMode.FULL)  # not a piece: LOAD ignores it
+manager = graph_manager(cfg)
+restored = {name: types.SimpleNamespace(outputs=torch.zeros(1)) for kind in notes.values() for name in kind}
+"""
+
+
+def test_load_installs_every_graph_where_vllm_dispatches(vllm: WarmPython) -> None:
+    got = vllm.run(
+        LOAD
+        + """
+installed = capture.install(manager, restored, notes)
+pieces = {}
+for w in wrappers:
+    for bd, entry in w.concrete_cudagraph_entries.items():
+        name = capture.piece_name(bd, w.runnable.piecewise_compile_index)
+        assert entry.batch_descriptor == bd and entry.cudagraph is restored[name]
+        assert entry.output is restored[name].outputs
+        pieces[name] = bd.num_tokens
+result = {
+    "installed": installed,
+    "full": sorted(capture.full_name(d) for d in manager.graphs),
+    "full_graphs_are_restored": all(g is restored[capture.full_name(d)] for d, g in manager.graphs.items()),
+    "full_keys_are_vllms": set(manager.graphs) == set(manager._capture_descs[CUDAGraphMode.FULL]),
+    "hidden_states_restored": any(manager.hidden_states is g.outputs for g in restored.values()),
+    "captured": manager._graphs_captured,
+    "pieces": pieces,
+    "first_run_finished": [w.first_run_finished for w in wrappers],
+    "full_wrapper_entries": len(full_wrapper.concrete_cudagraph_entries),
+}
+"""
+    ).ok()
+    sizes = [1, 2, 4, 8]
+    assert got == {
+        "installed": 4 + 4 * 3,
+        "full": sorted(f"full/{n}/{n}/1" for n in sizes),
+        "full_graphs_are_restored": True,
+        "full_keys_are_vllms": True,
+        "hidden_states_restored": True,
+        "captured": True,
+        "pieces": {f"piecewise/{n}/{i:03d}": n for n in sizes for i in range(3)},
+        "first_run_finished": [True, True, True],
+        "full_wrapper_entries": 0,
+    }
+
+
+ADVICE = "Re-run with mode=save for this configuration."
+INVENTORY_REFUSALS = {
+    "full-missing": (
+        'del notes["full"]["full/8/8/1"]',
+        f"graphpersist: FULL graphs differ: saved none not captured by this configuration, live ['full/8/8/1'] not "
+        f"in the archive. {ADVICE}",
+    ),
+    "full-extra": (
+        'notes["full"]["full/16/16/1"] = {**notes["full"]["full/8/8/1"], "num_tokens": 16, "num_reqs": 16}',
+        "graphpersist: FULL graphs differ: saved ['full/16/16/1'] not captured by this configuration, live none not "
+        f"in the archive. {ADVICE}",
+    ),
+    "full-descriptor": (
+        'notes["full"]["full/2/2/1"]["num_active_loras"] = 1',
+        "graphpersist: FULL graph full/2/2/1: saved descriptor BatchExecutionDescriptor(cg_mode=<CUDAGraphMode.FULL: "
+        "2>, num_tokens=2, num_reqs=2, uniform_token_count=1, num_active_loras=1), live BatchExecutionDescriptor("
+        "cg_mode=<CUDAGraphMode.FULL: 2>, num_tokens=2, num_reqs=2, uniform_token_count=1, num_active_loras=0). "
+        f"{ADVICE}",
+    ),
+    "piece-missing": (
+        'del notes["pieces"]["piecewise/4/002"]',
+        "graphpersist: piecewise graphs differ (3 live pieces x 4 sizes): not in the archive ['piecewise/4/002'], "
+        f"saved but not dispatched here none. {ADVICE}",
+    ),
+    "more-live-pieces": (
+        "wrappers += piece_wrappers(cfg, 4)[3:]",
+        "graphpersist: piecewise graphs differ (4 live pieces x 4 sizes): not in the archive ['piecewise/1/003', "
+        f"'piecewise/2/003', 'piecewise/4/003', 'piecewise/8/003'], saved but not dispatched here none. {ADVICE}",
+    ),
+    "fewer-live-pieces": (
+        "import gc; del wrappers[2]; gc.collect()",  # _all_instances holds the wrappers weakly
+        "graphpersist: piecewise graphs differ (2 live pieces x 4 sizes): not in the archive none, saved but not "
+        "dispatched here ['piecewise/1/002', 'piecewise/2/002', 'piecewise/4/002', 'piecewise/8/002']. "
+        f"{ADVICE}",
+    ),
+    "piece-without-index": (
+        "wrappers.append(CUDAGraphWrapper(types.SimpleNamespace(), cfg, CUDAGraphMode.PIECEWISE))",
+        "graphpersist: a piecewise CUDA graph wraps SimpleNamespace, which has no piecewise_compile_index: only "
+        "torch.compile's piecewise backend can be persisted (refused)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", INVENTORY_REFUSALS)
+def test_load_refuses_an_inventory_that_differs(vllm: WarmPython, case: str) -> None:
+    change, message = INVENTORY_REFUSALS[case]
+    outcome = vllm.run(LOAD + change + "\ncapture.install(manager, restored, notes)\n")
+    assert outcome.raised("PersistError") == message
+
+
+# ---------------------------------------------------------------- LOAD compares the archive's vLLM facts early
+
+# What SAVE adds to the flags after setup (facts.flags); the early check before setup does not know them yet.
+POST_SETUP_FLAGS = {
+    "cudagraph_mode": "FULL_AND_PIECEWISE",
+    "cudagraph_capture_sizes": [1, 2, 4, 8],
+    "attention_backends": ["FLASH_ATTN"],
+    "kv_num_blocks": 4096,
+    "custom_all_reduce": False,
+    "vllm_config_hash": "0" * 64,
+}
+
+
+def early_check_snippet(saved_args: dict, live_args: dict, archive: Path, kv_flag: str = "8 * 2**30") -> str:
+    """SAVE of `saved_args` writes `archive`; LOAD of `live_args` runs the worker's early check on it. CPU torch
+    has no CUDA device: torch.cuda.current_device() (which early_check passes on) is stood in by device 0."""
+    return f"""
+saved = engine_config(**{saved_args!r})
+flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "kv_available_bytes": {kv_flag}}}
+if flags["kv_available_bytes"] is None:
+    del flags["kv_available_bytes"]
+write_vllm_archive(Path({str(archive)!r}), saved, flags)
+live = engine_config(**{live_args!r})
+torch.cuda.current_device = lambda: 0
+sess = open_session("load", {str(archive)!r})
+sess.model = facts.model_facts(live)
+facts.early_check(sess, live)
+result = {{"kv_bytes": sess.kv_bytes, "model": sess.model}}
+"""
+
+
+def test_early_check_accepts_the_configuration_it_saved(vllm: WarmPython, tmp_path: Path) -> None:
+    args = {"max_model_len": 4096, "tensor_parallel_size": 2, "dtype": "float16"}
+    got = vllm.run(early_check_snippet(args, args, tmp_path / "archive")).ok()
+    assert got["kv_bytes"] == 8 * GIB  # LOAD reuses SAVE's budget instead of profiling
+    assert got["model"]["dtype"] == "torch.float16"
+
+
+def test_early_check_refuses_another_configuration_naming_every_fact(vllm: WarmPython, tmp_path: Path) -> None:
+    saved = {"max_model_len": 4096}
+    live = {"max_model_len": 8192, "tensor_parallel_size": 2, "dtype": "float16"}
+    message = vllm.run(early_check_snippet(saved, live, tmp_path / "archive")).raised("LoadRefused")
+    lines = message.splitlines()
+    assert lines[0] == f"graphpersist: cannot LOAD {tmp_path / 'archive'} (rank 0): 5 mismatches"
+    assert lines[-1] == ADVICE
+    [fingerprint] = [x for x in lines if x.startswith("  model.config_fingerprint: ")]
+    saved_hash, live_hash = re.fullmatch(
+        r"  model.config_fingerprint: saved '(\w{64})', live '(\w{64})'", fingerprint
+    ).groups()
+    assert saved_hash != live_hash
+    assert lines[1:-1] == [
+        "  parallel.world_size: saved 1, live 2",
+        "  parallel.tp_size: saved 1, live 2",
+        "  model.dtype: saved 'torch.bfloat16', live 'torch.float16'",
+        fingerprint,
+        "  flags.max_model_len: saved 4096, live 8192",
+    ]
+
+
+@pytest.mark.parametrize("kv_flag, shown", [("None", "None"), ("0", "0")])
+def test_early_check_refuses_an_archive_without_a_kv_budget(
+    vllm: WarmPython, tmp_path: Path, kv_flag: str, shown: str
+) -> None:
+    archive = tmp_path / "archive"
+    message = vllm.run(early_check_snippet({}, {}, archive, kv_flag=kv_flag)).raised("PersistError")
+    assert message == (
+        f"graphpersist: {archive} records no KV-cache size (flags.kv_available_bytes = {shown}). Re-run with mode=save."
+    )
+
+
+def test_early_check_refuses_a_folder_that_is_no_archive(vllm: WarmPython, tmp_path: Path) -> None:
+    message = vllm.run(
+        f"""
+        torch.cuda.current_device = lambda: 0
+        facts.early_check(open_session("load", {str(tmp_path)!r}), engine_config())
+        """
+    ).raised("PersistError")
+    assert message.startswith(f"graphpersist: cannot LOAD {tmp_path}: ")
+    assert "manifest.json" in message
