@@ -44,6 +44,9 @@ class Target:
     hook_findings: list[str]
     # what the report says about each hunk GNU patch places but the 3-way merge conflicts on
     conflict_messages: dict[int, str]
+    # the later patches of the series: name -> (status, [(file, hunk index, status, line, offset, fuzz)])
+    later: dict[str, tuple[str, list[tuple[str, int, str, int, int, int]]]]
+    first_line: str
 
 
 TARGETS = {
@@ -62,6 +65,29 @@ TARGETS = {
             2: "GNU patch alone would apply it at line 1660 (offset +46 lines, fuzz 2), but the 3-way merge "
             "conflicts at lines 1656-1662"
         },
+        later={
+            "0002-let-graph-persistence-see-every-cuda-graph-vllm-capt.patch": (
+                "fuzzy",
+                [
+                    ("vllm/compilation/cuda_graph.py", 1, "exact", 12, 0, 0),
+                    ("vllm/compilation/cuda_graph.py", 2, "exact", 280, 0, 0),
+                    ("vllm/compilation/cuda_graph.py", 3, "exact", 335, 0, 0),
+                    ("vllm/v1/worker/gpu/cudagraph_utils.py", 1, "exact", 10, 0, 0),
+                    ("vllm/v1/worker/gpu/cudagraph_utils.py", 2, "offset", 344, 1, 0),
+                    ("vllm/v1/worker/gpu/cudagraph_utils.py", 3, "offset", 360, 5, 0),
+                ],
+            ),
+            "0003-register-custom-all-reduce-graph-buffers-through-gra.patch": (
+                "fuzzy",
+                [
+                    ("vllm/distributed/device_communicators/custom_all_reduce.py", 1, "exact", 9, 0, 0),
+                    ("vllm/distributed/device_communicators/custom_all_reduce.py", 2, "offset", 325, 118, 0),
+                ],
+            ),
+        },
+        first_line=f"3 of 3 patches need work on vllm 0.27.0: {PATCH} (conflict), "
+        "0002-let-graph-persistence-see-every-cuda-graph-vllm-capt.patch (fuzzy), "
+        "0003-register-custom-all-reduce-graph-buffers-through-gra.patch (fuzzy)",
     ),
     "sglang": Target(
         version="0.5.18",
@@ -79,6 +105,8 @@ TARGETS = {
             "forward, stream_idx, variant_label, dsa_variant) at line 1118"
         ],
         conflict_messages={},
+        later={},
+        first_line=f"1 of 1 patches need work on sglang 0.5.18: {PATCH} (conflict)",
     ),
 }
 
@@ -102,8 +130,12 @@ def test_rebase_one_release_forward(engine: str, pins: Pins, repo_root: Path, tm
         engine, target.version, pins_path=pins_copy, work_root=tmp_path / "rebase", new_wheel=wheel, update=False
     )
 
-    [outcome] = report.patches
+    outcome, *later = report.patches
     assert (outcome.name, outcome.status) == (PATCH, CONFLICT)
+    assert {
+        o.name: (o.status, [(h.file, h.index, h.status, h.line, h.offset, h.fuzz) for h in o.hunks]) for o in later
+    } == target.later
+    assert all(not o.conflict_files for o in later)
     assert [(h.index, h.status, h.line, h.offset, h.fuzz) for h in outcome.hunks] == target.hunks
     assert {h.index: h.message for h in outcome.hunks if h.status == CONFLICT} == target.conflict_messages
     assert {h.file for h in outcome.hunks} == {target.conflict_file}
@@ -116,7 +148,7 @@ def test_rebase_one_release_forward(engine: str, pins: Pins, repo_root: Path, tm
     marked = (tree / target.conflict_file).read_text()
     assert "<<<<<<< " in marked and ">>>>>>> " in marked
     md = (tmp_path / "rebase" / f"{engine}-{target.version}" / "report.md").read_text()
-    assert md.splitlines()[0] == f"1 of 1 patches need work on {engine} {target.version}: {PATCH} (conflict)"
+    assert md.splitlines()[0] == target.first_line
     assert f"make rebase ENGINE={engine} VERSION={target.version} FINISH=1" in md
     for h in outcome.hunks:
         assert f"- {h.describe()}" in md
