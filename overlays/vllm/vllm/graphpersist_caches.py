@@ -21,9 +21,11 @@ A folder that cannot be determined (its library is not installed, or changed) is
 
 Not carried: what vLLM keeps about the host rather than the model (the GPU peer-access cache, start-up plans) and
 caches the API process reads before any worker starts (`$VLLM_CACHE_ROOT/modelinfos`): a worker restores too late.
-What SAVE compiles after its capture (the V2 runner's kernel warm-up builds FlashInfer's sampling module; the first
-requests) is carried only when the SAVE host's caches already held it from an earlier run: the archive is written
-at the end of the capture. SAVE names such files once its warm-up is done (`report_late`).
+The archive is written at the end of the capture, so SAVE runs the V2 runner's kernel warm-up (which builds
+FlashInfer's sampling module and the sampler's Triton kernels) once before it (`graphpersist_worker`); whatever is
+still compiled after the archive was written (by vLLM's own warm-up, or the first requests) is carried only when the
+SAVE host's caches already held it from an earlier run. SAVE names such files once its warm-up is done
+(`report_late`).
 
 Artifacts that embed absolute paths (FlashInfer's ninja files name their build folder) are reused only where the
 folders have the same paths as on the SAVE host; elsewhere the engine compiles them again, as it would without this.
