@@ -56,7 +56,8 @@ def _own_pointers(ca: Any, n: int) -> list[int]:
     return own
 
 
-def _custom_all_reduce() -> Any:
+def active() -> Any:
+    """This rank's custom all-reduce when it is on (TP > 1 and not disabled), else None."""
     from vllm.distributed.parallel_state import get_tp_group
 
     comm = getattr(get_tp_group(), "device_communicator", None)
@@ -66,7 +67,7 @@ def _custom_all_reduce() -> Any:
 
 def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
     """LOAD: re-open the peers' graph buffers at SAVE's addresses and declare the saved rows."""
-    ca = _custom_all_reduce()
+    ca = active()
     saved = notes.get(PHASE)
     if ca is None and saved is None:
         return

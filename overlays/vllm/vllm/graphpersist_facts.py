@@ -85,14 +85,6 @@ def parallel(cfg: Any) -> dict[str, int]:
     return {"world_size": par.world_size, "tp_size": par.tensor_parallel_size, "pp_size": 1, "ep_size": 1}
 
 
-def _custom_all_reduce_on() -> bool:
-    from vllm.distributed.parallel_state import get_tp_group
-
-    comm = getattr(get_tp_group(), "device_communicator", None)
-    ca = getattr(comm, "ca_comm", None)
-    return ca is not None and not ca.disabled
-
-
 def config_flags(cfg: Any) -> dict[str, Any]:
     """Flags known from the configuration alone (compared before setup and again at LOAD)."""
     comp, cache, sched = cfg.compilation_config, cfg.cache_config, cfg.scheduler_config
@@ -111,8 +103,9 @@ def config_flags(cfg: Any) -> dict[str, Any]:
     }
 
 
-def flags(worker: Any, sizes: list[int], modes: list[str]) -> dict[str, Any]:
+def flags(worker: Any) -> dict[str, Any]:
     """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
+    from vllm import graphpersist_customar as customar
     from vllm import graphpersist_session as gps
 
     cfg = worker.vllm_config
@@ -126,7 +119,7 @@ def flags(worker: Any, sizes: list[int], modes: list[str]) -> dict[str, Any]:
         "attention_backends": backends,
         "kv_available_bytes": None if sess is None else sess.kv_bytes,
         "kv_num_blocks": worker.cache_config.num_gpu_blocks,
-        "custom_all_reduce": _custom_all_reduce_on(),
+        "custom_all_reduce": customar.active() is not None,
         "vllm_config_hash": cfg.compute_hash(),
     }
 

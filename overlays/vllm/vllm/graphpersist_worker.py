@@ -139,7 +139,7 @@ class PersistWorker(Worker):
         if not sess.loading:
             graph_bytes = upstream_capture()
             sess.timed("capture", started)
-            self._save(manager)
+            self._save()
         else:
             graph_bytes = 0
             self._restore(manager)
@@ -159,18 +159,17 @@ class PersistWorker(Worker):
         torch.cuda.synchronize()
         _session().timed("kernel_warmup_before_save", started)
 
-    def _save(self, manager: Any) -> None:
+    def _save(self) -> None:
         sess = _session()
         assert sess.saver is not None
         started = time.perf_counter()
-        sizes, modes = capture.expected_inventory(manager)
         summary = sess.saver.save(
             sess.directory,
             engine=facts.engine_facts(),
             model=sess.model,
             rank=self.rank,
             parallel=facts.parallel(self.vllm_config),
-            flags=facts.flags(self, sizes, modes),
+            flags=facts.flags(self),
             overwrite=True,
             gather=facts.cpu_gather(),
             notes=sess.notes,
@@ -192,7 +191,7 @@ class PersistWorker(Worker):
             modes=modes,
             rank=self.rank,
             parallel=facts.parallel(self.vllm_config),
-            flags=facts.flags(self, sizes, modes),
+            flags=facts.flags(self),
             setup_tensors=facts.setup_tensors(self.model_runner),
             gather=facts.cpu_gather(),
         )
