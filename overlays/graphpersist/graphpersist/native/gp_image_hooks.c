@@ -7,6 +7,16 @@
 
 #include "gp_state.h"
 
+/* Appends one loaded image to the table SAVE reads (`owned`: the bytes are our copy, freed with the table). */
+static void keep_image(uint32_t kind, uint64_t handle, uint64_t ptr, uint64_t size, uint32_t owned, uint32_t format,
+                       uint32_t n_jit, const char *from) {
+    pthread_mutex_lock(&g_lock);
+    gp_images_append(&g_images, kind, handle, ptr, size, owned, format, n_jit);
+    pthread_mutex_unlock(&g_lock);
+    gp_log("image kind %u handle 0x%llx size %llu owned %u from %s", kind, (unsigned long long)handle,
+           (unsigned long long)size, owned, from);
+}
+
 static void record_image(uint32_t kind, uint64_t handle, const void *image, uint32_t n_jit) {
     const void *start = image;
     uint64_t size = gp_image_size(image, &start);
@@ -23,11 +33,7 @@ static void record_image(uint32_t kind, uint64_t handle, const void *image, uint
             owned = 1;
         }
     }
-    pthread_mutex_lock(&g_lock);
-    gp_images_append(&g_images, kind, handle, ptr, size, owned, format, n_jit);
-    pthread_mutex_unlock(&g_lock);
-    gp_log("image kind %u handle 0x%llx size %llu owned %u", kind, (unsigned long long)handle,
-           (unsigned long long)size, owned);
+    keep_image(kind, handle, ptr, size, owned, format, n_jit, "memory");
 }
 
 /* An image loaded from a file (torch Inductor's static launcher uses cuModuleLoad on its cubin files): the bytes
@@ -52,11 +58,7 @@ static void record_file(uint32_t kind, uint64_t handle, const char *path, uint32
     buf[n] = 0; /* PTX text is NUL-terminated data */
     uint32_t format = gp_image_format(buf);
     uint64_t size = (uint64_t)n + (format == 3 ? 1 : 0);
-    pthread_mutex_lock(&g_lock);
-    gp_images_append(&g_images, kind, handle, (uint64_t)buf, size, 1, format, n_jit);
-    pthread_mutex_unlock(&g_lock);
-    gp_log("image kind %u handle 0x%llx size %llu from file %s", kind, (unsigned long long)handle,
-           (unsigned long long)size, path);
+    keep_image(kind, handle, (uint64_t)buf, size, 1, format, n_jit, path);
 }
 
 GP_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname) {
