@@ -3,8 +3,9 @@
 #   RECIPE=vllm-qwen3-8b-tp2 RUNS=save,load bash recipes/gpu-host/engine-proof.sh
 # Installs the bundle from $BUNDLE_DIR (default /root/gpbundle, every part appended there by earlier calls) into
 # $SITE once, then runs `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a
-# later call can run the remaining runs and re-check all of them) and copies the report and the graphpersist lines
-# of each run's log to $OUT. REFRESH=1 (debugging only) copies the repository's overlays over the installed ones
+# later call can run the remaining runs and re-check all of them) and copies the report and a tarball of every run's
+# log, stats and result to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks
+# (stacksample/sitecustomize.py; read them with stacksample/stackview.py) into $OUT/proof/stacks.tgz. REFRESH=1 (debugging only) copies the repository's overlays over the installed ones
 # first, so a Python-only change needs no new bundle; a committed report must come from a bundle of its commit.
 set -uo pipefail
 SITE=${SITE:-/root/gpsite}
@@ -23,12 +24,16 @@ if [[ ${REFRESH:-0} == 1 ]]; then
   cp -r overlays/graphpersist/graphpersist/. "$SITE/graphpersist/"
 fi
 export PYTHONPATH=$SITE:$PWD/tools
+if [[ ${STACKS:-0} == 1 ]]; then
+  export GP_STACKS_DIR=$PROOF_OUT-stacks PYTHONPATH=$PWD/recipes/gpu-host/stacksample:$PYTHONPATH
+  echo "engine-proof: STACKS=1: stack samples of every Python process go to $GP_STACKS_DIR"
+fi
 echo "engine-proof: $(date -u +%FT%TZ) recipe $RECIPE runs ${RUNS:-all} -> $PROOF_OUT"
 timeout "${LIMIT:-580}" python3 -m gptools.prove "recipes/$RECIPE" --out "$PROOF_OUT" ${RUNS:+--runs "$RUNS"} --keep-going
 rc=$?
 mkdir -p "$OUT/proof"
 cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
-for log in "$PROOF_OUT"/*/log.txt; do
-  grep -E "graphpersist|Traceback|Error|refused" "$log" | tail -40 >"$OUT/proof/$(basename "$(dirname "$log")").log-excerpt.txt"
-done
+(cd "$PROOF_OUT" && tar czf "$OUT/proof/logs.tgz" --exclude='*/cache' --exclude='archives' --exclude='cache-warm*' \
+  ./*/log.txt ./*/result.json ./*/stats ./*/run.json 2>/dev/null)
+[[ -n ${GP_STACKS_DIR:-} ]] && tar czf "$OUT/proof/stacks.tgz" -C "$GP_STACKS_DIR" .
 exit $rc
