@@ -55,6 +55,7 @@ import openai_http as api  # noqa: E402
 from gptools import proofkit  # noqa: E402
 
 VLLM_CLI = [sys.executable, "-m", "vllm.entrypoints.cli.main"]  # what the `vllm` console script runs
+GRAPHPERSIST_EXEC = [sys.executable, "-m", "graphpersist", "exec", "--"]  # what `graphpersist exec --` runs
 POLL_S = 0.25
 GEN = 32
 # The engine is ready (vLLM's EngineCore logs it once every worker has finished its warm-up and graphs).
@@ -162,6 +163,8 @@ def serve_command(a: argparse.Namespace, model: Path, extra: list[str]) -> list[
         flags |= {"--graph-persist": a.mode, "--graph-persist-dir": a.archive}
     given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("--")}
     cmd = [*(shlex.split(a.server_cmd) if a.server_cmd else VLLM_CLI), "serve", str(model)]
+    if a.mode != "off" and not a.server_cmd:  # as the README advises: vLLM then forks its processes
+        cmd = [*GRAPHPERSIST_EXEC, *cmd]
     for flag, value in flags.items():
         if flag not in given:
             cmd += [flag, value]

@@ -88,7 +88,6 @@ def test_save_selects_the_persisting_worker_and_prepares_every_process(vllm: War
     assert got["changed"] == {
         "GRAPHPERSIST_MODE": "save",
         "GRAPHPERSIST_DIR": str(tmp_path / "archive"),
-        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "LD_PRELOAD": f"{interposer}:/opt/site/libsite.so",
         "GP_REGION_BASE": "0x500000000000",
     }
@@ -132,6 +131,38 @@ def test_later_engine_args_follow_the_exported_switch_without_a_second_line(vllm
     assert [line.split("] ", 1)[1] for line in outcome.output.splitlines() if "graphpersist: mode=" in line] == [
         f"graphpersist: mode=save dir={tmp_path} (from keyword graph_persist, keyword graph_persist_dir)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "interposer", "upstream", "expected"),
+    [
+        ("off", False, "fork", "fork"),  # off: vLLM's choice, untouched
+        ("off", False, "spawn", "spawn"),
+        ("save", False, "fork", "spawn"),  # a fork of this process would lack the runtime
+        ("load", False, "fork", "spawn"),
+        ("load", True, "fork", "fork"),  # under the interposer: children inherit it
+        ("load", True, "spawn", "spawn"),  # vLLM's own reasons for spawn (CUDA initialised) still hold
+    ],
+)
+def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
+    vllm: WarmPython, tmp_path: Path, mode: str, interposer: bool, upstream: str, expected: str
+) -> None:
+    """get_mp_context (patch 0004) asks graphpersist_switch.start_method; vLLM's own context follows the answer."""
+    outcome = vllm.run(
+        f"""
+        from graphpersist import region
+        from vllm.utils.system_utils import get_mp_context
+        region.loaded = lambda: {interposer!r}  # CPU: no LD_PRELOAD in this interpreter
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = {upstream!r}
+        EngineArgs(model=MODEL, graph_persist={mode!r}, graph_persist_dir={str(tmp_path)!r})
+        result = [get_mp_context().get_start_method(), get_mp_context().get_start_method()]
+        """
+    )
+    assert outcome.ok() == [expected, expected]
+    told = [line for line in outcome.output.splitlines() if "starts with spawn" in line]
+    assert len(told) == (1 if expected != upstream else 0), outcome.output  # said once per process, when it acts
+    if told:
+        assert "graphpersist exec" in told[0]
 
 
 def test_another_worker_cls_is_refused_and_nothing_is_exported(vllm: WarmPython, tmp_path: Path) -> None:
@@ -412,6 +443,17 @@ PATCHED_LINES = {
             "CustomAllreduce.capture",
             ["                self.register_graph_buffers()"],
             ["                graphpersist_customar.register_graph_buffers(self)"],
+        ),
+    ],
+    "vllm/utils/system_utils.py": [
+        (
+            "get_mp_context",
+            ["    return multiprocessing.get_context(mp_method)"],
+            [
+                "    from vllm.graphpersist_switch import start_method",
+                "",
+                "    return multiprocessing.get_context(start_method(mp_method))",
+            ],
         ),
     ],
     "vllm/engine/arg_utils.py": [

@@ -84,8 +84,12 @@ TARGETS = {
                     ("vllm/distributed/device_communicators/custom_all_reduce.py", 2, "offset", 325, 118, 0),
                 ],
             ),
+            "0004-let-graph-persistence-choose-the-start-method-of-vll.patch": (
+                "clean",
+                [("vllm/utils/system_utils.py", 1, "exact", 178, 0, 0)],
+            ),
         },
-        first_line=f"3 of 3 patches need work on vllm 0.27.0: {PATCH} (conflict), "
+        first_line=f"3 of 4 patches need work on vllm 0.27.0: {PATCH} (conflict), "
         "0002-let-graph-persistence-see-every-cuda-graph-vllm-capt.patch (fuzzy), "
         "0003-register-custom-all-reduce-graph-buffers-through-gra.patch (fuzzy)",
     ),

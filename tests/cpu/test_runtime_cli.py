@@ -332,3 +332,22 @@ def test_a_hostile_manifest_is_exit_2_with_its_problem(tmp_path: Path, old: str,
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stderr.startswith(f"graphpersist: cannot open archive {broken}: ")
         assert problem in result.stderr and "Traceback" not in result.stderr and not result.stdout
+
+
+def test_exec_runs_the_program_under_the_interposer_and_passes_its_exit_code():
+    probe = (
+        "import os, sys; from graphpersist import region; "
+        "print(region.loaded(), os.environ['GP_REGION_BASE'], os.environ['LD_PRELOAD'].split(':')[0]); sys.exit(7)"
+    )
+    ran = graphpersist("exec", "--", sys.executable, "-c", probe)
+    assert ran.returncode == 7, ran.stderr
+    loaded, base, preload = ran.stdout.split()
+    assert loaded == "True" and base == "0x500000000000" and preload.endswith("libgpinterpose.so")
+    assert f"running {sys.executable} -c" in ran.stderr and "under the interposer" in ran.stderr
+
+
+def test_exec_without_a_program_or_with_a_missing_one_is_misuse():
+    bare = graphpersist("exec")
+    assert bare.returncode == 2 and "name the program to run" in bare.stderr
+    missing = graphpersist("exec", "no-such-program-here")
+    assert missing.returncode == 2 and "cannot run 'no-such-program-here'" in missing.stderr

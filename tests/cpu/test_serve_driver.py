@@ -135,7 +135,8 @@ def parsed(*argv: str) -> tuple[Any, list[str]]:
 def test_the_serve_command_pins_the_recipe_and_lets_extra_flags_replace_them() -> None:
     a, extra = parsed("--mode", "load", "--archive", "/a", "--", "--max-model-len", "2048", "--enable-prefix-caching")
     cmd = serve_driver.serve_command(a, Path("/m"), extra)
-    assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    exec_prefix = [sys.executable, "-m", "graphpersist", "exec", "--"]  # save/load: vLLM forks its processes
+    assert cmd[:10] == [*exec_prefix, sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
     assert cmd.count("--max-model-len") == 1 and cmd[cmd.index("--max-model-len") + 1] == "2048"
     assert cmd[-1] == "--enable-prefix-caching"
     assert cmd[cmd.index("--graph-persist") :][:4] == ["--graph-persist", "load", "--graph-persist-dir", "/a"]
@@ -144,6 +145,7 @@ def test_the_serve_command_pins_the_recipe_and_lets_extra_flags_replace_them() -
 
     a, extra = parsed("--mode", "off", "--tp", "1", "--model", "/ckpt", "--", "--max-model-len=1024")
     cmd = serve_driver.serve_command(a, Path("/ckpt"), extra)
+    assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/ckpt"]  # off: upstream's
     assert "--graph-persist" not in cmd and "--load-format" not in cmd and "--compilation-config" not in cmd
     assert "--max-model-len" not in cmd and cmd[-1] == "--max-model-len=1024"
 

@@ -1,4 +1,4 @@
-"""The `graphpersist` command: look into an archive, and ask whether it would LOAD here.
+"""The `graphpersist` command: look into an archive, ask whether it would LOAD here, run a program under the runtime.
 
 Subcommands live in a registry so that other modules (and later releases) add theirs with `register()`
 without touching this file's parser code. Exit codes follow the house rules: 0 success, 1 a finding (e.g.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,7 +63,8 @@ def version_text() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphpersist",
-        description="Inspect and check graphpersist archives (saved CUDA graphs of vLLM / SGLang).",
+        description="Inspect and check graphpersist archives (saved CUDA graphs of vLLM / SGLang); run an engine "
+        "under the runtime.",
     )
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -298,6 +301,42 @@ def _parse_value(text: str, saved: Any) -> Any:
         return text
 
 
+def _configure_exec(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="PROGRAM [ARG ...]", help="what to run")
+
+
+def _run_exec(args: argparse.Namespace) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        print("graphpersist exec: name the program to run, e.g. `graphpersist exec python app.py`", file=sys.stderr)
+        return EXIT_MISUSE
+    from graphpersist import region
+
+    env = region.preload_env()
+    print(f"graphpersist: running {shlex.join(argv)} under the interposer ({env['LD_PRELOAD']})", file=sys.stderr)
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"graphpersist exec: cannot run {argv[0]!r}: {exc}", file=sys.stderr)
+    return EXIT_MISUSE
+
+
+register(
+    Command(
+        name="exec",
+        help="run a program under the runtime's interposer, so the engine processes it starts can fork",
+        description=(
+            "Runs PROGRAM with the runtime's interposer preloaded (LD_PRELOAD) and the address region's base in the\n"
+            "environment. With persistence on, an engine started from such a process forks its engine and worker\n"
+            "processes as upstream does; without it they are spawned and each imports the engine again.\n\n"
+            "  graphpersist exec vllm serve MODEL --graph-persist load --graph-persist-dir /archives/qwen3\n"
+            "  graphpersist exec -- python app.py"
+        ),
+        configure=_configure_exec,
+        run=_run_exec,
+    )
+)
 register(
     Command(
         name="inspect",
