@@ -287,7 +287,7 @@ def test_interposer_builds_without_libcuda(tmp_path: Path) -> None:
                  "gp_restore", "gp_freeze", "gp_add_kernel_nodes", "gp_add_edges", "cuMemMap",
                  "cuMemAllocManaged", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
                  "cuMemAllocAsync_ptsz", "cuMemUnmap", "gp_fault_inject", "gp_fault_pending",
-                 "gp_free_ranges"):  # fmt: skip
+                 "gp_free_ranges", "gp_kernel_node_attrs"):  # fmt: skip
         assert f" {name}\n" in syms, name
 
 

@@ -374,3 +374,27 @@ def test_missing_driver_is_named(libs: dict[str, str], tmp_path: Path) -> None:
     """, GP_LIBCUDA=str(tmp_path / "nope.so"))  # fmt: skip
     assert out["rc"] != 0
     assert "cannot load the CUDA driver" in out["stderr"] and "nope.so" in out["stderr"]
+
+
+def test_saves_attribute_reader_reads_every_attribute_of_a_node_in_one_native_call(libs: dict[str, str]) -> None:
+    """graphwalk._AttrReader under the interposer: gp_kernel_node_attrs answers per attribute, in order, with the
+    driver's error for unreadable ones and zeros as their value (the fake driver refuses ids divisible by 3)."""
+    out = run(
+        libs,
+        """
+        from graphpersist import graphwalk
+        class Attr(int):
+            name = ""
+        attrs = [Attr(i) for i in (1, 2, 3, 4, 6, 7)]
+        reader = graphwalk._AttrReader(attrs)
+        out["native"] = reader.native is not None
+        got = reader.read(0x1010)
+        out["read"] = [[int(a), err, raw.hex()] for a, err, raw in got]
+        """,
+        PYTHONPATH=f"{HERE}{os.pathsep}{Path(region.__file__).resolve().parents[1]}",
+    )
+    assert out["native"] is True
+    assert [(a, err) for a, err, _ in out["read"]] == [(1, 0), (2, 0), (3, 801), (4, 0), (6, 801), (7, 0)]
+    for a, err, value in out["read"]:
+        expected = bytes([(a + 0x10) & 0xFF]) * 64 if err == 0 else bytes(64)
+        assert bytes.fromhex(value) == expected, a

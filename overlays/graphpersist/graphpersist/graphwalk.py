@@ -109,9 +109,9 @@ class _AttrProbe:
     attribute: it must fail the same way on a fresh node of the same kernel in a scratch graph. Anything else
     (readable on a fresh node, or another error) refuses SAVE, because a value that was set would be lost."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: dict[tuple[int, int], int]) -> None:
         self.graph: Any = None
-        self.answers: dict[tuple[int, int], int] = {}
+        self.answers = answers  # per SAVE (ImageTable.fresh_attrs): a kernel's answer is the same in every graph
 
     def unreadable_on_fresh(self, p: Any, layout: list[tuple[int, int]], params: bytes, attr: Any) -> int:
         """The error code a fresh node of `p.func` gives for `attr` (0 when it reads fine)."""
@@ -136,6 +136,35 @@ class _AttrProbe:
         if self.graph is not None:
             driver().cuGraphDestroy(self.graph)
             self.graph = None
+
+
+class _AttrReader:
+    """Every launch attribute of a kernel node as (attribute, driver error, 64 value bytes): one native call per
+    node where the interposer is loaded (SAVE always runs under it), else one cuda-bindings call per attribute."""
+
+    def __init__(self, attrs: list[Any]) -> None:
+        from graphpersist import region
+
+        self.attrs = attrs
+        self.ids = (ctypes.c_uint32 * max(len(attrs), 1))(*[int(a) for a in attrs])
+        self.values = ctypes.create_string_buffer(ATTR_BYTES * max(len(attrs), 1))
+        self.errs = (ctypes.c_int32 * max(len(attrs), 1))()
+        self.native = region.lib().gp_kernel_node_attrs if region.loaded() else None
+
+    def read(self, node: Any) -> list[tuple[Any, int, bytes]]:
+        if self.native is None:
+            drv = driver()
+            out = []
+            for a in self.attrs:
+                err, v = drv.cuGraphKernelNodeGetAttribute(node, a)
+                out.append((a, int(err), ctypes.string_at(v.getPtr(), ATTR_BYTES) if int(err) == 0 else b""))
+            return out
+        if self.native(ctypes.c_void_p(int(node)), self.ids, len(self.attrs), self.values, self.errs) != 0:
+            from graphpersist import region
+
+            raise GraphFormatError(f"reading launch attributes: {region.last_error()}")
+        raw = self.values.raw
+        return [(a, self.errs[i], raw[i * ATTR_BYTES : (i + 1) * ATTR_BYTES]) for i, a in enumerate(self.attrs)]
 
 
 def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
@@ -209,12 +238,12 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     blob = bytearray()
     pointers: set[int] = set()
     out_nodes: list[dict[str, Any]] = []
-    attr_list = attr_ids()
+    attrs = _AttrReader(attr_ids())
     funcs: dict[str, int] = {}
     func_list: list[list[Any]] = []
     numbering = EventNumbering()
     foreign = _ForeignPointers(region_lo, region_hi)
-    probe = _AttrProbe()
+    probe = _AttrProbe(table.fresh_attrs)
     try:
         for i, nd in enumerate(nodes):
             t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
@@ -227,17 +256,16 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 params = _read_params(p, layout, name)
                 pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
                 attrs: dict[str, str] = {}
-                for a in attr_list:
-                    err, v = drv.cuGraphKernelNodeGetAttribute(nd, a)
-                    if int(err) != 0:
+                for a, err, raw in attrs.read(nd):
+                    if err != 0:
                         fresh = probe.unreadable_on_fresh(p, layout, params, a)
-                        if fresh != int(err):
+                        if fresh != err:
                             raise GraphFormatError(
-                                f"{where} kernel {name!r}: reading launch attribute {a.name} failed ({err!r}) but a "
-                                f"fresh node of the same kernel answers {fresh}: its value would be lost (SAVE refused)"
+                                f"{where} kernel {name!r}: reading launch attribute {a.name} failed (error {err}) but "
+                                f"a fresh node of the same kernel answers {fresh}: its value would be lost (SAVE "
+                                "refused)"
                             )
                         continue
-                    raw = ctypes.string_at(v.getPtr(), ATTR_BYTES)
                     if a.name in _EVENT_ATTRS and any(raw):
                         raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
                     attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD

@@ -47,6 +47,7 @@ class ImageTable:
     by_sha: dict[str, region.ImageLoad] = field(default_factory=dict)
     _sha: dict[int, str] = field(default_factory=dict)
     kernels: dict[int, Any] = field(default_factory=dict)  # per CUfunction: what graphwalk reads once (see there)
+    fresh_attrs: dict[tuple[int, int], int] = field(default_factory=dict)  # per (CUfunction, attribute): see there
 
     @classmethod
     def current(cls) -> ImageTable:

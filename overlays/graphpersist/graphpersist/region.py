@@ -254,6 +254,8 @@ def lib() -> ctypes.CDLL:
         cdll.gp_set_cursor.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_enable.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_last_error.restype = ctypes.c_char_p
+        cdll.gp_kernel_node_attrs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                              ctypes.c_void_p]  # fmt: skip
         _lib = cdll
     return _lib
 
