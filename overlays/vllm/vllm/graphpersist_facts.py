@@ -192,8 +192,10 @@ def cpu_gather() -> ranks.Gather:
 
 
 def compile_forward(runner: Any) -> None:
-    """LOAD: the profile run's forward without the sampler: compiles (or loads) the model as SAVE's profile did."""
-    runner._dummy_run(runner.max_num_tokens, skip_attn=True, is_profile=True)
+    """LOAD: the profile run without the memory profiling around it. It compiles (or loads) the model as SAVE's
+    profile did, and its sampler run compiles the sampler kernels the first greedy request needs (without it,
+    LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on the reference host)."""
+    runner.profile_run()
     torch.cuda.synchronize()
 
 

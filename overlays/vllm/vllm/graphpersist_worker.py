@@ -1,15 +1,16 @@
 """The GPU worker that persists (SAVE) or restores (LOAD) its CUDA graphs: vLLM's Worker plus the runtime's phases.
 
 `vllm/graphpersist_switch.py` selects this class (`worker_cls`) only when persistence is on; with it off vLLM
-uses its own Worker untouched. Every worker process (in-process at TP=1, spawned at TP>1) runs under the
-runtime's interposer (LD_PRELOAD set by the switch before vLLM spawns anything) and starts its address region
-before distributed init. Setup is divided into phases anchored at SAVE's offsets, so work whose allocations
+uses its own Worker untouched. Every worker process (in-process at TP=1, a child of the engine core at TP>1) runs
+under the runtime's interposer (LD_PRELOAD, exported by the switch before vLLM starts any process; a child is
+spawned where its parent lacks it: `graphpersist_switch.start_method`) and starts its address region before
+distributed init. Setup is divided into phases anchored at SAVE's offsets, so work whose allocations
 vary between runs (torch.compile, the memory profile, warm-ups) cannot move the memory the graphs use:
 
 | phase | what | kind |
 |---|---|---|
 | (setup) | NCCL and custom all-reduce buffers, model runner buffers, weights | exact |
-| profile | SAVE: upstream's memory profile (compiles the model); LOAD: one forward that compiles | variable, 96 GiB |
+| profile | SAVE: upstream's memory profile (compiles the model); LOAD: the profile run, unmeasured | variable, 96 GiB |
 | kv_cache | attention backends, KV cache, block tables | exact |
 | warmup | compile of other size ranges, kernel warm-up | variable, 48 GiB |
 | capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
@@ -124,8 +125,8 @@ class PersistWorker(Worker):
         sess = _session()
         if not sess.loading:
             self._warm_kernels_before_save()
+        _release_cached()  # inside the variable phase: what the warm-ups cached differs between SAVE and LOAD
         api.end_phase()
-        _release_cached()
         sess.timed("warmup", self._warmup_started)
         runner = self.model_runner
         manager = runner.cudagraph_manager
