@@ -238,7 +238,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     blob = bytearray()
     pointers: set[int] = set()
     out_nodes: list[dict[str, Any]] = []
-    attrs = _AttrReader(attr_ids())
+    attr_reader = _AttrReader(attr_ids())
     funcs: dict[str, int] = {}
     func_list: list[list[Any]] = []
     numbering = EventNumbering()
@@ -256,7 +256,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 params = _read_params(p, layout, name)
                 pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
                 attrs: dict[str, str] = {}
-                for a, err, raw in attrs.read(nd):
+                for a, err, raw in attr_reader.read(nd):
                     if err != 0:
                         fresh = probe.unreadable_on_fresh(p, layout, params, a)
                         if fresh != err:
