@@ -165,6 +165,37 @@ def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
         assert "graphpersist exec" in told[0]
 
 
+def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_starts(
+    vllm: WarmPython, tmp_path: Path
+) -> None:
+    """vLLM inspects the model class (in a subprocess, 13.7 s of a fresh TP=2 start on the reference host) while it
+    builds the configuration, before any worker exists; a LOAD's switch puts the archive's `modelinfos` back first."""
+    inspected = "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json"
+    outcome = vllm.run(
+        f"""
+        import io, tarfile
+        from graphpersist import jitcache
+        from vllm import graphpersist_switch
+        root = Path({str(tmp_path)!r})
+        os.environ["VLLM_CACHE_ROOT"] = str(root / "fresh-host")  # vLLM reads it when asked
+        saved = root / "save-host" / "modelinfos"
+        saved.mkdir(parents=True)
+        (saved / {inspected!r}).write_text('{{"architectures": ["Qwen3ForCausalLM"]}}')
+        blob, _ = jitcache.collect({{"vllm_modelinfos": saved}})
+        cfg = engine_config(tensor_parallel_size=2)
+        write_vllm_archive(root / "archive", cfg, facts.config_flags(cfg), {{jitcache.SHARED_NAME: blob}})
+        EngineArgs(model=MODEL, graph_persist="load", graph_persist_dir=str(root / "archive"))
+        EngineArgs(model=MODEL)  # vLLM builds more; the first restored already
+        result = {{"restored": graphpersist_switch.restored_before_engine,
+                   "content": (root / "fresh-host" / "modelinfos" / {inspected!r}).read_text()}}
+        """
+    )
+    got = outcome.ok()
+    assert got["restored"] == [str(tmp_path / "fresh-host" / "modelinfos" / inspected)]
+    assert got["content"] == '{"architectures": ["Qwen3ForCausalLM"]}'
+    assert "graphpersist: 1 cache file(s) restored before the engine starts (vllm_modelinfos)" in outcome.output
+
+
 def test_another_worker_cls_is_refused_and_nothing_is_exported(vllm: WarmPython, tmp_path: Path) -> None:
     outcome = vllm.run(
         f"""
@@ -188,14 +219,32 @@ def test_another_worker_cls_is_refused_and_nothing_is_exported(vllm: WarmPython,
 # experts, and the fused all-reduce pass at TP 2 needs CUDA ops the CPU build lacks; the refusal reads only the flag.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 REFUSED = {
+    "tp1": (
+        {},
+        "",
+        "tensor_parallel_size=1",
+        "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave the first request after the start a "
+        "different first token than SAVE and the baseline (every later token and request matched); until that is "
+        "understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
+    ),
     "enforce_eager": (
-        {"enforce_eager": True},
+        {"enforce_eager": True, "tensor_parallel_size": 2},
         "",
         "enforce_eager (no CUDA graphs)",
         "turn persistence off, or drop enforce_eager",
     ),
-    "pipeline": ({"pipeline_parallel_size": 2}, "", "pipeline_parallel_size=2", "use tensor parallelism only"),
-    "data": ({"data_parallel_size": 2}, "", "data_parallel_size=2", "start one engine per data-parallel rank"),
+    "pipeline": (
+        {"pipeline_parallel_size": 2, "tensor_parallel_size": 2},
+        "",
+        "pipeline_parallel_size=2",
+        "use tensor parallelism only",
+    ),
+    "data": (
+        {"data_parallel_size": 2, "tensor_parallel_size": 2},
+        "",
+        "data_parallel_size=2",
+        "start one engine per data-parallel rank",
+    ),
     "expert": (
         {"tensor_parallel_size": 2},
         "cfg.parallel_config.enable_expert_parallel = True",
@@ -203,10 +252,15 @@ REFUSED = {
         "turn expert parallelism off",
     ),
     "nodes": ({"tensor_parallel_size": 2, "nnodes": 2}, "", "2 nodes", "run on a single node"),
-    "lora": ({"enable_lora": True}, "", "LoRA", "serve without LoRA adapters"),
-    "speculative": ({"speculative_config": NGRAM}, "", "speculative decoding", "serve without a speculative config"),
+    "lora": ({"enable_lora": True, "tensor_parallel_size": 2}, "", "LoRA", "serve without LoRA adapters"),
+    "speculative": (
+        {"speculative_config": NGRAM, "tensor_parallel_size": 2},
+        "",
+        "speculative decoding",
+        "serve without a speculative config",
+    ),
     "no-graphs": (
-        {},
+        {"tensor_parallel_size": 2},
         "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.NONE",
         "cudagraph_mode NONE (no CUDA graphs)",
         "turn persistence off",
@@ -234,8 +288,8 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
     )
     supported = (
         "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
-        "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or off), "
-        "no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+        "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism 2 or more on one node (custom all-reduce on "
+        "or off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
     )
     assert outcome.raised("PersistError") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
 
@@ -243,13 +297,12 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
 @pytest.mark.parametrize(
     "engine_args, change",
     [
-        ({}, ""),
         ({"tensor_parallel_size": 2}, ""),
-        ({}, "cfg.compilation_config.pass_config.fuse_allreduce_rms = True"),  # nothing to fuse at TP 1
+        ({"tensor_parallel_size": 4}, ""),
         ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY"),
         ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE"),
     ],
-    ids=["tp1", "tp2", "tp1-fused-pass", "full-decode-only", "piecewise"],
+    ids=["tp2", "tp4", "full-decode-only", "piecewise"],
 )
 def test_supported_configuration_passes(vllm: WarmPython, engine_args: dict, change: str) -> None:
     got = vllm.run(
