@@ -171,10 +171,14 @@ def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]
 
 
 def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
-    """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them."""
+    """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them:
+    the workers' (in their stats) and what the switch restored in this process before the engine started."""
+    from vllm import graphpersist_switch
+
     roots = proofkit.cache_dirs()
     named = set()
-    for path in (Path(p) for s in stats for p in s.get("jitcache_restored", [])):
+    paths = [*(p for s in stats for p in s.get("jitcache_restored", [])), *graphpersist_switch.restored_before_engine]
+    for path in map(Path, paths):
         for root in roots:
             if path.is_relative_to(root):
                 named.add(str(Path(root.name) / path.relative_to(root)))

@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -390,6 +391,7 @@ def test_vllm_cache_folders_follow_the_variables(vllm_caches: types.ModuleType, 
     assert left_out == {}
     assert found == {
         "vllm_compile": tmp_path / "vllm-root" / "torch_compile_cache",
+        "vllm_modelinfos": tmp_path / "vllm-root" / "modelinfos",
         "vllm_flashinfer_autotune": tmp_path / "vllm-root" / "flashinfer_autotune_cache",
         "deep_gemm": tmp_path / "home" / "dg",  # vLLM expands ~ in this one
         "inductor": tmp_path / "inductor",
@@ -462,3 +464,27 @@ def test_vllm_save_carries_and_load_restores_the_caches(vllm_caches: types.Modul
     (root / jitcache.SHARED_NAME).write_bytes(bytes(len((root / jitcache.SHARED_NAME).read_bytes())))
     with pytest.raises(PersistError, match=r"cannot LOAD .*corrupted file jitcache\.tar"):
         vllm_caches.restore(FakeSession(root))
+
+
+def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_in_the_workers(
+    vllm_caches: types.ModuleType, tmp_path: Path
+) -> None:
+    """vLLM reads `modelinfos` while it builds the configuration, before any worker exists: the switch restores
+    that folder alone (in the process that builds the engine), the workers everything else."""
+    root = tmp_path / "vllm-root"
+    saved = {"vllm_modelinfos": root / "modelinfos", "triton": tmp_path / "triton"}
+    (saved["vllm_modelinfos"]).mkdir(parents=True)
+    (saved["vllm_modelinfos"] / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json").write_text("{}")
+    (saved["triton"] / "k").mkdir(parents=True)
+    (saved["triton"] / "k" / "kernel.cubin").write_bytes(b"cubin")
+    blob, _ = jitcache.collect(saved)
+    archive = shared_archive(tmp_path / "archive", {jitcache.SHARED_NAME: blob})
+    shutil.rmtree(root)
+    shutil.rmtree(saved["triton"])
+
+    stats = vllm_caches.restore_before_engine(archive)
+    assert stats.written == [str(root / "modelinfos" / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json")]
+    assert not saved["triton"].exists()  # the workers' business, in their own processes
+    assert (
+        vllm_caches.restore_before_engine(write_archive(tmp_path / "old")) is None
+    )  # saved before caches were carried

@@ -521,6 +521,7 @@ def test_proofkit_snapshots_results_and_stats(tmp_path: Path, monkeypatch: pytes
     before = proofkit.cache_snapshot()
     assert before == {"HOME/.cache/old"}
     (triton / "k.cubin").write_text("y")
+    (triton / "sampling.lock").write_text("")  # a lock taken to load a module is not JIT work
     assert proofkit.new_files(before, proofkit.cache_snapshot()) == ["TRITON/k.cubin"]
 
     proofkit.write_result(tmp_path / "r" / "result.json", {"ok": True})

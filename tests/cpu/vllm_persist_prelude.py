@@ -159,7 +159,9 @@ def record_save(manager: ModelCudaGraphManager, wrappers: list[CUDAGraphWrapper]
     return notes, saver
 
 
-def write_vllm_archive(root: Path, cfg: VllmConfig, flags: dict[str, Any]) -> None:
+def write_vllm_archive(
+    root: Path, cfg: VllmConfig, flags: dict[str, Any], shared: dict[str, bytes] | None = None
+) -> None:
     """An archive whose world is what SAVE of `cfg` records on this host: collect_live with vLLM's facts
     as the worker passes them, over the fixture's world for what a CPU host cannot know (CUDA runtime, NCCL).
     The ranks' payload is the fixture's stand-in (tests/cpu/archive_fixtures.py); rank 0 saved on the fake
@@ -174,6 +176,7 @@ def write_vllm_archive(root: Path, cfg: VllmConfig, flags: dict[str, Any]) -> No
     saved = merge(world(), world_facts(live))
     saved["flags"] = flags
     with ArchiveWriter(root, saved) as writer:
+        writer.add_shared(shared or {})  # what SAVE shares between ranks (the JIT caches)
         for rank in range(cfg.parallel_config.world_size):
             write_rank(writer, rank)
         writer.commit()

@@ -7,6 +7,10 @@ worker process resolves them when it starts, before vLLM redirects anything:
 * `vllm_compile`: `$VLLM_CACHE_ROOT/torch_compile_cache`, vLLM's torch.compile artifacts (the AOT-compiled model,
   per rank). While vLLM compiles the model it points `TORCHINDUCTOR_CACHE_DIR` (and, without AOT compile,
   `TRITON_CACHE_DIR`) into this folder, process-wide.
+* `vllm_modelinfos`: `$VLLM_CACHE_ROOT/modelinfos`, what vLLM learned inspecting the model class. The process that
+  builds the engine's configuration reads it, before any worker starts; without it vLLM inspects the model in a
+  subprocess (13.7 s of a fresh-host LOAD at TP=2 on the reference host). The switch restores it there
+  (`restore_before_engine`), the workers restore everything else.
 * `vllm_flashinfer_autotune`: `$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`, else `$VLLM_CACHE_ROOT/flashinfer_autotune_cache`:
   FlashInfer tactics vLLM tuned.
 * `deep_gemm`: `$DG_JIT_CACHE_DIR`, else `$VLLM_CACHE_ROOT/deep_gemm`: DeepGEMM's JIT kernels (FP8 models).
@@ -19,8 +23,7 @@ worker process resolves them when it starts, before vLLM redirects anything:
 
 A folder that cannot be determined (its library is not installed, or changed) is left out and logged.
 
-Not carried: what vLLM keeps about the host rather than the model (the GPU peer-access cache, start-up plans) and
-caches the API process reads before any worker starts (`$VLLM_CACHE_ROOT/modelinfos`): a worker restores too late.
+Not carried: what vLLM keeps about the host rather than the model (the GPU peer-access cache, start-up plans).
 The archive is written at the end of the capture, so SAVE runs the V2 runner's kernel warm-up (which builds
 FlashInfer's sampling module and the sampler's Triton kernels) once before it (`graphpersist_worker`); whatever is
 still compiled after the archive was written (by vLLM's own warm-up, or the first requests) is carried only when the
@@ -96,6 +99,7 @@ def _flashinfer_cubins() -> Path | None:
 
 RESOLVERS: dict[str, Callable[[], Path | None]] = {
     "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
+    "vllm_modelinfos": lambda: _vllm_root() / "modelinfos",
     "vllm_flashinfer_autotune": lambda: _vllm_sub("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"),
     "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
     "inductor": _inductor,
@@ -152,13 +156,30 @@ def report_late(sess: Any) -> None:
                  "to carry them", len(late), ", ".join(late[:3]))  # fmt: skip
 
 
+BEFORE_ENGINE = ("vllm_modelinfos",)  # read by the process that builds the configuration, before any worker
+
+
+def restore_before_engine(directory: Path) -> jitcache.CacheStats | None:
+    """LOAD, in the process that resolves the switch: puts back the caches vLLM reads before it starts a worker.
+    None when the archive carries no JIT caches (the workers say so)."""
+    blob = _shared_blob(directory)
+    if blob is None:
+        return None
+    found, _left_out = cache_dirs()
+    return jitcache.restore(blob, {name: found[name] for name in BEFORE_ENGINE if name in found})
+
+
+def _shared_blob(directory: Path) -> bytes | None:
+    try:
+        return read_shared(directory, jitcache.SHARED_NAME)
+    except ArchiveError as exc:
+        raise PersistError(f"graphpersist: cannot LOAD {directory}: {exc}") from None
+
+
 def restore(sess: Any) -> None:
     """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
     started = time.perf_counter()
-    try:
-        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
+    blob = _shared_blob(sess.directory)
     if blob is None:
         sess.log("%s carries no JIT caches (saved by an older release): what is missing here compiles again",
                  sess.directory)  # fmt: skip

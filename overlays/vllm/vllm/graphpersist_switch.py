@@ -60,7 +60,25 @@ def resolve_engine_args(engine_args: Any) -> switch.Switch:
     if (resolved.mode, str(resolved.directory)) not in _logged:
         _logged.add((resolved.mode, str(resolved.directory)))
         logger.info("%s", resolved.describe())
+        if resolved.mode is switch.Mode.LOAD:
+            _restore_caches_before_engine(resolved)
     return resolved
+
+
+def _restore_caches_before_engine(resolved: switch.Switch) -> None:
+    """LOAD: what vLLM reads before it starts a worker (graphpersist_caches.BEFORE_ENGINE) comes from the archive
+    here, in the process that builds the configuration; the workers restore the other caches."""
+    from vllm import graphpersist_caches as caches
+
+    assert resolved.directory is not None
+    stats = caches.restore_before_engine(resolved.directory)
+    if stats is not None and stats.written:
+        restored_before_engine.extend(stats.written)
+        logger.info("graphpersist: %d cache file(s) restored before the engine starts (%s)", len(stats.written),
+                    ", ".join(sorted(stats.files)))  # fmt: skip
+
+
+restored_before_engine: list[str] = []  # what this process restored (not compiled here: the proof tells them apart)
 
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
