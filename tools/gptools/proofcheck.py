@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
 LOG_TAIL_LINES = 20
 INSPECT_TIMEOUT_S = 600
+DIFF_TIMEOUT_S = 300.0  # two archives' graph packs read and compared word by word
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,23 @@ def inspect_archive(path: Path, python: str) -> tuple[dict[str, Any] | None, str
         return None, f"graphpersist inspect {path} printed no JSON: {exc}"
 
 
+def write_graph_diff(recipe: Recipe, out: Path, first: str, second: str, python: str) -> str:
+    """`<python> -m graphpersist diff` of two archives (which graph, kernel and parameter word differ) into
+    `<out>/archives-<first>-<second>.diff.txt`; returns the file's name."""
+    target = out / f"archives-{first}-{second}.diff.txt"
+    cmd = [python, "-m", "graphpersist", "diff", str(recipe.archive_path(out, first)),
+           str(recipe.archive_path(out, second))]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DIFF_TIMEOUT_S, env=dict(os.environ))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = f"graphpersist diff could not run: {exc}\n"
+    else:
+        failed = "" if proc.returncode in (0, 1) else f"graphpersist diff failed (exit {proc.returncode})\n"
+        text = proc.stdout + proc.stderr + failed
+    target.write_text(text)
+    return target.name
+
+
 def archive_writers(recipe: Recipe) -> dict[str, RunSpec]:
     """Archive name -> the save run that writes it last, in first-seen order."""
     writers: dict[str, RunSpec] = {}
@@ -312,7 +330,9 @@ def check_archives(recipe: Recipe, out: Path, runs: dict[str, RunData], python: 
         diffs = list(differences(first, second))
         if diffs:
             more = f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else ""
-            checks.append(Check(name, FAIL, f"{len(diffs)} field(s) differ: " + "; ".join(diffs[:5]) + more))
+            details = write_graph_diff(recipe, out, names[0], other, python)
+            checks.append(Check(name, FAIL, f"{len(diffs)} field(s) differ: " + "; ".join(diffs[:5]) + more +
+                                f"; graph by graph: {details}"))  # fmt: skip
         else:
             ranks = first["rank"].values()
             equal = "world facts, region, pointers, graphs, images" + (

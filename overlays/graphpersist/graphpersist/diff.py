@@ -1,0 +1,139 @@
+"""`graphpersist diff A B`: where two archives' graphs differ, down to the kernel parameter word.
+
+Two SAVEs of one configuration must write the same archive (the proof's check "archives a = b"). The manifests say
+which fields differ, a rank's pointer inventory for instance, but not which graph or kernel makes the difference.
+This compares, per rank, the pointer inventories (and where in the graphs each address only one archive has is
+used) and each graph of the same name: its kernel sequence and each kernel node's parameter bytes, 8-byte word by
+word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
+lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphpersist import graphpack
+from graphpersist.archive import Archive
+
+WORD = 8
+
+
+@dataclass(frozen=True)
+class Use:
+    """Where a parameter word sits: graph, node index, kernel name and byte offset in the node's parameters."""
+
+    graph: str
+    node: int
+    kernel: str
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.graph} node {self.node} kernel {self.kernel!r} bytes {self.offset}..{self.offset + 7}"
+
+
+@dataclass
+class RankGraphs:
+    """One rank's kernel nodes: per graph, (node index, kernel name, parameter bytes)."""
+
+    region: tuple[int, int]
+    pointers: set[int]
+    graphs: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
+
+    def in_region(self, value: int) -> bool:
+        return self.region[0] <= value < self.region[1]
+
+    def uses(self, addresses: set[int], limit: int) -> dict[int, list[Use]]:
+        """Where each of `addresses` appears as a parameter word (at most `limit` uses per address)."""
+        found: dict[int, list[Use]] = {a: [] for a in addresses}
+        for name, nodes in self.graphs.items():
+            for index, kernel, params in nodes:
+                for offset, value in _words(params):
+                    if value in found and len(found[value]) < limit:
+                        found[value].append(Use(name, index, kernel, offset))
+        return found
+
+
+def _words(params: bytes) -> Iterator[tuple[int, int]]:
+    n = len(params) // WORD
+    yield from ((WORD * i, v) for i, v in enumerate(struct.unpack_from(f"<{n}Q", params) if n else ()))
+
+
+def read_rank(archive: Archive, rank: int) -> RankGraphs:
+    rec = archive.rank_facts(rank)
+    pointers = set(graphpack.read_pointers(archive, rank, rec.pointers.fingerprint))
+    packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
+    out = RankGraphs((rec.region.base, rec.region.base + rec.region.size), pointers)
+    for entry in packed.graphs:
+        desc = entry.full_desc_of(packed.pack)
+        blob = bytes(entry.part(packed.pack, "params"))
+        out.graphs[entry.name] = [
+            (i, node["name"], blob[node["params"][0] : node["params"][0] + node["params"][1]])
+            for i, node in enumerate(desc["nodes"])
+            if node["type"] == "kernel"
+        ]
+    return out
+
+
+def _value(rank: RankGraphs, value: int) -> str:
+    return f"{value:#x}{' (region)' if rank.in_region(value) else ''}"
+
+
+def graph_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
+    """The first way graph `name` differs between the two ranks, or None when its kernel nodes are equal."""
+    na, nb = a.graphs[name], b.graphs[name]
+    if [k for _, k, _ in na] != [k for _, k, _ in nb]:
+        first = next((i for i, (x, y) in enumerate(zip(na, nb, strict=False)) if x[1] != y[1]), min(len(na), len(nb)))
+        return f"{name}: kernel sequences differ ({len(na)} vs {len(nb)} kernel nodes, first at kernel node {first})"
+    for (index, kernel, pa), (_, _, pb) in zip(na, nb, strict=True):
+        if pa == pb:
+            continue
+        if len(pa) != len(pb):
+            return f"{name}: node {index} kernel {kernel!r}: {len(pa)} vs {len(pb)} parameter bytes"
+        words = [(o, x, y) for (o, x), (_, y) in zip(_words(pa), _words(pb), strict=True) if x != y]
+        shown = "; ".join(f"bytes {o}..{o + 7}: {_value(a, x)} vs {_value(b, y)}" for o, x, y in words[:3])
+        tail = len(pa) % WORD
+        if not words and tail:
+            shown = f"the last {tail} bytes"
+        more = f" (+{len(words) - 3} more words)" if len(words) > 3 else ""
+        return f"{name}: node {index} kernel {kernel!r}: {shown}{more}"
+    return None
+
+
+def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
+    """Lines saying how rank `rank`'s graphs differ (none when they are equal)."""
+    lines = []
+    only_a, only_b = sorted(a.pointers - b.pointers), sorted(b.pointers - a.pointers)
+    if only_a or only_b:
+        lines.append(f"rank {rank}: pointers {len(a.pointers)} vs {len(b.pointers)}: only in A {len(only_a)}, "
+                     f"only in B {len(only_b)}")  # fmt: skip
+        for side, rank_graphs, only in (("A", a, only_a), ("B", b, only_b)):
+            uses = rank_graphs.uses(set(only[:limit]), 2)
+            for address in only[:limit]:
+                where = "; ".join(map(str, uses[address])) or "no kernel parameter (a memset or memcpy address)"
+                lines.append(f"  only in {side}: {address:#x} used by {where}")
+    names_a, names_b = list(a.graphs), list(b.graphs)
+    if names_a != names_b:
+        lines.append(f"rank {rank}: graph names differ: only in A {sorted(set(names_a) - set(names_b))[:limit]}, "
+                     f"only in B {sorted(set(names_b) - set(names_a))[:limit]}")  # fmt: skip
+    found = [d for d in (graph_difference(n, a, b) for n in names_a if n in b.graphs) if d]
+    if found:
+        lines.append(f"rank {rank}: {len(found)} of {len(names_a)} graphs differ in their kernel nodes")
+        lines += [f"  {line}" for line in found[:limit]]
+        if len(found) > limit:
+            lines.append(f"  ... {len(found) - limit} more")
+    return lines
+
+
+def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[str]:
+    lines = []
+    for rank in ranks:
+        lines += diff_rank(rank, read_rank(a, rank), read_rank(b, rank), limit)
+    return lines
+
+
+def describe(a: Any, b: Any, ranks: list[int], lines: list[str]) -> str:
+    head = f"graphpersist diff: {a} (A) vs {b} (B), rank(s) {', '.join(map(str, ranks))}"
+    return "\n".join([head, *(lines or ["the graphs' kernel nodes and pointer inventories are equal"])])

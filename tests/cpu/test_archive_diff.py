@@ -1,0 +1,119 @@
+"""`graphpersist diff A B`: two archives' graphs compared down to the parameter word (CPU, real archives)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
+
+from graphpersist import graphformat, graphpack
+from graphpersist.archive import ArchiveWriter
+
+REPO = Path(__file__).resolve().parents[2]
+BUF = REGION_BASE + (1 << 30)  # an address in the region
+
+
+def _graph(params: list[bytes]) -> tuple[dict, bytes, bytes]:
+    """A description, parameter blob and kernel table shaped like graphwalk.serialize's output."""
+    nodes, blob = [], bytearray()
+    for i, p in enumerate(params):
+        nodes.append({"type": "kernel", "func": 0, "image": "ab" * 32, "name": f"k{i}", "grid": [1, 1, 1],
+                      "block": [32, 1, 1], "smem": 0, "layout": [[o, 8] for o in range(0, len(p), 8)],
+                      "params": [len(blob), len(p)], "attrs": {}})  # fmt: skip
+        blob += p
+    desc = {"format": 1, "nodes": nodes, "edges": [], "funcs": [["ab" * 32, "k", {}]], "blob_size": len(blob),
+            "blob_sha256": hashlib.sha256(blob).hexdigest()}  # fmt: skip
+    table = graphformat.pack_kernel_table(desc)
+    desc["table_size"], desc["table_sha256"] = len(table), hashlib.sha256(table).hexdigest()
+    return desc, bytes(blob), table
+
+
+def write(root: Path, graphs: dict[str, list[bytes]]) -> Path:
+    """An archive of one rank holding `graphs` (name -> kernel parameter bytes), with the pointer inventory SAVE
+    would record (every in-region parameter word)."""
+    pack = graphpack.PackWriter()
+    pointers: set[int] = set()
+    for name, params in graphs.items():
+        desc, blob, table = _graph(params)
+        pack.add(name, desc, blob, table, inputs=[], outputs=None)
+        pointers |= {v for p in params for (v,) in struct.iter_unpack("<Q", p) if REGION_BASE <= v < BUF * 2}
+    inventory = sorted(pointers)
+    with ArchiveWriter(root, world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
+        rel = w.add_json(0, graphpack.INDEX_NAME, pack.index())
+        w.add_file(0, graphpack.PACK_NAME, pack.data())
+        w.add_json(0, "pointers.json", inventory)
+        record = {"file": rel, "topology_fingerprint": "00" * 32, "node_count": 1, "nodes_by_type": {"kernel": 1},
+                  "kernel_count": 1, "images": []}  # fmt: skip
+        w.set_rank_facts(0, {
+            "device": device(0),
+            "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": 0},
+            "pointers": {"fingerprint": hashlib.sha256(json.dumps(inventory).encode()).hexdigest(),
+                         "count": len(inventory)},
+            "graphs": [{"name": n, **record} for n in graphs],
+            "images": [],
+        })  # fmt: skip
+        return w.commit()
+
+
+def words(*values: int) -> bytes:
+    return struct.pack(f"<{len(values)}Q", *values)
+
+
+def graphpersist(*args: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(filter(None, [str(REPO / "overlays" / "graphpersist"), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "graphpersist", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": path})  # fmt: skip
+
+
+SAME = {"full/1": [words(BUF, 7), words(BUF + 64, 1)], "full/2": [words(BUF, 9)]}
+
+
+def test_equal_archives_exit_0_saying_so(tmp_path: Path) -> None:
+    a, b = write(tmp_path / "a", SAME), write(tmp_path / "b", SAME)
+    ran = graphpersist("diff", str(a), str(b))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        f"graphpersist diff: {a} (A) vs {b} (B), rank(s) 0",
+        "the graphs' kernel nodes and pointer inventories are equal",
+    ]
+
+
+def test_a_pointer_only_one_archive_has_is_traced_to_its_kernel_parameter(tmp_path: Path) -> None:
+    """What "archives a = b" could not say: which graph, kernel and parameter bytes hold the extra addresses."""
+    other = {"full/1": [words(BUF, 7), words(BUF + 64, 1)], "full/2": [words(BUF + 4096, 9)]}
+    a, b = write(tmp_path / "a", SAME), write(tmp_path / "b", other)
+    ran = graphpersist("diff", str(a), str(b), "--rank", "0")
+    assert ran.returncode == 1, ran.stderr
+    assert ran.stdout.splitlines()[1:] == [
+        "rank 0: pointers 2 vs 3: only in A 0, only in B 1",
+        f"  only in B: {BUF + 4096:#x} used by full/2 node 0 kernel 'k0' bytes 0..7",
+        "rank 0: 1 of 2 graphs differ in their kernel nodes",
+        f"  full/2: node 0 kernel 'k0': bytes 0..7: {BUF:#x} (region) vs {BUF + 4096:#x} (region)",
+    ]
+
+
+def test_numbers_kernels_and_lengths_that_differ_are_named(tmp_path: Path) -> None:
+    other = {"full/1": [words(BUF, 8), words(BUF + 64, 1)], "full/2": [words(BUF, 9), words(1)]}
+    a, b = write(tmp_path / "a", SAME), write(tmp_path / "b", other)
+    lines = graphpersist("diff", str(a), str(b), "--limit", "1").stdout.splitlines()
+    assert lines[1:] == [
+        "rank 0: 2 of 2 graphs differ in their kernel nodes",
+        "  full/1: node 0 kernel 'k0': bytes 8..15: 0x7 vs 0x8",
+        "  ... 1 more",
+    ]
+    lines = graphpersist("diff", str(a), str(b), "--limit", "5").stdout.splitlines()
+    assert lines[-1] == "  full/2: kernel sequences differ (1 vs 2 kernel nodes, first at kernel node 1)"
+
+
+def test_misuse_exits_2_naming_the_problem(tmp_path: Path) -> None:
+    a = write(tmp_path / "a", SAME)
+    missing = graphpersist("diff", str(a), str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "nowhere" in missing.stderr
+    wrong_rank = graphpersist("diff", str(a), str(a), "--rank", "3")
+    assert wrong_rank.returncode == 2 and "not in both archives (A has [0], B has [0])" in wrong_rank.stderr
