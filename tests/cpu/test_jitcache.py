@@ -485,6 +485,6 @@ def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_
     stats = vllm_caches.restore_before_engine(archive)
     assert stats.written == [str(root / "modelinfos" / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json")]
     assert not saved["triton"].exists()  # the workers' business, in their own processes
-    assert (
-        vllm_caches.restore_before_engine(write_archive(tmp_path / "old")) is None
-    )  # saved before caches were carried
+    old = write_archive(tmp_path / "old")  # saved before archives carried the caches
+    assert vllm_caches.restore_before_engine(old) is None
+    assert vllm_caches.restore_before_engine(tmp_path / "nowhere") is None  # the workers refuse it, naming why

@@ -161,25 +161,25 @@ BEFORE_ENGINE = ("vllm_modelinfos",)  # read by the process that builds the conf
 
 def restore_before_engine(directory: Path) -> jitcache.CacheStats | None:
     """LOAD, in the process that resolves the switch: puts back the caches vLLM reads before it starts a worker.
-    None when the archive carries no JIT caches (the workers say so)."""
-    blob = _shared_blob(directory)
+    None when the archive carries no JIT caches or cannot be read: the workers check the archive before anything
+    else and refuse the LOAD naming why, so this early restore only saves time, never decides."""
+    try:
+        blob = read_shared(directory, jitcache.SHARED_NAME)
+    except ArchiveError:
+        return None
     if blob is None:
         return None
     found, _left_out = cache_dirs()
     return jitcache.restore(blob, {name: found[name] for name in BEFORE_ENGINE if name in found})
 
 
-def _shared_blob(directory: Path) -> bytes | None:
-    try:
-        return read_shared(directory, jitcache.SHARED_NAME)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {directory}: {exc}") from None
-
-
 def restore(sess: Any) -> None:
     """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
     started = time.perf_counter()
-    blob = _shared_blob(sess.directory)
+    try:
+        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
+    except ArchiveError as exc:
+        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
     if blob is None:
         sess.log("%s carries no JIT caches (saved by an older release): what is missing here compiles again",
                  sess.directory)  # fmt: skip
