@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -509,6 +510,26 @@ def test_check_only_rechecks_an_existing_out_without_running(tmp_path: Path) -> 
     _, _, checks = report(out)
     assert checks["outputs identical"]["detail"].startswith("load differs from baseline at oversize[0] (token 3)")
     assert json.loads((out / "load" / "run.json").read_text())["started"] == started
+
+
+def test_runs_of_another_recipe_in_a_shared_out_count_as_not_run(tmp_path: Path) -> None:
+    """Two recipes may share one --out for its warm caches; one whose runs have the other's names must not check the
+    other's outputs (a TP=1 report once compared TP=2 runs' tokens this way)."""
+    first = make_recipe(tmp_path)
+    second = shutil.copytree(first, tmp_path / "another-recipe")  # recipes are known by their folder's name
+    out = tmp_path / "out"
+    assert prove_cli(first, out) == 0
+    assert json.loads((out / "load" / "run.json").read_text())["recipe"] == "recipe"
+    assert prove_cli(second, out, "--check-only") == 1
+    text, _, checks = report(out)
+    assert text.splitlines()[0].startswith("FAILED: ")  # nothing of its own ran: its checks are not passes
+    assert checks["load finished"] == {
+        "name": "load finished",
+        "status": "not run",
+        "detail": "not run (its folder holds a run of recipe)",
+    }
+    assert checks["outputs identical"]["status"] == "not run"
+    assert prove_cli(first, out, "--check-only") == 0  # its own runs still check as they did
 
 
 def test_check_only_without_an_out_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,10 +47,11 @@ class RunData:
     result_problem: str | None
     stats: list[dict[str, Any]]
     stats_problem: str | None
+    foreign: str | None = None  # the recipe whose run of the same name the folder holds (then it counts as not run)
 
     @property
     def ran(self) -> bool:
-        return self.record is not None
+        return self.record is not None and self.foreign is None
 
     @property
     def log(self) -> Path:
@@ -61,7 +62,13 @@ class RunData:
 
     def problem(self) -> str | None:
         """Why this run did not finish; None when it did."""
-        return "not run" if self.record is None else run_problem(self.record, (self.result, self.result_problem))
+        if not self.ran:
+            return self.not_run()
+        assert self.record is not None
+        return run_problem(self.record, (self.result, self.result_problem))
+
+    def not_run(self) -> str:
+        return f"not run (its folder holds a run of {self.foreign})" if self.foreign else "not run"
 
 
 def load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -77,18 +84,23 @@ def load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def load_run(spec: RunSpec, out: Path) -> RunData:
+def load_run(spec: RunSpec, out: Path, recipe_dir: Path | None = None) -> RunData:
+    """What `<out>/<run>` holds. With `recipe_dir`, a folder that another recipe's run of the same name wrote (two
+    recipes sharing one --out for their warm caches) counts as not run, so one recipe's report never checks the
+    other's outputs. A recipe is known by its folder's name: the same recipe in another checkout is the same."""
     run_dir = out / spec.name
     try:
         record = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         record = None
+    owner = record.get("recipe") if isinstance(record, dict) else None
+    foreign = owner if recipe_dir is not None and owner not in (None, recipe_dir.resolve().name) else None
     result, result_problem = load_result(run_dir / "result.json")
     try:
         stats, stats_problem = proofkit.read_stats(run_dir / "stats"), None
     except ValueError as exc:
         stats, stats_problem = [], str(exc)
-    return RunData(spec, run_dir, record, result, result_problem, stats, stats_problem)
+    return RunData(spec, run_dir, record, result, result_problem, stats, stats_problem, foreign)
 
 
 def run_problem(record: dict[str, Any], loaded: tuple[dict[str, Any] | None, str | None]) -> str | None:
@@ -133,7 +145,7 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
 def check_finished(data: RunData) -> Check:
     name = f"{data.spec.name} finished"
     if not data.ran:
-        return Check(name, NOT_RUN, "not run")
+        return Check(name, NOT_RUN, data.not_run())
     problem = data.problem()
     wall = f"{data.record.get('wall_s', 0):.1f} s" if data.record else ""
     return Check(name, PASS, f"exit 0 in {wall}") if problem is None else Check(name, FAIL, problem)

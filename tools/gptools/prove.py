@@ -313,7 +313,8 @@ def _execute(recipe: Recipe, out: Path, spec: RunSpec, python: str, run_dir: Pat
     for folder in caches.values():
         folder.mkdir(parents=True, exist_ok=True)
     cmd = driver_command(recipe, out, spec, python)
-    record: dict[str, Any] = {"name": spec.name, "command": cmd, "started": _now(), "timeout_s": recipe.timeout_s}
+    record: dict[str, Any] = {"name": spec.name, "recipe": recipe.dir.resolve().name, "command": cmd,
+                              "started": _now(), "timeout_s": recipe.timeout_s}  # fmt: skip
     start = time.monotonic()
     with (run_dir / "log.txt").open("wb") as log:
         try:
@@ -422,7 +423,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     if not args.check_only:
         _run_all(recipe, out, selected, args.python, args.keep_going)
     print("prove: checking", flush=True)
-    runs = {spec.name: proofcheck.load_run(spec, out) for spec in recipe.runs}
+    runs = {spec.name: proofcheck.load_run(spec, out, recipe.dir) for spec in recipe.runs}
     checks = proofcheck.evaluate(recipe, out, runs, args.python)
     report = Path(args.report).resolve() if args.report else out / "REPORT.md"
     headline = proofreport.write(recipe, out, runs, checks, report, command=command_line(args), python=args.python)
