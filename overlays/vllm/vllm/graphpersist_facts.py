@@ -20,8 +20,7 @@ from graphpersist.validate import LoadRefused, evaluate
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
     "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism 2 or more on one node (custom all-reduce on or "
-    "off), "
-    "no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+    "off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
 )
 
 

@@ -10,7 +10,7 @@ vary between runs (torch.compile, the memory profile, warm-ups) cannot move the 
 | phase | what | kind |
 |---|---|---|
 | (setup) | NCCL and custom all-reduce buffers, model runner buffers, weights | exact |
-| profile | SAVE: upstream's memory profile (compiles the model); LOAD: the profile run, unmeasured | variable, 96 GiB |
+| profile | SAVE: upstream's memory profile (compiles the model); LOAD: its profile run alone | variable, 96 GiB |
 | kv_cache | attention backends, KV cache, block tables | exact |
 | warmup | compile of other size ranges, kernel warm-up | variable, 48 GiB |
 | capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
