@@ -270,13 +270,21 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def inspect_archive(path: Path, python: str) -> tuple[dict[str, Any] | None, str]:
-    """`<python> -m graphpersist inspect DIR --json` (the engine host's graphpersist reads its own archive)."""
-    cmd = [python, "-m", "graphpersist", "inspect", str(path), "--json"]
+def run_graphpersist(python: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | str:
+    """`<python> -m graphpersist ARGS` (the engine host's graphpersist reads its own archives), or why it could not
+    run."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, env=dict(os.environ))
+        return subprocess.run([python, "-m", "graphpersist", *args], capture_output=True, text=True,
+                              timeout=timeout_s, env=dict(os.environ))  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"graphpersist inspect {path}: {exc}"
+        return str(exc)
+
+
+def inspect_archive(path: Path, python: str) -> tuple[dict[str, Any] | None, str]:
+    """`<python> -m graphpersist inspect DIR --json`."""
+    proc = run_graphpersist(python, ["inspect", str(path), "--json"], INSPECT_TIMEOUT_S)
+    if isinstance(proc, str):
+        return None, f"graphpersist inspect {path}: {proc}"
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         return None, f"graphpersist inspect {path} failed (exit {proc.returncode}): {last}"
@@ -290,12 +298,10 @@ def write_graph_diff(recipe: Recipe, out: Path, first: str, second: str, python:
     """`<python> -m graphpersist diff` of two archives (which graph, kernel and parameter word differ) into
     `<out>/archives-<first>-<second>.diff.txt`; returns the file's name."""
     target = out / f"archives-{first}-{second}.diff.txt"
-    cmd = [python, "-m", "graphpersist", "diff", str(recipe.archive_path(out, first)),
-           str(recipe.archive_path(out, second))]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DIFF_TIMEOUT_S, env=dict(os.environ))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        text = f"graphpersist diff could not run: {exc}\n"
+    args = ["diff", str(recipe.archive_path(out, first)), str(recipe.archive_path(out, second))]
+    proc = run_graphpersist(python, args, DIFF_TIMEOUT_S)
+    if isinstance(proc, str):
+        text = f"graphpersist diff could not run: {proc}\n"
     else:
         failed = "" if proc.returncode in (0, 1) else f"graphpersist diff failed (exit {proc.returncode})\n"
         text = proc.stdout + proc.stderr + failed
