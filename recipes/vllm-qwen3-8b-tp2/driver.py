@@ -202,7 +202,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     first, first_s = timed(generate, llm, sequential_prompts[:1])
     after_first = proofkit.cache_snapshot()
     sequential = first + [generate(llm, [p])[0] for p in sequential_prompts[1:]]
-    steady = [timed(generate, llm, sequential_prompts[:1])[1] for _ in range(3)]
+    repeats = [timed(generate, llm, sequential_prompts[:1]) for _ in range(3)]  # the first request, again
+    steady = [s for _, s in repeats]
     concurrent = generate(llm, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
     oversize = generate(llm, [prompt(200 + i, 40) for i in range(48)] + [prompt(300, 1500)])
 
@@ -224,7 +225,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "error": None,
         "start_to_ready_s": round(ready, 3),
         "phases": phases,
-        "outputs": {"sequential": sequential, "concurrent": concurrent, "oversize": oversize},
+        "outputs": {
+            "sequential": sequential,
+            "first_repeated": [out[0] for out, _ in repeats],
+            "concurrent": concurrent,
+            "oversize": oversize,
+        },
         "latency": {
             "first_request_s": round(first_s, 4),
             "steady_request_s": round(statistics.median(steady), 4),
@@ -254,7 +260,18 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager comparison start)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
+    ap.add_argument(
+        "--diag",
+        action="store_true",
+        help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP) and allow TP=1 (GP_DIAG_ALLOW_TP1)",
+    )
+    ap.add_argument("--diag-fill-restored", metavar="BYTE", help="diagnosis: fill LOAD's restored memory with BYTE")
     a = ap.parse_args()
+    if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
+        os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
+        os.environ["GP_DIAG_ALLOW_TP1"] = "1"
+    if a.diag_fill_restored is not None:
+        os.environ["GP_DIAG_FILL_RESTORED"] = a.diag_fill_restored
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
         from graphpersist import region
 

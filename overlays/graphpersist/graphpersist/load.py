@@ -7,6 +7,7 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,6 +38,9 @@ from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
 from graphpersist.tensors import tensor_at
 from graphpersist.validate import check_or_refuse
+
+# Diagnosis only, never set in production: see _diag_fill.
+DIAG_FILL_ENV = "GP_DIAG_FILL_RESTORED"
 
 
 @dataclass
@@ -156,6 +160,7 @@ def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[
         skipped = phases.compare_setup(saved, saved_evs, layout.recorder().phases, live_evs)
         to_map = phases.restore_ranges(saved, saved_evs, live_evs, skipped)
         region.restore(to_map, len(live_evs), post[0].start if post else rec.region.final_offset)
+        _diag_fill(to_map)
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
@@ -165,6 +170,20 @@ def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[
     states = [state.StateRecord.from_json(r) for r in rec.extra.get("state", [])]
     pending = layout.Pending(archive, rank, saved, saved_evs, later, states) if post or states else None
     return skipped, pending
+
+
+def _diag_fill(ranges: list[tuple[int, int]]) -> None:
+    """Diagnosis only (GP_DIAG_FILL_RESTORED=BYTE): fill the memory LOAD mapped afresh with one byte value, to
+    test whether a graph reads restored memory before writing it (its output then changes with the value)."""
+    value = os.environ.get(DIAG_FILL_ENV)
+    if not value:
+        return
+    byte = int(value, 0) & 0xFF
+    for addr, size in ranges:
+        tensor_at({"addr": addr, "dtype": "uint8", "shape": [size], "stride": [1]}).fill_(byte)
+    torch.cuda.synchronize()
+    print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(ranges)} restored ranges "
+          f"({sum(s for _, s in ranges) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip
 
 
 def load(

@@ -8,6 +8,7 @@ model is refused at start-up with those names rather than as an allocation that 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -33,7 +34,8 @@ def refuse_unsupported(cfg: Any) -> None:
     par, comp = cfg.parallel_config, cfg.compilation_config
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
-    if par.tensor_parallel_size == 1:  # measured 2026-11-30: recipes/vllm-qwen3-8b-tp1/README.md
+    # measured 2026-11-30: recipes/vllm-qwen3-8b-tp1/README.md; GP_DIAG_ALLOW_TP1=1 lifts it for that diagnosis only
+    if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
         raise _refuse(
             "tensor_parallel_size=1",
             "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave the first request after the start "

@@ -34,6 +34,7 @@ import torch
 from vllm import graphpersist_caches as caches
 from vllm import graphpersist_capture as capture
 from vllm import graphpersist_customar as customar
+from vllm import graphpersist_diag as diag
 from vllm import graphpersist_facts as facts
 from vllm import graphpersist_session as gps
 from vllm.v1.worker.gpu_worker import Worker
@@ -115,6 +116,7 @@ class PersistWorker(Worker):
         try:
             compiled = super().compile_or_warm_up_model()
             caches.report_late(sess)  # SAVE: what the warm-up after the capture compiled is not in the archive
+            diag.dump_runner_state(self.model_runner, self.rank)
             return compiled
         finally:
             if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
