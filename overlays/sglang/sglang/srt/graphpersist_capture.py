@@ -81,17 +81,27 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     sess.captured += 1
 
 
+def callable_name(fn: Any) -> str:
+    """`module:Qual.Name` under which `fn` itself can be imported again: a plain function, or a wrapper object
+    (SGLang's custom-op wrapper) that replaced the function it wraps at module level; refuses anything else."""
+    for named in (fn, getattr(fn, "op_func", None), getattr(fn, "__wrapped__", None)):
+        module, qual = getattr(named, "__module__", None), getattr(named, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qual, str) and "<locals>" not in qual:
+            name = f"{module}:{qual}"
+            if structure._resolve(name) is fn:
+                return name
+    raise PersistError(
+        f"graphpersist: the breakable CUDA graph breaks at {fn!r}, which cannot be imported by its name, so LOAD could "
+        "not call it again: SAVE refused (use --cuda-graph-backend-prefill disabled)"
+    )
+
+
 def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
     """SAVE: the breakable capture ran `inner(*args, **kwargs)` eagerly between two segments (replayed so)."""
     sess = gps.current()
     if sess is None or not sess.saving:
         return
-    name = f"{inner.__module__}:{inner.__qualname__}"
-    if structure._resolve(name) is not inner:
-        raise PersistError(
-            f"graphpersist: the breakable CUDA graph breaks at {name}, which cannot be imported by that name, so "
-            "LOAD could not call it again: SAVE refused (use --cuda-graph-backend-prefill disabled)"
-        )
+    name = callable_name(inner)
     where = f"break {name}"
     try:
         sess.breaks.append(

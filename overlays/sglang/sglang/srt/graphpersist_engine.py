@@ -49,6 +49,7 @@ def before_distributed(model_runner: Any) -> None:
     facts.refuse_unsupported(sa)
     if model_runner.is_draft_worker:
         raise facts.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+    facts.refuse_unsupported_model(model_runner)
     if not region.loaded():
         raise PersistError(
             "graphpersist: this scheduler process runs without the runtime's interposer (LD_PRELOAD); start SGLang "
@@ -93,18 +94,20 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
         sess.log("memory pool from the archive: %d tokens (budget %.2f GiB, not profiled)",
                  config.max_total_num_tokens, sess.pool["budget_bytes"] / 2**30)  # fmt: skip
         return config
-    profiled = configurator._profile_available_bytes
+    # KVCacheConfigurator has __slots__: its profile is wrapped on the class, for this one call (one thread).
+    cls = type(configurator)
+    profiled = cls._profile_available_bytes
     budget: list[int] = []
 
-    def rounded(pre: Any) -> int:
-        budget.append(facts.pool_budget(int(profiled(pre))))
+    def rounded(self: Any, pre: Any) -> int:
+        budget.append(facts.pool_budget(int(profiled(self, pre))))
         return budget[-1]
 
-    configurator._profile_available_bytes = rounded
+    cls._profile_available_bytes = rounded
     try:
         config = configurator._resolve_memory_pool_config(pre_model_load_memory)
     finally:
-        del configurator._profile_available_bytes
+        cls._profile_available_bytes = profiled
     if len(budget) != 1:
         raise PersistError(f"graphpersist: SGLang profiled the memory pool {len(budget)} times (once expected): the "
                            "sizing changed upstream; SAVE refused")  # fmt: skip
@@ -179,6 +182,15 @@ def _prepare_attention_shapes(runner: Any) -> None:
             attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
 
+def _release_cached(torch: Any) -> None:
+    """Drop torch's cached free blocks, inside the exact phase (SAVE and LOAD alike)."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def _capture(sess: gps.Session, phase: str, runner: Any) -> None:
     """SAVE: the capture upstream's runner __init__ would have run, as it runs it."""
     sess.capturing = phase
@@ -208,12 +220,15 @@ def graphs(model_runner: Any) -> None:
     from graphpersist import api
 
     runners = _runners(sess)
+    if not runners:
+        raise facts.Refused("graphpersist: this configuration captures no CUDA graphs (both backends disabled?): "
+                            "there is nothing to persist; turn persistence off")  # fmt: skip
     sess.timed("kv_cache", sess.kv_started)  # pool, attention backends, runners' buffers
     started = time.perf_counter()
     with api.phase("attn_shapes"):
         if "decode" in runners:
             _prepare_attention_shapes(runners["decode"])
-        torch.cuda.synchronize()
+        _release_cached(torch)  # so what the captures allocate never lands in a setup segment's free space
     prepared = _attention_state(runners["decode"]) if "decode" in runners else {}
     api.mark_setup(facts.setup_tensors(model_runner))
     sess.timed("attn_shapes", started)

@@ -126,6 +126,18 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
         )
 
 
+def refuse_unsupported_model(model_runner: Any) -> None:
+    """Models whose memory pools or attention this integration does not persist (hybrid, MLA, multimodal)."""
+    if model_runner.is_hybrid_swa or model_runner.use_mla_backend or model_runner.is_multimodal:
+        raise _refuse("this model (hybrid sliding-window, MLA or multimodal attention)", "serve a dense decoder model")
+    if not model_runner.is_generation:
+        raise _refuse("an embedding or reward model", "serve a generative decoder model")
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+
+    if mambaish_config(model_runner.model_config) is not None:
+        raise _refuse("a hybrid (mamba or linear-attention) model", "serve a dense decoder model")
+
+
 def engine_facts() -> dict[str, str]:
     import sglang
 
@@ -175,7 +187,6 @@ def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str,
         "disable_overlap_schedule": bool(sa.disable_overlap_schedule),
         "quantization": sa.quantization,
         "load_format": str(sa.load_format),
-        "random_seed": sa.random_seed,
     }
 
 

@@ -46,18 +46,30 @@ def resolve_server_args(server_args: Any) -> switch.Switch:
     resolved = switch.resolve(server_args.graph_persist, server_args.graph_persist_dir)
     if not resolved.enabled:
         return resolved
-    export_environment(resolved, os.environ)
+    pinned = export_environment(resolved, os.environ)
     if (resolved.mode, str(resolved.directory)) not in _logged:
         _logged.add((resolved.mode, str(resolved.directory)))
         logger.info("%s", resolved.describe())
+        if pinned:
+            logger.info("graphpersist: pinned for persistence: %s", " ".join(pinned))
     return resolved
 
 
-def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
-    """What SGLang's scheduler processes need to find the switch and run under the runtime."""
+# Pins every persisted multi-rank start needs, set where the user left them unset (a value the user set is kept, and
+# a multi-rank SAVE refuses a multicast one, naming it): NVLink multicast objects are not placed in the region, and
+# NCCL must connect (and allocate) every channel at init, in setup, not at its first collective inside a capture.
+PINS = {**region.MULTICAST_OFF, "NCCL_RUNTIME_CONNECT": "0"}
+
+
+def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> list[str]:
+    """What SGLang's scheduler processes need to find the switch and run under the runtime; returns the pins it set."""
+    set_here = [f"{k}={v}" for k, v in PINS.items() if k not in environ]
+    for name, value in PINS.items():
+        environ.setdefault(name, value)
     environ[switch.MODE_ENV] = resolved.mode.value
     environ[switch.DIR_ENV] = str(resolved.directory)
     preload = region.preload_env(env=dict(environ))
     for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
         if name in preload:
             environ[name] = preload[name]
+    return set_here
