@@ -14,6 +14,7 @@ way refuses the SAVE. With persistence off every hook returns at once and the co
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from sglang.srt import graphpersist_session as gps
@@ -46,11 +47,13 @@ def defer(runner: Any) -> bool:
 
 
 def _tensor_leaf(x: Any) -> dict[str, Any] | None:
-    import torch
-
+    """A tensor's spec (address, dtype, shape, strides), None for anything else (without torch, nothing is one)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return None
     from graphpersist.tensors import tensor_spec
 
-    return tensor_spec(x) if isinstance(x, torch.Tensor) else None
+    return tensor_spec(x)
 
 
 def _key_name(phase: str, key: Any) -> str:
@@ -204,29 +207,29 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any]) -> int:
         BreakableCUDAGraph,
     )
 
-    installed = 0
-    decode = runners.get("decode")
-    saved = notes.get("decode", {})
+    decode, prefill = runners.get("decode"), runners.get("prefill")
+    saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
     live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
-    if set(saved) != live:
-        raise _differ("decode", set(saved), live)
-    for name, rec in saved.items():
+    if set(saved_decode) != live:
+        raise _differ("decode", set(saved_decode), live)
+    live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
+    if set(saved_prefill) != live:
+        raise _differ("prefill", set(saved_prefill), live)
+    breakables = {}
+    for base, rec in saved_prefill.items():  # every break function is rebuilt before anything is installed
+        bg = BreakableCUDAGraph(None)
+        bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
+        bg._break_fns = [_break_fn(b, f"{base} break {i}") for i, b in enumerate(rec["breaks"])]
+        breakables[base] = (ShapeKey(size=int(rec["size"])), bg)
+
+    installed = 0
+    for name, rec in saved_decode.items():
         graph = result[name]
         key = ShapeKey(size=int(rec["size"]))
         decode.backend._graphs[key] = graph
         decode.backend._outputs[key] = graph.outputs
         installed += 1
-
-    prefill = runners.get("prefill")
-    saved = notes.get("prefill", {})
-    live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
-    if set(saved) != live:
-        raise _differ("prefill", set(saved), live)
-    for base, rec in saved.items():
-        bg = BreakableCUDAGraph(None)
-        bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
-        bg._break_fns = [_break_fn(b, f"{base} break {i}") for i, b in enumerate(rec["breaks"])]
-        key = ShapeKey(size=int(rec["size"]))
+    for key, bg in breakables.values():
         prefill.backend._graphs[key] = bg
         prefill.backend._outputs[key] = bg._segments[-1].outputs
         prefill.backend._capture_inputs[key] = None

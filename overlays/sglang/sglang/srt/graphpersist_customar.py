@@ -96,8 +96,6 @@ def _check_v2(name: str, ca: Any) -> None:
 
 def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
     """LOAD: re-run each communicator's registration with SAVE's inputs, in the same phase; declare its rows."""
-    from graphpersist import api
-
     saved: dict[str, Any] = notes.get(PHASE) or {}
     found = dict(live())
     if set(saved) != set(found):
@@ -106,6 +104,8 @@ def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
             f"{sorted(saved) or 'none'}, this LOAD has communicators for {sorted(found) or 'none'}. Re-run with "
             "mode=save for this configuration."
         )
+    from graphpersist import api
+
     with api.phase(PHASE):
         for name, rec in saved.items():
             ca = found[name]
