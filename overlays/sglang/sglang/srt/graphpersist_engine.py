@@ -9,7 +9,8 @@ SGLang starts one scheduler process per TP rank with `spawn`; each inherits the 
 * `KVCacheConfigurator.configure`, sizing (`memory_pool_config`): the exact phase `kv_cache` begins; SAVE rounds the
   profile down to 1 GiB and records the pool; LOAD reuses it, checked against free memory, never profiled.
 * the graph runners' `__init__`, capture (`graphpersist_capture.defer`): deferred, in SAVE and LOAD.
-* `capture_cuda_graphs`, after the runners (`graphs`): the exact phase `attn_shapes` prepares the attention
+* `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
+  (so state a layer creates on its first forward exists in setup); the exact phase `attn_shapes` prepares the attention
   backend's per-shape capture metadata; `mark_setup`; SAVE runs the deferred captures, custom all-reduce's
   registration (post-capture phase `custom_all_reduce`) and writes the archive; LOAD runs `api.load`, installs
   the graphs in the runners, re-runs the registration and verifies the state.
@@ -182,6 +183,22 @@ def _prepare_attention_shapes(runner: Any) -> None:
             attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
 
+# Address space (not memory) the variable warm-up phase owns, so the exact phases after it start at the same offset
+# whatever the warm-up allocated (a cold SAVE compiles, a warm LOAD does not).
+WARMUP_SPAN = 32 << 30
+
+
+def _warm_forward(runner: Any) -> None:
+    """One eager decode forward at the largest decode batch, before `mark_setup`, in SAVE and LOAD alike: whatever a
+    layer or kernel creates on its first forward (lazily allocated state, JIT modules) then exists in setup, where
+    LOAD makes it again, instead of in SAVE's capture warm-ups, after which LOAD would find it only as empty memory.
+    Upstream runs the same dummy forward (with the decode runner's buffers) for its FlashInfer autotune."""
+    import torch
+
+    runner._dummy_run(batch_size=runner.max_bs, buffers=runner.buffers)
+    torch.cuda.synchronize()
+
+
 def _release_cached(torch: Any) -> None:
     """Drop torch's cached free blocks, inside the exact phase (SAVE and LOAD alike)."""
     import gc
@@ -220,16 +237,20 @@ def graphs(model_runner: Any) -> None:
     from graphpersist import api
 
     runners = _runners(sess)
-    if not runners:
-        raise facts.Refused("graphpersist: this configuration captures no CUDA graphs (both backends disabled?): "
-                            "there is nothing to persist; turn persistence off")  # fmt: skip
+    if "decode" not in runners:
+        raise facts.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
+                            "persist; turn persistence off")  # fmt: skip
     sess.timed("kv_cache", sess.kv_started)  # pool, attention backends, runners' buffers
     started = time.perf_counter()
+    with api.phase("warmup", exact=False, span=WARMUP_SPAN):
+        _warm_forward(runners["decode"])
+        _release_cached(torch)
+    sess.timed("warmup", started)
+    started = time.perf_counter()
     with api.phase("attn_shapes"):
-        if "decode" in runners:
-            _prepare_attention_shapes(runners["decode"])
+        _prepare_attention_shapes(runners["decode"])
         _release_cached(torch)  # so what the captures allocate never lands in a setup segment's free space
-    prepared = _attention_state(runners["decode"]) if "decode" in runners else {}
+    prepared = _attention_state(runners["decode"])
     api.mark_setup(facts.setup_tensors(model_runner))
     sess.timed("attn_shapes", started)
     inventory = capture.expected_inventory(runners)
@@ -248,15 +269,14 @@ def _save(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[s
         if phase in runners:
             _capture(sess, phase, runners[phase])
     customar.register_after_capture(sess)
-    if "decode" in runners:
-        after = _attention_state(runners["decode"])
-        changed = sorted(p for p in set(prepared) | set(after) if prepared.get(p) != after.get(p))
-        if changed:
-            raise PersistError(
-                f"graphpersist: the attention backend's per-shape state changed during the capture ({changed[0]}: "
-                f"prepared {prepared.get(changed[0])}, captured {after.get(changed[0])}; {len(changed)} in all), so "
-                "LOAD could not prepare it exactly: SAVE refused (use --attention-backend fa3)"
-            )
+    after = _attention_state(runners["decode"])
+    changed = sorted(p for p in set(prepared) | set(after) if prepared.get(p) != after.get(p))
+    if changed:
+        raise PersistError(
+            f"graphpersist: the attention backend's per-shape state changed during the capture ({changed[0]}: "
+            f"prepared {prepared.get(changed[0])}, captured {after.get(changed[0])}; {len(changed)} in all), so "
+            "LOAD could not prepare it exactly: SAVE refused (use --attention-backend fa3)"
+        )
     sess.notes["attn_shapes"] = prepared
     sess.timed("capture", started)
     started = time.perf_counter()
