@@ -630,3 +630,33 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
         )
     assert len(touched) == 9
     assert sum("import" in r for r in removed_all) == 9 and sum("defer" in r for r in removed_all) == 2
+
+
+PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
+
+
+@pytest.mark.skipif(not PY312.exists(), reason=f"{PY312} not found: the 3.12 compile check is NOT RUN")
+def test_the_built_wheel_carries_every_overlay_and_patched_file_compiling_with_python_312(
+    dist_dir: Path, repo_root: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import zipfile
+
+    from gptools import apply as gpapply
+    from gptools import series as gpseries
+
+    patches_dir = repo_root / "patches" / "sglang"
+    patched = gpapply.touched_paths(
+        [gpseries.read_patch(patches_dir / n) for n in gpseries.read_series(patches_dir).names]
+    )
+    overlays = {f"sglang/srt/{p.name}" for p in OVERLAY_SRT.glob("graphpersist_*.py")}
+    assert len(overlays) == len(MODULES)
+    [wheel] = sorted(dist_dir.glob("sglang-0.5.17+gp.*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        for name in sorted(patched | overlays):
+            zf.extract(name, tmp_path)
+    for name in overlays:  # the wheel carries the overlay as it is in the repository
+        assert (tmp_path / name).read_bytes() == (OVERLAY_SRT / Path(name).name).read_bytes()
+    files = [str(tmp_path / n) for n in sorted(patched | overlays)]
+    proc = subprocess.run([str(PY312), "-m", "py_compile", *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
