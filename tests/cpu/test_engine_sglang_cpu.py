@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import importlib.util
 import logging
+import os
 import shutil
 import subprocess
 import zipfile
@@ -120,10 +121,19 @@ class StandInServerArgs:
     graph_persist_dir: str | None = None
 
 
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment the overlay sees and exports into (a copy: LD_PRELOAD must not leak into this process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHPERSIST_")}
+    env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    env["NCCL_RUNTIME_CONNECT"] = "0"  # the pins set here, so the switch logs one line
+    monkeypatch.setattr("os.environ", env)
+    return env
+
+
 def test_overlay_logs_one_line_for_cli_values(
-    overlay: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    overlay: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, environ: dict[str, str]
 ) -> None:
-    monkeypatch.delenv("GRAPHPERSIST_MODE", raising=False)
     parser = argparse.ArgumentParser(prog="sglang serve")
     overlay.add_cli_args(parser)
     ns = parser.parse_args(["--graph-persist", "save", "--graph-persist-dir", str(tmp_path)])
@@ -147,20 +157,20 @@ def test_overlay_help_and_bad_cli_value(overlay: ModuleType, capsys: pytest.Capt
     )
 
 
-def test_overlay_environment_and_keywords(overlay: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRAPHPERSIST_MODE", "load")
-    monkeypatch.setenv("GRAPHPERSIST_DIR", str(tmp_path))
+def test_overlay_environment_and_keywords(overlay: ModuleType, tmp_path: Path, environ: dict[str, str]) -> None:
+    environ["GRAPHPERSIST_MODE"] = "load"
+    environ["GRAPHPERSIST_DIR"] = str(tmp_path)
     assert overlay.resolve_server_args(StandInServerArgs()).mode_source == "GRAPHPERSIST_MODE"
+    assert "LD_PRELOAD" in environ, "the scheduler processes SGLang spawns inherit the interposer"
     assert overlay.resolve_server_args(StandInServerArgs("off")).enabled is False
-    monkeypatch.setenv("GRAPHPERSIST_MODE", "sav")
+    environ["GRAPHPERSIST_MODE"] = "sav"
     with pytest.raises(SwitchError, match=r"'sav' \(from GRAPHPERSIST_MODE\)"):
         overlay.resolve_server_args(StandInServerArgs())
 
 
 def test_overlay_off_logs_nothing(
-    overlay: ModuleType, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    overlay: ModuleType, caplog: pytest.LogCaptureFixture, environ: dict[str, str]
 ) -> None:
-    monkeypatch.delenv("GRAPHPERSIST_MODE", raising=False)
     with caplog.at_level(logging.DEBUG):
         assert not overlay.resolve_server_args(StandInServerArgs()).enabled
     assert caplog.records == []

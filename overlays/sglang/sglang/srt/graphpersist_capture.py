@@ -1,0 +1,237 @@
+"""The capture sites: SAVE keeps every graph SGLang captures; LOAD installs restored graphs where SGLang keeps them.
+
+SGLang 0.5.17 captures two inventories per TP worker (defaults on CUDA):
+- decode graphs, one per batch size, by `FullCudaGraphBackend.capture_one` (`DecodeCudaGraphRunner`), kept in
+  `backend._graphs[ShapeKey(bs)]` with the forward's output (a `LogitsProcessorOutput`) in `backend._outputs`;
+- prefill graphs, one per token count, by `BreakableCudaGraphBackend.capture_one` (`PrefillCudaGraphRunner`): a
+  `BreakableCUDAGraph` of several segment graphs with an eager "break" between two segments (attention, run in
+  Python at replay against the live batch), kept the same way with the output rows of the shared output buffer.
+Names are stable across processes: `decode/<bs>` and `prefill/<tokens>/<segment>` (segments numbered from 0).
+A break is persisted as the importable function it calls and its arguments (tensors at their addresses, plain
+values), so LOAD rebuilds the same replay function; a break whose function or arguments cannot be named that
+way refuses the SAVE. With persistence off every hook returns at once and the code path is upstream's.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from sglang.srt import graphpersist_session as gps
+
+from graphpersist import structure
+from graphpersist.errors import PersistError
+
+
+def new_graph() -> Any:
+    """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
+    import torch
+
+    sess = gps.current()
+    if sess is not None and sess.saving:
+        from graphpersist import api
+
+        return api.PersistentCUDAGraph()
+    return torch.cuda.CUDAGraph()
+
+
+def defer(runner: Any) -> bool:
+    """Called where a graph runner's __init__ would capture. With persistence on the capture waits until every
+    runner has allocated its buffers (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before
+    `mark_setup`; returns False (capture now, as upstream) when persistence is off."""
+    sess = gps.current()
+    if sess is None:
+        return False
+    sess.deferred.append(runner)
+    return True
+
+
+def _tensor_leaf(x: Any) -> dict[str, Any] | None:
+    """A tensor's spec (address, dtype, shape, strides), None for anything else (without torch, nothing is one)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return None
+    from graphpersist.tensors import tensor_spec
+
+    return tensor_spec(x)
+
+
+def _key_name(phase: str, key: Any) -> str:
+    if key.stream_idx is not None or key.variant_label is not None:
+        raise PersistError(
+            f"graphpersist: {phase} graph {key} has a stream or variant (PD multiplexing, LoRA, chunked prefix): "
+            "not persisted (refused)"
+        )
+    return f"{phase}/{key.size}"
+
+
+def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
+    """SAVE: one decode graph was captured for `key`; its output is the structure the forward returned."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    assert sess.saver is not None
+    phase = sess.capturing
+    if phase != "decode":
+        raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
+    graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
+    name = _key_name(phase, key)
+    try:
+        sess.saver.add(name, graph, [], out, capture_size=key.size, mode="decode")
+    except PersistError as exc:
+        raise PersistError(f"graphpersist: {exc}") from None
+    sess.notes["decode"][name] = {"size": key.size}
+    sess.captured += 1
+
+
+def callable_name(fn: Any) -> str:
+    """`module:Qual.Name` under which `fn` itself can be imported again: a plain function, or a wrapper object
+    (SGLang's custom-op wrapper) that replaced the function it wraps at module level; refuses anything else."""
+    for named in (fn, getattr(fn, "op_func", None), getattr(fn, "__wrapped__", None)):
+        module, qual = getattr(named, "__module__", None), getattr(named, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qual, str) and "<locals>" not in qual:
+            name = f"{module}:{qual}"
+            if structure._resolve(name) is fn:
+                return name
+    raise PersistError(
+        f"graphpersist: the breakable CUDA graph breaks at {fn!r}, which cannot be imported by its name, so LOAD could "
+        "not call it again: SAVE refused (use --cuda-graph-backend-prefill disabled)"
+    )
+
+
+def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    """SAVE: the breakable capture ran `inner(*args, **kwargs)` eagerly between two segments (replayed so)."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    name = callable_name(inner)
+    where = f"break {name}"
+    try:
+        sess.breaks.append(
+            {
+                "fn": name,
+                "args": structure.encode(tuple(args), _tensor_leaf, f"{where} args"),
+                "kwargs": structure.encode(dict(kwargs), _tensor_leaf, f"{where} kwargs"),
+                "output": structure.encode(output, _tensor_leaf, f"{where} output"),
+            }
+        )
+    except structure.StructureError as exc:
+        raise PersistError(f"graphpersist: {exc}: SAVE refused (use --cuda-graph-backend-prefill disabled)") from None
+
+
+def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
+    """SAVE: one prefill graph (segments and breaks) was captured for `key`; `stored` is what replay returns."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    assert sess.saver is not None
+    phase = sess.capturing
+    if phase != "prefill":
+        raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the prefill runner ({phase}): "
+                           "refused (use the 'full' decode backend)")  # fmt: skip
+    base = _key_name(phase, key)
+    segments = list(graph._segments)
+    breaks, sess.breaks = sess.breaks, []
+    if len(breaks) != len(graph._break_fns) or len(segments) != len(breaks) + 1:
+        raise PersistError(
+            f"graphpersist: {base}: {len(segments)} segments, {len(graph._break_fns)} breaks, {len(breaks)} recorded: "
+            "the breakable graph's structure is not what persistence expects: SAVE refused"
+        )
+    for i, seg in enumerate(segments):
+        seg.instantiate()
+        last = i == len(segments) - 1
+        try:
+            sess.saver.add(f"{base}/{i:03d}", seg, [], stored if last else None, capture_size=key.size,
+                           mode="prefill")  # fmt: skip
+        except PersistError as exc:
+            raise PersistError(f"graphpersist: {exc}") from None
+    sess.notes["prefill"][base] = {"size": key.size, "segments": len(segments), "breaks": breaks}
+    sess.captured += len(segments)
+
+
+def expected_inventory(runners: dict[str, Any]) -> dict[str, list[int]]:
+    """The capture sizes this live configuration would capture, per phase (what LOAD must find saved)."""
+    out: dict[str, list[int]] = {}
+    if runners.get("decode") is not None:
+        out["decode"] = sorted(runners["decode"].capture_bs)
+    if runners.get("prefill") is not None:
+        out["prefill"] = sorted(runners["prefill"].capture_num_tokens)
+    return out
+
+
+def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
+    missing, extra = sorted(live - saved), sorted(saved - live)
+    return PersistError(
+        f"graphpersist: {what} graphs differ: not in the archive {missing[:5] or 'none'}"
+        f"{' ...' if len(missing) > 5 else ''}, saved but not captured by this configuration {extra[:5] or 'none'}"
+        f"{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for this configuration."
+    )
+
+
+def _view(spec: dict[str, Any]) -> Any:
+    from graphpersist.tensors import tensor_at
+
+    return tensor_at(spec)
+
+
+def _break_fn(record: dict[str, Any], where: str) -> Any:
+    """LOAD: the replay function of one break, as the breakable capture built it (same function, same arguments)."""
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
+        _copy_output,
+    )
+
+    inner = structure._resolve(record["fn"])
+    if inner is None or not callable(inner):
+        raise PersistError(f"graphpersist: {where}: break function {record['fn']} cannot be imported: LOAD refused "
+                           "(re-run with mode=save)")  # fmt: skip
+    try:
+        args = structure.decode(record["args"], _view, f"{where} args")
+        kwargs = structure.decode(record["kwargs"], _view, f"{where} kwargs")
+        output = structure.decode(record["output"], _view, f"{where} output")
+    except structure.StructureError as exc:
+        raise PersistError(f"graphpersist: {exc}") from None
+
+    def replay_fn() -> Any:
+        return _copy_output(output, inner(*args, **kwargs))
+
+    return replay_fn
+
+
+def install(runners: dict[str, Any], result: Any, notes: dict[str, Any]) -> int:
+    """LOAD: puts every restored graph where SGLang's runners replay it; returns how many graphs were installed.
+
+    Refuses (before any replay) when the saved inventory is not exactly what this configuration dispatches to.
+    """
+    from sglang.srt.model_executor.runner.shape_key import ShapeKey
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
+        BreakableCUDAGraph,
+    )
+
+    decode, prefill = runners.get("decode"), runners.get("prefill")
+    saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
+    live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
+    if set(saved_decode) != live:
+        raise _differ("decode", set(saved_decode), live)
+    live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
+    if set(saved_prefill) != live:
+        raise _differ("prefill", set(saved_prefill), live)
+    breakables = {}
+    for base, rec in saved_prefill.items():  # every break function is rebuilt before anything is installed
+        bg = BreakableCUDAGraph(None)
+        bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
+        bg._break_fns = [_break_fn(b, f"{base} break {i}") for i, b in enumerate(rec["breaks"])]
+        breakables[base] = (ShapeKey(size=int(rec["size"])), bg)
+
+    installed = 0
+    for name, rec in saved_decode.items():
+        graph = result[name]
+        key = ShapeKey(size=int(rec["size"]))
+        decode.backend._graphs[key] = graph
+        decode.backend._outputs[key] = graph.outputs
+        installed += 1
+    for key, bg in breakables.values():
+        prefill.backend._graphs[key] = bg
+        prefill.backend._outputs[key] = bg._segments[-1].outputs
+        prefill.backend._capture_inputs[key] = None
+        installed += len(bg._segments)
+    return installed

@@ -1,0 +1,129 @@
+"""SGLang's custom all-reduce (v2, the default on CUDA) under persistence: its graph-input registration as a phase
+that LOAD re-runs.
+
+`CustomAllReduceV2` gives every all-reduce captured in a graph a row of `graph_params` (one peer pointer per rank)
+and, when the capture context ends, registers the captured inputs with its peers: it exports the allocations
+holding them, opens the peers' ones (under the runtime's interposer every region allocation is a VMM allocation,
+so upstream takes its POSIX-fd path: export, SCM_RIGHTS exchange, import, reserve, map) and writes the rows, which
+the captured kernels read at replay.
+
+SGLang enters a capture context once per graph runner (prefill, then decode), and a registration after the first
+would be a post-capture phase with captures after it, which LOAD could not replay in order. So with persistence on
+the registration waits (the inputs keep accumulating, their rows keep counting up) until every graph is captured,
+and then runs once, as upstream's own code, inside the post-capture phase `custom_all_reduce`; SAVE records each
+communicator's pending inputs and first row. LOAD captures nothing: it gives each communicator the saved inputs and
+first row and runs the same upstream registration inside the same phase, so every import lands at its saved address;
+the rows it writes are declared "recreated" state, so LOAD proves they equal SAVE's before the first replay.
+
+The legacy custom all-reduce (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0) is refused at start-up (graphpersist_facts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.srt import graphpersist_session as gps
+
+from graphpersist.errors import PersistError
+
+PHASE = "custom_all_reduce"
+GROUPS = ("tp", "pp", "dcp", "attn_tp", "moe_ep", "moe_tp")
+
+
+def register_graph_inputs(ca: Any) -> None:
+    """Called where upstream registers at the end of `CustomAllReduceV2.capture()`: with persistence on (SAVE) the
+    registration waits for `register_after_capture`; LOAD never captures, so never reaches here with inputs."""
+    if gps.current() is None:
+        ca._register_graph_inputs()
+
+
+def live() -> list[tuple[str, Any]]:
+    """(group name, communicator) of every enabled custom all-reduce of this process, once each, in a fixed order."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for name in GROUPS:
+        group = getattr(ps, f"_{name.upper()}", None)
+        ca = getattr(group, "ca_comm", None)
+        if ca is None or getattr(ca, "disabled", True) or id(ca) in seen:
+            continue
+        seen.add(id(ca))
+        found.append((name, ca))
+    return found
+
+
+def describe_live() -> list[str]:
+    """The live communicators as facts: group name and class (an archive of v2 does not fit the legacy one)."""
+    return [f"{name}:{type(ca).__name__}" for name, ca in live()]
+
+
+def _state_rows(ca: Any, first: int, count: int) -> Any:
+    return ca.graph_params[first : first + count]
+
+
+def register_after_capture(sess: gps.Session) -> None:
+    """SAVE, after the last capture: each communicator's pending graph inputs registered by upstream's code, in one
+    post-capture phase; their rows declared as state and the inputs recorded in the notes."""
+    from graphpersist import api
+
+    record: dict[str, Any] = {}
+    with api.phase(PHASE):
+        for name, ca in live():
+            _check_v2(name, ca)
+            inputs = [(int(p), int(n)) for p, n in ca._graph_inputs]
+            first = int(ca._graph_counter)
+            if inputs:
+                ca._register_graph_inputs()
+            record[name] = {"first_row": first, "inputs": inputs}
+    for name, ca in live():
+        rows = record[name]
+        if rows["inputs"]:
+            api.declare_state(f"{PHASE}.{name}.graph_params", _state_rows(ca, rows["first_row"], len(rows["inputs"])),
+                              how="recreated")  # fmt: skip
+    sess.notes[PHASE] = record
+    total = sum(len(r["inputs"]) for r in record.values())
+    sess.log("custom all-reduce: %d graph inputs registered (%s)", total, ", ".join(record) or "none")
+
+
+def _check_v2(name: str, ca: Any) -> None:
+    if not hasattr(ca, "_graph_inputs") or not hasattr(ca, "_register_graph_inputs"):
+        raise PersistError(
+            f"graphpersist: the {name} group's custom all-reduce is {type(ca).__name__}, not CustomAllReduceV2: "
+            "persistence supports only v2 (unset SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2) or --disable-custom-all-reduce"
+        )
+
+
+def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
+    """LOAD: re-run each communicator's registration with SAVE's inputs, in the same phase; declare its rows."""
+    saved: dict[str, Any] = notes.get(PHASE) or {}
+    found = dict(live())
+    if set(saved) != set(found):
+        raise PersistError(
+            "graphpersist: custom all-reduce differs: SAVE registered graph inputs for groups "
+            f"{sorted(saved) or 'none'}, this LOAD has communicators for {sorted(found) or 'none'}. Re-run with "
+            "mode=save for this configuration."
+        )
+    from graphpersist import api
+
+    with api.phase(PHASE):
+        for name, rec in saved.items():
+            ca = found[name]
+            _check_v2(name, ca)
+            if ca._graph_inputs or ca._graph_counter:
+                raise PersistError(f"graphpersist: the {name} custom all-reduce already holds graph inputs at LOAD "
+                                   "(something captured): refused")  # fmt: skip
+            inputs = [(int(p), int(n)) for p, n in rec["inputs"]]
+            if not inputs:
+                continue
+            ca._graph_counter = int(rec["first_row"])
+            ca._graph_inputs = list(inputs)
+            ca._register_graph_inputs()
+    total = 0
+    for name, rec in saved.items():
+        if rec["inputs"]:
+            total += len(rec["inputs"])
+            api.declare_state(f"{PHASE}.{name}.graph_params",
+                              _state_rows(found[name], int(rec["first_row"]), len(rec["inputs"])),
+                              how="recreated")  # fmt: skip
+    sess.log("custom all-reduce: %d graph inputs registered again (%s)", total, ", ".join(saved) or "none")

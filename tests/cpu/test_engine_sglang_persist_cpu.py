@@ -1,0 +1,662 @@
+"""SGLang's persistence glue (overlays/sglang/sglang/srt/graphpersist_*.py), checked on CPU without SGLang or torch.
+
+The pinned SGLang wheel is CPython 3.12 only and imports torch everywhere, so these tests (1) import the overlay
+modules as `sglang.srt.*` from the overlay folder (they import nothing of SGLang or torch at module level) and run
+them against stand-ins: refusals and their messages, the memory-pool budget, the archive's SGLang facts through the
+runtime's validator, what each hook does with persistence off, the capture and install bookkeeping; and (2) read
+the pristine pinned upstream tree (tests marked network: the build cache holds it) to prove that every attribute
+the refusals read is a ServerArgs field, that the patched files are upstream's plus the hooks only, and that the
+functions the overlays call exist there. What this does NOT prove: that a GPU SAVE and LOAD restore every graph
+and give identical outputs (the recipe's proof on the GPU host does).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import logging
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from archive_fixtures import live_for, write_archive
+
+from graphpersist import switch
+from graphpersist.archive import open_archive
+from graphpersist.errors import PersistError
+from graphpersist.validate import evaluate
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
+MODULES = ("session", "facts", "capture", "customar", "caches", "engine", "switch")
+GiB = 1 << 30
+
+
+@pytest.fixture
+def srt(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The overlay modules imported as `sglang.srt.graphpersist_*` from the overlay folder (no SGLang installed)."""
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    sglang = ModuleType("sglang")
+    sglang.__path__ = [str(OVERLAY_SRT.parent)]
+    srt_pkg = ModuleType("sglang.srt")
+    srt_pkg.__path__ = [str(OVERLAY_SRT)]
+    monkeypatch.setitem(sys.modules, "sglang", sglang)
+    monkeypatch.setitem(sys.modules, "sglang.srt", srt_pkg)
+    monkeypatch.delenv(switch.MODE_ENV, raising=False)
+    mods = {m: importlib.import_module(f"sglang.srt.graphpersist_{m}") for m in MODULES}
+    yield SimpleNamespace(**mods)
+    mods["session"]._session = None
+    for name in [m for m in sys.modules if m.startswith("sglang.")]:
+        sys.modules.pop(name, None)
+
+
+# ------------------------------------------------------------------------------------- stand-in server arguments
+
+
+@dataclass
+class Phase:
+    backend: str
+    bs: list[int] | None = None
+
+
+@dataclass
+class GraphConfig:
+    decode: Phase = field(default_factory=lambda: Phase("full", [1, 2, 4, 8]))
+    prefill: Phase = field(default_factory=lambda: Phase("breakable", [16, 32, 64]))
+
+
+@dataclass
+class StandInServerArgs:
+    """The ServerArgs fields persistence reads, with the values a default TP=2 start on an H200 resolves to."""
+
+    model_path: str = "Qwen/Qwen3-8B"
+    tp_size: int = 2
+    pp_size: int = 1
+    dp_size: int = 1
+    nnodes: int = 1
+    ep_size: int = 1
+    dcp_size: int = 1
+    attn_cp_size: int = 1
+    enable_dp_attention: bool = False
+    speculative_algorithm: str | None = None
+    moe_a2a_backend: str = "none"
+    enable_lora: bool = False
+    enable_pdmux: bool = False
+    enable_two_batch_overlap: bool = False
+    enable_torch_compile: bool = False
+    enable_memory_saver: bool = False
+    forward_hooks: list[Any] | None = None
+    enable_symm_mem: bool = False
+    enable_torch_symm_mem: bool = False
+    enable_mscclpp: bool = False
+    enable_nccl_nvls: bool = False
+    enable_profile_cuda_graph: bool = False
+    debug_cuda_graph: bool = False
+    attention_backend: str | None = "fa3"
+    prefill_attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    cuda_graph_config: GraphConfig = field(default_factory=GraphConfig)
+    disable_custom_all_reduce: bool = False
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int = 8192
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    mem_fraction_static: float = 0.83
+    disable_cuda_graph_padding: bool = False
+    disable_overlap_schedule: bool = False
+    quantization: str | None = None
+    load_format: str = "dummy"
+    random_seed: int = 12345
+
+
+def test_the_default_tp2_start_is_supported(srt: SimpleNamespace) -> None:
+    srt.facts.refuse_unsupported(StandInServerArgs(), {})
+
+
+@pytest.mark.parametrize(
+    ("change", "names", "instead"),
+    [
+        ({"speculative_algorithm": "EAGLE"}, "speculative decoding (EAGLE)", "without --speculative-algorithm"),
+        ({"pp_size": 2}, "pipeline parallelism (--pp-size 2)", "tensor parallelism only"),
+        ({"enable_dp_attention": True}, "DP attention", "one engine per data-parallel rank"),
+        ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend deepep", "DeepEP is not persisted yet"),
+        ({"tp_size": 1}, "tensor parallelism 1", "--tp-size 2"),
+        ({"nnodes": 2}, "2 nodes", "single node"),
+        ({"enable_lora": True}, "LoRA", "without --enable-lora"),
+        ({"enable_pdmux": True}, "PD multiplexing", "without --enable-pdmux"),
+        ({"enable_torch_compile": True}, "torch.compile", "serve without it"),
+        ({"enable_torch_symm_mem": True}, "symmetric-memory", "--disable-custom-all-reduce"),
+        ({"attention_backend": "trtllm_mha"}, "attention backend trtllm_mha", "--attention-backend fa3"),
+        (
+            {"cuda_graph_config": GraphConfig(prefill=Phase("tc_piecewise", [16]))},
+            "'tc_piecewise' backend",
+            "--cuda-graph-backend-prefill disabled",
+        ),
+        (
+            {"cuda_graph_config": GraphConfig(decode=Phase("breakable", [1]))},
+            "decode CUDA graphs with the 'breakable' backend",
+            "'full'",
+        ),
+    ],
+)
+def test_unsupported_configuration_is_refused_naming_it_and_what_to_use(
+    srt: SimpleNamespace, change: dict[str, Any], names: str, instead: str
+) -> None:
+    with pytest.raises(srt.facts.Refused) as err:
+        srt.facts.refuse_unsupported(StandInServerArgs(**change), {})
+    message = str(err.value)
+    assert message.startswith("graphpersist: ") and "cannot be persisted" in message
+    assert names in message and instead in message
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"SGLANG_ENABLE_CUDA_GRAPH_DEDUP": "1"}, "SGLANG_ENABLE_CUDA_GRAPH_DEDUP=1"),
+        ({"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "true"}, "post-capture KV sizing"),
+        ({"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}, "memory saver"),
+        ({"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"}, "legacy custom all-reduce"),
+    ],
+)
+def test_environment_that_changes_the_capture_is_refused(srt: SimpleNamespace, env: dict[str, str], names: str) -> None:
+    with pytest.raises(srt.facts.Refused, match="cannot be persisted") as err:
+        srt.facts.refuse_unsupported(StandInServerArgs(), env)
+    assert names in str(err.value)
+
+
+def test_legacy_custom_all_reduce_is_fine_when_custom_all_reduce_is_off(srt: SimpleNamespace) -> None:
+    srt.facts.refuse_unsupported(
+        StandInServerArgs(disable_custom_all_reduce=True), {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"}
+    )
+
+
+@dataclass
+class StandInRunner:
+    is_hybrid_swa: bool = False
+    use_mla_backend: bool = False
+    is_multimodal: bool = False
+    is_generation: bool = True
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"is_hybrid_swa": True}, "hybrid sliding-window"),
+        ({"use_mla_backend": True}, "MLA"),
+        ({"is_generation": False}, "embedding or reward model"),
+    ],
+)
+def test_models_outside_the_dense_decoder_path_are_refused(
+    srt: SimpleNamespace, change: dict[str, bool], names: str
+) -> None:
+    with pytest.raises(srt.facts.Refused, match=names):
+        srt.facts.refuse_unsupported_model(StandInRunner(**change))
+
+
+# ----------------------------------------------------------------------------------------- the memory-pool budget
+
+
+def test_pool_budget_is_the_profile_rounded_down_to_a_gib(srt: SimpleNamespace) -> None:
+    assert srt.facts.pool_budget(37 * GiB + (123 << 20)) == 37 * GiB
+    cold, warm = 41 * GiB + (900 << 20), 41 * GiB + (870 << 20)  # a cold and a warm SAVE profile apart
+    assert srt.facts.pool_budget(cold) == srt.facts.pool_budget(warm) == 41 * GiB
+
+
+def test_pool_budget_below_a_gib_is_refused(srt: SimpleNamespace) -> None:
+    with pytest.raises(PersistError, match=r"leaves 512 MiB for the KV pool.*--mem-fraction-static"):
+        srt.facts.pool_budget(512 << 20)
+
+
+def test_pool_record_round_trips_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
+    config = SimpleNamespace(**{name: 0 for name in srt.facts.POOL_FIELDS})
+    config.max_total_num_tokens, config.mem_fraction_static = 123456, 0.83
+    record = srt.facts.pool_record(config, 40 * GiB)
+    assert srt.facts.saved_pool(record, tmp_path) == record
+    for bad in (None, {"budget_bytes": 0, "config": record["config"]}, {"budget_bytes": GiB, "config": {}}):
+        with pytest.raises(PersistError, match=r"records no memory-pool size.*Re-run with mode=save"):
+            srt.facts.saved_pool(bad, tmp_path)
+
+
+def test_load_refuses_a_pool_the_gpu_cannot_hold_now(srt: SimpleNamespace) -> None:
+    srt.facts.check_free_memory(40 * GiB, 41 * GiB, 140 * GiB)
+    with pytest.raises(PersistError, match=r"needs 40.00 GiB but only 12.00 GiB of 140.00 GiB are free"):
+        srt.facts.check_free_memory(40 * GiB, 12 * GiB, 140 * GiB)
+
+
+# ------------------------------------------------------------------------- the archive's SGLang facts, validated
+
+
+def test_load_refuses_an_archive_of_another_sglang_configuration_naming_every_fact(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    saved = srt.facts.config_flags(StandInServerArgs(), {})
+    root = write_archive(
+        tmp_path / "a", flags=saved, parallel={"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 1}
+    )
+    archive = open_archive(root)
+    same = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(), {}))
+    assert evaluate(archive, same, 0, skip_unknown=True).mismatches == []
+    other = StandInServerArgs(
+        attention_backend="flashinfer",
+        mem_fraction_static=0.7,
+        cuda_graph_config=GraphConfig(decode=Phase("full", [1, 2])),
+    )
+    live = live_for(0, flags=srt.facts.config_flags(other, {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}))
+    shown = {m.field: (m.saved, m.live) for m in evaluate(archive, live, 0, skip_unknown=True).mismatches}
+    assert shown == {
+        "flags.attention_backend": ("fa3", "flashinfer"),
+        "flags.mem_fraction_static": (0.83, 0.7),
+        "flags.cuda_graph_decode_bs": ([1, 2, 4, 8], [1, 2]),
+        "flags.custom_all_reduce_v2": (None, "1"),
+    }
+
+
+def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:
+    """SGLang draws a random seed per start when none is given: greedy graphs do not depend on it."""
+    assert srt.facts.config_flags(StandInServerArgs(random_seed=1), {}) == srt.facts.config_flags(
+        StandInServerArgs(random_seed=2), {}
+    )
+
+
+# ---------------------------------------------------------------------------- with persistence off: upstream's
+
+
+class Recorder:
+    """Stands for an upstream object: records the upstream method the hook calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def _resolve_memory_pool_config(self, pre: Any) -> str:
+        self.calls.append(("_resolve_memory_pool_config", (pre,)))
+        return "upstream's config"
+
+    def _register_graph_inputs(self) -> None:
+        self.calls.append(("_register_graph_inputs", ()))
+
+
+def test_hooks_do_what_upstream_does_with_persistence_off(srt: SimpleNamespace) -> None:
+    up = Recorder()
+    assert srt.engine.memory_pool_config(up, 77.5) == "upstream's config"
+    srt.customar.register_graph_inputs(up)
+    assert up.calls == [("_resolve_memory_pool_config", (77.5,)), ("_register_graph_inputs", ())]
+    assert srt.capture.defer(object()) is False
+    assert srt.engine.before_distributed(object()) is None  # touches nothing of the model runner
+    assert srt.engine.graphs(object()) is None
+    assert srt.capture.captured_full(object(), object(), object(), object()) is None
+    assert srt.capture.captured_breakable(object(), object(), object(), object()) is None
+    assert srt.capture.captured_break(len, (), {}, None) is None
+    assert srt.session.current() is None
+
+
+def test_switch_exports_the_interposer_and_pins_only_what_is_unset(
+    srt: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"NCCL_RUNTIME_CONNECT": "1"}  # the user's own value stays (a SAVE records it; LOAD must match it)
+    monkeypatch.setattr("os.environ", env)
+    with caplog.at_level(logging.INFO):
+        srt.switch.resolve_server_args(SimpleNamespace(graph_persist="save", graph_persist_dir=str(tmp_path)))
+    assert env[switch.MODE_ENV] == "save" and env[switch.DIR_ENV] == str(tmp_path)
+    assert "libgpinterpose" in env["LD_PRELOAD"] and env["GP_REGION_BASE"].startswith("0x")
+    assert env["NCCL_RUNTIME_CONNECT"] == "1"
+    assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) == (
+        "0",
+        "1",
+        "1",
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"graphpersist: mode=save dir={tmp_path} (from keyword graph_persist, keyword graph_persist_dir)",
+        "graphpersist: pinned for persistence: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
+        "NVSHMEM_DISABLE_NVLS=1",
+    ]
+
+
+def test_switch_off_exports_nothing(srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    env: dict[str, str] = {}
+    monkeypatch.setattr("os.environ", env)
+    assert not srt.switch.resolve_server_args(SimpleNamespace(graph_persist=None, graph_persist_dir=None)).enabled
+    assert env == {}
+
+
+# ------------------------------------------------------------------------- SAVE's bookkeeping and LOAD's install
+
+
+def standin_break_target(*args: Any, **kwargs: Any) -> None:
+    """A module-level break function, as SGLang's attention ops are."""
+
+
+class StandInOp:
+    """Like SGLang's CustomOpWrapper: an object that replaced the function it wraps at module level."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.op_func = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.op_func(*args, **kwargs)
+
+
+def standin_wrapped_op(*args: Any) -> None:
+    """Replaced at module level by a StandInOp (below)."""
+
+
+standin_wrapped_op = StandInOp(standin_wrapped_op)  # type: ignore[assignment]
+
+
+def test_break_functions_are_named_so_load_can_import_them_again(srt: SimpleNamespace) -> None:
+    here = __name__
+    assert srt.capture.callable_name(standin_break_target) == f"{here}:standin_break_target"
+    assert srt.capture.callable_name(standin_wrapped_op) == f"{here}:standin_wrapped_op"
+
+    def local_break() -> None: ...
+
+    with pytest.raises(PersistError, match=r"cannot be imported by its name.*--cuda-graph-backend-prefill disabled"):
+        srt.capture.callable_name(local_break)
+
+
+class StandInSaver:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, Any, int | None, str | None]] = []
+
+    def add(self, name: str, graph: Any, inputs: list[Any], outputs: Any, *, capture_size: Any, mode: Any) -> None:
+        self.added.append((name, outputs, capture_size, mode))
+
+
+class StandInGraph:
+    def __init__(self) -> None:
+        self.instantiated = False
+
+    def instantiate(self) -> None:
+        self.instantiated = True
+
+
+@dataclass(frozen=True)
+class Key:
+    size: int
+    stream_idx: int | None = None
+    variant_label: str | None = None
+
+
+def saving(srt: SimpleNamespace, tmp_path: Path) -> Any:
+    sess = srt.session.Session(switch.Mode.SAVE, tmp_path, 0, 2, saver=StandInSaver())
+    srt.session._session = sess
+    return sess
+
+
+def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    sess = saving(srt, tmp_path)
+    sess.capturing = "prefill"
+    bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph(), StandInGraph()], _break_fns=[object(), object()])
+    for layer in (0, 1):
+        srt.capture.captured_break(standin_break_target, (None, True, layer), {"key_value_num_tokens": None}, None)
+    srt.capture.captured_breakable(object(), Key(64), bg, ("rows",))
+    sess.capturing = "decode"
+    decode = StandInGraph()
+    srt.capture.captured_full(object(), Key(8), decode, {"logits": None})
+    assert [(n, s, m) for n, _, s, m in sess.saver.added] == [
+        ("prefill/64/000", 64, "prefill"),
+        ("prefill/64/001", 64, "prefill"),
+        ("prefill/64/002", 64, "prefill"),
+        ("decode/8", 8, "decode"),
+    ]
+    assert [o for _, o, _, _ in sess.saver.added] == [None, None, ("rows",), {"logits": None}]
+    assert all(g.instantiated for g in (*bg._segments, decode)), "keep_graph=True graphs are instantiated at SAVE"
+    breaks = sess.notes["prefill"]["prefill/64"]["breaks"]
+    assert [b["fn"] for b in breaks] == [f"{__name__}:standin_break_target"] * 2
+    assert breaks[1]["args"]["items"][2] == {"kind": "value", "value": 1}
+    assert sess.captured == 4 and sess.breaks == []
+
+
+def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path) -> None:
+    sess = saving(srt, tmp_path)
+    sess.capturing = "decode"
+    with pytest.raises(PersistError, match="stream or variant"):
+        srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
+    sess.capturing = "prefill"
+    with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
+        srt.capture.captured_breakable(
+            object(), Key(64), SimpleNamespace(_segments=[StandInGraph()] * 3, _break_fns=[object()]), None
+        )
+    with pytest.raises(PersistError, match=r"break .*args\[0\]: .*object is not a tensor"):
+        srt.capture.captured_break(standin_break_target, (object(),), {}, None)
+
+
+@dataclass
+class StandInBackend:
+    _graphs: dict[Any, Any] = field(default_factory=dict)
+    _outputs: dict[Any, Any] = field(default_factory=dict)
+    _capture_inputs: dict[Any, Any] = field(default_factory=dict)
+
+
+class StandInBreakable:
+    def __init__(self, deduped_cuda_graph: Any = None) -> None:
+        self._segments: list[Any] = []
+        self._break_fns: list[Any] = []
+
+
+@pytest.fixture
+def upstream_standins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-ins for the two SGLang modules install() imports (their real classes are pinned by hooks.toml)."""
+    shape_key = ModuleType("sglang.srt.model_executor.runner.shape_key")
+    shape_key.ShapeKey = Key  # type: ignore[attr-defined]
+    bcg = ModuleType("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph")
+    bcg.BreakableCUDAGraph = StandInBreakable  # type: ignore[attr-defined]
+    bcg._copy_output = lambda dst, src: src  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, shape_key.__name__, shape_key)
+    monkeypatch.setitem(sys.modules, bcg.__name__, bcg)
+
+
+def loaded(name: str) -> Any:
+    return SimpleNamespace(name=name, outputs=f"outputs of {name}")
+
+
+def test_load_installs_every_graph_where_the_runners_replay_it(srt: SimpleNamespace, upstream_standins: None) -> None:
+    calls: list[Any] = []
+
+    def recorded_op(*args: Any, **kwargs: Any) -> None:
+        calls.append((args, kwargs))
+
+    sys.modules[__name__].recorded_op = recorded_op  # type: ignore[attr-defined]
+    record = {
+        "fn": f"{__name__}:recorded_op",
+        "args": {"kind": "tuple", "items": [{"kind": "value", "value": True}, {"kind": "value", "value": 3}]},
+        "kwargs": {"kind": "dict", "keys": ["key_value_num_tokens"], "items": [{"kind": "value", "value": None}]},
+        "output": {"kind": "value", "value": None},
+    }
+    notes = {
+        "decode": {"decode/1": {"size": 1}, "decode/2": {"size": 2}},
+        "prefill": {"prefill/16": {"size": 16, "segments": 2, "breaks": [record]}},
+    }
+    result = {n: loaded(n) for n in ("decode/1", "decode/2", "prefill/16/000", "prefill/16/001")}
+    decode = SimpleNamespace(capture_bs=[1, 2], backend=StandInBackend())
+    prefill = SimpleNamespace(capture_num_tokens=[16], backend=StandInBackend())
+    assert srt.capture.install({"decode": decode, "prefill": prefill}, result, notes) == 4
+    assert decode.backend._graphs == {Key(1): result["decode/1"], Key(2): result["decode/2"]}
+    assert decode.backend._outputs[Key(2)] == "outputs of decode/2"
+    bg = prefill.backend._graphs[Key(16)]
+    assert bg._segments == [result["prefill/16/000"], result["prefill/16/001"]]
+    assert prefill.backend._outputs[Key(16)] == "outputs of prefill/16/001"
+    bg._break_fns[0]()
+    assert calls == [((True, 3), {"key_value_num_tokens": None})]
+
+
+@pytest.mark.parametrize(
+    ("decode_sizes", "prefill_sizes", "message"),
+    [
+        ([1, 2, 4], [16], r"decode graphs differ: not in the archive \['decode/4'\], saved but not captured .*none"),
+        ([1, 2], [16, 32], r"prefill graphs differ: not in the archive \['prefill/32'\]"),
+    ],
+)
+def test_load_refuses_an_inventory_that_differs(
+    srt: SimpleNamespace, upstream_standins: None, decode_sizes: list[int], prefill_sizes: list[int], message: str
+) -> None:
+    notes = {"decode": {"decode/1": {"size": 1}, "decode/2": {"size": 2}},
+             "prefill": {"prefill/16": {"size": 16, "segments": 1, "breaks": []}}}  # fmt: skip
+    runners = {
+        "decode": SimpleNamespace(capture_bs=decode_sizes, backend=StandInBackend()),
+        "prefill": SimpleNamespace(capture_num_tokens=prefill_sizes, backend=StandInBackend()),
+    }
+    with pytest.raises(PersistError, match=message):
+        srt.capture.install(runners, {}, notes)
+
+
+def test_load_refuses_a_custom_all_reduce_other_than_saves(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sess = srt.session.Session(switch.Mode.LOAD, Path("/nowhere"), 0, 2)
+    monkeypatch.setattr(srt.customar, "live", lambda: [])
+    notes = {"custom_all_reduce": {"tp": {"first_row": 0, "inputs": [[0x7E0000000000, 4096]]}}}
+    with pytest.raises(PersistError, match=r"SAVE registered graph inputs for groups \['tp'\].*communicators for none"):
+        srt.customar.restore_registration(sess, notes)
+
+
+# ------------------------------------------------------------------------------------ against the pinned upstream
+
+
+SA_READ = {"sa", "server_args"}
+
+
+def _fields_read(module: Path) -> set[str]:
+    """Every `sa.<name>` / `server_args.<name>` attribute the module reads."""
+    tree = ast.parse(module.read_text())
+    return {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in SA_READ
+    }
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
+    upstream_tree: Callable[[str], Path],
+) -> None:
+    tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    read = _fields_read(OVERLAY_SRT / "graphpersist_facts.py") | _fields_read(OVERLAY_SRT / "graphpersist_engine.py")
+    read -= {"graph_persist", "graph_persist_dir"}  # added by patch 0001
+    assert read and read <= fields, f"not ServerArgs fields in 0.5.17: {sorted(read - fields)}"
+    stand_in = set(StandInServerArgs.__dataclass_fields__)
+    assert read <= stand_in, f"the stand-in lacks {sorted(read - stand_in)}"
+
+
+# What each patch adds, and how to take it out again: the patched tree minus these is upstream's, AST for AST.
+REVERSIONS = {
+    "graphpersist_capture.new_graph()": "torch.cuda.CUDAGraph()",
+    "graph_cls() if _is_xpu else graphpersist_capture.new_graph()": "graph_cls()",
+    "memory_pool_config(self, pre_model_load_memory)": "self._resolve_memory_pool_config(pre_model_load_memory)",
+    "graphpersist_customar.register_graph_inputs(self)": "self._register_graph_inputs()",
+}
+
+
+class _Revert(ast.NodeTransformer):
+    """Takes the graph-persistence hooks out of a patched module: imports, calls, deferrals, substitutions."""
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.imported: set[str] = set()  # names imported from the overlays (`from sglang.srt.graphpersist_x import f`)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> Any:
+        if "graphpersist" in ast.unparse(node):
+            self.removed.append(ast.unparse(node))
+            self.imported |= {a.asname or a.name for a in node.names}
+            return None
+        return node
+
+    def visit_Expr(self, node: ast.Expr) -> Any:
+        text = ast.unparse(node)
+        if text in REVERSIONS:
+            return self.generic_visit(node)
+        call = node.value
+        if isinstance(call, ast.Call) and (
+            "graphpersist" in ast.unparse(call.func)
+            or (isinstance(call.func, ast.Name) and call.func.id in self.imported)
+        ):
+            self.removed.append(text)
+            return None
+        return self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> Any:
+        test = ast.unparse(node.test)
+        if "graphpersist_capture.defer(self)" not in test:
+            return self.generic_visit(node)
+        self.removed.append(f"if {test}")
+        if test.startswith("not "):
+            return node.body  # `if not defer(self): self.capture()` -> `self.capture()`
+        return None  # `if defer(self): return`
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr) and ast.unparse(value) in REVERSIONS:
+                self.removed.append(ast.unparse(value))
+                setattr(node, name, ast.parse(REVERSIONS[ast.unparse(value)], mode="eval").body)
+        return super().generic_visit(node)
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_patched_files_are_upstream_plus_the_hooks_only(
+    upstream_tree: Callable[[str], Path], repo_root: Path, tmp_path: Path
+) -> None:
+    from gptools import apply as gpapply
+    from gptools import series as gpseries
+
+    patches_dir = repo_root / "patches" / "sglang"
+    names = [n for n in gpseries.read_series(patches_dir).names if not n.startswith("0001-")]  # 0001: its own test
+    patches = [gpseries.read_patch(patches_dir / n) for n in names]
+    pristine = upstream_tree("sglang")
+    touched = sorted(gpapply.touched_paths(patches))
+    for rel in touched:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pristine / rel, tmp_path / rel)
+    for patch in patches:
+        gpapply.apply_patch(tmp_path, patch)
+    removed_all: list[str] = []
+    for rel in touched:
+        reverter = _Revert()
+        reverted = ast.fix_missing_locations(reverter.visit(ast.parse((tmp_path / rel).read_text())))
+        assert reverter.removed, f"{rel}: no hook found in the patched file"
+        removed_all += reverter.removed
+        assert ast.dump(reverted) == ast.dump(ast.parse((pristine / rel).read_text())), (
+            f"{rel}: with the hooks taken out the patched file is not upstream's"
+        )
+    assert len(touched) == 9
+    assert sum("import" in r for r in removed_all) == 9 and sum("defer" in r for r in removed_all) == 2
+
+
+PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
+
+
+@pytest.mark.skipif(not PY312.exists(), reason=f"{PY312} not found: the 3.12 compile check is NOT RUN")
+def test_the_built_wheel_carries_every_overlay_and_patched_file_compiling_with_python_312(
+    dist_dir: Path, repo_root: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import zipfile
+
+    from gptools import apply as gpapply
+    from gptools import series as gpseries
+
+    patches_dir = repo_root / "patches" / "sglang"
+    patched = gpapply.touched_paths(
+        [gpseries.read_patch(patches_dir / n) for n in gpseries.read_series(patches_dir).names]
+    )
+    overlays = {f"sglang/srt/{p.name}" for p in OVERLAY_SRT.glob("graphpersist_*.py")}
+    assert len(overlays) == len(MODULES)
+    [wheel] = sorted(dist_dir.glob("sglang-0.5.17+gp.*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        for name in sorted(patched | overlays):
+            zf.extract(name, tmp_path)
+    for name in overlays:  # the wheel carries the overlay as it is in the repository
+        assert (tmp_path / name).read_bytes() == (OVERLAY_SRT / Path(name).name).read_bytes()
+    files = [str(tmp_path / n) for n in sorted(patched | overlays)]
+    proc = subprocess.run([str(PY312), "-m", "py_compile", *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
