@@ -338,3 +338,14 @@ def test_every_recipe_moves_every_sglang_jit_cache(recipe: str) -> None:
     cache_env = set(tomllib.loads((RECIPES / recipe / "proof.toml").read_text())["cache_env"])
     assert {"TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "TRITON_CACHE_DIR",
             "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME", "HOME"} <= cache_env  # fmt: skip
+
+
+def test_the_sglang_recipes_can_share_one_out() -> None:
+    """engine-proof.sh runs the three recipes into one --out (one warm cache): no run or archive name may repeat."""
+    runs, archives = [], set()
+    for recipe in VARIANTS:
+        toml = tomllib.loads((RECIPES / recipe / "proof.toml").read_text())
+        runs += [r["name"] for r in toml["run"]]
+        archives.add(frozenset(r["archive"] for r in toml["run"] if "archive" in r))
+    assert len(runs) == len(set(runs)) == 18
+    assert len(archives) == 3 and not set.intersection(*map(set, archives))
