@@ -349,8 +349,3 @@ def test_the_sglang_recipes_can_share_one_out() -> None:
         archives.add(frozenset(r["archive"] for r in toml["run"] if "archive" in r))
     assert len(runs) == len(set(runs)) == 18
     assert len(archives) == 3 and not set.intersection(*map(set, archives))
-
-
-def test_the_symm_opt_in_is_the_one_the_overlay_reads() -> None:
-    overlay = REPO / "overlays" / "sglang" / "sglang" / "srt" / "graphpersist_symm_multicast.py"
-    assert f'"{driver.SYMM_MEM_NO_MULTICAST_ENV}"' in overlay.read_text()

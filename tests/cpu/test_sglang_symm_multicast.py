@@ -103,6 +103,11 @@ def test_the_archive_pins_the_opt_in() -> None:
     assert symm.ENV in PINNED_ENV
 
 
+def test_the_symm_recipe_quotes_the_line_the_overlay_logs() -> None:
+    readme = (REPO / "recipes" / "sglang-qwen3-8b-tp2-symm" / "README.md").read_text()
+    assert symm.decide(2, 9, MULTIMEM, inkling_custom_ar=False).describe() in readme
+
+
 def test_the_symm_recipe_sets_the_variable_the_overlay_reads() -> None:
     driver = (REPO / "recipes" / "sglang-qwen3-8b-tp2" / "driver.py").read_text()
     assert f'SYMM_MEM_NO_MULTICAST_ENV = "{symm.ENV}"' in driver
