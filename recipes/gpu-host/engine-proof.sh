@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # Runs an engine recipe's proof ON the GPU host, from the repository copy the device tool provides.
 #   RECIPE=vllm-qwen3-8b-tp2 RUNS=save,load bash recipes/gpu-host/engine-proof.sh
-# Installs the bundle from $BUNDLE_DIR (default /root/gpbundle, every part appended there by earlier calls) into
-# $SITE once, then runs `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a
-# later call can run the remaining runs and re-check all of them) and copies the report and a tarball of every run's
-# log, stats and result to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks
-# (stacksample/sitecustomize.py; read them with stacksample/stackview.py) into $OUT/proof/stacks.tgz.
+# The engine is the recipe name's first word (vllm-..., sglang-...; ENGINE= overrides it). Installs that engine's
+# bundle from $BUNDLE_DIR (default /root/gpbundle-<engine>, every part appended there by earlier calls) into $SITE
+# (default /root/gpsite-<engine>: a vLLM and an SGLang install live side by side on one warm host) once, then runs
+# `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a later call can run the
+# remaining runs and re-check all of them) and copies the report and a tarball of every run's log, stats and result
+# to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks (stacksample/sitecustomize.py; read them
+# with stacksample/stackview.py) into $OUT/proof/stacks.tgz.
 # REFRESH=1 (debugging only) copies the repository's overlays over the installed ones first, so a Python-only change
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail
-SITE=${SITE:-/root/gpsite}
-BUNDLE_DIR=${BUNDLE_DIR:-/root/gpbundle}
-PROOF_OUT=${PROOF_OUT:-/root/proof-${RECIPE:?set RECIPE}}
+RECIPE=${RECIPE:?set RECIPE (a folder under recipes/)}
+ENGINE=${ENGINE:-${RECIPE%%-*}}
+case $ENGINE in
+  vllm | sglang) ;;
+  *) echo "engine-proof: cannot tell the engine of recipe $RECIPE (got '$ENGINE'): set ENGINE=vllm or ENGINE=sglang" >&2; exit 2 ;;
+esac
+SITE=${SITE:-/root/gpsite-$ENGINE}
+BUNDLE_DIR=${BUNDLE_DIR:-/root/gpbundle-$ENGINE}
+PROOF_OUT=${PROOF_OUT:-/root/proof-$RECIPE}
 OUT=${OUT:-/tmp/engine-proof}
-if [[ ! -d $SITE/graphpersist ]]; then
-  echo "engine-proof: installing the bundle from $BUNDLE_DIR into $SITE"
+if [[ ! -d $SITE/graphpersist || ! -d $SITE/$ENGINE ]]; then
+  echo "engine-proof: installing the $ENGINE bundle from $BUNDLE_DIR into $SITE"
   bash "$BUNDLE_DIR/install.sh" --target "$SITE" -- --no-compile 2>&1 | tail -3 || exit 1
+  if [[ ! -d $SITE/$ENGINE ]]; then
+    echo "engine-proof: $SITE has no $ENGINE after the install: is $BUNDLE_DIR the $ENGINE bundle (gpbundle-$ENGINE.*)?" >&2
+    exit 1
+  fi
 fi
 if [[ ${REFRESH:-0} == 1 ]]; then
   echo "engine-proof: REFRESH=1: overlays copied over the installed ones (not for committed reports)"
-  for engine in vllm sglang; do
-    [[ -d $SITE/$engine ]] && cp overlays/$engine/$engine/graphpersist_*.py "$SITE/$engine/"
-  done
+  cp -r "overlays/$ENGINE/$ENGINE/." "$SITE/$ENGINE/"   # overlays are whole modules: a tree copied onto the package
   cp -r overlays/graphpersist/graphpersist/. "$SITE/graphpersist/"
 fi
 export PYTHONPATH=$SITE:$PWD/tools

@@ -244,6 +244,7 @@ def test_every_nccl_setting_that_differs_at_load_is_refused(archive, name):
         ("NCCL_PROTO", "Simple", "LL128"),
         ("NCCL_RUNTIME_CONNECT", "0", "1"),
         ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", None),
+        ("GRAPHPERSIST_SYMM_MEM_NO_MULTICAST", "1", None),
         ("TORCH_SYMMMEM", "CUDA", "NVSHMEM"),
         ("NVSHMEM_DISABLE_NVLS", "1", "0"),
         ("CUDA_VISIBLE_DEVICES", "0,1", "1,0"),

@@ -1,0 +1,329 @@
+"""One SGLang start of the proof: sglang.Engine(...) in the given persistence mode, the workloads, then result.json.
+
+The proof runner (`python -m gptools prove`, see proof.toml) starts this once per run as its own process group:
+`python driver.py --run NAME --mode off|save|load [--archive DIR] --result FILE [--tp N] [--disable-cuda-graph]
+[--disable-custom-all-reduce] [--enable-torch-symm-mem]`. Without `--model DIR` it writes a Qwen3-8B `config.json`
+next to the run folders (one path for every run: the model path is part of the configuration LOAD compares), loads
+dummy weights and no tokenizer (prompts are token ids): what runs on the GPU host. `--model` takes a real checkpoint.
+
+The model config, the prompts and the workloads are the vLLM recipe's (recipes/vllm-qwen3-8b-tp2/driver.py, loaded
+from its file), so both engines answer the same requests: sequential prompts one at a time; a concurrent batch; an
+"oversize" batch with more requests than SGLang's largest decode graph (its decode runs without graphs); then time to
+first token on a long prompt and decode tokens/s at batch 1 and 32. Start-up is Engine()'s wall time; importing
+sglang and its Engine module comes before the clock and is reported apart (`import_sglang_s`).
+
+Phases use the vLLM driver's vocabulary and add up to the start-up time. They come from SGLang's own summary line
+("Engine startup timings (s): load_weight=..., kv_cache_allocation=..., scheduler_e2e=..., cuda_graph={...}"),
+split further by the runtime's per-rank stats when persistence is on: `start` is everything before the scheduler
+processes begin their set-up (ServerArgs, spawning and importing), `rest_of_init` the schedulers' set-up besides
+weights, KV cache and graphs (distributed init with NCCL and custom all-reduce, attention backends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+
+from gptools import proofkit  # noqa: E402  (stdlib only; the runner's helper for drivers)
+
+
+def _vllm_recipe() -> ModuleType:
+    """The vLLM recipe's driver, for its model config, prompts and helpers (it imports no engine at module level)."""
+    path = HERE.parent / "vllm-qwen3-8b-tp2" / "driver.py"
+    spec = importlib.util.spec_from_file_location("vllm_qwen3_8b_tp2_driver", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the vLLM recipe's driver from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shared = _vllm_recipe()
+QWEN3_8B: dict[str, Any] = shared.QWEN3_8B
+GEN: int = shared.GEN
+prompt = shared.prompt
+write_model = shared.write_model
+timed = shared.timed
+
+CONTEXT_LENGTH = 4096
+OVERSIZE_REQUESTS = 300  # > 256, SGLang's largest decode graph on an H200 at TP < 4 (checked against the engine)
+DECODE_TOKENS = 256
+# The opt-in of patch 0009 (sglang/srt/graphpersist_symm_multicast.py): torch symmetric memory's two-shot all-reduce
+# on a host without multicast. Set for every run of a recipe, persistence off included, so all runs reduce alike.
+SYMM_MEM_NO_MULTICAST_ENV = "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"
+ENGINE_FLAGS = ("disable_cuda_graph", "disable_custom_all_reduce", "enable_torch_symm_mem")  # Engine(flag=True)
+
+# SGLang's one summary line (main process), printed once every scheduler reported ready.
+STARTUP_LINE = re.compile(
+    r"Engine startup timings \(s\): load_weight=([\d.]+), kv_cache_allocation=([\d.]+), "
+    r"scheduler_e2e=([\d.]+), cuda_graph=\{([^}]*)\}"
+)
+# Per-rank lines, for a log without the summary (a start that failed before it): weights and graph capture.
+WEIGHTS_LINE = re.compile(r"Load weight end\. elapsed=([\d.]+) s")
+CAPTURE_LINE = re.compile(r"Capture (?:target|draft) (\w+) (?:\w+ )?graph end\. elapsed=([\d.]+) s")
+
+
+def engine_kwargs(a: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """The keywords of sglang.Engine(...) for a run. Flags are passed only when set, so a run without them is
+    SGLang's own default configuration (some of its fields resolve differently when given explicitly)."""
+    kwargs: dict[str, Any] = {
+        "model_path": str(model_dir),
+        "tp_size": a.tp,
+        "mem_fraction_static": a.mem_fraction_static,
+        "context_length": CONTEXT_LENGTH,
+        "random_seed": 0,
+        "log_level": "info",  # Engine's default ("error") hides the lines the phases are read from
+        "graph_persist": a.mode,
+        "graph_persist_dir": a.archive,
+    }
+    if not a.model:
+        kwargs |= {"load_format": "dummy", "skip_tokenizer_init": True}
+    for flag in ENGINE_FLAGS:
+        if getattr(a, flag):
+            kwargs[flag] = True
+    return kwargs
+
+
+def model_dir(a: argparse.Namespace) -> Path:
+    """The checkpoint (`--model`) or the dummy model's folder, shared by every run of the proof's --out."""
+    if a.model:
+        return Path(a.model)
+    return write_model(Path(a.result).resolve().parent.parent / "qwen3-8b-dummy")
+
+
+def sampling(max_tokens: int) -> dict[str, Any]:
+    """Greedy, a fixed number of tokens whatever the model emits."""
+    return {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
+
+
+def token_ids(outputs: Any, expected: int, max_tokens: int) -> list[list[int]]:
+    """The generated token ids of a batch answer, in request order; refuses an answer of another shape, so a
+    truncated or missing output fails the run instead of comparing as a shorter sequence."""
+    if not isinstance(outputs, list) or len(outputs) != expected:
+        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+        raise ValueError(f"expected {expected} outputs, got {got}")
+    ids = []
+    for i, out in enumerate(outputs):
+        seq = out.get("output_ids") if isinstance(out, dict) else None
+        if not isinstance(seq, list) or len(seq) != max_tokens:
+            size = len(seq) if isinstance(seq, list) else "no output_ids"
+            raise ValueError(f"output {i}: expected {max_tokens} token ids, got {size}")
+        ids.append([int(t) for t in seq])
+    return ids
+
+
+def generate(engine: Any, prompts: list[list[int]], max_tokens: int = GEN) -> list[list[int]]:
+    outputs = engine.generate(input_ids=prompts, sampling_params=sampling(max_tokens))
+    return token_ids(outputs, len(prompts), max_tokens)
+
+
+def log_phases(text: str) -> dict[str, float]:
+    """SGLang's own start-up timings found in a log: the summary line's (slowest scheduler) when it is there,
+    else the slowest rank's weight and capture lines. Keys: weights, kv_cache, scheduler, graphs (seconds)."""
+    found = STARTUP_LINE.findall(text)
+    if found:
+        weights, kv, scheduler, graphs = found[-1]
+        per_phase = [float(v) for _, v in re.findall(r"(\w+)=([\d.]+)", graphs)]
+        return {"weights": float(weights), "kv_cache": float(kv), "scheduler": float(scheduler),
+                "graphs": sum(per_phase)}  # fmt: skip
+    phases: dict[str, float] = {}
+    if weights_found := WEIGHTS_LINE.findall(text):
+        phases["weights"] = max(map(float, weights_found))
+    captures: dict[str, float] = {}
+    for kind, seconds in CAPTURE_LINE.findall(text):
+        captures[kind] = max(captures.get(kind, 0.0), float(seconds))
+    if captures:
+        phases["graphs"] = sum(captures.values())
+    return phases
+
+
+def slowest(stats: list[dict[str, Any]], name: str) -> float:
+    """A persistence phase's time on the slowest rank (0.0 where no rank reported it)."""
+    return max((float(s.get("phases", {}).get(name, 0.0)) for s in stats), default=0.0)
+
+
+def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]]) -> dict[str, float]:
+    """The vLLM driver's vocabulary, adding up to the start-up time: start | weights | profile | kv_warmup |
+    graphs (capture or restore) | save | rest_of_init. With persistence on, graphs, save, profile and warm-up are
+    the runtime's per-rank numbers (slowest rank); SGLang's graph time then holds them and is not counted twice."""
+    scheduler = log.get("scheduler")
+    if scheduler is None:  # the summary line is missing: only what the runtime measured
+        return {k: v for s in stats[:1] for k, v in s.get("phases", {}).items()}
+    weights = log.get("weights", 0.0)
+    if stats:
+        profile, save = slowest(stats, "profile"), slowest(stats, "save")
+        graphs = slowest(stats, "capture") + slowest(stats, "restore")
+        kv_warmup = max(log.get("kv_cache", 0.0), slowest(stats, "kv_cache")) + slowest(stats, "warmup")
+    else:
+        profile, save, graphs, kv_warmup = 0.0, 0.0, log.get("graphs", 0.0), log.get("kv_cache", 0.0)
+    phases = {
+        "start": ready - scheduler,
+        "weights": weights,
+        "profile": profile,
+        "kv_warmup": kv_warmup,
+        "graphs": graphs,
+        "save": save,
+        "rest_of_init": scheduler - weights - profile - kv_warmup - graphs - save,
+    }
+    return {k: round(v, 3) for k, v in phases.items()}
+
+
+def graph_inventory(server_args: Any) -> dict[str, Any]:
+    """The largest decode batch and prefill size SGLang captures graphs for (None where it cannot be read)."""
+    config = getattr(server_args, "cuda_graph_config", None)
+    decode, prefill = getattr(config, "decode", None), getattr(config, "prefill", None)
+    return {"decode_max_bs": getattr(decode, "max_bs", None), "prefill_max_tokens": getattr(prefill, "max_bs", None)}
+
+
+def check_oversize(requests: int, inventory: dict[str, Any]) -> None:
+    """The oversize workload must be larger than the decode graphs, or it proves nothing about running past them."""
+    largest = inventory.get("decode_max_bs")
+    if isinstance(largest, int) and requests <= largest:
+        raise ValueError(
+            f"the oversize batch ({requests} requests) is not larger than the largest decode graph ({largest}): "
+            "raise OVERSIZE_REQUESTS in driver.py"
+        )
+
+
+def rank_stats() -> list[dict[str, Any]]:
+    where = os.environ.get(proofkit.STATS_DIR_ENV)
+    return proofkit.read_stats(Path(where)) if where else []
+
+
+def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
+    """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them."""
+    roots = proofkit.cache_dirs()
+    named = set()
+    for path in (Path(p) for s in stats for p in s.get("jitcache_restored", [])):
+        for root in roots:
+            if path.is_relative_to(root):
+                named.add(str(Path(root.name) / path.relative_to(root)))
+    return named
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    t_import = time.perf_counter()
+    import sglang  # before the clock starts: start-up is Engine()'s wall time
+    from sglang.srt.entrypoints import engine as _engine_module  # noqa: F401  (sglang.Engine imports it lazily)
+
+    import_s = time.perf_counter() - t_import
+    kwargs = engine_kwargs(a, model_dir(a))
+    before = proofkit.cache_snapshot()
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**kwargs)
+    ready = time.perf_counter() - t0
+    after_start = proofkit.cache_snapshot()
+    print(f"driver: engine ready in {ready:.2f} s", flush=True)
+    inventory = graph_inventory(engine.server_args)
+    check_oversize(OVERSIZE_REQUESTS, inventory)
+
+    sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]
+    first, first_s = timed(generate, engine, sequential_prompts[:1])
+    after_first = proofkit.cache_snapshot()
+    sequential = first + [generate(engine, [p])[0] for p in sequential_prompts[1:]]
+    steady = [timed(generate, engine, sequential_prompts[:1])[1] for _ in range(3)]
+    concurrent = generate(engine, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
+    oversize = generate(engine, [prompt(200 + i, 40) for i in range(OVERSIZE_REQUESTS)] + [prompt(300, 1500)])
+
+    # Time to first token: a prompt of the same length first (shapes warm), then three others; each prompt is new,
+    # so SGLang's prefix cache cannot answer any of them.
+    generate(engine, [prompt(399, 3000)], 1)
+    ttft = statistics.median(timed(generate, engine, [prompt(400 + i, 3000)], 1)[1] for i in range(3))
+    _, b1 = timed(generate, engine, [prompt(500, 16)], DECODE_TOKENS)
+    _, b32 = timed(generate, engine, [prompt(600 + i, 16) for i in range(32)], DECODE_TOKENS)
+
+    stats = rank_stats()
+    log = Path(a.result).parent / "log.txt"
+    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
+    restored = restored_cache_files(stats)
+    new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
+    new_first = proofkit.new_files(after_start, after_first)
+
+    return {
+        "ok": True,
+        "error": None,
+        "start_to_ready_s": round(ready, 3),
+        "phases": phases,
+        "outputs": {"sequential": sequential, "concurrent": concurrent, "oversize": oversize},
+        "latency": {
+            "first_request_s": round(first_s, 4),
+            "steady_request_s": round(statistics.median(steady), 4),
+            "ttft_long_s": round(ttft, 4),
+            "decode_tps_b1": round(DECODE_TOKENS / b1, 1),
+            "decode_tps_b32": round(32 * DECODE_TOKENS / b32, 1),
+            "import_sglang_s": round(import_s, 2),
+        },
+        "jit": {
+            "new_cache_files_start": len(new_start),
+            "new_cache_files_first_request": len(new_first),
+            "examples": (new_start + new_first)[:10],
+        },
+        "engine": {"name": "sglang", "version": sglang.__version__},
+        "graph_inventory": inventory,
+        "graphpersist_stats": stats,
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="run name (for the logs)")
+    ap.add_argument("--mode", choices=proofkit.MODES, required=True)
+    ap.add_argument("--archive", help="archive directory (save/load)")
+    ap.add_argument("--result", required=True, help="where to write result.json")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
+    ap.add_argument("--model", help="a real checkpoint directory (default: dummy Qwen3-8B weights)")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.5, help="SGLang's mem_fraction_static (0.5)")
+    ap.add_argument("--disable-cuda-graph", action="store_true", help="no CUDA graphs (the eager comparison start)")
+    ap.add_argument(
+        "--disable-custom-all-reduce", action="store_true", help="all-reduce through NCCL only (no custom all-reduce)"
+    )
+    ap.add_argument(
+        "--enable-torch-symm-mem", action="store_true", help="SGLang's torch symmetric-memory all-reduce as well"
+    )
+    ap.add_argument(
+        "--symm-mem-no-multicast",
+        action="store_true",
+        help=f"let symmetric memory run its two-shot all-reduce without multicast ({SYMM_MEM_NO_MULTICAST_ENV}=1)",
+    )
+    a = ap.parse_args(argv)
+    if (a.archive is None) != (a.mode == "off"):
+        ap.error(f"--archive is {'needed' if a.archive is None else 'not allowed'} with --mode {a.mode}")
+    return a
+
+
+def main() -> int:
+    a = parse_args()
+    if a.symm_mem_no_multicast:  # before anything starts: SGLang's schedulers inherit the environment
+        os.environ[SYMM_MEM_NO_MULTICAST_ENV] = "1"
+    if a.mode != "off":  # as for vLLM: the engine's processes start where the interposer is already loaded
+        from graphpersist import region
+
+        region.reexec_with_interposer()
+    flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast") if getattr(a, f)) or "-"
+    print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} flags={flags}", flush=True)
+    try:
+        result = run(a)
+    except Exception as exc:  # the runner reports it; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    proofkit.write_result(Path(a.result), result)
+    print(f"driver: wrote {a.result}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # SGLang's and NCCL's teardown can hang after the results are written; the runner ends the group
+
+
+if __name__ == "__main__":  # SGLang starts its schedulers with spawn: they import this file again
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""recipes/gpu-host/engine-proof.sh on CPU: which engine's bundle it installs where, and what it runs.
+
+The script runs ON the GPU host; here a fake bundle (an install.sh that makes the packages' folders) and a fake
+`python3` first on PATH (it records its arguments instead of proving) stand in for the host, so what is checked is
+the script's own logic: the engine read from the recipe's name, one install folder per engine, the refusal of a
+bundle of the other engine, and REFRESH copying the engine's overlay tree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "recipes" / "gpu-host" / "engine-proof.sh"
+
+FAKE_INSTALL = """#!/usr/bin/env bash
+# install.sh --target DIR -- ...: a bundle of $BUNDLE_ENGINE
+while [[ $# -gt 0 ]]; do [[ $1 == --target ]] && target=$2; shift; done
+mkdir -p "$target/graphpersist" "$target/$BUNDLE_ENGINE"
+echo "install.sh: installed $BUNDLE_ENGINE into $target"
+"""
+FAKE_PYTHON = """#!/usr/bin/env bash
+printf '%s\\n' "$*" > "$PROVE_RECORD"
+printf '%s\\n' "$PYTHONPATH" >> "$PROVE_RECORD"
+"""
+
+
+def run_script(tmp_path: Path, recipe: str, bundle_engine: str = "sglang", **env: str) -> subprocess.CompletedProcess:
+    bundle, bin_dir = tmp_path / "bundle", tmp_path / "bin"
+    for folder, name, text in ((bundle, "install.sh", FAKE_INSTALL), (bin_dir, "python3", FAKE_PYTHON)):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    full = dict(os.environ, RECIPE=recipe, BUNDLE_DIR=str(bundle), SITE=str(tmp_path / "site"), OUT=str(tmp_path / "o"))
+    full |= {
+        "PROOF_OUT": str(tmp_path / "proof"),
+        "BUNDLE_ENGINE": bundle_engine,
+        "PROVE_RECORD": str(tmp_path / "rec"),
+    }
+    full["PATH"] = f"{bin_dir}{os.pathsep}{full['PATH']}"
+    full.update(env)
+    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=full, capture_output=True, text=True, timeout=60)
+
+
+def test_an_sglang_recipe_installs_the_sglang_bundle_and_proves_the_recipe(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "sglang-qwen3-8b-tp2", RUNS="save,load")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"installing the sglang bundle from {tmp_path / 'bundle'} into {tmp_path / 'site'}" in proc.stdout
+    command, pythonpath = (tmp_path / "rec").read_text().splitlines()
+    assert (
+        command
+        == f"-m gptools.prove recipes/sglang-qwen3-8b-tp2 --out {tmp_path / 'proof'} --runs save,load --keep-going"
+    )
+    assert pythonpath.split(os.pathsep)[:2] == [str(tmp_path / "site"), str(REPO / "tools")]
+
+
+def test_an_installed_site_is_not_installed_again(tmp_path: Path) -> None:
+    assert run_script(tmp_path, "sglang-qwen3-8b-tp2").returncode == 0
+    proc = run_script(tmp_path, "sglang-qwen3-8b-tp2-symm")
+    assert proc.returncode == 0 and "installing" not in proc.stdout
+
+
+def test_each_engine_gets_its_own_bundle_and_site_by_default(tmp_path: Path) -> None:
+    """Without SITE and BUNDLE_DIR the folders are named after the engine (the fake bundle is not there: it stops)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SITE", "BUNDLE_DIR")}
+    for recipe, engine in (("sglang-qwen3-8b-tp2", "sglang"), ("vllm-qwen3-8b-tp2", "vllm")):
+        run_env = dict(env, RECIPE=recipe, OUT=str(tmp_path / "o"), PROOF_OUT=str(tmp_path / "p"))
+        proc = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=run_env, capture_output=True, text=True, timeout=60)
+        assert f"installing the {engine} bundle from /root/gpbundle-{engine} into /root/gpsite-{engine}" in proc.stdout
+        assert proc.returncode == 1
+
+
+def test_a_bundle_of_the_other_engine_is_refused(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "sglang-qwen3-8b-tp2", bundle_engine="vllm")
+    assert proc.returncode == 1
+    assert "has no sglang after the install: is" in proc.stderr and "the sglang bundle" in proc.stderr
+    assert not (tmp_path / "rec").exists()
+
+
+@pytest.mark.parametrize(("recipe", "env"), [("runtime-tp2", {}), ("sglang-qwen3-8b-tp2", {"ENGINE": "deep_ep"})])
+def test_a_recipe_of_no_known_engine_is_misuse(tmp_path: Path, recipe: str, env: dict[str, str]) -> None:
+    proc = run_script(tmp_path, recipe, **env)
+    assert proc.returncode == 2
+    assert "set ENGINE=vllm or ENGINE=sglang" in proc.stderr
+
+
+def test_refresh_copies_the_engines_overlay_tree_and_the_runtime(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "sglang-qwen3-8b-tp2", REFRESH="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for overlay in (REPO / "overlays" / "sglang" / "sglang").rglob("*.py"):
+        copied = tmp_path / "site" / "sglang" / overlay.relative_to(REPO / "overlays" / "sglang" / "sglang")
+        assert copied.read_bytes() == overlay.read_bytes()
+    assert (tmp_path / "site" / "graphpersist" / "region.py").is_file()

@@ -1,0 +1,351 @@
+"""The SGLang proof driver (recipes/sglang-qwen3-8b-tp2, shared by its -nccl and -symm variants) on CPU.
+
+What needs no GPU: the driver's arguments, the Engine keywords each recipe's flags give, the model folder it writes,
+the answer shapes it accepts, the phases it reads from SGLang's log lines and the runtime's stats, and the whole
+committed proof.toml through `python -m gptools prove` with a fake `sglang` package standing in for SGLang (its
+Engine prints SGLang's summary line, writes per-rank stats and, in SAVE, an archive of the real format).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gptools.__main__ import main as gptools_main
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+DRIVER_PATH = RECIPES / "sglang-qwen3-8b-tp2" / "driver.py"
+VARIANTS = ("sglang-qwen3-8b-tp2", "sglang-qwen3-8b-tp2-nccl", "sglang-qwen3-8b-tp2-symm")
+
+
+def load_driver() -> ModuleType:
+    """The driver under a name of its own (the vLLM recipes' tests import another `driver`)."""
+    spec = importlib.util.spec_from_file_location("sglang_qwen3_8b_tp2_driver", DRIVER_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+driver = load_driver()
+
+SUMMARY = (
+    "[2026-11-30 12:00:10] Engine startup timings (s): load_weight=1.50, kv_cache_allocation=0.40, "
+    "scheduler_e2e=25.00, cuda_graph={prefill=13.60, decode=6.10, target_verify=0.00}, tokenizer_e2e=30.00"
+)
+
+
+def args(*extra: str, mode: str = "off", result: str = "/tmp/out/baseline/result.json") -> Any:
+    return driver.parse_args(["--run", "r", "--mode", mode, "--result", result, *extra])
+
+
+# ------------------------------------------------------------------------------------------- arguments
+
+
+def test_defaults_are_the_recipes_tp2_dummy_start() -> None:
+    a = args()
+    assert (a.tp, a.mem_fraction_static, a.model, a.archive) == (2, 0.5, None, None)
+    assert not (a.disable_cuda_graph or a.disable_custom_all_reduce or a.enable_torch_symm_mem)
+    assert not a.symm_mem_no_multicast
+
+
+@pytest.mark.parametrize(
+    ("mode", "archive", "message"),
+    [("save", None, "--archive is needed with --mode save"), ("off", "/a", "--archive is not allowed with --mode off")],
+)
+def test_an_archive_goes_with_save_and_load_only(
+    mode: str, archive: str | None, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        args(*(["--archive", archive] if archive else []), mode=mode)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_names_every_launch_flag() -> None:
+    proc = subprocess.run([sys.executable, str(DRIVER_PATH), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--disable-cuda-graph", "--disable-custom-all-reduce", "--enable-torch-symm-mem", "--model"):
+        assert flag in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------- Engine keywords
+
+
+def test_engine_keywords_of_a_dummy_start_leave_unset_flags_to_sglang(tmp_path: Path) -> None:
+    kwargs = driver.engine_kwargs(args("--archive", "/arch", mode="load"), tmp_path)
+    assert kwargs == {
+        "model_path": str(tmp_path),
+        "tp_size": 2,
+        "mem_fraction_static": 0.5,
+        "context_length": 4096,
+        "random_seed": 0,
+        "log_level": "info",
+        "graph_persist": "load",
+        "graph_persist_dir": "/arch",
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+    }
+
+
+def test_each_launch_flag_becomes_its_engine_keyword(tmp_path: Path) -> None:
+    for flag in driver.ENGINE_FLAGS:
+        kwargs = driver.engine_kwargs(args("--" + flag.replace("_", "-")), tmp_path)
+        assert kwargs[flag] is True
+        assert not {f for f in driver.ENGINE_FLAGS if f != flag} & set(kwargs)
+
+
+def test_a_real_checkpoint_loads_its_weights_and_tokenizer(tmp_path: Path) -> None:
+    kwargs = driver.engine_kwargs(args("--model", str(tmp_path), "--tp", "4"), tmp_path)
+    assert "load_format" not in kwargs and "skip_tokenizer_init" not in kwargs
+    assert (kwargs["model_path"], kwargs["tp_size"]) == (str(tmp_path), 4)
+
+
+def test_the_dummy_model_folder_is_one_qwen3_8b_config_beside_the_runs(tmp_path: Path) -> None:
+    first = driver.model_dir(args(result=str(tmp_path / "out" / "save" / "result.json")))
+    second = driver.model_dir(args(result=str(tmp_path / "out" / "load" / "result.json")))
+    assert first == second == tmp_path / "out" / "qwen3-8b-dummy"
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert (config["vocab_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (151936, 36, 8)
+
+
+def test_a_checkpoint_folder_is_used_as_given_and_not_written(tmp_path: Path) -> None:
+    assert driver.model_dir(args("--model", str(tmp_path / "ckpt"))) == tmp_path / "ckpt"
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_prompts_and_model_are_the_vllm_recipes() -> None:
+    spec = importlib.util.spec_from_file_location("vllm_recipe_for_test", RECIPES / "vllm-qwen3-8b-tp2" / "driver.py")
+    assert spec is not None and spec.loader is not None
+    vllm_driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vllm_driver)
+    assert driver.QWEN3_8B == vllm_driver.QWEN3_8B
+    assert driver.prompt(3, 50) == vllm_driver.prompt(3, 50)
+
+
+def test_greedy_sampling_with_a_fixed_length() -> None:
+    assert driver.sampling(7) == {"temperature": 0.0, "max_new_tokens": 7, "ignore_eos": True}
+
+
+# ------------------------------------------------------------------------------------------- answers
+
+
+def test_token_ids_keep_request_order() -> None:
+    outs = [{"output_ids": [1, 2], "text": ""}, {"output_ids": [3, 4]}]
+    assert driver.token_ids(outs, 2, 2) == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize(
+    ("outputs", "message"),
+    [
+        ([{"output_ids": [1, 2]}], "expected 2 outputs, got 1"),
+        ({"output_ids": [1, 2]}, "expected 2 outputs, got dict"),
+        ([{"output_ids": [1, 2]}, {"output_ids": [3]}], "output 1: expected 2 token ids, got 1"),
+        ([{"output_ids": [1, 2]}, {"text": "x"}], "output 1: expected 2 token ids, got no output_ids"),
+    ],
+)
+def test_an_answer_of_another_shape_fails_the_run(outputs: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        driver.token_ids(outputs, 2, 2)
+
+
+def test_the_oversize_batch_must_exceed_the_largest_decode_graph() -> None:
+    server_args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(max_bs=256),
+                                                                    prefill=SimpleNamespace(max_bs=8192)))  # fmt: skip
+    inventory = driver.graph_inventory(server_args)
+    assert inventory == {"decode_max_bs": 256, "prefill_max_tokens": 8192}
+    driver.check_oversize(driver.OVERSIZE_REQUESTS, inventory)
+    with pytest.raises(ValueError, match=r"300 requests\) is not larger than the largest decode graph \(512\)"):
+        driver.check_oversize(300, {"decode_max_bs": 512})
+    assert driver.graph_inventory(object()) == {"decode_max_bs": None, "prefill_max_tokens": None}
+    driver.check_oversize(1, {"decode_max_bs": None})  # unknown: the run goes on, the inventory says so
+
+
+# ------------------------------------------------------------------------------------------- phases
+
+
+def test_the_summary_line_gives_weights_kv_scheduler_and_every_graph_phase() -> None:
+    text = f"Load weight end. elapsed=9.99 s, type=Qwen3\n{SUMMARY}\n"
+    assert driver.log_phases(text) == {"weights": 1.5, "kv_cache": 0.4, "scheduler": 25.0, "graphs": 19.7}
+
+
+def test_without_the_summary_the_slowest_ranks_lines_are_read() -> None:
+    text = "\n".join([
+        "[TP0] Load weight end. elapsed=1.20 s, type=Qwen3ForCausalLM, avail mem=60.00 GB, mem usage=8.00 GB.",
+        "[TP1] Load weight end. elapsed=1.40 s, type=Qwen3ForCausalLM, avail mem=60.00 GB, mem usage=8.00 GB.",
+        "[TP0] Capture target prefill CUDA graph end. elapsed=13.00 s, mem usage=1.00 GB, avail mem=10.00 GB.",
+        "[TP1] Capture target prefill CUDA graph end. elapsed=13.50 s, mem usage=1.00 GB, avail mem=10.00 GB.",
+        "[TP0] Capture target decode CUDA graph end. elapsed=6.00 s, mem usage=1.00 GB, avail mem=9.00 GB.",
+    ])  # fmt: skip
+    assert driver.log_phases(text) == {"weights": 1.4, "graphs": 19.5}
+    assert driver.log_phases("nothing here") == {}
+
+
+def test_phases_of_an_upstream_start_add_up_to_its_start_up_time() -> None:
+    phases = driver.start_phases(30.0, driver.log_phases(SUMMARY), [])
+    assert phases == {"start": 5.0, "weights": 1.5, "profile": 0.0, "kv_warmup": 0.4, "graphs": 19.7, "save": 0.0,
+                      "rest_of_init": 3.4}  # fmt: skip
+    assert sum(phases.values()) == pytest.approx(30.0)
+
+
+def test_with_persistence_the_runtimes_slowest_rank_splits_graphs_and_save() -> None:
+    stats = [
+        {"rank": 0, "phases": {"capture": 5.0, "save": 7.0, "warmup": 0.2}},
+        {"rank": 1, "phases": {"capture": 5.5, "save": 6.0, "kv_cache": 0.1}},
+    ]
+    phases = driver.start_phases(30.0, driver.log_phases(SUMMARY), stats)
+    assert (phases["graphs"], phases["save"], phases["kv_warmup"]) == (5.5, 7.0, 0.6)
+    assert phases["rest_of_init"] == pytest.approx(25.0 - 1.5 - 0.6 - 5.5 - 7.0)
+    assert sum(phases.values()) == pytest.approx(30.0)
+
+
+def test_without_the_summary_only_the_runtimes_phases_are_reported() -> None:
+    stats = [{"rank": 0, "phases": {"restore": 1.2}}, {"rank": 1, "phases": {"restore": 1.4}}]
+    assert driver.start_phases(12.0, {"weights": 1.0}, stats) == {"restore": 1.2}
+    assert driver.start_phases(12.0, {}, []) == {}
+
+
+def test_restored_cache_files_are_named_as_snapshots_name_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "TVM_FFI_CACHE_DIR"
+    monkeypatch.setenv("GP_PROOF_CACHE_DIRS", str(root))
+    stats = [{"rank": 0, "jitcache_restored": [str(root / "m" / "k.so"), "/elsewhere/x.so"]}]
+    assert driver.restored_cache_files(stats) == {"TVM_FFI_CACHE_DIR/m/k.so"}
+
+
+# ------------------------------------------------------------------------------------------- recipes
+
+FAKE_ENGINE = '''
+"""A stand-in for sglang.srt.entrypoints.engine: what the proof driver asks of SGLang, without a GPU."""
+import json, os
+from pathlib import Path
+from types import SimpleNamespace
+
+
+class Engine:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        record = os.environ.get("FAKE_SGLANG_RECORD")
+        if record:
+            seen = dict(kwargs, symm_env=os.environ.get("GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"))
+            Path(record).write_text(json.dumps(seen))
+        mode = kwargs["graph_persist"]
+        if mode == "save":
+            from archive_fixtures import write_archive
+
+            write_archive(Path(kwargs["graph_persist_dir"]))
+        stats = Path(os.environ["GRAPHPERSIST_STATS_DIR"])
+        if mode != "off":
+            for rank in range(kwargs["tp_size"]):
+                (stats / f"rank_{rank}.json").write_text(json.dumps({
+                    "rank": rank, "mode": mode, "captured": 4 if mode == "save" else 0,
+                    "restored": 4 if mode == "load" else 0, "capture_calls": 4 if mode == "save" else 0,
+                    "phases": {"capture": 0.5} if mode == "save" else {"restore": 0.1}}))
+        graphs = "prefill=0.00, decode=0.00" if kwargs.get("disable_cuda_graph") else "prefill=0.40, decode=0.10"
+        print("Engine startup timings (s): load_weight=0.01, kv_cache_allocation=0.01, scheduler_e2e=0.60, "
+              f"cuda_graph={{{graphs}}}, tokenizer_e2e=0.70", flush=True)
+        decode = SimpleNamespace(max_bs=256)
+        self.server_args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode, prefill=None))
+
+    def generate(self, input_ids, sampling_params):
+        n = sampling_params["max_new_tokens"]
+        assert sampling_params["temperature"] == 0.0 and sampling_params["ignore_eos"]
+        return [{"output_ids": [(sum(p) + k) % 151936 for k in range(n)], "text": ""} for p in input_ids]
+'''
+
+
+@pytest.fixture
+def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `sglang` package on PYTHONPATH (with the runtime and the archive fixtures the fake Engine uses)."""
+    site = tmp_path / "site"
+    engine_dir = site / "sglang" / "srt" / "entrypoints"
+    engine_dir.mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text(
+        textwrap.dedent("""\
+            __version__ = "0.5.17+gp.1"
+
+
+            def Engine(**kwargs):  # sglang.Engine is a lazy import of the engine module's class
+                from sglang.srt.entrypoints.engine import Engine
+
+                return Engine(**kwargs)
+            """)
+    )
+    (site / "sglang" / "srt" / "__init__.py").write_text("")
+    (engine_dir / "__init__.py").write_text("")
+    (engine_dir / "engine.py").write_text(FAKE_ENGINE)
+    paths = [str(site), str(REPO / "tests" / "cpu"), str(REPO / "overlays" / "graphpersist")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    return site
+
+
+def test_the_committed_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert gptools_main(["prove", str(RECIPES / "sglang-qwen3-8b-tp2"), "--out", str(out)]) == 0
+    assert (out / "REPORT.md").read_text().splitlines()[0] == "all checks passed"
+    save = json.loads((out / "save" / "result.json").read_text())
+    assert set(save["outputs"]) == {"sequential", "concurrent", "oversize"}
+    assert [len(save["outputs"][w]) for w in ("sequential", "concurrent", "oversize")] == [4, 16, 301]
+    assert all(len(seq) == driver.GEN for w in save["outputs"].values() for seq in w)
+    assert set(save["latency"]) == {"first_request_s", "steady_request_s", "ttft_long_s", "decode_tps_b1",
+                                    "decode_tps_b32", "import_sglang_s"}  # fmt: skip
+    assert list(save["phases"]) == ["start", "weights", "profile", "kv_warmup", "graphs", "save", "rest_of_init"]
+    assert save["phases"]["graphs"] == 0.5 and save["engine"] == {"name": "sglang", "version": "0.5.17+gp.1"}
+    assert save["graph_inventory"]["decode_max_bs"] == 256
+    eager = json.loads((out / "eager" / "result.json").read_text())
+    assert eager["phases"]["graphs"] == 0.0
+
+
+@pytest.mark.parametrize("recipe", VARIANTS)
+def test_each_recipe_starts_the_engine_with_its_launch(recipe: str, fake_sglang: Path, tmp_path: Path) -> None:
+    """The variant's driver command from its proof.toml, run once with persistence off: what Engine() received."""
+    toml = tomllib.loads((RECIPES / recipe / "proof.toml").read_text())
+    command = [part.replace("{python}", sys.executable) for part in toml["driver"]]
+    result, record = tmp_path / "out" / "baseline" / "result.json", tmp_path / "engine.json"
+    (result.parent / "stats").mkdir(parents=True)
+    env = dict(os.environ, FAKE_SGLANG_RECORD=str(record), GRAPHPERSIST_STATS_DIR=str(result.parent / "stats"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tools"), env["PYTHONPATH"]])
+    proc = subprocess.run([*command, "--run", "baseline", "--mode", "off", "--result", str(result)],
+                          cwd=RECIPES / recipe, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(result.read_text())["ok"], result.read_text()
+    seen = json.loads(record.read_text())
+    flags = {f for f in driver.ENGINE_FLAGS if seen.get(f)}
+    expected = {
+        "sglang-qwen3-8b-tp2": (set(), None),
+        "sglang-qwen3-8b-tp2-nccl": ({"disable_custom_all_reduce"}, None),
+        "sglang-qwen3-8b-tp2-symm": ({"enable_torch_symm_mem"}, "1"),
+    }[recipe]
+    assert (flags, seen["symm_env"]) == expected
+    assert (seen["tp_size"], seen["graph_persist"], seen["load_format"]) == (2, "off", "dummy")
+
+
+@pytest.mark.parametrize("recipe", VARIANTS)
+def test_every_recipe_moves_every_sglang_jit_cache(recipe: str) -> None:
+    """A fresh run must start with empty caches: each variable that moves one of SGLang's caches is listed."""
+    cache_env = set(tomllib.loads((RECIPES / recipe / "proof.toml").read_text())["cache_env"])
+    assert {"TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "TRITON_CACHE_DIR",
+            "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME", "HOME"} <= cache_env  # fmt: skip
+
+
+def test_the_sglang_recipes_can_share_one_out() -> None:
+    """engine-proof.sh runs the three recipes into one --out (one warm cache): no run or archive name may repeat."""
+    runs, archives = [], set()
+    for recipe in VARIANTS:
+        toml = tomllib.loads((RECIPES / recipe / "proof.toml").read_text())
+        runs += [r["name"] for r in toml["run"]]
+        archives.add(frozenset(r["archive"] for r in toml["run"] if "archive" in r))
+    assert len(runs) == len(set(runs)) == 18
+    assert len(archives) == 3 and not set.intersection(*map(set, archives))
