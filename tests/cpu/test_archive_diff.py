@@ -92,9 +92,11 @@ def test_a_pointer_only_one_archive_has_is_traced_to_its_kernel_parameter(tmp_pa
     assert ran.returncode == 1, ran.stderr
     assert ran.stdout.splitlines()[1:] == [
         "rank 0: pointers 2 vs 3: only in A 0, only in B 1",
-        f"  only in B: {BUF + 4096:#x} used by full/2 node 0 kernel 'k0' bytes 0..7",
+        f"  only in B: {BUF + 4096:#x} used by full/2 node 0 kernel 'k0' bytes 0..7 (A has {BUF:#x} (region) there)",
         "rank 0: 1 of 2 graphs differ in their kernel nodes",
         f"  full/2: node 0 kernel 'k0': bytes 0..7: {BUF:#x} (region) vs {BUF + 4096:#x} (region)",
+        "rank 0: the differing parameter words, by kernel and offset (1):",
+        f"  'k0' bytes 0..7: in 1 graph(s), e.g. full/2: {BUF:#x} (region) vs {BUF + 4096:#x} (region)",
     ]
 
 
@@ -106,9 +108,11 @@ def test_numbers_kernels_and_lengths_that_differ_are_named(tmp_path: Path) -> No
         "rank 0: 2 of 2 graphs differ in their kernel nodes",
         "  full/1: node 0 kernel 'k0': bytes 8..15: 0x7 vs 0x8",
         "  ... 1 more",
+        "rank 0: the differing parameter words, by kernel and offset (1):",
+        "  'k0' bytes 8..15: in 1 graph(s), e.g. full/1: 0x7 vs 0x8",
     ]
     lines = graphpersist("diff", str(a), str(b), "--limit", "5").stdout.splitlines()
-    assert lines[-1] == "  full/2: kernel sequences differ (1 vs 2 kernel nodes, first at kernel node 1)"
+    assert "  full/2: kernel sequences differ (1 vs 2 kernel nodes, first at kernel node 1)" in lines
 
 
 def test_misuse_exits_2_naming_the_problem(tmp_path: Path) -> None:
@@ -117,3 +121,17 @@ def test_misuse_exits_2_naming_the_problem(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "nowhere" in missing.stderr
     wrong_rank = graphpersist("diff", str(a), str(a), "--rank", "3")
     assert wrong_rank.returncode == 2 and "not in both archives (A has [0], B has [0])" in wrong_rank.stderr
+
+
+def test_words_that_differ_everywhere_are_listed_once_per_kernel_and_offset(tmp_path: Path) -> None:
+    """vLLM's two SAVEs differed in every graph (custom all-reduce's unused peer slots) and in a few (FA3's combine
+    kernel): the by-kernel list says both at once, most graphs first, with the other archive's word."""
+    base = {f"g/{i}": [words(BUF, 5, 1), words(BUF + 64, 2)] for i in range(3)}
+    other = {f"g/{i}": [words(BUF, 6, 1), words(BUF + 64, 2 if i else 3)] for i in range(3)}
+    a, b = write(tmp_path / "a", base), write(tmp_path / "b", other)
+    lines = graphpersist("diff", str(a), str(b), "--limit", "5").stdout.splitlines()
+    at = lines.index("rank 0: the differing parameter words, by kernel and offset (2):")
+    assert lines[at + 1 :] == [
+        "  'k0' bytes 8..15: in 3 graph(s), e.g. g/0: 0x5 vs 0x6",
+        "  'k1' bytes 8..15: in 1 graph(s), e.g. g/0: 0x2 vs 0x3",
+    ]

@@ -589,3 +589,15 @@ def test_span_is_for_variable_phases_only() -> None:
     rec = phases.Recorder()
     with pytest.raises(phases.PhaseError, match="headroom and span are for variable phases"):
         rec.begin("weights", [], 0, 2 << 20, span=1 << 30)
+
+
+def test_param_values_are_unbacked_kernel_words_never_memset_or_memcpy_addresses() -> None:
+    """SGLang's FA3 decode kernels pass two 32-bit numbers that read as an in-region address (0x501a00000001):
+    a kernel-parameter word no live memory backs is a number; an unbacked memset/memcpy address stays an address
+    (check_ownership then refuses it)."""
+    live = [(0x5000_0000_0000, 1 << 20), (0x5000_1000_0000, 4096)]
+    backed, number, dangling_copy = 0x5000_0000_0100, 0x501A_0000_0001, 0x5000_2000_0000
+    words = {backed, number, dangling_copy, 0x5000_1000_0FFF}
+    assert phases.param_values(words, {dangling_copy}, live) == {number}
+    assert phases.param_values(words, set(), live) == {number, dangling_copy}
+    assert phases.param_values(set(), set(), live) == set()

@@ -45,6 +45,13 @@ class RankGraphs:
     def in_region(self, value: int) -> bool:
         return self.region[0] <= value < self.region[1]
 
+    def word_at(self, use: Use) -> int | None:
+        """The parameter word at `use`'s place in this rank's graphs, None where it has no such node or bytes."""
+        for index, kernel, params in self.graphs.get(use.graph, []):
+            if index == use.node and kernel == use.kernel and use.offset + WORD <= len(params):
+                return int(struct.unpack_from("<Q", params, use.offset)[0])
+        return None
+
     def uses(self, addresses: set[int], limit: int) -> dict[int, list[Use]]:
         """Where each of `addresses` appears as a parameter word (at most `limit` uses per address)."""
         found: dict[int, list[Use]] = {a: [] for a in addresses}
@@ -109,11 +116,13 @@ def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
     if only_a or only_b:
         lines.append(f"rank {rank}: pointers {len(a.pointers)} vs {len(b.pointers)}: only in A {len(only_a)}, "
                      f"only in B {len(only_b)}")  # fmt: skip
-        for side, rank_graphs, only in (("A", a, only_a), ("B", b, only_b)):
+        for side, rank_graphs, other, only in (("A", a, b, only_a), ("B", b, a, only_b)):
             uses = rank_graphs.uses(set(only[:limit]), 2)
             for address in only[:limit]:
                 where = "; ".join(map(str, uses[address])) or "no kernel parameter (a memset or memcpy address)"
-                lines.append(f"  only in {side}: {address:#x} used by {where}")
+                there = other.word_at(uses[address][0]) if uses[address] else None
+                seen = f" ({'B' if side == 'A' else 'A'} has {_value(other, there)} there)" if there is not None else ""
+                lines.append(f"  only in {side}: {address:#x} used by {where}{seen}")
     names_a, names_b = list(a.graphs), list(b.graphs)
     if names_a != names_b:
         lines.append(f"rank {rank}: graph names differ: only in A {sorted(set(names_a) - set(names_b))[:limit]}, "
@@ -124,7 +133,35 @@ def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
         lines += [f"  {line}" for line in found[:limit]]
         if len(found) > limit:
             lines.append(f"  ... {len(found) - limit} more")
+        by_word = words_by_kernel(a, b)
+        lines.append(f"rank {rank}: the differing parameter words, by kernel and offset ({len(by_word)}):")
+        for (kernel, offset), (count, example, x, y) in list(by_word.items())[:limit]:
+            lines.append(f"  {kernel!r} bytes {offset}..{offset + 7}: in {count} graph(s), e.g. {example}: "
+                         f"{_value(a, x)} vs {_value(b, y)}")  # fmt: skip
     return lines
+
+
+def words_by_kernel(a: RankGraphs, b: RankGraphs) -> dict[tuple[str, int], tuple[int, str, int, int]]:
+    """Every (kernel, parameter offset) whose word differs in graphs of the same name and kernel sequence, with
+    the number of graphs it differs in and one example (graph, A's word, B's word); most graphs first. Shows in
+    one list what differs everywhere (custom all-reduce's unused peer slots) and what only in a few graphs."""
+    found: dict[tuple[str, int], tuple[int, str, int, int]] = {}
+    for name, na in a.graphs.items():
+        nb = b.graphs.get(name)
+        if nb is None or [k for _, k, _ in na] != [k for _, k, _ in nb]:
+            continue
+        seen: set[tuple[str, int]] = set()
+        for (_, kernel, pa), (_, _, pb) in zip(na, nb, strict=True):
+            if pa == pb or len(pa) != len(pb):
+                continue
+            for (offset, x), (_, y) in zip(_words(pa), _words(pb), strict=True):
+                key = (kernel, offset)
+                if x == y or key in seen:
+                    continue
+                seen.add(key)
+                count, example, ex, ey = found.get(key, (0, name, x, y))
+                found[key] = (count + 1, example, ex, ey)
+    return dict(sorted(found.items(), key=lambda item: -item[1][0]))
 
 
 def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[str]:

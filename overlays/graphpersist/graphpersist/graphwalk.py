@@ -11,7 +11,7 @@ import ctypes
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphpersist.graphformat import (
@@ -206,12 +206,15 @@ def _read_params(p: Any, layout: list[tuple[int, int]], name: str) -> bytes:
 
 @dataclass
 class SavedGraph:
-    """A serialized graph: `desc` (JSON-able), `blob` (parameter bytes), and the in-region addresses it uses."""
+    """A serialized graph: `desc` (JSON-able), `blob` (parameter bytes), and the in-region addresses it uses:
+    `pointers` every one, `addresses` those that are addresses by their field (memset and memcpy nodes); the others
+    are kernel-parameter words that lie in the region, which may also be numbers (setup.param_values)."""
 
     desc: dict[str, Any]
     blob: bytes
     pointers: set[int]
     table: bytes
+    addresses: set[int] = field(default_factory=set)
 
 
 def _kernel_info(table: ImageTable, func: Any) -> tuple[str, str, list[tuple[int, int]], dict[str, int], str]:
@@ -237,6 +240,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     index = {int(nd): i for i, nd in enumerate(nodes)}
     blob = bytearray()
     pointers: set[int] = set()
+    addresses: set[int] = set()
     out_nodes: list[dict[str, Any]] = []
     attr_reader = _AttrReader(attr_ids())
     funcs: dict[str, int] = {}
@@ -291,7 +295,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
                 fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
                 foreign.check_address(where, "dst", fields["dst"])
-                pointers.add(fields["dst"])
+                addresses.add(fields["dst"])
                 out_nodes.append({"type": "memset", **fields})
             elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
                 c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
@@ -300,7 +304,7 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 fields = {k: int(getattr(c, k)) for k in MEMCPY_FIELDS}
                 for k in ("srcDevice", "dstDevice"):
                     foreign.check_address(where, k, fields[k])
-                    pointers.add(fields[k])
+                    addresses.add(fields[k])
                 out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
             elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
                 out_nodes.append({"type": "empty"})
@@ -329,4 +333,4 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
     table = pack_kernel_table(desc)
     desc["table_size"] = len(table)
     desc["table_sha256"] = hashlib.sha256(table).hexdigest()
-    return SavedGraph(desc, bytes(blob), pointers, table)
+    return SavedGraph(desc, bytes(blob), pointers | addresses, table, addresses)

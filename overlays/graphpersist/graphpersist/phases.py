@@ -419,6 +419,15 @@ def find_range(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | No
     return ranges[i] if i >= 0 and addr < ranges[i][0] + ranges[i][1] else None
 
 
+def param_values(words: set[int], addresses: set[int], live: list[tuple[int, int]]) -> set[int]:
+    """The in-region kernel-parameter words that are numbers, not addresses: those no live region memory backs at
+    SAVE. A graph can only dereference memory that is live when SAVE reads it, and LOAD writes every parameter byte
+    back as saved, so such a word replays the same whether it is a number or a dangling pointer. FlashAttention-3's
+    kernels, for one, pass two 32-bit numbers that read as an in-region address (0x501a00000001 at SGLang's decode
+    batch 256, 2026-11-30). A memset or memcpy address (`addresses`) is always an address and never a number."""
+    return {w for w in words - addresses if find_range(live, w) is None}
+
+
 def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Sequence[Event],
                  live: list[tuple[int, int]], *, defer: Callable[[str], bool] | None = None,
                  what: str = "graph address") -> list[int]:  # fmt: skip

@@ -223,6 +223,7 @@ class Saver:
         live_mem = region.live_ranges(evs)
         table = images.ImageTable.current()
         saved: dict[str, graphwalk.SavedGraph] = {}
+        in_region_numbers: set[int] = set()
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
@@ -232,6 +233,9 @@ class Saver:
             for t in (*e.inputs, *e.output_tensors):
                 if not lo <= t.data_ptr() < hi:
                     raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
+            numbers = phases.param_values(saved[name].pointers, saved[name].addresses, live_mem)
+            saved[name].pointers -= numbers
+            in_region_numbers |= numbers
             setup.check_ownership(name, saved[name].pointers, live_mem)
         serialize_s = time.perf_counter() - t0
 
@@ -267,7 +271,7 @@ class Saver:
         return {
             "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
             "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
-            "states": states,
+            "states": states, "numbers": in_region_numbers,
         }  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
@@ -336,6 +340,7 @@ class Saver:
             "final_offset": info.cursor,
             "pointer_fingerprint": inv_fp,
             "pointers": len(pointers),
+            "in_region_numbers": len(prep["numbers"]),  # kernel-parameter words read as numbers (setup.param_values)
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},

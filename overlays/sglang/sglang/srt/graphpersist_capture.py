@@ -84,9 +84,44 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     sess.captured += 1
 
 
+# A break that is a registered torch operator (SGLang's attention op `torch.ops.sglang.unified_attention_with_output`)
+# is named `torch.ops:<namespace>.<op>[.<overload>]` and found again through torch.ops (it is registered once the
+# model's modules are imported, before any graph is restored).
+TORCH_OPS = "torch.ops:"
+
+
+def _op_name(fn: Any) -> str | None:
+    packet = getattr(fn, "overloadpacket", fn)  # an OpOverload knows its packet; a packet is its own
+    qualified = getattr(packet, "_qualified_op_name", None)
+    if not isinstance(qualified, str) or "::" not in qualified:
+        return None
+    name = TORCH_OPS + qualified.replace("::", ".")
+    overload = getattr(fn, "_overloadname", None) if packet is not fn else None
+    return f"{name}.{overload}" if overload else name
+
+
+def resolve_callable(name: str) -> Any:
+    """The function or torch operator `callable_name` named, or None when it cannot be found here."""
+    if not name.startswith(TORCH_OPS):
+        return structure._resolve(name)
+    import torch
+
+    obj: Any = torch.ops
+    try:
+        for part in name.removeprefix(TORCH_OPS).split("."):
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None
+    return obj
+
+
 def callable_name(fn: Any) -> str:
-    """`module:Qual.Name` under which `fn` itself can be imported again: a plain function, or a wrapper object
-    (SGLang's custom-op wrapper) that replaced the function it wraps at module level; refuses anything else."""
+    """The name under which `fn` itself can be found again: a registered torch operator (`torch.ops:ns.op`), a
+    plain function, or a wrapper object (SGLang's custom-op wrapper) that replaced the function it wraps at module
+    level (`module:Qual.Name`); refuses anything else."""
+    op = _op_name(fn)
+    if op is not None and resolve_callable(op) is fn:
+        return op
     for named in (fn, getattr(fn, "op_func", None), getattr(fn, "__wrapped__", None)):
         module, qual = getattr(named, "__module__", None), getattr(named, "__qualname__", None)
         if isinstance(module, str) and isinstance(qual, str) and "<locals>" not in qual:
@@ -180,7 +215,7 @@ def _break_fn(record: dict[str, Any], where: str) -> Any:
         _copy_output,
     )
 
-    inner = structure._resolve(record["fn"])
+    inner = resolve_callable(record["fn"])
     if inner is None or not callable(inner):
         raise PersistError(f"graphpersist: {where}: break function {record['fn']} cannot be imported: LOAD refused "
                            "(re-run with mode=save)")  # fmt: skip
