@@ -361,6 +361,28 @@ def test_break_functions_are_named_so_load_can_import_them_again(srt: SimpleName
         srt.capture.callable_name(local_break)
 
 
+class StandInOpPacket:
+    """Like torch's OpOverloadPacket: what `torch.ops.sglang.unified_attention_with_output` returns (the break of
+    SGLang 0.5.17's prefill graphs on the GPU host, 2026-11-30)."""
+
+    _qualified_op_name = "sglang::unified_attention_with_output"
+
+
+def test_a_break_that_is_a_torch_operator_is_named_and_found_through_torch_ops(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packet = StandInOpPacket()
+    fake_torch = SimpleNamespace(ops=SimpleNamespace(sglang=SimpleNamespace(unified_attention_with_output=packet)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    name = srt.capture.callable_name(packet)
+    assert name == "torch.ops:sglang.unified_attention_with_output"
+    assert srt.capture.resolve_callable(name) is packet
+    assert srt.capture.resolve_callable("torch.ops:sglang.no_such_op") is None
+    fake_torch.ops.sglang.unified_attention_with_output = StandInOpPacket()  # another object under that name
+    with pytest.raises(PersistError, match="cannot be imported by its name"):
+        srt.capture.callable_name(packet)
+
+
 class StandInSaver:
     def __init__(self) -> None:
         self.added: list[tuple[str, Any, int | None, str | None]] = []
