@@ -38,9 +38,9 @@ def refuse_unsupported(cfg: Any) -> None:
     if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
         raise _refuse(
             "tensor_parallel_size=1",
-            "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave the first request after the start "
-            "a different first token than SAVE and the baseline (every later token and request matched); until "
-            "that is understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
+            "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave two of 72 prompts a different "
+            "first token than SAVE and the baseline, on every repeat (a kernel reads restored memory before writing "
+            "it); until that is understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
         )
     if par.pipeline_parallel_size != 1:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")
