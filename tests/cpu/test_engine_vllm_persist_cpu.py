@@ -817,3 +817,40 @@ def test_early_check_refuses_a_folder_that_is_no_archive(vllm: WarmPython, tmp_p
     ).raised("PersistError")
     assert message.startswith(f"graphpersist: cannot LOAD {tmp_path}: ")
     assert "manifest.json" in message
+
+
+def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(vllm: WarmPython) -> None:
+    """Two TP=2 SAVEs differed in every graph: `cross_device_reduce_1stage<bf16, 2>` gets 8 peer pointers by value,
+    2 of them set, the rest whatever the heap held (bytes 32-79 of its parameters on the reference host)."""
+    kernel = (
+        "_ZN4vllm26cross_device_reduce_1stageI13__nv_bfloat16Li2EEEvPNS_8RankDataENS_11RankSignalsEPNS_6SignalEPT_ii"
+    )
+    layout = [[0, 8], [16, 64], [80, 8], [88, 8], [96, 4], [100, 4]]
+    got = vllm.run(
+        f"""
+        from vllm import graphpersist_customar as customar
+        from vllm import graphpersist_session as gps
+        from graphpersist import graphwalk, switch
+        layout = [tuple(x) for x in {layout!r}]
+        eight = {kernel!r}.replace("Li2EE", "Li8EE")
+        try:
+            customar.unused_param_bytes({kernel!r}, [(0, 8), (8, 32)])
+            wrong = None
+        except Exception as exc:
+            wrong = str(exc)
+        sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 2)
+        unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
+        params = graphwalk.zero_ranges(bytes(range(104)), unused({kernel!r}, layout))
+        result = {{
+            "tp2": customar.unused_param_bytes({kernel!r}, layout),
+            "tp8": customar.unused_param_bytes(eight, layout),
+            "other": customar.unused_param_bytes("_ZN4vllm15rms_norm_kernelIfLi8ELi1EEEvPT_PKS1_S4_fii", layout),
+            "wrong": wrong,
+            "params": list(params),
+        }}
+        """
+    ).ok()
+    assert got["tp2"] == [[32, 80]] or got["tp2"] == [(32, 80)]
+    assert got["tp8"] == [] and got["other"] == []
+    assert "has a 32-byte RankSignals parameter for 2 GPUs" in got["wrong"]
+    assert got["params"] == [*range(32), *([0] * 48), *range(80, 104)]

@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,7 +232,43 @@ def _kernel_info(table: ImageTable, func: Any) -> tuple[str, str, list[tuple[int
     return info
 
 
-def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> SavedGraph:
+# (kernel name, parameter layout) -> byte ranges [start, end) of the parameters the kernel never reads (save.Saver).
+UnusedBytes = Callable[[str, list[tuple[int, int]]], list[tuple[int, int]]]
+
+
+def cached_unused(fn: UnusedBytes | None) -> UnusedBytes | None:
+    """`fn` asked once per kernel of a SAVE (its graphs launch a few hundred kernels hundreds of thousands of times),
+    its answer checked to lie within the parameters."""
+    if fn is None:
+        return None
+    answers: dict[tuple[str, tuple[tuple[int, int], ...]], list[tuple[int, int]]] = {}
+
+    def unused(name: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        key = (name, tuple(layout))
+        if key not in answers:
+            total = max((o + s for o, s in layout), default=0)
+            ranges = [(int(a), int(b)) for a, b in fn(name, list(layout))]
+            if bad := [(a, b) for a, b in ranges if not 0 <= a <= b <= total]:
+                raise GraphFormatError(f"kernel {name!r}: unused parameter bytes {bad[0]} outside its {total} bytes")
+            answers[key] = ranges
+        return answers[key]
+
+    return unused
+
+
+def zero_ranges(params: bytes, ranges: list[tuple[int, int]]) -> bytes:
+    """`params` with every byte in `ranges` set to zero."""
+    if not ranges:
+        return params
+    buf = bytearray(params)
+    for a, b in ranges:
+        buf[a:b] = bytes(b - a)
+    return bytes(buf)
+
+
+def serialize(
+    graph: Any, table: ImageTable, region_lo: int, region_hi: int, unused: UnusedBytes | None = None
+) -> SavedGraph:
     """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
     drv = driver()
     T = drv.CUgraphNodeType
@@ -258,6 +295,8 @@ def serialize(graph: Any, table: ImageTable, region_lo: int, region_hi: int) -> 
                 p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
                 sha, name, layout, fattrs, fkey = _kernel_info(table, p.func)
                 params = _read_params(p, layout, name)
+                if unused is not None:
+                    params = zero_ranges(params, unused(name, layout))
                 pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
                 attrs: dict[str, str] = {}
                 for a, err, raw in attr_reader.read(nd):

@@ -74,9 +74,15 @@ class _Entry:
 
 @dataclass
 class Saver:
-    """Collects captured graphs with their static tensors, then writes one archive."""
+    """Collects captured graphs with their static tensors, then writes one archive.
+
+    `unused_param_bytes(kernel name, parameter layout)` may name byte ranges [start, end) of a kernel's parameters
+    that the kernel never reads, e.g. the peer slots of a fixed-size array beyond the world size, which the host
+    leaves uninitialised: SAVE writes them as zeros, so two SAVEs write the same bytes and stray host memory is
+    never mistaken for an address. The engine knows its kernels; the runtime only zeroes what it is told."""
 
     entries: GraphSet[_Entry] = field(default_factory=GraphSet)
+    unused_param_bytes: graphwalk.UnusedBytes | None = None
 
     def add(
         self,
@@ -224,10 +230,11 @@ class Saver:
         table = images.ImageTable.current()
         saved: dict[str, graphwalk.SavedGraph] = {}
         in_region_numbers: set[int] = set()
+        unused = graphwalk.cached_unused(self.unused_param_bytes)
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
-                saved[name] = graphwalk.serialize(g, table, lo, hi)
+                saved[name] = graphwalk.serialize(g, table, lo, hi, unused)
             except (graphformat.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
             for t in (*e.inputs, *e.output_tensors):

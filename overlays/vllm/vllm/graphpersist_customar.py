@@ -12,6 +12,7 @@ then proves that every peer mapping landed at its saved address and writes the s
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -24,6 +25,29 @@ PHASE = "custom_all_reduce"
 STATE = "custom_all_reduce.rank_data"
 ROW_BYTES = 64  # RankData: 8 device pointers
 FIRST_GRAPH_ROW = 1  # row 0 holds the eager input buffer registered at init (register_buffer)
+
+
+# `cross_device_reduce_{1,2}stage<T, ngpus>(RankData*, RankSignals, Signal*, T*, int rank, int size)`: its
+# `RankSignals` parameter is 8 peer pointers (64 bytes) by value, of which the kernel reads the first `ngpus`. The
+# C++ side fills those and leaves the rest as the heap left them, so two SAVEs differed in them (2026-11-30).
+_ALLREDUCE = re.compile(r"cross_device_reduce_[12]stage.*?Li(\d+)EE.*RankSignals")
+_SIGNALS_PARAM, _SIGNAL_SLOTS = 1, 8
+
+
+def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parameter bytes a custom all-reduce kernel never reads (its `RankSignals` slots past the world size),
+    for the runtime's SAVE to write as zeros (graphpersist.save.Saver.unused_param_bytes); none for other kernels."""
+    found = _ALLREDUCE.search(kernel)
+    if found is None or len(layout) <= _SIGNALS_PARAM:
+        return []
+    ngpus = int(found.group(1))
+    offset, size = layout[_SIGNALS_PARAM]
+    if size != 8 * _SIGNAL_SLOTS or not 0 < ngpus <= _SIGNAL_SLOTS:
+        raise PersistError(
+            f"graphpersist: custom all-reduce kernel {kernel!r} has a {size}-byte RankSignals parameter for "
+            f"{ngpus} GPUs; this integration expects {8 * _SIGNAL_SLOTS} bytes (8 peer pointers): SAVE refused"
+        )
+    return [(offset + 8 * ngpus, offset + size)] if ngpus < _SIGNAL_SLOTS else []
 
 
 def register_graph_buffers(ca: Any) -> None:

@@ -106,7 +106,10 @@ def open_session(mode: switch.Mode, directory: Path, rank: int, world_size: int)
     global _session
     if _session is not None:
         raise RuntimeError("graphpersist: a worker process opened its persistence session twice")
-    _session = Session(mode, directory, rank, world_size, saver=api.Saver() if mode is switch.Mode.SAVE else None)
+    from vllm import graphpersist_customar as customar
+
+    saver = api.Saver(unused_param_bytes=customar.unused_param_bytes) if mode is switch.Mode.SAVE else None
+    _session = Session(mode, directory, rank, world_size, saver=saver)
     _count_captures(_session)
     return _session
 
