@@ -7,6 +7,7 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import weakref
@@ -173,17 +174,27 @@ def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[
 
 
 def _diag_fill(ranges: list[tuple[int, int]]) -> None:
-    """Diagnosis only (GP_DIAG_FILL_RESTORED=BYTE): fill the memory LOAD mapped afresh with one byte value, to
-    test whether a graph reads restored memory before writing it (its output then changes with the value)."""
+    """Diagnosis only (GP_DIAG_FILL_RESTORED=BYTE[:FIRST-LAST]): fill the memory LOAD mapped afresh (or the ranges
+    FIRST..LAST of it, by index in address order, to bisect) with one byte value, to test whether a graph reads
+    restored memory before writing it (its output then changes with the value). GP_DIAG_DUMP=DIR also lists the
+    ranges in DIR/restored-ranges.json."""
+    if where := os.environ.get("GP_DIAG_DUMP"):
+        listing = Path(where) / f"restored-ranges.pid{os.getpid()}.json"
+        listing.write_text(json.dumps([[i, a, s] for i, (a, s) in enumerate(sorted(ranges))]))
     value = os.environ.get(DIAG_FILL_ENV)
     if not value:
         return
-    byte = int(value, 0) & 0xFF
-    for addr, size in ranges:
+    byte_text, _, span = value.partition(":")
+    byte = int(byte_text, 0) & 0xFF
+    chosen = sorted(ranges)
+    if span:
+        first, _, last = span.partition("-")
+        chosen = chosen[int(first) : int(last or first) + 1]
+    for addr, size in chosen:
         tensor_at({"addr": addr, "dtype": "uint8", "shape": [size], "stride": [1]}).fill_(byte)
     torch.cuda.synchronize()
-    print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(ranges)} restored ranges "
-          f"({sum(s for _, s in ranges) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip
+    print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(chosen)} of {len(ranges)} restored ranges "
+          f"({sum(s for _, s in chosen) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip
 
 
 def load(
