@@ -543,3 +543,6 @@ def test_recipe_options_files_parse():
         assert not set(bc.parse_require(args.require)) & {n.partition("=")[0] for n in args.exclude}
         if name == "sglang.args":  # sglang imports dill at start-up; only the excluded datasets declares it
             assert bc.parse_require(args.require)["dill"].requirement == "dill==0.4.1"
+            # the HTTP server imports jsonschema (declared only through excluded packages) and soundfile
+            assert "jsonschema" in bc.parse_require(args.require)
+            assert "soundfile" not in {n.partition("=")[0] for n in args.exclude}
