@@ -1,10 +1,10 @@
 """Dependency closure for an offline bundle: which wheels must travel so that a target host can import the engines.
 
 The walk starts from the chosen engine wheels' Requires-Dist (plus any `--require NAME==VER`: a package an engine
-imports without declaring it), evaluates every marker for the *target* (not for the
-machine running the bundle), skips what the target's `pip freeze` already satisfies, and otherwise picks a wheel:
-a `--prefer NAME==VER` override first, then a wheel pinned in build/pins.toml, then `pip download` of the newest
-version that satisfies every requirement seen so far. Downloaded wheels are recursed into.
+imports without declaring it), evaluates every marker for the *target* (not for the machine running the bundle),
+skips what the target's `pip freeze` already satisfies, and otherwise picks a wheel: a `--prefer NAME==VER` override
+first, then a wheel pinned in build/pins.toml, then `pip download` of the newest version that satisfies every
+requirement seen so far. Downloaded wheels are recursed into.
 
 It is a greedy, level-by-level walk (no backtracking): when a requirement met later rules out a version already
 picked, that is reported as a conflict, never silently ignored. Every decision keeps the requirement(s) that caused
