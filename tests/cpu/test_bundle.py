@@ -161,6 +161,76 @@ def test_prefer_overrides_the_host_and_pins_and_exclude_prunes_a_subtree(tmp_pat
     assert c2.picks["tokenizers"].source == bc.PINNED and c2.picks["tokenizers"].version == "0.23.0"
 
 
+DILL_WHY = "imported by sglang/srt/sampling/custom_logit_processor.py; declared only through datasets"
+
+
+def test_parse_require_takes_one_exact_version_and_the_reason_after_it():
+    req = bc.parse_require([f"Dill==0.4.1={DILL_WHY}", "msgpack == 1.1.0", "a.b==2.0=why: x=y"])
+    assert list(req) == ["dill", "msgpack", "a-b"]
+    assert (req["dill"].by, req["dill"].requirement, req["dill"].why) == (bc.REQUIRE, "Dill==0.4.1", DILL_WHY)
+    assert req["msgpack"].why == "" and req["a-b"].why == "why: x=y"  # only the first '=' after the version splits
+    assert str(req["dill"]) == f"--require: Dill==0.4.1 ({DILL_WHY})"
+    for bad in ("dill", "dill>=0.4", "dill==", "==0.4.1", "dill==0.4.*", "dill===0.4.1", "dill==banana"):
+        with pytest.raises(ValueError, match="NAME==VERSION"):
+            bc.parse_require([bad])
+    with pytest.raises(ValueError, match="twice"):
+        bc.parse_require(["dill==0.4.1", "dill==0.4.0"])
+
+
+def _sglang_like(tmp_path: Path) -> tuple[Path, Path]:
+    """An engine that imports dill but declares it only through an excluded 'datasets'; dill needs 'multiprocess'."""
+    house = tmp_path / "house"
+    make_wheel(house, "dill", "0.4.1", ["multiprocess>=0.70"])
+    make_wheel(house, "dill", "0.4.2")  # newer: --require must still get exactly 0.4.1
+    make_wheel(house, "multiprocess", "0.70.18")
+    make_wheel(house, "datasets", "4.0", ["dill<0.4.2,>=0.3"])
+    root = make_wheel(tmp_path / "dist", "eng", "1.0", ["datasets"])
+    return root, house
+
+
+def test_require_brings_an_undeclared_package_and_what_it_needs(tmp_path):
+    root, house = _sglang_like(tmp_path)
+    exclude = {"datasets": "benchmarks only"}
+    assert "dill" not in resolve([root], house, exclude=exclude).picks  # the failure --require is for
+    c = resolve([root], house, exclude=exclude, require=bc.parse_require([f"dill==0.4.1={DILL_WHY}"]))
+    assert (c.picks["dill"].source, c.picks["dill"].version) == (bc.DOWNLOADED, "0.4.1")
+    assert [str(r) for r in c.picks["dill"].reasons] == [f"--require: dill==0.4.1 ({DILL_WHY})"]
+    assert str(c.picks["multiprocess"].reasons[0]) == "dill 0.4.1: multiprocess>=0.70"  # walked like any wheel
+    assert not c.conflicts and not c.warnings
+    # the host's matching version is used, not bundled
+    c = resolve([root], house, host={"dill": "0.4.1"}, exclude=exclude, require=bc.parse_require(["dill==0.4.1"]))
+    assert c.picks["dill"].source == bc.HOST and "multiprocess" not in c.picks
+
+
+def test_require_that_the_engine_already_declares_is_reported_as_not_needed(tmp_path):
+    root, house = _sglang_like(tmp_path)
+    c = resolve([root], house, require=bc.parse_require(["dill==0.4.1"]))
+    assert c.picks["dill"].version == "0.4.1" and not c.conflicts
+    assert c.warnings == [
+        "--require dill==0.4.1: datasets 4.0: dill<0.4.2,>=0.3 already asks for it; the option can go"
+    ]
+
+
+def test_require_against_the_host_a_pin_or_a_prefer_is_a_conflict(tmp_path):
+    root, house = _sglang_like(tmp_path)
+    exclude = {"datasets": ""}
+    require = bc.parse_require([f"dill==0.4.1={DILL_WHY}"])
+    c = resolve([root], house, host={"dill": "0.3.8"}, exclude=exclude, require=require)
+    assert c.conflicts == [f"dill: host version 0.3.8 does not satisfy --require: dill==0.4.1 ({DILL_WHY})"]
+    # settled explicitly: use the host's, or --prefer the required version to replace it
+    c = resolve([root], house, host={"dill": "0.3.8"}, exclude=exclude, require=require, accept_host={"dill"})
+    assert c.picks["dill"].source == bc.HOST_ACCEPTED and not c.conflicts
+    c = resolve(
+        [root], house, host={"dill": "0.3.8"}, exclude=exclude, require=require, prefer=bc.parse_prefer(["dill==0.4.1"])
+    )
+    assert (c.picks["dill"].source, c.picks["dill"].version) == (bc.PREFERRED, "0.4.1") and not c.conflicts
+    pinned = [bc.PinnedWheel("dill", "0.4.2", lambda: house / "dill-0.4.2-py3-none-any.whl")]
+    c = resolve([root], house, exclude=exclude, require=require, pinned=pinned)
+    assert c.conflicts == [f"dill: build/pins.toml version 0.4.2 does not satisfy --require: dill==0.4.1 ({DILL_WHY})"]
+    c = resolve([root], house, exclude=exclude, require=require, prefer=bc.parse_prefer(["dill==0.4.2"]))
+    assert c.conflicts == [f"dill: --prefer version 0.4.2 does not satisfy --require: dill==0.4.1 ({DILL_WHY})"]
+
+
 def test_wheels_for_other_platforms_or_pythons_are_not_picked(tmp_path):
     house = tmp_path / "house"
     make_wheel(house, "native", "2.0", tag="cp313-cp313-manylinux_2_28_x86_64")
@@ -381,11 +451,41 @@ def test_conflicts_exit_1_and_misuse_exit_2(small_bundle, tmp_path, capsys):
     assert "CONFLICT" in capsys.readouterr().err
 
 
+def test_require_reaches_manifest_lock_and_install(small_bundle, tmp_path):
+    root, argv, bdir = small_bundle
+    make_wheel(root / "house", "undeclared", "2.0", files={"undeclared/__init__.py": "OK = 1\n"})
+    assert run_cli([*argv, "--require", "undeclared==2.0=imported by vllm/x.py; declared only through a test"]) == 0
+    m = json.loads((bdir / "manifest.json").read_text())
+    w = next(w for w in m["wheels"] if w["name"] == "undeclared")
+    assert w["why"] == "--require undeclared==2.0: imported by vllm/x.py; declared only through a test"
+    assert w["required_by"] == ["--require: undeclared==2.0 (imported by vllm/x.py; declared only through a test)"]
+    assert w["sha256"] == ba.sha256_file(root / "house" / "undeclared-2.0-py3-none-any.whl")
+    assert m["options"]["require"] == ["undeclared==2.0=imported by vllm/x.py; declared only through a test"]
+    lock = (bdir / "requirements.lock").read_text().splitlines()
+    assert f"undeclared==2.0 --hash=sha256:{w['sha256']}  # downloaded: {w['why']}" in lock
+    site = tmp_path / "site"
+    assert _install_sh(bdir, "--target", str(site)).returncode == 0
+    assert (site / "undeclared" / "__init__.py").read_text() == "OK = 1\n"
+
+
+def test_require_misuse_exits_2_and_a_host_conflict_exits_1(small_bundle, capsys):
+    _, argv, _ = small_bundle
+    assert run_cli([*argv, "--require", "tinydep>=1"]) == 2
+    assert "NAME==VERSION" in capsys.readouterr().err
+    assert run_cli([*argv, "--require", "tinydep==1.2", "--exclude", "tinydep=no"]) == 2
+    assert "--require and --exclude both name tinydep" in capsys.readouterr().err
+    assert run_cli([*argv, "--require", "numpy==2.4.0=imported by vllm", "--dry-run"]) == 1  # the host has 2.5.2
+    err = capsys.readouterr().err
+    assert "CONFLICT: numpy: host version 2.5.2 does not satisfy --require: numpy==2.4.0 (imported by vllm)" in err
+    assert "--prefer the same version to replace the host's" in err
+
+
 def test_help_exits_0(capsys):
     with pytest.raises(SystemExit) as exc:
         bundle.main(["bundle", "--help"])
     assert exc.value.code == 0
-    assert "--drop-path" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--drop-path" in out and "--require NAME==VER[=REASON]" in out
 
 
 def test_engine_all_writes_one_self_contained_bundle_per_engine(small_bundle):
@@ -440,3 +540,9 @@ def test_recipe_options_files_parse():
     for name in ("vllm.args", "sglang.args"):
         args = parser.parse_args([f"@{here / name}"])
         assert args.engine == name.split(".")[0] and args.compression == "xz" and args.exclude
+        assert not set(bc.parse_require(args.require)) & {n.partition("=")[0] for n in args.exclude}
+        if name == "sglang.args":  # sglang imports dill at start-up; only the excluded datasets declares it
+            assert bc.parse_require(args.require)["dill"].requirement == "dill==0.4.1"
+            # the HTTP server imports jsonschema (declared only through excluded packages) and soundfile
+            assert "jsonschema" in bc.parse_require(args.require)
+            assert "soundfile" not in {n.partition("=")[0] for n in args.exclude}

@@ -113,6 +113,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "manifest with the reason; repeatable",
     )
     p.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="NAME==VER[=REASON]",
+        help="bring NAME although no engine declares it (the engine imports it, e.g. only an excluded package "
+        "declares it); walked like a declared requirement, its own requirements too; a host or pinned version "
+        "that differs is a conflict; recorded in the manifest with the reason; repeatable; e.g. "
+        "--require 'dill==0.4.1=imported by sglang/srt/sampling/custom_logit_processor.py'",
+    )
+    p.add_argument(
         "--accept-host",
         action="append",
         default=[],
@@ -223,6 +233,8 @@ def _why(pick: bc.Pick) -> str:
         return pick.note
     first = pick.reasons[0]
     more = f" +{len(pick.reasons) - 1} more" if len(pick.reasons) > 1 else ""
+    if first.by == bc.REQUIRE:
+        return f"{first.by} {first.requirement}: {first.why or 'no reason given'}{more}"
     return f"{first.by} requires {first.requirement}{more}"
 
 
@@ -239,10 +251,14 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         raise UsageError(f"no {RUNTIME} wheel in {args.dist}: run `make build` first (the engines require it)")
     local[RUNTIME] = runtime
     prefer_lines = list(args.prefer) + [c.read_text() for c in args.constraints]
+    exclude = _parse_excludes(args.exclude)
     try:
         prefer = bc.parse_prefer(prefer_lines)
+        require = bc.parse_require(args.require)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if both := sorted(set(require) & set(exclude)):
+        raise UsageError(f"--require and --exclude both name {', '.join(both)}: keep one")
     cache = args.download_cache or _default_cache()
     log(f"{engine}: resolving the closure of {engine_wheel.name} for {target.describe()}")
     closure = bc.resolve(
@@ -253,8 +269,9 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         local=local,
         pinned=_pinned_wheels(),
         prefer=prefer,
-        exclude=_parse_excludes(args.exclude),
+        exclude=exclude,
         accept_host=set(args.accept_host),
+        require=require,
         progress=log,
     )
     for w in closure.warnings:
@@ -304,6 +321,7 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         "options": {
             "prefer": [str(r) for r in prefer.values()],
             "exclude": args.exclude,
+            "require": args.require,
             "accept_host": args.accept_host,
             "drop_path": args.drop_path,
             "part_size": args.part_size_bytes,
@@ -332,7 +350,10 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
     if closure.conflicts:
         for c in closure.conflicts:
             log(f"CONFLICT: {c}")
-        log("resolve them with --prefer NAME==VER, --accept-host NAME or --exclude NAME (all recorded)")
+        log(
+            "resolve them with --prefer NAME==VER, --accept-host NAME or --exclude NAME (all recorded); "
+            "for a --require: change its version, or --prefer the same version to replace the host's"
+        )
         manifest["status"] = "conflicts"
         return manifest
     if args.dry_run:

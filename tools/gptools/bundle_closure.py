@@ -1,9 +1,10 @@
 """Dependency closure for an offline bundle: which wheels must travel so that a target host can import the engines.
 
-The walk starts from the chosen engine wheels' Requires-Dist, evaluates every marker for the *target* (not for the
-machine running the bundle), skips what the target's `pip freeze` already satisfies, and otherwise picks a wheel:
-a `--prefer NAME==VER` override first, then a wheel pinned in build/pins.toml, then `pip download` of the newest
-version that satisfies every requirement seen so far. Downloaded wheels are recursed into.
+The walk starts from the chosen engine wheels' Requires-Dist (plus any `--require NAME==VER`: a package an engine
+imports without declaring it), evaluates every marker for the *target* (not for the machine running the bundle),
+skips what the target's `pip freeze` already satisfies, and otherwise picks a wheel: a `--prefer NAME==VER` override
+first, then a wheel pinned in build/pins.toml, then `pip download` of the newest version that satisfies every
+requirement seen so far. Downloaded wheels are recursed into.
 
 It is a greedy, level-by-level walk (no backtracking): when a requirement met later rules out a version already
 picked, that is reported as a conflict, never silently ignored. Every decision keeps the requirement(s) that caused
@@ -146,15 +147,19 @@ def read_wheel_meta(path: Path) -> WheelMeta:
 # Decisions
 
 
+REQUIRE = "--require"  # Reason.by of a requirement given on the command line instead of by a wheel
+
+
 @dataclass
 class Reason:
-    """One requirement that asked for a package: who asked, and what they asked for."""
+    """One requirement that asked for a package: who asked, what they asked for, and (for --require) why."""
 
-    by: str  # "vllm 0.26.0+gp.1" or "--prefer"
+    by: str  # "vllm 0.26.0+gp.1", "--prefer" or REQUIRE
     requirement: str
+    why: str = ""
 
     def __str__(self) -> str:
-        return f"{self.by}: {self.requirement}"
+        return f"{self.by}: {self.requirement}" + (f" ({self.why})" if self.why else "")
 
 
 # How a package is provided on the target.
@@ -229,6 +234,34 @@ def parse_prefer(values: Iterable[str]) -> dict[str, Requirement]:
     return out
 
 
+_REQUIRE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*(?:=(.*))?$")
+
+
+def parse_require(values: Iterable[str]) -> dict[str, Reason]:
+    """`--require NAME==VER[=WHY]` -> {canonical name: Reason(REQUIRE, "NAME==VER", WHY)}.
+
+    One exact version, so that the bundle is reproducible and a host or pinned version that differs is a conflict
+    to settle explicitly rather than a silent choice."""
+    out: dict[str, Reason] = {}
+    for value in values:
+        m = _REQUIRE.match(value)
+        try:
+            version = Version(m.group(2)) if m else None
+        except InvalidVersion:
+            version = None
+        if m is None or version is None:
+            raise ValueError(
+                f"--require {value!r}: expected NAME==VERSION[=REASON] with one exact version, "
+                "e.g. --require 'dill==0.4.1=imported by sglang/srt/sampling/custom_logit_processor.py'"
+            )
+        name = canonicalize_name(m.group(1))
+        reason = Reason(REQUIRE, f"{m.group(1)}=={version}", (m.group(3) or "").strip())
+        if name in out and out[name].requirement != reason.requirement:
+            raise ValueError(f"--require {name}: given twice with different versions ({out[name].requirement})")
+        out[name] = reason
+    return out
+
+
 def _version_ok(spec: SpecifierSet, version: str) -> bool:
     try:
         return spec.contains(Version(version), prereleases=True)
@@ -247,6 +280,7 @@ def resolve(
     prefer: dict[str, Requirement] | None = None,
     exclude: dict[str, str] | None = None,
     accept_host: set[str] | None = None,
+    require: dict[str, Reason] | None = None,
     progress: Callable[[str], None] = lambda s: None,
     workers: int = 8,
 ) -> Closure:
@@ -255,6 +289,8 @@ def resolve(
     local: wheels from dist/ that can satisfy a requirement by name (graphpersist).
     exclude: {name: reason} never brought nor checked (a declared dependency the target does not need).
     accept_host: names whose host version is used even where it does not satisfy a requirement.
+    require: {name: Reason} from parse_require: walked like the engines' own requirements, except that a host or
+      pinned version that does not match is a conflict (the engine never declared which versions it works with).
     """
     local = {canonicalize_name(k): v for k, v in (local or {}).items()}
     prefer = prefer or {}
@@ -305,6 +341,8 @@ def resolve(
         meta = read_wheel_meta(root)
         take_wheel(root, DIST, [], set(), "engine chosen with --engine")
         progress(f"root {meta.display_name} {meta.version}: {len(meta.requires)} declared requirements")
+    for reason in (require or {}).values():
+        pending.append((Requirement(reason.requirement), reason))
 
     level = 0
     while pending:
@@ -371,8 +409,17 @@ def resolve(
                     note=f"host has {host_version}, which does not satisfy '{spec}'; used anyway (--accept-host)",
                 )
                 continue
+            unmet = _unmet_require(reqs, [host_version] if host_version is not None else [])
+            if unmet:
+                conflicts.add(name, host_version, "host", unmet)
+                picks[name] = Pick(name, host_version, HOST, reasons, note="the host's version (see the conflict)")
+                continue
             replaces = f"; replaces the host's {host_version} (does not satisfy '{spec}')" if host_version else ""
-            fitting = [p for p in pinned_by_name.get(name, []) if _version_ok(spec, p.version)]
+            pins = pinned_by_name.get(name, [])
+            unmet = _unmet_require(reqs, [p.version for p in pins])
+            if unmet:
+                conflicts.add(name, ", ".join(sorted(p.version for p in pins)), "build/pins.toml", unmet)
+            fitting = [p for p in pins if _version_ok(spec, p.version)]
             if fitting:
                 best = max(fitting, key=lambda p: Version(p.version))
                 take_wheel(best.get(), PINNED, reasons, extras, "pinned in build/pins.toml" + replaces)
@@ -381,7 +428,18 @@ def resolve(
             take_wheel(path, DOWNLOADED, reasons, extras, f"newest satisfying '{spec or 'any'}'" + replaces)
     for name in sorted(set(prefer) - set(picks)):
         warnings.append(f"--prefer {prefer[name]}: nothing in the closure requires {name}; ignored")
+    for name, reason in sorted((require or {}).items()):
+        declared = [r for r in picks[name].reasons if r.by not in (REQUIRE, "--prefer")]
+        if declared:
+            warnings.append(f"--require {reason.requirement}: {declared[0]} already asks for it; the option can go")
     return Closure(target, picks, conflicts.lines(), warnings)
+
+
+def _unmet_require(reqs: list[tuple[Requirement, Reason]], versions: list[str]) -> list[Reason]:
+    """The --require reasons that none of `versions` (the host's, or the pinned ones) satisfies."""
+    if not versions:
+        return []
+    return [why for r, why in reqs if why.by == REQUIRE and not any(_version_ok(r.specifier, v) for v in versions)]
 
 
 def _prefetch(names, grouped, fetch, host, local, prefer, exclude, accept_host, pinned_by_name, target, workers):
