@@ -252,7 +252,9 @@ def test_a_refused_load_ends_the_server_by_sigkill_and_the_driver_records_it(
     assert (refusal["exit_code"], refusal["exit"]) == (-9, "killed by SIGKILL") and refusal["exited_s"] > 0
     assert refusal["matched"] == "  flags.context_length: saved 4096, live 2048"
     assert refusal["first_line"].startswith("graphpersist.validate.LoadRefused: graphpersist: cannot LOAD ")
-    assert "Scheduler hit an exception: Traceback" in printed and "Received sigquit from a child process" in printed
+    assert "Scheduler hit an exception: Traceback" in printed
+    if not killpg:  # the opt-in group kill may end the main process before its handler runs
+        assert "Received sigquit from a child process. It usually means the child failed." in printed
     assert result["outputs"] == {} and "/health 200" not in result["readiness"]["polls"]["answers"]
     assert result["server"]["shutdown"]["signal"] is None  # it had ended by itself
     command = result["server"]["command"]
