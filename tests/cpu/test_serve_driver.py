@@ -28,8 +28,9 @@ RECIPE = REPO / "recipes" / "vllm-qwen3-8b-tp2-serve"
 FAKE = Path(__file__).resolve().with_name("fake_vllm_serve.py")
 sys.path.insert(0, str(RECIPE))
 
-import openai_http  # noqa: E402
 import serve_driver  # noqa: E402
+
+from gptools import openai_http, serveproof  # noqa: E402
 
 REFUSED = next(r for r in tomllib.loads((RECIPE / "proof.toml").read_text())["run"] if r["name"] == "serve_refused")
 
@@ -129,7 +130,7 @@ def test_a_broken_stream_is_an_error(stream: list[bytes], message: str) -> None:
 
 
 def parsed(*argv: str) -> tuple[Any, list[str]]:
-    return serve_driver.parse_args(["--run", "r", "--result", "/tmp/r.json", *argv])
+    return serveproof.parse_args(serve_driver.ENGINE, "test", ["--run", "r", "--result", "/tmp/r.json", *argv])
 
 
 def test_the_serve_command_pins_the_recipe_and_lets_extra_flags_replace_them() -> None:
@@ -165,23 +166,23 @@ RESTORED = "(Worker_TP{r} pid=3) INFO graphpersist: rank {r}: restored 1938 grap
 
 
 def test_readiness_needs_the_engine_and_every_graph_line_before_the_first_200() -> None:
-    good = [RESTORED.format(r=0), RESTORED.format(r=1), ENGINE, "Starting vLLM server", ACCESS]
-    assert serve_driver.readiness_problems(good, "load")[0] == []
-    problems, evidence = serve_driver.readiness_problems([RESTORED.format(r=0), ACCESS, ENGINE], "load")
-    assert problems == ["log line 2 answered 200 before the engine was ready (line 3)"]
-    assert evidence["first_200"] == {"line": 2, "text": ACCESS}
+    problems = serve_driver.READINESS.problems
+    both = [RESTORED.format(r=0), RESTORED.format(r=1)]
+    assert problems([*both, ENGINE, "Starting vLLM server", ACCESS], "load", 2)[0] == []
+    found, evidence = problems([*both, ACCESS, ENGINE], "load", 2)
+    assert found == ["log line 3 answered 200 before the engine was ready (line 4)"]
+    assert evidence["first_200"] == {"line": 3, "text": ACCESS}
     late_rank = [RESTORED.format(r=0), ENGINE, ACCESS, RESTORED.format(r=1)]
-    assert serve_driver.readiness_problems(late_rank, "load")[0] == [
-        "log line 3 answered 200 before the graphs were restored (line 4)"
+    assert problems(late_rank, "load", 2)[0] == ["log line 3 answered 200 before the graphs were restored (line 4)"]
+    assert problems([RESTORED.format(r=0), ENGINE, ACCESS], "load", 2)[0] == [
+        "no 'graphpersist: rank R: restored N graphs' line from rank(s) [1]"
     ]
-    assert serve_driver.readiness_problems([ENGINE, ACCESS], "save")[0] == [
-        "no 'graphpersist: rank R: saved N graphs' line in the log"
-    ]
-    assert serve_driver.readiness_problems([ENGINE, ACCESS], "off")[0] == []
-    assert serve_driver.readiness_problems(["starting", ACCESS], "off")[0] == [
+    assert problems([ENGINE, ACCESS], "save", 2)[0] == ["no 'graphpersist: rank R: saved N graphs' line in the log"]
+    assert problems([ENGINE, ACCESS], "off", 2)[0] == []
+    assert problems(["starting", ACCESS], "off", 2)[0] == [
         "log line 2 answered 200, but the engine never logged that it was ready"
     ]
-    assert serve_driver.readiness_problems([ENGINE], "off")[0] == [
+    assert problems([ENGINE], "off", 2)[0] == [
         "no access-log line of a 200 from /health or /v1/models in the server's log"
     ]
 
@@ -330,7 +331,7 @@ def test_each_serving_run_records_readiness_workloads_and_shutdown(proof: tuple[
         answers = result["readiness"]["polls"]["answers"]
         assert answers["/health 200"] == 1 and answers["/health refused"] >= 1, answers
         assert [len(result["outputs"][w]) for w in ("sequential", "concurrent", "streamed", "chat")] == [4, 16, 1, 2]
-        assert all(len(tokens) == serve_driver.GEN for w in result["outputs"].values() for tokens in w)
+        assert all(len(tokens) == serveproof.GEN for w in result["outputs"].values() for tokens in w)
         assert result["texts"]["chat"][0].startswith(" w")
         assert result["readiness"]["first_200"]["line"] > result["readiness"]["engine_ready"][0]["line"]
         assert sum(result["phases"].values()) == pytest.approx(result["start_to_ready_s"], abs=0.01)

@@ -1,8 +1,9 @@
 """What an engine driver of `python -m gptools prove` needs, and nothing else: standard library only.
 
-Drivers run under the engine's Python on the GPU host (3.10 or newer), where only this file of gptools has to be
-importable: the runner puts this repository's tools/ folder first on the driver's PYTHONPATH, so
-`from gptools import proofkit` works without installing anything. The contract itself (arguments, environment,
+Drivers run under the engine's Python on the GPU host (3.10 or newer), where only this file of gptools (and, for a
+serve proof, serveproof.py and openai_http.py, standard library only too) has to be importable: the runner puts this
+repository's tools/ folder first on the driver's PYTHONPATH, so `from gptools import proofkit` works without
+installing anything. The contract itself (arguments, environment,
 result.json, stats files) is described in gptools/prove.py.
 
 A driver typically does::

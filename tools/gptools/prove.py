@@ -8,7 +8,8 @@ The driver contract:
 
 - argv: `<driver> --run NAME --mode off|save|load [--archive DIR] --result FILE <the run's args>`, started with
   cwd = the recipe folder, in a new session, stdout + stderr to `<out>/<run>/log.txt`. `{python}` in the driver's
-  argv is the --python interpreter. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH).
+  argv is the --python interpreter. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH),
+  and one that starts an OpenAI-compatible server `gptools.serveproof`.
 - environment: each `cache_env` variable points at its own folder of the run's cache root (`<out>/cache-warm`,
   shared by all warm runs and kept; a `cache = "fresh"` run gets the same paths emptied, the warm content moved
   aside for its length, and what it wrote is kept in `<out>/<run>/cache`);
