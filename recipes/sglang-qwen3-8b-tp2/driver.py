@@ -59,7 +59,7 @@ timed = shared.timed
 CONTEXT_LENGTH = 4096
 OVERSIZE_REQUESTS = 300  # > 256, SGLang's largest decode graph on an H200 at TP < 4 (checked against the engine)
 DECODE_TOKENS = 256
-# The opt-in of patch 0009 (sglang/srt/graphpersist_symm_multicast.py): torch symmetric memory's two-shot all-reduce
+# The opt-in of patch 0007 (sglang/srt/graphpersist_symm_multicast.py): torch symmetric memory's two-shot all-reduce
 # on a host without multicast. Set for every run of a recipe, persistence off included, so all runs reduce alike.
 SYMM_MEM_NO_MULTICAST_ENV = "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"
 ENGINE_FLAGS = ("disable_cuda_graph", "disable_custom_all_reduce", "enable_torch_symm_mem")  # Engine(flag=True)

@@ -33,7 +33,7 @@ from graphpersist.validate import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("session", "facts", "capture", "customar", "caches", "engine", "switch")
+MODULES = ("session", "facts", "capture", "customar", "caches", "engine", "switch", "symm_multicast")
 GiB = 1 << 30
 
 
@@ -616,6 +616,23 @@ class _Revert(ast.NodeTransformer):
             return node.body  # `if not defer(self): self.capture()` -> `self.capture()`
         return None  # `if defer(self): return`
 
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        """`upstream_test and not keep_without_multicast(...)` (patch 0007) -> `upstream_test`."""
+        kept = [v for v in node.values if not self._negated_overlay_call(v)]
+        if len(kept) == len(node.values):
+            return self.generic_visit(node)
+        self.removed += [ast.unparse(v) for v in node.values if self._negated_overlay_call(v)]
+        return self.generic_visit(kept[0] if len(kept) == 1 else ast.BoolOp(op=node.op, values=kept))
+
+    def _negated_overlay_call(self, node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.Not)
+            and isinstance(node.operand, ast.Call)
+            and isinstance(node.operand.func, ast.Name)
+            and node.operand.func.id in self.imported
+        )
+
     def generic_visit(self, node: ast.AST) -> ast.AST:
         for name, value in ast.iter_fields(node):
             if isinstance(value, ast.expr) and ast.unparse(value) in REVERSIONS:
@@ -650,8 +667,8 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
         assert ast.dump(reverted) == ast.dump(ast.parse((pristine / rel).read_text())), (
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
-    assert len(touched) == 9
-    assert sum("import" in r for r in removed_all) == 9 and sum("defer" in r for r in removed_all) == 2
+    assert len(touched) == 10
+    assert sum("import" in r for r in removed_all) == 10 and sum("defer" in r for r in removed_all) == 2
 
 
 PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")

@@ -19,7 +19,7 @@ What is pinned below was observed and checked against the upstream diffs:
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,8 @@ class Target:
     # the later patches of the series: name -> (status, [(file, hunk index, status, line, offset, fuzz)])
     later: dict[str, tuple[str, list[tuple[str, int, str, int, int, int]]]]
     first_line: str
+    # the later patches whose 3-way merge also conflicts: name -> files (the report lists them after the first)
+    later_conflicts: dict[str, list[str]] = field(default_factory=dict)
 
 
 TARGETS = {
@@ -106,11 +108,94 @@ TARGETS = {
         hook_findings=[
             "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape: "
             "parameters changed: expected (self, size, forward, stream_idx, variant_label), found (self, size, "
-            "forward, stream_idx, variant_label, dsa_variant) at line 1118"
+            "forward, stream_idx, variant_label, dsa_variant) at line 1118",
+            "sglang.srt.model_executor.runner.base_runner:BaseRunner._dummy_run: parameters changed: expected (self, "
+            "batch_size, run_ctx, forward_mode_override, *, buffers), found (self, batch_size, run_ctx, "
+            "forward_mode_override, *, buffers, extend_num_tokens_per_req) at line 370",
         ],
         conflict_messages={},
-        later={},
-        first_line=f"1 of 1 patches need work on sglang 0.5.18: {PATCH} (conflict)",
+        later={
+            "0002-start-graph-persistence-before-distributed-init.patch": (
+                "fuzzy",
+                [
+                    ("sglang/srt/model_executor/model_runner.py", 1, "offset", 1027, 41, 0),
+                ],
+            ),
+            "0003-let-graph-persistence-size-the-memory-pool.patch": (
+                "fuzzy",
+                [
+                    ("sglang/srt/mem_cache/kv_cache_configurator.py", 1, "offset", 281, 37, 0),
+                ],
+            ),
+            "0004-let-graph-persistence-capture-after-every-graph-runn.patch": (
+                "conflict",
+                [
+                    ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 1, "fuzz", 7, 0, 2),
+                    ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 2, "offset", 189, 35, 0),
+                    ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1, "fuzz", 42, 1, 1),
+                    ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 2, "offset", 457, 46, 0),
+                    ("sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", 1, "failed", 50, 0, 0),
+                    ("sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", 2, "offset", 524, -5, 0),
+                ],
+            ),
+            "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch": (
+                "fuzzy",
+                [
+                    ("sglang/srt/model_executor/runner_backend/breakable_cuda_graph_backend.py", 1, "exact", 23, 0, 0),
+                    ("sglang/srt/model_executor/runner_backend/breakable_cuda_graph_backend.py", 2, "exact", 141, 0, 0),
+                    ("sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py", 1, "exact", 23, 0, 0),
+                    ("sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py", 2, "offset", 112, 18, 0),
+                    ("sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py", 3, "offset", 134, 21, 0),
+                    (
+                        "sglang/srt/model_executor/runner_backend_utils/breakable_cuda_graph/breakable_cuda_graph.py",
+                        1,
+                        "offset",
+                        33,
+                        -1,
+                        0,
+                    ),
+                    (
+                        "sglang/srt/model_executor/runner_backend_utils/breakable_cuda_graph/breakable_cuda_graph.py",
+                        2,
+                        "offset",
+                        260,
+                        -5,
+                        0,
+                    ),
+                    (
+                        "sglang/srt/model_executor/runner_backend_utils/breakable_cuda_graph/breakable_cuda_graph.py",
+                        3,
+                        "offset",
+                        375,
+                        -5,
+                        0,
+                    ),
+                ],
+            ),
+            "0006-register-custom-all-reduce-graph-inputs-through-grap.patch": (
+                "clean",
+                [
+                    ("sglang/srt/distributed/device_communicators/custom_all_reduce_v2.py", 1, "exact", 25, 0, 0),
+                    ("sglang/srt/distributed/device_communicators/custom_all_reduce_v2.py", 2, "exact", 380, 0, 0),
+                ],
+            ),
+            "0007-keep-torch-symmetric-memory-on-without-multicast-for.patch": (
+                "clean",
+                [
+                    ("sglang/srt/distributed/device_communicators/torch_symm_mem.py", 1, "exact", 113, 0, 0),
+                ],
+            ),
+        },
+        first_line=f"5 of 7 patches need work on sglang 0.5.18: {PATCH} (conflict), "
+        "0002-start-graph-persistence-before-distributed-init.patch (fuzzy), "
+        "0003-let-graph-persistence-size-the-memory-pool.patch (fuzzy), "
+        "0004-let-graph-persistence-capture-after-every-graph-runn.patch (conflict), "
+        "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch (fuzzy)",
+        later_conflicts={
+            "0004-let-graph-persistence-capture-after-every-graph-runn.patch": [
+                "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
+            ]
+        },
     ),
 }
 
@@ -139,7 +224,7 @@ def test_rebase_one_release_forward(engine: str, pins: Pins, repo_root: Path, tm
     assert {
         o.name: (o.status, [(h.file, h.index, h.status, h.line, h.offset, h.fuzz) for h in o.hunks]) for o in later
     } == target.later
-    assert all(not o.conflict_files for o in later)
+    assert {o.name: o.conflict_files for o in later if o.conflict_files} == target.later_conflicts
     assert [(h.index, h.status, h.line, h.offset, h.fuzz) for h in outcome.hunks] == target.hunks
     assert {h.index: h.message for h in outcome.hunks if h.status == CONFLICT} == target.conflict_messages
     assert {h.file for h in outcome.hunks} == {target.conflict_file}

@@ -1,4 +1,4 @@
-"""Torch symmetric memory without multicast (SGLang patch 0009 and sglang/srt/graphpersist_symm_multicast.py).
+"""Torch symmetric memory without multicast (SGLang patch 0007 and sglang/srt/graphpersist_symm_multicast.py).
 
 The decision logic runs here as it is (the overlay imports only the standard library). The patched communicator is
 checked in the built wheel (network: it needs dist/): its `__init__` runs against stand-ins for torch and the SGLang

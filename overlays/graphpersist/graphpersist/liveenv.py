@@ -101,7 +101,7 @@ ENGINE_ENV_PINS: Final = (
     "TORCH_NCCL_NAN_CHECK",  # adds a NaN-check kernel before each collective
     "TORCH_SYMMMEM",  # symmetric-memory backend: CUDA, NVSHMEM or NCCL
     "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-    "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST",  # SGLang patch 0009: symmetric memory's two-shot all-reduce without it
+    "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST",  # SGLang patch 0007: symmetric memory's two-shot all-reduce without it
     "NVSHMEM_DISABLE_NVLS",
     "NVSHMEM_SYMMETRIC_SIZE",
     "CUDA_VISIBLE_DEVICES",

@@ -1,5 +1,5 @@
 """Torch symmetric-memory all-reduce on a host without NVLink multicast (called from the patched
-``sglang/srt/distributed/device_communicators/torch_symm_mem.py``, patch 0009).
+``sglang/srt/distributed/device_communicators/torch_symm_mem.py``, patch 0007).
 
 Upstream SGLang 0.5.17 turns ``TorchSymmMemCommunicator`` off whenever torch's ``rendezvous()`` returns no
 multicast address. But the communicator runs one of two kernels: ``multimem_all_reduce_``, which reduces through an
