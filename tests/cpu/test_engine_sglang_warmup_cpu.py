@@ -526,7 +526,7 @@ def test_save_writes_once_the_graph_runners_are_set_running_the_first_requests_b
         "graph_forwards": 3,
         "eager_forwards": 1,
         "new_cache_files": 1,
-        "examples": ["triton/ABC/write_req_to_token_pool_triton.cubin"],
+        "files": ["triton/ABC/write_req_to_token_pool_triton.cubin"],
     }
     assert stats["phases"]["kernel_warmup_before_save"] >= 0 and "save" in stats["phases"]
     srt.engine.after_graphs(mr)  # a second call (another model runner's graphs) writes nothing again

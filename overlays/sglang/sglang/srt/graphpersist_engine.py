@@ -299,6 +299,7 @@ def after_graphs(model_runner: Any) -> None:
 
 
 KERNEL_WARMUP = "kernel_warmup_before_save"  # the per-rank stats phase, as vLLM's worker names it
+FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
 
 
 def _save(sess: gps.Session, mr: Any) -> None:
@@ -345,7 +346,7 @@ def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
         "graph_forwards": outcome.graph_forwards,
         "eager_forwards": outcome.eager_forwards,
         "new_cache_files": len(added) if sess.rank == 0 else None,
-        "examples": added[:20],
+        "files": added[:FILES_LISTED],
     }
     sess.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
              len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
