@@ -33,7 +33,7 @@ from graphpersist.validate import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("session", "facts", "capture", "customar", "caches", "engine", "switch", "symm_multicast")
+MODULES = ("session", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast")
 GiB = 1 << 30
 
 
@@ -668,7 +668,11 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
     assert len(touched) == 10
-    assert sum("import" in r for r in removed_all) == 10 and sum("defer" in r for r in removed_all) == 2
+    assert sum("import" in r for r in removed_all) == 11 and sum("defer" in r for r in removed_all) == 2
+    assert [r for r in removed_all if "after_graphs" in r] == [
+        "from sglang.srt.graphpersist_engine import after_graphs",
+        "after_graphs(self)",
+    ]
 
 
 PY312 = Path("/root/.pyenv/versions/3.12.1/bin/python")

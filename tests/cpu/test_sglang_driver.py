@@ -211,6 +211,16 @@ def test_with_persistence_the_runtimes_slowest_rank_splits_graphs_and_save() -> 
     assert sum(phases.values()) == pytest.approx(30.0)
 
 
+def test_saves_kernel_warm_up_counts_as_save_and_the_phases_still_add_up() -> None:
+    stats = [
+        {"rank": 0, "phases": {"capture": 5.0, "kernel_warmup_before_save": 1.5, "save": 2.0}},
+        {"rank": 1, "phases": {"capture": 5.0, "kernel_warmup_before_save": 1.75, "save": 1.0}},
+    ]
+    phases = driver.start_phases(30.0, driver.log_phases(SUMMARY), stats)
+    assert phases["save"] == 3.75
+    assert sum(phases.values()) == pytest.approx(30.0)
+
+
 def test_without_the_summary_only_the_runtimes_phases_are_reported() -> None:
     stats = [{"rank": 0, "phases": {"restore": 1.2}}, {"rank": 1, "phases": {"restore": 1.4}}]
     assert driver.start_phases(12.0, {"weights": 1.0}, stats) == {"restore": 1.2}
@@ -260,7 +270,8 @@ class Engine:
 
     def generate(self, input_ids, sampling_params):
         n = sampling_params["max_new_tokens"]
-        assert sampling_params["temperature"] == 0.0 and sampling_params["ignore_eos"]
+        greedy = sampling_params["temperature"] == 0.0
+        assert sampling_params["ignore_eos"] and (greedy or (len(input_ids), n) == (1, 4)), sampling_params
         return [{"output_ids": [(sum(p) + k) % 151936 for k in range(n)], "text": ""} for p in input_ids]
 '''
 
@@ -304,6 +315,7 @@ def test_the_committed_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp
     assert list(save["phases"]) == ["start", "weights", "profile", "kv_warmup", "graphs", "save", "rest_of_init"]
     assert save["phases"]["graphs"] == 0.5 and save["engine"] == {"name": "sglang", "version": "0.5.17+gp.1"}
     assert save["graph_inventory"]["decode_max_bs"] == 256
+    assert (save["jit"]["new_cache_files_later"], save["jit"]["examples_later"]) == (0, [])
     eager = json.loads((out / "eager" / "result.json").read_text())
     assert eager["phases"]["graphs"] == 0.0
 

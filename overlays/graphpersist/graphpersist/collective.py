@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from graphpersist import ranks
 from graphpersist.errors import PersistError
@@ -33,3 +33,18 @@ def collective(par: Mapping[str, int], rank: int, gather: ranks.Gather | None) -
         return ranks.Ranks(par["world_size"], rank, gather)
     except ranks.RanksRefused as exc:
         raise PersistError(str(exc)) from None
+
+
+def run_on_every_rank(coll: ranks.Ranks, work: Callable[[], None], what: str) -> None:
+    """Runs `work` on this rank, then agrees with the others as after their preparation: a failure on any rank
+    raises RanksRefused on every rank, naming it (one rank: the failure as it is, there is nobody to tell).
+
+    Every rank must call this (collectively): a rank that skipped it would leave the others waiting."""
+    error = None
+    try:
+        work()
+    except Exception as exc:
+        if coll.world_size == 1:
+            raise
+        error = f"{type(exc).__name__}: {exc}"
+    coll.check(error, what)

@@ -31,7 +31,7 @@ from graphpersist import (
     world,
 )
 from graphpersist.archive import ArchiveWriter, archive_path
-from graphpersist.collective import collective, parallel_layout
+from graphpersist.collective import collective, parallel_layout, run_on_every_rank
 from graphpersist.errors import PersistError
 from graphpersist.graphset import DuplicateGraph, GraphSet
 from graphpersist.liveenv import collect_live, world_facts
@@ -124,6 +124,7 @@ class Saver:
         gather: ranks.Gather | None = None,
         notes: Mapping[str, Any] | None = None,
         shared: Shared | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
 
@@ -133,6 +134,12 @@ class Saver:
         `shared` are files for the top of the archive (name -> bytes; read back with archive.read_shared), given
         by rank 0 only. A function returning them is called once every rank has prepared its part (their compiles
         are done, e.g. for the JIT caches), and its failure refuses the SAVE on every rank.
+
+        `before_write` is work every rank runs once every rank has prepared its part, so after what the archive
+        holds (allocation log, graphs, pointer inventory, declared state) is fixed and before any file is written or
+        `shared` is called: what it allocates, maps or compiles leaves no trace in the archive except through
+        `shared` (an engine's first-request kernel warm-up, whose compiles the JIT caches then carry). The ranks
+        agree on it like on their preparation: its failure on any rank refuses the SAVE on every rank.
 
         With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
         the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
@@ -150,6 +157,8 @@ class Saver:
         try:
             coll.check(error, "SAVE")
             assert prep is not None
+            if before_write is not None:
+                run_on_every_rank(coll, before_write, "SAVE")
             coll.same_world(prep["world"], "SAVE")
             w = coll.writer(root, prep["world"], overwrite=overwrite)
         except ranks.RanksRefused as exc:

@@ -16,8 +16,14 @@ again. The archive therefore carries these folders, as the scheduler process res
 
 A folder that cannot be determined (its library is not installed) is left out and logged. Rank 0 packs them at
 SAVE (the ranks of one host share them); every rank of a LOAD puts back what its host lacks, before distributed
-init, and keeps what it has (`graphpersist.jitcache`). The archive is written after the capture: what SGLang
-compiles later (its first requests) is carried only when the SAVE host's caches already held it.
+init, and keeps what it has (`graphpersist.jitcache`). Rank 0 packs them after SAVE ran SGLang's first requests
+(`graphpersist_warmup`), so they hold what SGLang compiles only when it serves (batch preparation, sampling) as well
+as what its start-up and capture compiled.
+
+Not carried: the CUDA driver's PTX cache (`$CUDA_CACHE_PATH`, `~/.nv/ComputeCache`), which holds only what the driver
+compiles from PTX for a GPU a library ships no machine code for (none of the kernels above: Triton, nvcc and
+FlashInfer build machine code for the GPU they run on), and folders under `~` or `$XDG_CACHE_HOME` that no library
+on this path writes to (DeepGEMM's `~/.cache/deep_gemm` serves FP8 models; torch's kernel cache its jiterator ops).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ SGLang starts one scheduler process per TP rank with `spawn`; each inherits the 
 * the graph runners' `__init__`, capture (`graphpersist_capture.defer`): deferred, in SAVE and LOAD.
 * `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
   (so state a layer creates on its first forward exists in setup); the exact phase `attn_shapes` prepares the attention
-  backend's per-shape capture metadata; `mark_setup`; SAVE runs the deferred captures, custom all-reduce's
-  registration (post-capture phase `custom_all_reduce`) and writes the archive; LOAD runs `api.load`, installs
-  the graphs in the runners, re-runs the registration and verifies the state.
+  backend's per-shape capture metadata; `mark_setup`; SAVE runs the deferred captures and custom all-reduce's
+  registration (post-capture phase `custom_all_reduce`); LOAD runs `api.load`, installs the graphs in the runners,
+  re-runs the registration and verifies the state.
+* the end of `ModelRunner.init_cuda_graphs` (`after_graphs`), once SGLang holds its graph runners and a batch can
+  run: SAVE writes the archive, running SGLang's first requests (`graphpersist_warmup`) after the archive's content
+  is fixed and before rank 0 packs the JIT caches, so the kernels they compile travel with it; LOAD does nothing.
 
 Everything up to `mark_setup` is exact: LOAD's allocations must land at SAVE's addresses, event by event. The
 captures are deferred until every runner has allocated its buffers (upstream captures prefill graphs before the
@@ -31,6 +34,7 @@ from sglang.srt import graphpersist_capture as capture
 from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
 from sglang.srt import graphpersist_session as gps
+from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import switch
 from graphpersist.errors import PersistError
@@ -228,7 +232,8 @@ def _capture(sess: gps.Session, phase: str, runner: Any) -> None:
 
 
 def graphs(model_runner: Any) -> None:
-    """In `capture_cuda_graphs`, after the graph runners exist: SAVE captures and writes the archive, LOAD restores."""
+    """In `capture_cuda_graphs`, after the graph runners exist: SAVE captures (and writes in `after_graphs`), LOAD
+    restores."""
     sess = gps.current()
     if sess is None:
         return
@@ -253,16 +258,16 @@ def graphs(model_runner: Any) -> None:
     prepared = _attention_state(runners["decode"])
     api.mark_setup(facts.setup_tensors(model_runner))
     sess.timed("attn_shapes", started)
-    inventory = capture.expected_inventory(runners)
+    sess.runners = runners
     if sess.loading:
-        _restore(sess, model_runner, runners, inventory, prepared)
+        _restore(sess, model_runner, runners, capture.expected_inventory(runners), prepared)
+        sess.write_stats()
     else:
-        _save(sess, model_runner, runners, inventory, prepared)
-    sess.write_stats()
+        _capture_all(sess, runners, prepared)  # the archive is written by after_graphs, once a batch can run
 
 
-def _save(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[str, list[int]],
-          prepared: dict[str, list[Any]]) -> None:  # fmt: skip
+def _capture_all(sess: gps.Session, runners: dict[str, Any], prepared: dict[str, list[Any]]) -> None:
+    """SAVE: every deferred capture, in upstream's order, then custom all-reduce's registration."""
     assert sess.saver is not None
     started = time.perf_counter()
     for phase in ("prefill", "decode"):  # upstream's order
@@ -279,6 +284,26 @@ def _save(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[s
         )
     sess.notes["attn_shapes"] = prepared
     sess.timed("capture", started)
+
+
+def after_graphs(model_runner: Any) -> None:
+    """End of `ModelRunner.init_cuda_graphs`: SAVE writes the archive (LOAD restored in `graphs`, nothing to do)."""
+    sess = gps.current()
+    if sess is None or not sess.saving:
+        return
+    if not sess.runners:
+        raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
+                           "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
+    _save(sess, model_runner)
+    sess.write_stats()
+
+
+KERNEL_WARMUP = "kernel_warmup_before_save"  # the per-rank stats phase, as vLLM's worker names it
+FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
+
+
+def _save(sess: gps.Session, mr: Any) -> None:
+    assert sess.saver is not None
     started = time.perf_counter()
     summary = sess.saver.save(
         sess.directory,
@@ -286,16 +311,46 @@ def _save(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[s
         model=sess.model,
         rank=sess.rank,
         parallel=facts.parallel(mr.server_args),
-        flags=facts.flags(sess, mr, inventory),
+        flags=facts.flags(sess, mr, capture.expected_inventory(sess.runners)),
         overwrite=True,
         gather=facts.cpu_gather(),
         notes=sess.notes,
         shared=(lambda: caches.carry(sess)) if sess.rank == 0 else None,  # the ranks share the host's caches
+        before_write=lambda: _warm_kernels_before_save(sess, mr),
     )
     sess.done = True
-    took = sess.timed("save", started)
-    sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images)", sess.captured, sess.directory,
-             took, summary["serialize_s"], summary["images"])  # fmt: skip
+    took = time.perf_counter() - started
+    sess.timings["save"] = round(took - sess.timings.get(KERNEL_WARMUP, 0.0), 4)
+    sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; kernel warm-up %.2f s)",
+             sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
+             sess.timings.get(KERNEL_WARMUP, 0.0))  # fmt: skip
+
+
+def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
+    """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's first
+    requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the archive and a
+    LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added (none on a warm host)."""
+    import torch
+
+    from graphpersist import jitcache
+
+    started = time.perf_counter()
+    before = jitcache.listing(sess.caches) if sess.rank == 0 else set()
+    outcome = warmup.run(mr, sess.runners, sess.log)
+    torch.cuda.synchronize()
+    added = sorted(jitcache.listing(sess.caches) - before) if sess.rank == 0 else []
+    took = sess.timed(KERNEL_WARMUP, started)
+    sess.kernel_warmup = {
+        "batches": outcome.batches,
+        "left_out": outcome.left_out,
+        "graph_forwards": outcome.graph_forwards,
+        "eager_forwards": outcome.eager_forwards,
+        "new_cache_files": len(added) if sess.rank == 0 else None,
+        "files": added[:FILES_LISTED],
+    }
+    sess.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
+             len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
+             f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
 
 
 def _restore(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[str, list[int]],

@@ -6,7 +6,8 @@ memory-pool sizing ask it what to do. With persistence off there is no session a
 upstream does; the runtime (`graphpersist.api`, torch-heavy) is imported only once a session opens.
 
 The per-rank stats file has the keys of vLLM's session (`rank`, `mode`, `captured`, `restored`, `capture_calls`,
-`phases`, `jitcache_restored`), which the proof runner and the recipe drivers read.
+`phases`, `jitcache_restored`), which the proof runner and the recipe drivers read; a SAVE adds `kernel_warmup` (what
+its first requests ran and, on rank 0, the JIT cache files they added).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Session:
     pool: dict[str, Any] | None = None  # the memory pool SAVE sized (MemoryPoolConfig fields + budget); LOAD reuses it
     caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name (graphpersist_caches)
     deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
+    runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
+    kernel_warmup: dict[str, Any] | None = None  # SAVE: what the kernel warm-up before writing ran and compiled
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
     attn_shapes: dict[str, Any] = field(default_factory=dict)  # per-shape attention state (tensor inventories)
@@ -75,7 +78,7 @@ class Session:
         if not where:
             return
         Path(where).mkdir(parents=True, exist_ok=True)
-        stats = {
+        stats: dict[str, Any] = {
             "rank": self.rank,
             "mode": self.mode.value,
             "captured": self.captured,
@@ -84,6 +87,8 @@ class Session:
             "phases": self.timings,
             "jitcache_restored": self.restored_files,
         }
+        if self.kernel_warmup is not None:
+            stats["kernel_warmup"] = self.kernel_warmup
         tmp = Path(where) / f".rank_{self.rank}.json.tmp"
         tmp.write_text(json.dumps(stats, indent=1))
         tmp.replace(Path(where) / f"rank_{self.rank}.json")

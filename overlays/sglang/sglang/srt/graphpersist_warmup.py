@@ -1,0 +1,355 @@
+"""SAVE's first requests: dummy batches through SGLang's own request path, so the archive's JIT caches hold what a
+fresh host's first requests would otherwise compile.
+
+SGLang compiles some kernels only when it serves, not when it captures (SGLang 0.5.17, dense model, TP=2, fa3,
+flashinfer sampling, page size 1, radix cache, overlap scheduler; the GPU host's baseline compiled 26 Triton cache
+files on its first request):
+
+* batch preparation, which the graph runners' capture never runs (they fill their own buffers):
+  `write_req_to_token_pool_triton` (Triton, every prefill, `mem_cache/allocation.py:write_cache_indices`; Triton
+  specialises it on whether `out_cache_loc`, a slice of the allocator's free list, is 16-byte aligned, so an odd
+  number of slots handed out before a prefill compiles a second variant), `compute_position_kernel` (Triton, every
+  prefill, `ForwardBatch.init_new`), `clamp_position` (tvm-ffi, nvcc, every decode, `ForwardBatch.init_new`);
+* sampling: FlashInfer's JIT sampling module (top-k / top-p, and min-p after sgl-kernel's renormalisation), the
+  repetition penalty (torch.compile); greedy sampling is torch.argmax;
+* whatever else a real batch runs outside the captured graphs: the eager logits processor on top of a prefill
+  graph, the eager attention breaks, decode-graph replay preparation, and the eager forward of a batch no graph
+  covers (a 1-token prefill, which the prefill graphs refuse to pad 4x; more requests than the largest decode
+  graph; more prefill tokens than the largest prefill graph where chunked prefill allows them).
+
+So SAVE runs the batches of `plan()` once, after every graph is captured and after SAVE has fixed what the
+archive holds, and before rank 0 packs the caches (`graphpersist_engine.after_graphs`, through
+`Saver.save(before_write=...)`): through the calls SGLang's own one-batch benchmark makes
+(`sglang/benchmark/one_batch.py`: `Req`, `ScheduleBatch.init_new`, `prepare_for_extend` / `prepare_for_decode`,
+`ForwardBatch.init_new`, `ModelRunner.forward` (graph replay or eager, as SGLang dispatches), `ModelRunner.sample`),
+on the forward stream and in the grad mode of SGLang's scheduler. What the batches change is put back: the request
+and KV-slot pools' bookkeeping, the CPU and GPU random generators, the forward counter; the KV cache and the
+request-to-token table keep the dummy values in slots no request reads before writing them. LOAD never runs this.
+
+Not covered (each compiles at its first use, on any host): logprobs, structured output (grammars), LoRA, seeded
+(deterministic) sampling, custom logit processors, multimodal inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+GREEDY: dict[str, Any] = {"temperature": 0.0}
+TOP_K_TOP_P: dict[str, Any] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+MIN_P_PENALTIES: dict[str, Any] = {
+    "temperature": 0.8,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "frequency_penalty": 0.2,
+    "presence_penalty": 0.2,
+}
+PLAIN_SAMPLING: dict[str, Any] = {}  # SGLang's defaults: temperature 1, whole vocabulary (torch.multinomial)
+
+# SGLang 0.5.17 replays a prefill graph only when padding at most doubles the tokens
+# (prefill_cuda_graph_runner._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR), so a 1-token prefill runs eagerly.
+ONE_TOKEN = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One dummy batch: a prefill of these prompts (token counts), then `decode_steps` decode steps."""
+
+    key: str
+    what: str  # what it exercises, for the log
+    prompt_lens: tuple[int, ...]
+    sampling: dict[str, Any]
+    decode_steps: int
+    prefix_of: str | None = None  # the first prompt continues the first prompt of that batch (a radix-cache hit)
+
+    @property
+    def new_tokens(self) -> int:
+        """KV slots the batch takes: its prefill and one per request and decode step (an upper bound with a
+        prefix, whose slots are reused)."""
+        return sum(self.prompt_lens) + len(self.prompt_lens) * self.decode_steps
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this start can serve, read from SGLang once its graphs are captured."""
+
+    max_decode_graph_bs: int | None  # the largest decode graph (None: decode graphs disabled)
+    max_prefill_graph_tokens: int | None  # the largest prefill graph (None: prefill graphs disabled)
+    max_extend_tokens: int | None  # the most tokens one prefill batch may hold (chunked prefill), None: no limit
+    max_requests: int  # slots of the request-to-token pool
+    max_tokens: int  # free KV slots
+    context_len: int
+
+
+def plan(limits: Limits) -> tuple[list[Batch], list[str]]:
+    """The batches SAVE runs, in order, and one line per batch left out (why). Pure: the CPU tests pin it down.
+
+    Starting from an untouched KV allocator, the first prefill's slots begin at its free list's start (aligned) and
+    the second's after 9 slots (7 prompt + 2 decode): both alignments of `out_cache_loc`. Token and request counts
+    cover what Triton specialises integers on (1, multiples of 16, others)."""
+    batches = [
+        Batch("first", "the first request: 7 tokens, greedy (prefill graph, decode graph at 1)", (7,), GREEDY, 2),
+        Batch("misaligned", "3 requests after 9 KV slots, top-k/top-p sampling", (5, 16, 30), TOP_K_TOP_P, 2),
+        Batch("min_p", "2 requests, min-p sampling with penalties", (9, 2), MIN_P_PENALTIES, 2),
+        Batch("prefix", "a radix-cache hit: the first prompt and 6 tokens more", (13,), GREEDY, 1, prefix_of="first"),
+        Batch("one_token", "a 1-token prefill (eager: no prefill graph pads it)", (ONE_TOKEN,), GREEDY, 1),
+        Batch("sixteen", "16 requests of 16 tokens, SGLang's default sampling", (16,) * 16, PLAIN_SAMPLING, 1),
+    ]
+    left_out: list[str] = []
+    if limits.max_decode_graph_bs is not None:
+        n = limits.max_decode_graph_bs + 1
+        if n <= limits.max_requests:
+            batches.append(Batch("eager_decode", f"{n} requests: eager decode above the largest decode graph",
+                                 (2,) * n, GREEDY, 1))  # fmt: skip
+        else:
+            left_out.append(f"an eager decode of {n} requests: the request pool holds {limits.max_requests}, so "
+                            "SGLang never runs one")  # fmt: skip
+    graph_tokens, cap = limits.max_prefill_graph_tokens, limits.max_extend_tokens
+    if graph_tokens is not None:
+        n = graph_tokens + 1
+        if cap is None or cap >= n:
+            longest = max(1, limits.context_len - 2)  # a prompt and its decode step within the context
+            lens = (longest,) * (n // longest) + ((n % longest,) if n % longest else ())
+            batches.append(Batch("eager_prefill", f"a {n}-token prefill: eager above the largest prefill graph",
+                                 lens, GREEDY, 1))  # fmt: skip
+        else:
+            left_out.append(f"an eager prefill of {n} tokens: a prefill batch holds at most {cap} tokens here, so "
+                            "SGLang never runs one")  # fmt: skip
+    kept: list[Batch] = []
+    tokens = 0
+    for batch in batches:
+        too_long = max(batch.prompt_lens) + batch.decode_steps >= limits.context_len
+        if batch.prefix_of is not None and all(b.key != batch.prefix_of for b in kept):
+            left_out.append(f"{batch.what}: its prefix batch was left out")
+            continue
+        if too_long or tokens + batch.new_tokens > limits.max_tokens:
+            left_out.append(f"{batch.what}: it does not fit ({batch.new_tokens} KV slots, "
+                            f"{limits.max_tokens - tokens} free; context length {limits.context_len})")  # fmt: skip
+            continue
+        kept.append(batch)
+        tokens += batch.new_tokens
+    return kept, left_out
+
+
+def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
+    """The limits of this start: its graph runners, how many tokens one prefill batch takes (the chunked-prefill size
+    and --max-prefill-tokens), the pools."""
+    decode, prefill = runners.get("decode"), runners.get("prefill")
+    sa = model_runner.server_args
+    caps = [v for v in (sa.chunked_prefill_size, sa.max_prefill_tokens) if isinstance(v, int) and v > 0]
+    return Limits(
+        max_decode_graph_bs=max(decode.capture_bs) if decode is not None else None,
+        max_prefill_graph_tokens=max(prefill.capture_num_tokens) if prefill is not None else None,
+        max_extend_tokens=min(caps) if caps else None,
+        max_requests=int(model_runner.req_to_token_pool.size),
+        max_tokens=int(model_runner.token_to_kv_pool_allocator.available_size()),
+        context_len=int(model_runner.model_config.context_len),
+    )
+
+
+def prompt(index: int, length: int, vocab_size: int) -> list[int]:
+    """Fixed token ids inside the vocabulary, different per prompt (no randomness: nothing to seed)."""
+    return [(1000 + 7919 * index + 131 * i) % vocab_size for i in range(length)]
+
+
+class NoPrefixCache:
+    """The tree cache a batch hands KV slots through, without a radix tree (as SGLang's one-batch benchmark does):
+    the warm-up takes slots from the allocator and never evicts (`plan` keeps it within the free slots)."""
+
+    def __init__(self, allocator: Any, page_size: int, device: Any) -> None:
+        self.token_to_kv_pool_allocator = allocator
+        self.page_size = page_size
+        self.device = device
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def is_chunk_cache(self) -> bool:
+        return False
+
+    def is_tree_cache(self) -> bool:
+        return True
+
+    def evict(self, params: Any) -> None:
+        raise RuntimeError("graphpersist: the kernel warm-up ran out of KV slots (it never evicts)")
+
+
+@dataclass
+class Snapshot:
+    """The Python-side bookkeeping of objects the batches change, put back afterwards: attributes as they were
+    (lists copied, CPU tensors cloned and copied back in place, since others may hold them); device tensors are
+    kept by reference (the pools replace, never mutate, their free lists)."""
+
+    objects: list[tuple[Any, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, *objs: Any) -> Snapshot:
+        snap = cls()
+        for obj in objs:
+            attrs, cpu = {}, {}
+            for name, value in vars(obj).items():
+                if isinstance(value, list):
+                    attrs[name] = list(value)
+                elif _is_cpu_tensor(value):
+                    attrs[name], cpu[name] = value, value.clone()
+                else:
+                    attrs[name] = value
+            snap.objects.append((obj, attrs, cpu))
+        return snap
+
+    def restore(self) -> None:
+        for obj, attrs, cpu in self.objects:
+            for name in [n for n in vars(obj) if n not in attrs]:
+                delattr(obj, name)
+            for name, value in attrs.items():
+                setattr(obj, name, value)
+            for name, saved in cpu.items():
+                attrs[name].copy_(saved)
+
+
+def _is_cpu_tensor(value: Any) -> bool:
+    device = getattr(value, "device", None)
+    return getattr(device, "type", None) == "cpu" and hasattr(value, "clone") and hasattr(value, "copy_")
+
+
+@contextmanager
+def _state_put_back(model_runner: Any) -> Iterator[None]:
+    """The pools' bookkeeping, the random generators and the forward counter, as before the batches."""
+    import torch
+
+    snap = Snapshot.of(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator)
+    cpu_rng, gpu_rng = torch.get_rng_state(), torch.cuda.get_rng_state()
+    forward_pass_id = getattr(model_runner, "forward_pass_id", None)
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        snap.restore()
+        torch.set_rng_state(cpu_rng)
+        torch.cuda.set_rng_state(gpu_rng)
+        if forward_pass_id is not None:
+            model_runner.forward_pass_id = forward_pass_id
+
+
+@dataclass
+class Outcome:
+    """What the warm-up ran: its batches, and how many forwards replayed a graph or ran eagerly."""
+
+    batches: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    graph_forwards: int = 0
+    eager_forwards: int = 0
+    seconds: float = 0.0
+
+
+def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) -> Outcome:
+    """SAVE, every rank, collectively (the forwards all-reduce): runs `plan`'s batches through SGLang's request path
+    and puts back what they changed. Raises what SGLang raises (the SAVE is then refused on every rank)."""
+    import torch
+    from sglang.srt.utils.common import DynamicGradMode
+
+    started = time.perf_counter()
+    batches, left_out = plan(limits_of(model_runner, runners))
+    outcome = Outcome(left_out=left_out)
+    stream = getattr(model_runner, "forward_stream", None)
+    with _state_put_back(model_runner), DynamicGradMode(), torch.cuda.stream(stream):
+        driver = _Driver(model_runner, outcome)
+        for batch in batches:
+            driver.serve(batch)
+            outcome.batches.append(batch.key)
+    outcome.seconds = time.perf_counter() - started
+    for line in left_out:
+        log("kernel warm-up left out %s", line)
+    return outcome
+
+
+class _Driver:
+    """Serves the dummy batches one after the other, as SGLang's one-batch benchmark does (no scheduler loop)."""
+
+    def __init__(self, model_runner: Any, outcome: Outcome) -> None:
+        self.mr = model_runner
+        self.outcome = outcome
+        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size,
+                                   model_runner.device)  # fmt: skip
+        self.first_prompts: dict[str, tuple[list[int], Any]] = {}  # batch key -> its first prompt and KV slots
+        self.count = 0
+
+    def serve(self, batch: Batch) -> None:
+        """Prefill, then decode steps; the requests' pool slots go back after (their KV slots stay taken until the
+        snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix)."""
+        import torch
+
+        reqs = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]
+        sb = self._schedule_batch(reqs)
+        sb.prepare_for_extend()
+        sb.input_ids = sb.prefill_input_ids_cpu.to(sb.device, non_blocking=True)  # the scheduler's staging, resolved
+        sb.prefill_input_ids_cpu = None
+        next_ids = self._forward(sb)
+        first = reqs[0]
+        slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first.origin_input_ids)]
+        self.first_prompts[batch.key] = (list(first.origin_input_ids), slots.to(first.prefix_indices.dtype, copy=True))
+        for _ in range(batch.decode_steps):
+            sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
+            sb.prepare_for_decode()
+            next_ids = self._forward(sb)
+        for req in reqs:
+            self.mr.req_to_token_pool.free(req)
+
+    def _request(self, batch: Batch, index: int, length: int) -> Any:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        vocab = int(self.mr.model_config.vocab_size)
+        self.count += 1
+        prefix = None
+        if index == 0 and batch.prefix_of is not None:
+            tokens, prefix = self.first_prompts[batch.prefix_of]
+            ids = tokens + prompt(self.count, length - len(tokens), vocab)
+        else:
+            ids = prompt(self.count, length, vocab)
+        params = SamplingParams(max_new_tokens=batch.decode_steps + 1, **batch.sampling)
+        params.normalize(None)
+        params.verify(vocab)
+        req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
+                  sampling_params=params)  # fmt: skip
+        req.full_untruncated_fill_ids = array("q", ids)
+        req.logprob_start_len = -1
+        if prefix is not None:
+            req.prefix_indices = prefix
+        req.set_extend_range(len(req.prefix_indices), len(ids))
+        return req
+
+    def _schedule_batch(self, reqs: list[Any]) -> Any:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        return ScheduleBatch.init_new(
+            reqs=reqs,
+            req_to_token_pool=self.mr.req_to_token_pool,
+            token_to_kv_pool_allocator=self.mr.token_to_kv_pool_allocator,
+            tree_cache=self.cache,
+            model_config=self.mr.model_config,
+            enable_overlap=False,
+            spec_algorithm=self.mr.spec_algorithm,
+        )
+
+    def _forward(self, sb: Any) -> Any:
+        """One forward and sample, as `TpModelWorker.forward_batch_generation`; the tokens go to the requests."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        fb = ForwardBatch.init_new(sb, self.mr, return_hidden_states_before_norm=False)
+        out = self.mr.forward(fb)
+        if out.can_run_graph:
+            self.outcome.graph_forwards += 1
+        else:
+            self.outcome.eager_forwards += 1
+        next_ids = self.mr.sample(out.logits_output, fb)
+        for req, token in zip(sb.reqs, next_ids.tolist(), strict=True):
+            req.output_ids.append(int(token))
+        return next_ids
