@@ -185,12 +185,17 @@ TARGETS = {
                     ("sglang/srt/distributed/device_communicators/torch_symm_mem.py", 1, "exact", 113, 0, 0),
                 ],
             ),
+            "0008-let-graph-persistence-save-once-sglang-holds-its-gr.patch": (
+                "fuzzy",
+                [("sglang/srt/model_executor/model_runner.py", 1, "offset", 990, 41, 0)],
+            ),
         },
-        first_line=f"5 of 7 patches need work on sglang 0.5.18: {PATCH} (conflict), "
+        first_line=f"6 of 8 patches need work on sglang 0.5.18: {PATCH} (conflict), "
         "0002-start-graph-persistence-before-distributed-init.patch (fuzzy), "
         "0003-let-graph-persistence-size-the-memory-pool.patch (fuzzy), "
         "0004-let-graph-persistence-capture-after-every-graph-runn.patch (conflict), "
-        "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch (fuzzy)",
+        "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch (fuzzy), "
+        "0008-let-graph-persistence-save-once-sglang-holds-its-gr.patch (fuzzy)",
         later_conflicts={
             "0004-let-graph-persistence-capture-after-every-graph-runn.patch": [
                 "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
