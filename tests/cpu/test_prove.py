@@ -61,6 +61,12 @@ with proofkit.Timer() as ready:
         print("Traceback (most recent call last):", flush=True)
         print("RuntimeError: engine fell over", flush=True)
         sys.exit(3)
+    if todo.get("sigkill"):  # as SGLang does to its whole process tree when a scheduler raises
+        print("[TP0] Scheduler hit an exception: Traceback (most recent call last):", flush=True)
+        print("graphpersist.errors.PersistError: graph 'decode/256': address 0x501a00000001 is not backed: "
+              "SAVE refused", flush=True)
+        print("[TP0] Received sigquit from a child process. It usually means the child failed.", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     if todo.get("hang"):
         sleeper(todo["hang"])
         time.sleep(120)
@@ -252,16 +258,35 @@ def test_a_crash_fails_its_run_with_the_log_tail_and_stops(tmp_path: Path, capsy
     out = tmp_path / "out"
     assert prove_cli(recipe, out) == 1
     printed = capsys.readouterr().out
-    assert "prove: [2/4] save: FAILED: exit 3; log: " in printed
+    assert "prove: [2/4] save: FAILED: exit 3; the log says: RuntimeError: engine fell over; log: " in printed
     assert "not run: save2, load" in printed
     text, data, checks = report(out)
-    assert checks["save finished"] == {"name": "save finished", "status": "FAIL", "detail": "exit 3"}
+    assert checks["save finished"] == {
+        "name": "save finished",
+        "status": "FAIL",
+        "detail": "exit 3; the log's last reason: RuntimeError: engine fell over",
+    }
     assert checks["load finished"]["status"] == "not run"
     assert checks["save log clean"]["status"] == "FAIL"
     assert "line 2: Traceback (most recent call last):" in checks["save log clean"]["detail"]
     assert data["runs"]["save"]["log_tail"][-1] == "RuntimeError: engine fell over"
     assert "## Failed runs" in text and "RuntimeError: engine fell over" in text
     assert not (out / "load").exists()
+
+
+def test_a_run_its_engine_killed_names_the_reason_from_its_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang SIGKILLs its process tree, the driver included, when a scheduler raises: no result.json, so the
+    refusal in the log is the only reason there is (the first SGLang SAVE on the GPU host, 2026-11-30)."""
+    recipe = make_recipe(tmp_path, {"save": {"sigkill": True}})
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    reason = ("graphpersist.errors.PersistError: graph 'decode/256': address 0x501a00000001 is not backed: "
+              "SAVE refused")  # fmt: skip
+    assert f"save: FAILED: killed by signal 9; the log says: {reason}; log: " in capsys.readouterr().out
+    _, _, checks = report(out)
+    assert checks["save finished"]["detail"] == f"killed by signal 9; the log's last reason: {reason}"
 
 
 def test_keep_going_runs_the_rest_after_a_failure(tmp_path: Path) -> None:

@@ -103,6 +103,24 @@ def load_run(spec: RunSpec, out: Path, recipe_dir: Path | None = None) -> RunDat
     return RunData(spec, run_dir, record, result, result_problem, stats, stats_problem, foreign)
 
 
+# A line that says why an engine stopped: the runtime's refusals and Python's exception lines.
+_REASON = re.compile(r"(graphpersist[^\n]*(refused|cannot)|\b[A-Z]\w*(Error|Refused|Exception): )")
+
+
+def last_reason(log: Path, limit: int = 300) -> str | None:
+    """The log's last line that says why something stopped, shortened: a run SIGKILLed by its engine (SGLang kills
+    its process tree when a scheduler raises) leaves no result.json, only its log."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _REASON.search(line):
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return None
+
+
 def run_problem(record: dict[str, Any], loaded: tuple[dict[str, Any] | None, str | None]) -> str | None:
     """Why a run did not finish (exit status, timeout, result.json), or None."""
     result, result_problem = loaded
@@ -148,7 +166,11 @@ def check_finished(data: RunData) -> Check:
         return Check(name, NOT_RUN, data.not_run())
     problem = data.problem()
     wall = f"{data.record.get('wall_s', 0):.1f} s" if data.record else ""
-    return Check(name, PASS, f"exit 0 in {wall}") if problem is None else Check(name, FAIL, problem)
+    if problem is None:
+        return Check(name, PASS, f"exit 0 in {wall}")
+    if data.result is None and (reason := last_reason(data.dir / "log.txt")):
+        problem += f"; the log's last reason: {reason}"
+    return Check(name, FAIL, problem)
 
 
 def _tokens(seq: list[Any], at: int) -> str:

@@ -373,7 +373,9 @@ def _run_all(recipe: Recipe, out: Path, selected: list[RunSpec], python: str, ke
         if problem is None:
             print(f"{tag} done in {record['wall_s']:.1f} s", flush=True)
             continue
-        print(f"{tag} FAILED: {problem}; log: {out / spec.name / 'log.txt'}", flush=True)
+        log = out / spec.name / "log.txt"
+        reason = proofcheck.last_reason(log) if not (out / spec.name / "result.json").exists() else None
+        print(f"{tag} FAILED: {problem}{f'; the log says: {reason}' if reason else ''}; log: {log}", flush=True)
         if not keep_going and i < len(selected):
             rest = ", ".join(s.name for s in selected[i:])
             print(f"prove: stopping (--keep-going runs the rest anyway); not run: {rest}", flush=True)
