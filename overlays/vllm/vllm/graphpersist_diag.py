@@ -2,8 +2,9 @@
 
 `GP_DIAG_DUMP=DIR` (never set in production) makes each persisting worker write `DIR/runner-state.rank<N>.json`
 after vLLM's warm-up: every CUDA tensor the runner keeps outside the model and the KV cache (input buffers,
-request states, block tables, graph-manager buffers), with a hash of its bytes and its first values. Comparing a
-SAVE's file with a LOAD's names the buffers whose contents differ when serving starts.
+request states, block tables, graph-manager buffers), with a hash of its bytes and its first values; and
+`DIR/region-sums.rank<N>.json`: every live allocation of the region with the sum of its 32-bit words. Comparing a
+SAVE's files with a LOAD's names the buffers and allocations whose contents differ when serving starts.
 """
 
 from __future__ import annotations
@@ -51,8 +52,22 @@ def _walk(obj: Any, prefix: str, depth: int, out: dict[str, Any], seen: set[int]
             _walk(value, f"{key}.", depth - 1, out, seen)
 
 
+def region_sums() -> dict[str, list[int]]:
+    """Per live region allocation (address -> [size, sum of its 32-bit words]): SAVE and LOAD ran the same warm-up
+    replays before the first request, so an allocation whose sum differs holds something no replay rewrote."""
+    from graphpersist import region
+    from graphpersist.tensors import tensor_at
+
+    sums = {}
+    for addr, size in region.live_ranges(region.events()):
+        words = tensor_at({"addr": addr, "dtype": "int32", "shape": [size // 4], "stride": [1]})
+        sums[f"{addr:#x}"] = [size, int(torch.sum(words, dtype=torch.int64))]
+    return sums
+
+
 def dump_runner_state(runner: Any, rank: int) -> None:
-    """Write the runner's device-state fingerprint when GP_DIAG_DUMP is set; nothing otherwise."""
+    """Write the runner's device-state fingerprint and the region's per-allocation sums when GP_DIAG_DUMP is set;
+    nothing otherwise."""
     where = os.environ.get(DUMP_ENV)
     if not where:
         return
@@ -62,4 +77,7 @@ def dump_runner_state(runner: Any, rank: int) -> None:
     path = Path(where) / f"runner-state.rank{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(state, indent=1, sort_keys=True))
-    print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors fingerprinted into {path}", flush=True)
+    sums = region_sums()
+    (Path(where) / f"region-sums.rank{rank}.json").write_text(json.dumps(sums, indent=0, sort_keys=True))
+    print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors and {len(sums)} region allocations fingerprinted "
+          f"into {path.parent}", flush=True)  # fmt: skip
