@@ -38,7 +38,7 @@ def refuse_unsupported(cfg: Any) -> None:
     if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
         raise _refuse(
             "tensor_parallel_size=1",
-            "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave two of 72 prompts a different "
+            "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave 2 of 69 prompts a different "
             "first token than SAVE and the baseline, on every repeat (a kernel reads restored memory before writing "
             "it); until that is understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
         )
