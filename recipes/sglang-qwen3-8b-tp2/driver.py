@@ -219,20 +219,9 @@ def check_oversize(requests: int, inventory: dict[str, Any]) -> None:
         )
 
 
-def rank_stats() -> list[dict[str, Any]]:
-    where = os.environ.get(proofkit.STATS_DIR_ENV)
-    return proofkit.read_stats(Path(where)) if where else []
-
-
 def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
     """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them."""
-    roots = proofkit.cache_dirs()
-    named = set()
-    for path in (Path(p) for s in stats for p in s.get("jitcache_restored", [])):
-        for root in roots:
-            if path.is_relative_to(root):
-                named.add(str(Path(root.name) / path.relative_to(root)))
-    return named
+    return proofkit.snapshot_names(p for s in stats for p in s.get("jitcache_restored", []))
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -268,7 +257,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     sample_once(engine)
     after_all = proofkit.cache_snapshot()
 
-    stats = rank_stats()
+    stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
     phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
     restored = restored_cache_files(stats)

@@ -136,11 +136,6 @@ def log_phases(text: str) -> dict[str, float]:
     return phases
 
 
-def rank_stats() -> list[dict[str, Any]]:
-    where = os.environ.get("GRAPHPERSIST_STATS_DIR")
-    return proofkit.read_stats(Path(where)) if where else []
-
-
 def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]]) -> dict[str, float]:
     """One vocabulary for every run, adding up to the start-up time, so baseline, eager, SAVE and LOAD compare:
     start (processes, imports, distributed init) | weights | profile (+ compile) | KV cache + warm-ups | graphs
@@ -175,14 +170,8 @@ def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
     the workers' (in their stats) and what the switch restored in this process before the engine started."""
     from vllm import graphpersist_switch
 
-    roots = proofkit.cache_dirs()
-    named = set()
     paths = [*(p for s in stats for p in s.get("jitcache_restored", [])), *graphpersist_switch.restored_before_engine]
-    for path in map(Path, paths):
-        for root in roots:
-            if path.is_relative_to(root):
-                named.add(str(Path(root.name) / path.relative_to(root)))
-    return named
+    return proofkit.snapshot_names(paths)
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -213,7 +202,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     _, b1 = timed(generate, llm, [prompt(500, 16)], 256)
     _, b32 = timed(generate, llm, [prompt(600 + i, 16) for i in range(32)], 256)
 
-    stats = rank_stats()
+    stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
     phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
     restored = restored_cache_files(stats)

@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,18 @@ def cache_snapshot(dirs: Sequence[Path] | None = None) -> set[str]:
     return found
 
 
+def snapshot_names(paths: Iterable[str | os.PathLike[str]]) -> set[str]:
+    """Absolute cache files (what a LOAD put back from its archive) named as cache_snapshot names them; files
+    outside the run's cache folders are left out."""
+    roots = cache_dirs()
+    named = set()
+    for path in map(Path, paths):
+        for root in roots:
+            if path.is_relative_to(root):
+                named.add(str(Path(root.name) / path.relative_to(root)))
+    return named
+
+
 def new_files(before: set[str], after: set[str]) -> list[str]:
     """Files that appeared between two snapshots, sorted: the JIT/compile work a LOAD should not do. Lock files
     are not work (FlashInfer takes `<module>.lock` to load a module it does not build), so they do not count."""
@@ -140,6 +152,12 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
+
+
+def rank_stats() -> list[dict[str, Any]]:
+    """The engine's per-rank stats of this run (read_stats of the folder the runner passed); [] outside a run."""
+    where = os.environ.get(STATS_DIR_ENV)
+    return read_stats(Path(where)) if where else []
 
 
 def read_stats(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:

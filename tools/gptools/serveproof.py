@@ -414,11 +414,6 @@ def start_server(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) -
     return server
 
 
-def rank_stats() -> list[dict[str, Any]]:
-    where = os.environ.get(proofkit.STATS_DIR_ENV)
-    return proofkit.read_stats(Path(where)) if where else []
-
-
 def timeline(server: Server, engine: ServeEngine, mode: str, polls: Polls) -> dict[str, float | None]:
     """When (seconds since the server's start, as the driver read the lines) the graphs were done, the engine was
     ready and the server first answered 200: the restore must come before any answer."""
@@ -457,7 +452,7 @@ def run_serve(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) -> d
         say(f"server stopped: {shutdown}")
     problems, evidence = engine.readiness.problems(server.log(), a.mode, a.tp)
     problems += served.problems
-    stats = rank_stats()
+    stats = proofkit.rank_stats()
     restored = engine.restored_files(stats)
     new_start = [f for f in proofkit.new_files(before, snapshots["ready"]) if f not in restored]
     new_first = proofkit.new_files(snapshots["ready"], snapshots["first"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 from graphpersist.collective import SINGLE
 from graphpersist.errors import PersistError
 from graphpersist.layout import begin_phase, declare_state, end_phase, phase, use_layout, verify_state
-from graphpersist.load import LoadedGraph, LoadResult, load
+from graphpersist.load import LoadedGraph, LoadResult, check_before_setup, load
 from graphpersist.save import PersistentCUDAGraph, Saver
 from graphpersist.setup import check_ownership, check_setup_tensors, mark_setup, start_region
 from graphpersist.tensors import tensor_at, tensor_spec
@@ -37,6 +37,7 @@ __all__ = [
     "PersistentCUDAGraph",
     "Saver",
     "begin_phase",
+    "check_before_setup",
     "check_ownership",
     "check_setup_tensors",
     "declare_state",

@@ -31,14 +31,14 @@ from graphpersist import (
     state,
     structure,
 )
-from graphpersist.archive import open_archive
+from graphpersist.archive import Archive, ArchiveError, open_archive
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
 from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
 from graphpersist.tensors import tensor_at
-from graphpersist.validate import check_or_refuse
+from graphpersist.validate import LoadRefused, check_or_refuse, evaluate
 
 # Diagnosis only, never set in production: see _diag_fill.
 DIAG_FILL_ENV = "GP_DIAG_FILL_RESTORED"
@@ -195,6 +195,20 @@ def _diag_fill(ranges: list[tuple[int, int]]) -> None:
     torch.cuda.synchronize()
     print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(chosen)} of {len(ranges)} restored ranges "
           f"({sum(s for _, s in chosen) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip
+
+
+def check_before_setup(directory: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
+    """LOAD, before the engine sets anything up: opens the archive (load() verifies its checksums later) and
+    refuses, naming each field with its saved and live value, what the facts known this early already contradict;
+    facts not known yet are skipped. Returns the archive for the engine's own early reads."""
+    try:
+        archive = open_archive(directory, verify_checksums=False)
+    except ArchiveError as exc:
+        raise PersistError(f"graphpersist: cannot LOAD {directory}: {exc}") from None
+    result = evaluate(archive, live, rank, skip_unknown=True)
+    if result.mismatches:
+        raise LoadRefused(directory, result.mismatches, rank)
+    return archive
 
 
 def load(

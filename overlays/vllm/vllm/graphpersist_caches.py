@@ -36,16 +36,12 @@ folders have the same paths as on the SAVE host; elsewhere the engine compiles t
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graphpersist import jitcache
+from graphpersist import cachefolders, jitcache
 from graphpersist.archive import ArchiveError, read_shared
-from graphpersist.errors import PersistError
 
 
 def _vllm_root() -> Path:
@@ -60,88 +56,34 @@ def _vllm_sub(variable: str, sub: str) -> Path:
     return Path(value).expanduser() if value else _vllm_root() / sub
 
 
-def _inductor() -> Path:
-    """torch._inductor.runtime.cache_dir_utils.cache_dir(), without its side effects (it creates the folder and
-    sets the variable)."""
-    value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if value is None:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        value = default_cache_dir()
-    return Path(value)
-
-
-def _triton() -> Path | None:
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from triton import knobs
-
-    return Path(knobs.cache.dir)  # TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, read when asked
-
-
-def _has_flashinfer() -> bool:
-    return importlib.util.find_spec("flashinfer") is not None
-
-
-def _flashinfer() -> Path | None:
-    """flashinfer.jit.env.FLASHINFER_CACHE_DIR (0.6.14), computed without importing flashinfer (its import
-    loads its kernel modules and asks torch about the GPUs)."""
-    if not _has_flashinfer():
-        return None
-    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home().as_posix())) / ".cache" / "flashinfer"
-
-
-def _flashinfer_cubins() -> Path | None:
-    """Where FlashInfer keeps downloaded cubins when FLASHINFER_CUBIN_DIR moves them out of its cache folder."""
-    value = os.environ.get("FLASHINFER_CUBIN_DIR")
-    return Path(value) if value and _has_flashinfer() else None
-
-
-RESOLVERS: dict[str, Callable[[], Path | None]] = {
+RESOLVERS: dict[str, cachefolders.Resolver] = {
     "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
     "vllm_modelinfos": lambda: _vllm_root() / "modelinfos",
     "vllm_flashinfer_autotune": lambda: _vllm_sub("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"),
     "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
-    "inductor": _inductor,
-    "triton": _triton,
-    "flashinfer": _flashinfer,
-    "flashinfer_cubins": _flashinfer_cubins,
+    "inductor": cachefolders.inductor,
+    "triton": cachefolders.triton,
+    "flashinfer": cachefolders.flashinfer,
+    "flashinfer_cubins": cachefolders.flashinfer_cubins,
 }
 
 
 def cache_dirs() -> tuple[dict[str, Path], dict[str, str]]:
     """(name -> absolute folder, name -> why it is left out) for this process, as its environment stands now."""
-    found: dict[str, Path] = {}
-    left_out: dict[str, str] = {}
-    for name, resolve in RESOLVERS.items():
-        try:
-            folder = resolve()
-        except Exception as exc:  # a library that is missing or changed: its cache is not carried, never fatal
-            left_out[name] = f"{type(exc).__name__}: {exc}"
-            continue
-        if folder is None:
-            left_out[name] = "not used here"
-        else:
-            found[name] = Path(os.path.abspath(folder))
-    return found, left_out
+    return cachefolders.resolve_all(RESOLVERS)
 
 
 def resolve(sess: Any) -> None:
     """Records the worker's cache folders on the session: at start, before vLLM's compile redirects Inductor's
     and Triton's caches into its own folder (process-wide, through their environment variables)."""
-    sess.caches, left_out = cache_dirs()
-    if left_out:
-        sess.log("JIT caches not carried: %s", "; ".join(f"{n} ({why})" for n, why in left_out.items()))
+    cachefolders.record(sess, RESOLVERS)
 
 
 def carry(sess: Any) -> dict[str, bytes]:
-    """SAVE, rank 0 (the ranks of one host share the caches): the archive's shared JIT-cache file."""
-    started = time.perf_counter()
-    blob, stats = jitcache.collect(sess.caches)
+    """SAVE, rank 0: the archive's shared JIT-cache file; what it carries is kept for `report_late`."""
+    shared = cachefolders.carry(sess)
     sess.carried = jitcache.listing(sess.caches)
-    sess.log("carrying JIT caches (%.1f MiB, %.2f s): %s", len(blob) / 2**20, time.perf_counter() - started,
-             stats.describe())  # fmt: skip
-    return {jitcache.SHARED_NAME: blob}
+    return shared
 
 
 def report_late(sess: Any) -> None:
@@ -175,16 +117,4 @@ def restore_before_engine(directory: Path) -> jitcache.CacheStats | None:
 
 def restore(sess: Any) -> None:
     """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-    started = time.perf_counter()
-    try:
-        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
-    if blob is None:
-        sess.log("%s carries no JIT caches (saved by an older release): what is missing here compiles again",
-                 sess.directory)  # fmt: skip
-        return
-    stats = jitcache.restore(blob, sess.caches)
-    sess.restored_files = stats.written  # not compiled here: the proof tells them from what a LOAD compiles
-    took = sess.timed("jitcache", started)
-    sess.log("JIT caches restored in %.2f s: %s", took, stats.describe())
+    cachefolders.restore(sess)

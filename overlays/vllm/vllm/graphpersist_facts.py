@@ -14,9 +14,7 @@ from typing import Any
 import torch
 
 from graphpersist import api, ranks
-from graphpersist.archive import ArchiveError, open_archive
 from graphpersist.liveenv import collect_live
-from graphpersist.validate import LoadRefused, evaluate
 
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
@@ -135,10 +133,6 @@ def flags(worker: Any) -> dict[str, Any]:
 
 def early_check(sess: Any, cfg: Any) -> None:
     """LOAD, right after the region exists: versions, GPU, layout, model and configuration flags, by name."""
-    try:
-        archive = open_archive(sess.directory, verify_checksums=False)
-    except ArchiveError as exc:
-        raise api.PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
     live = collect_live(
         device=torch.cuda.current_device(),
         engine=engine_facts(),
@@ -146,9 +140,7 @@ def early_check(sess: Any, cfg: Any) -> None:
         parallel=parallel(cfg),
         flags=config_flags(cfg),
     )
-    result = evaluate(archive, live, sess.rank, skip_unknown=True)
-    if result.mismatches:
-        raise LoadRefused(sess.directory, result.mismatches, sess.rank)
+    archive = api.check_before_setup(sess.directory, live, sess.rank)
     saved = archive.manifest.world.flags.get("kv_available_bytes")
     if not isinstance(saved, int) or saved <= 0:
         raise api.PersistError(f"graphpersist: {sess.directory} records no KV-cache size (flags.kv_available_bytes "

@@ -39,7 +39,7 @@ from vllm import graphpersist_facts as facts
 from vllm import graphpersist_session as gps
 from vllm.v1.worker.gpu_worker import Worker
 
-from graphpersist import api, region, switch
+from graphpersist import api, rankstats, region, switch
 
 # Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
 # code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
@@ -70,7 +70,7 @@ class PersistWorker(Worker):
         assert resolved.directory is not None
         started = time.perf_counter()
         sess = gps.open_session(resolved.mode, resolved.directory, self.rank, self.parallel_config.world_size)
-        sess.timings["process_start"] = gps.seconds_since_process_start()
+        sess.timings["process_start"] = rankstats.seconds_since_process_start()
         sess.model = facts.model_facts(self.vllm_config)
         caches.resolve(sess)  # before vLLM's compile redirects Inductor's and Triton's caches
         torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU

@@ -29,17 +29,12 @@ on this path writes to (DeepGEMM's `~/.cache/deep_gemm` serves FP8 models; torch
 from __future__ import annotations
 
 import getpass
-import importlib.util
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graphpersist import jitcache
-from graphpersist.archive import ArchiveError, read_shared
-from graphpersist.errors import PersistError
+from graphpersist import cachefolders
 
 
 def _env_or(variable: str, default: str) -> Path:
@@ -47,94 +42,37 @@ def _env_or(variable: str, default: str) -> Path:
     return Path(value or default).expanduser()
 
 
-def _triton() -> Path | None:
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from triton import knobs
-
-    return Path(knobs.cache.dir)
-
-
-def _inductor() -> Path:
-    value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if value is None:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        value = default_cache_dir()
-    return Path(value)
-
-
-def _flashinfer() -> Path | None:
-    if importlib.util.find_spec("flashinfer") is None:
-        return None
-    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home().as_posix())) / ".cache" / "flashinfer"
-
-
-def _flashinfer_cubins() -> Path | None:
-    value = os.environ.get("FLASHINFER_CUBIN_DIR")
-    return Path(value) if value else None
-
-
 def _cute_dsl() -> Path:
     value = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
     return Path(value) if value else Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
 
 
-RESOLVERS: dict[str, Callable[[], Path | None]] = {
+RESOLVERS: dict[str, cachefolders.Resolver] = {
     "tvm_ffi": lambda: _env_or("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
     "sglang": lambda: _env_or("SGLANG_CACHE_DIR", "~/.cache/sglang"),
-    "flashinfer": _flashinfer,
-    "flashinfer_cubins": _flashinfer_cubins,
-    "triton": _triton,
-    "inductor": _inductor,
+    "flashinfer": cachefolders.flashinfer,
+    "flashinfer_cubins": cachefolders.flashinfer_cubins,
+    "triton": cachefolders.triton,
+    "inductor": cachefolders.inductor,
     "cute_dsl": _cute_dsl,
 }
 
 
 def cache_dirs() -> tuple[dict[str, Path], dict[str, str]]:
     """(name -> absolute folder, name -> why it is left out) for this process, as its environment stands now."""
-    found: dict[str, Path] = {}
-    left_out: dict[str, str] = {}
-    for name, resolve in RESOLVERS.items():
-        try:
-            folder = resolve()
-        except Exception as exc:  # a library that is missing or changed: its cache is not carried, never fatal
-            left_out[name] = f"{type(exc).__name__}: {exc}"
-            continue
-        if folder is None:
-            left_out[name] = "not used here"
-        else:
-            found[name] = Path(os.path.abspath(folder))
-    return found, left_out
+    return cachefolders.resolve_all(RESOLVERS)
 
 
 def resolve(sess: Any) -> None:
     """Records the process's cache folders on the session, at start."""
-    sess.caches, left_out = cache_dirs()
-    if left_out:
-        sess.log("JIT caches not carried: %s", "; ".join(f"{n} ({why})" for n, why in left_out.items()))
+    cachefolders.record(sess, RESOLVERS)
 
 
 def carry(sess: Any) -> dict[str, bytes]:
     """SAVE, rank 0: the archive's shared JIT-cache file."""
-    started = time.perf_counter()
-    blob, stats = jitcache.collect(sess.caches)
-    sess.log("carrying JIT caches (%.1f MiB, %.2f s): %s", len(blob) / 2**20, time.perf_counter() - started,
-             stats.describe())  # fmt: skip
-    return {jitcache.SHARED_NAME: blob}
+    return cachefolders.carry(sess)
 
 
 def restore(sess: Any) -> None:
     """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-    started = time.perf_counter()
-    try:
-        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
-    if blob is None:
-        sess.log("%s carries no JIT caches: what is missing here compiles again", sess.directory)
-        return
-    stats = jitcache.restore(blob, sess.caches)
-    sess.restored_files = stats.written
-    took = sess.timed("jitcache", started)
-    sess.log("JIT caches restored in %.2f s: %s", took, stats.describe())
+    cachefolders.restore(sess)

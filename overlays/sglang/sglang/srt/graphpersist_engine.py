@@ -36,7 +36,7 @@ from sglang.srt import graphpersist_facts as facts
 from sglang.srt import graphpersist_session as gps
 from sglang.srt import graphpersist_warmup as warmup
 
-from graphpersist import switch
+from graphpersist import rankstats, switch
 from graphpersist.errors import PersistError
 
 
@@ -64,7 +64,7 @@ def before_distributed(model_runner: Any) -> None:
     assert resolved.directory is not None
     ps = model_runner.ps
     sess = gps.open_session(resolved.mode, resolved.directory, ps.tp_rank, ps.tp_size)
-    sess.timings["process_start"] = gps.seconds_since_process_start()
+    sess.timings["process_start"] = rankstats.seconds_since_process_start()
     sess.model = facts.model_facts(sa, model_runner.model_config)
     caches.resolve(sess)
     torch.cuda.set_device(model_runner.gpu_id)  # the region belongs to this rank's GPU

@@ -210,14 +210,9 @@ def early_check(sess: Any, sa: Any) -> None:
     """LOAD, right after the region exists: versions, GPU, layout, model and configuration flags, by name."""
     import torch
 
-    from graphpersist.archive import ArchiveError, open_archive
+    from graphpersist import api
     from graphpersist.liveenv import collect_live
-    from graphpersist.validate import LoadRefused, evaluate
 
-    try:
-        archive = open_archive(sess.directory, verify_checksums=False)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
     live = collect_live(
         device=torch.cuda.current_device(),
         engine=engine_facts(),
@@ -225,9 +220,7 @@ def early_check(sess: Any, sa: Any) -> None:
         parallel=parallel(sa),
         flags=config_flags(sa),
     )
-    result = evaluate(archive, live, sess.rank, skip_unknown=True)
-    if result.mismatches:
-        raise LoadRefused(sess.directory, result.mismatches, sess.rank)
+    archive = api.check_before_setup(sess.directory, live, sess.rank)
     sess.pool = saved_pool(archive.manifest.world.flags.get("memory_pool"), sess.directory)
 
 

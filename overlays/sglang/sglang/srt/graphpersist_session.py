@@ -12,19 +12,15 @@ its first requests ran and, on rank 0, the JIT cache files they added).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphpersist import switch
+from graphpersist import rankstats, switch
 
 logger = logging.getLogger(__name__)
-
-STATS_ENV = "GRAPHPERSIST_STATS_DIR"
 
 
 @dataclass
@@ -74,10 +70,6 @@ class Session:
 
     def write_stats(self) -> None:
         """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set)."""
-        where = os.environ.get(STATS_ENV)
-        if not where:
-            return
-        Path(where).mkdir(parents=True, exist_ok=True)
         stats: dict[str, Any] = {
             "rank": self.rank,
             "mode": self.mode.value,
@@ -89,22 +81,10 @@ class Session:
         }
         if self.kernel_warmup is not None:
             stats["kernel_warmup"] = self.kernel_warmup
-        tmp = Path(where) / f".rank_{self.rank}.json.tmp"
-        tmp.write_text(json.dumps(stats, indent=1))
-        tmp.replace(Path(where) / f"rank_{self.rank}.json")
+        rankstats.write(self.rank, stats)
 
 
 _session: Session | None = None
-
-
-def seconds_since_process_start() -> float:
-    """How long this process ran before the session opened (spawn + imports), from /proc; 0.0 where unknown."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def current() -> Session | None:
@@ -128,12 +108,8 @@ def open_session(mode: switch.Mode, directory: Path, rank: int, world_size: int)
 
 def _count_captures(sess: Session) -> None:
     """Counts every CUDA-graph capture this process begins: LOAD must begin none, and the proof reads it."""
-    import torch
 
-    real_begin = torch.cuda.CUDAGraph.capture_begin
-
-    def counting_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted() -> None:
         sess.capture_calls += 1
-        return real_begin(self, *args, **kwargs)
 
-    torch.cuda.CUDAGraph.capture_begin = counting_begin  # type: ignore[method-assign]
+    rankstats.count_captures(counted)
