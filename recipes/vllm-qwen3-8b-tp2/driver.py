@@ -193,7 +193,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     sequential = first + [generate(llm, [p])[0] for p in sequential_prompts[1:]]
     repeats = [timed(generate, llm, sequential_prompts[:1]) for _ in range(3)]  # the first request, again
     steady = [s for _, s in repeats]
-    concurrent = generate(llm, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
+    concurrent_prompts = [prompt(100 + i, 16 + 9 * i) for i in range(16)]
+    concurrent = generate(llm, concurrent_prompts)
     oversize = generate(llm, [prompt(200 + i, 40) for i in range(48)] + [prompt(300, 1500)])
 
     long_prompt = prompt(400, 3000)
@@ -209,7 +210,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)
 
-    return {
+    result = {
         "ok": True,
         "error": None,
         "start_to_ready_s": round(ready, 3),
@@ -236,6 +237,23 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "engine": {"name": "vllm", "version": vllm.__version__},
         "graphpersist_stats": stats,
     }
+    if a.diag_probe:  # diagnosis: what the first prompt and the concurrent batch were sampled from
+        from vllm import graphpersist_diag_rpc as diag
+
+        llm.collective_rpc(diag.probe_install)
+        generate(llm, sequential_prompts[:1], 2)
+        generate(llm, concurrent_prompts, 1)
+        result["diag_probe"] = llm.collective_rpc(diag.probe_collect)[0]
+    if a.diag_bisect:
+        import diagbisect
+
+        runs = Path(a.result).resolve().parent.parent
+        saved = json.loads((runs / "save" / "result.json").read_text())["outputs"]
+        expected = [saved["sequential"][0][:4], saved["concurrent"][0][:4]]
+        probes = [sequential_prompts[:1], concurrent_prompts]
+        history = runs / "save" / "memory-owners.rank0.json.gz"
+        result["diag_bisect"] = diagbisect.run(llm, generate, probes, expected, a.diag_bisect, history)
+    return result
 
 
 def main() -> int:
@@ -255,12 +273,32 @@ def main() -> int:
         help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP) and allow TP=1 (GP_DIAG_ALLOW_TP1)",
     )
     ap.add_argument("--diag-fill-restored", metavar="BYTE", help="diagnosis: fill LOAD's restored memory with BYTE")
+    ap.add_argument("--diag-history", action="store_true", help="diagnosis: record torch's allocation history")
+    ap.add_argument("--diag-save-bytes", metavar="PREFIX", help="diagnosis, SAVE: write the region's bytes to PREFIX")
+    ap.add_argument("--diag-probe", action="store_true", help="diagnosis: record what sampling steps read")
+    ap.add_argument("--diag-kv-blocks", metavar="FILE:FIRST-LAST", help="diagnosis: SAVE writes, LOAD puts back KV")
+    ap.add_argument("--diag-extra-warmup", action="store_true", help="diagnosis, LOAD: SAVE's warm-up before graphs")
+    ap.add_argument(
+        "--diag-bisect",
+        metavar="PREFIX",
+        help="diagnosis, LOAD: find the windows that need SAVE's bytes (PREFIX: SAVE's --diag-save-bytes)",
+    )
     a = ap.parse_args()
     if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
         os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
         os.environ["GP_DIAG_ALLOW_TP1"] = "1"
     if a.diag_fill_restored is not None:
         os.environ["GP_DIAG_FILL_RESTORED"] = a.diag_fill_restored
+    if a.diag_history:
+        os.environ["GP_DIAG_HISTORY"] = "1"
+    if a.diag_kv_blocks:
+        os.environ["GP_DIAG_KV_BLOCKS"] = a.diag_kv_blocks
+    if a.diag_extra_warmup:
+        os.environ["GP_DIAG_EXTRA_WARMUP"] = "1"
+    if a.diag_save_bytes:
+        os.environ["GP_DIAG_SAVE_BYTES"] = a.diag_save_bytes
+    if a.diag_bisect or a.diag_probe:  # functions sent to the worker (LLM.collective_rpc)
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
         from graphpersist import region
 

@@ -224,8 +224,9 @@ REFUSED = {
         "",
         "tensor_parallel_size=1",
         "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave 2 of 69 prompts a different first "
-        "token than SAVE and the baseline, on every repeat (a kernel reads restored memory before writing it); until "
-        "that is understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
+        "token than SAVE and the baseline, on every repeat: the requests in one KV block compute another hidden state, "
+        "and no memory contents of SAVE repair it; until that is understood and fixed, persistence refuses TP=1 "
+        "rather than risk wrong tokens",
     ),
     "enforce_eager": (
         {"enforce_eager": True, "tensor_parallel_size": 2},

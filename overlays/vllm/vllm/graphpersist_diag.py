@@ -5,10 +5,19 @@ after vLLM's warm-up: every CUDA tensor the runner keeps outside the model and t
 request states, block tables, graph-manager buffers), with a hash of its bytes and its first values; and
 `DIR/region-sums.rank<N>.json`: every live allocation of the region with the sum of its 32-bit words. Comparing a
 SAVE's files with a LOAD's names the buffers and allocations whose contents differ when serving starts.
+
+More switches for the TP=1 diagnosis (`recipes/vllm-qwen3-8b-tp1-bisect/`), all acting at the same point:
+`GP_DIAG_HISTORY=1` records torch's allocation history from init_device on and writes
+`DIR/memory-owners.rank<N>.json.gz` (who allocated what, with Python stacks); `GP_DIAG_SAVE_BYTES=PREFIX` makes a SAVE
+write the bytes of every live region allocation except weights and KV cache (`PREFIX.rank<N>.bin`, index `.json`);
+`GP_DIAG_KV_BLOCKS=FILE:A-B` makes a SAVE write KV blocks A..B-1 of every layer and a LOAD put them back;
+`GP_DIAG_EXTRA_WARMUP=1` gives a LOAD the kernel warm-up SAVE runs before its capture. The functions a driver runs in
+the worker through `LLM.collective_rpc` are in `vllm/graphpersist_diag_rpc.py`.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -18,6 +27,9 @@ from typing import Any
 import torch
 
 DUMP_ENV = "GP_DIAG_DUMP"
+HISTORY_ENV = "GP_DIAG_HISTORY"
+SAVE_BYTES_ENV = "GP_DIAG_SAVE_BYTES"
+KV_ENV = "GP_DIAG_KV_BLOCKS"  # FILE:FIRST-LAST (SAVE writes those KV blocks of every layer, LOAD puts them back)
 _MAX_BYTES = 256 << 20
 _SKIP = {"model", "kv_caches", "compilation_config", "vllm_config"}
 
@@ -65,7 +77,7 @@ def region_sums() -> dict[str, list[int]]:
     return sums
 
 
-def dump_runner_state(runner: Any, rank: int) -> None:
+def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
     """Write the runner's device-state fingerprint and the region's per-allocation sums when GP_DIAG_DUMP is set;
     nothing otherwise."""
     where = os.environ.get(DUMP_ENV)
@@ -81,3 +93,123 @@ def dump_runner_state(runner: Any, rank: int) -> None:
     (Path(where) / f"region-sums.rank{rank}.json").write_text(json.dumps(sums, indent=0, sort_keys=True))
     print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors and {len(sums)} region allocations fingerprinted "
           f"into {path.parent}", flush=True)  # fmt: skip
+    if os.environ.get(HISTORY_ENV) == "1":
+        _write_owners(Path(where) / f"memory-owners.rank{rank}.json.gz")
+    if spec := os.environ.get(KV_ENV):
+        _kv_blocks(runner, spec, saving)
+    if saving and (prefix := os.environ.get(SAVE_BYTES_ENV)):
+        _write_bytes(runner, Path(f"{prefix}.rank{rank}"))
+
+
+def _kv_blocks(runner: Any, spec: str, saving: bool) -> None:
+    """GP_DIAG_KV_BLOCKS=FILE:FIRST-LAST: SAVE writes KV blocks FIRST..LAST-1 of every layer as they are when serving
+    starts; LOAD writes FIRST..LAST-1 of them back at the same point (blocks are the leading dimension)."""
+    path, _, span = spec.rpartition(":")
+    first, _, last = span.partition("-")
+    lo, hi = int(first), int(last)
+    views = []
+    for kv in runner.kv_caches:
+        block = kv.stride(0) * kv.element_size()
+        raw = torch.empty(0, dtype=torch.uint8, device=kv.device).set_(kv.untyped_storage())
+        start = kv.storage_offset() * kv.element_size()
+        views.append((raw, start, block))
+    if saving:
+        torch.save({"first": lo, "layers": [raw[s + lo * b : s + hi * b].cpu() for raw, s, b in views]}, path)
+        print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(views)} layers -> {path}", flush=True)
+        return
+    saved = torch.load(path)
+    for (raw, s, b), host in zip(views, saved["layers"], strict=True):
+        at, count = saved["first"], host.numel() // b
+        if not at <= lo <= hi <= at + count:
+            raise ValueError(f"{KV_ENV}: blocks {lo}..{hi - 1} are not all in {path} ({at}..{at + count - 1})")
+        raw[s + lo * b : s + hi * b].copy_(host[(lo - at) * b : (hi - at) * b])
+    torch.cuda.synchronize()
+    print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(views)} layers put back from {path}", flush=True)
+
+
+def extra_warmup() -> bool:
+    """GP_DIAG_EXTRA_WARMUP=1: a LOAD runs the kernel warm-up SAVE runs before its capture (a diagnosis A/B)."""
+    return os.environ.get("GP_DIAG_EXTRA_WARMUP") == "1"
+
+
+def start_history() -> None:
+    """GP_DIAG_HISTORY=1 (with GP_DIAG_DUMP): record every allocation of torch's caching allocator with its Python
+    stack from here on, so the owner of an address can be named later."""
+    if os.environ.get(DUMP_ENV) and os.environ.get(HISTORY_ENV) == "1":
+        torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
+
+
+def _frames(frames: list[dict[str, Any]], table: dict[str, int]) -> list[int]:
+    out = []
+    for f in frames[:10]:
+        text = f"{f.get('filename', '?')}:{f.get('line', 0)}:{f.get('name', '?')}"
+        out.append(table.setdefault(text, len(table)))
+    return out
+
+
+def _write_owners(path: Path) -> None:
+    """Live blocks and every allocation event of torch's allocator, with deduplicated stack frames."""
+    snap = torch.cuda.memory._snapshot()
+    table: dict[str, int] = {}
+    blocks = [
+        [b["address"], b["size"], b["state"], seg.get("segment_pool_id"), _frames(b.get("frames", []), table)]
+        for seg in snap["segments"]
+        for b in seg["blocks"]
+    ]
+    traces = [
+        [i, e["action"], e["addr"], e["size"], _frames(e.get("frames", []), table)]
+        for dev in snap["device_traces"]
+        for i, e in enumerate(dev)
+        if e["action"] in ("alloc", "segment_alloc")
+    ]
+    frames = sorted(table, key=table.__getitem__)
+    with gzip.open(path, "wt") as out:
+        json.dump({"blocks": blocks, "traces": traces, "frames": frames}, out)
+    print(f"graphpersist: {HISTORY_ENV}: {len(blocks)} blocks, {len(traces)} events -> {path}", flush=True)
+
+
+def _excluded(runner: Any) -> list[tuple[int, int]]:
+    """Weights and KV cache: memory both runs set up identically and too large to copy."""
+    spans = []
+    for t in [*runner.model.parameters(), *runner.model.buffers(), *runner.kv_caches]:
+        if t.is_cuda and t.numel():
+            start = t.untyped_storage().data_ptr()
+            spans.append((start, start + t.untyped_storage().nbytes()))
+    return sorted(spans)
+
+
+def _minus(lo: int, hi: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    pieces, at = [], lo
+    for a, b in spans:
+        if b <= at or a >= hi:
+            continue
+        if a > at:
+            pieces.append((at, a))
+        at = max(at, b)
+    if at < hi:
+        pieces.append((at, hi))
+    return pieces
+
+
+def _write_bytes(runner: Any, prefix: Path) -> None:
+    """SAVE: the bytes of every live region allocation except weights and KV cache, as they are when serving
+    starts (PREFIX.bin, index PREFIX.json: [address, size, offset in the .bin])."""
+    from graphpersist import region
+    from graphpersist.tensors import tensor_at
+
+    spans = _excluded(runner)
+    windows = [p for a, s in region.live_ranges(region.events()) for p in _minus(a, a + s, spans)]
+    total = sum(b - a for a, b in windows)
+    if total > 48 << 30:
+        print(f"graphpersist: {SAVE_BYTES_ENV}: {total >> 30} GiB is too much to copy; nothing written", flush=True)
+        return
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    index, offset = [], 0
+    with open(f"{prefix}.bin", "wb") as out:
+        for a, b in windows:
+            host = tensor_at({"addr": a, "dtype": "uint8", "shape": [b - a], "stride": [1]}).cpu()
+            out.write(memoryview(host.numpy()))
+            index.append([a, b - a, offset])
+            offset += b - a
+    Path(f"{prefix}.json").write_text(json.dumps(index))
+    print(f"graphpersist: {SAVE_BYTES_ENV}: {len(index)} windows, {offset >> 20} MiB -> {prefix}.bin", flush=True)

@@ -32,13 +32,15 @@ def refuse_unsupported(cfg: Any) -> None:
     par, comp = cfg.parallel_config, cfg.compilation_config
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
-    # measured 2026-11-30: recipes/vllm-qwen3-8b-tp1/README.md; GP_DIAG_ALLOW_TP1=1 lifts it for that diagnosis only
+    # measured 2026-11-30/12-01: recipes/vllm-qwen3-8b-tp1-bisect/README.md; GP_DIAG_ALLOW_TP1=1 lifts it for that
+    # diagnosis only
     if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
         raise _refuse(
             "tensor_parallel_size=1",
             "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave 2 of 69 prompts a different "
-            "first token than SAVE and the baseline, on every repeat (a kernel reads restored memory before writing "
-            "it); until that is understood and fixed, persistence refuses TP=1 rather than risk wrong tokens",
+            "first token than SAVE and the baseline, on every repeat: the requests in one KV block compute another "
+            "hidden state, and no memory contents of SAVE repair it; until that is understood and fixed, persistence "
+            "refuses TP=1 rather than risk wrong tokens",
         )
     if par.pipeline_parallel_size != 1:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")

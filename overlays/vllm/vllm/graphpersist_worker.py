@@ -75,6 +75,7 @@ class PersistWorker(Worker):
         caches.resolve(sess)  # before vLLM's compile redirects Inductor's and Triton's caches
         torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU
         info = api.start_region()
+        diag.start_history()
         if sess.loading:
             facts.early_check(sess, self.vllm_config)
             caches.restore(sess)  # before anything compiles
@@ -116,7 +117,7 @@ class PersistWorker(Worker):
         try:
             compiled = super().compile_or_warm_up_model()
             caches.report_late(sess)  # SAVE: what the warm-up after the capture compiled is not in the archive
-            diag.dump_runner_state(self.model_runner, self.rank)
+            diag.dump_runner_state(self.model_runner, self.rank, saving=not sess.loading)
             return compiled
         finally:
             if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
@@ -125,7 +126,7 @@ class PersistWorker(Worker):
 
     def _capture_or_restore(self, upstream_capture: Any) -> int:
         sess = _session()
-        if not sess.loading:
+        if not sess.loading or diag.extra_warmup():
             self._warm_kernels_before_save()
         _release_cached()  # inside the variable phase: what the warm-ups cached differs between SAVE and LOAD
         api.end_phase()

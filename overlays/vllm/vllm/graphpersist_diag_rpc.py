@@ -1,0 +1,168 @@
+"""Diagnosis only: what a driver runs in a worker through `LLM.collective_rpc` (recipes/vllm-qwen3-8b-tp1-bisect).
+
+`bisect_setup` / `bisect_apply` / `bisect_peek`: put SAVE's bytes (`GP_DIAG_SAVE_BYTES`, vllm/graphpersist_diag.py)
+back into chosen windows of the memory a LOAD mapped afresh, one trial request at a time, after putting every such
+range back as it was when serving started. `probe_install` / `probe_collect`: record what each sampling step read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from vllm.graphpersist_diag import DUMP_ENV
+
+
+class _Trials:
+    """LOAD, in the worker: the restored ranges, their contents when serving started, and SAVE's bytes."""
+
+    ranges: ClassVar[list[tuple[int, int]]] = []
+    ready: torch.Tensor | None = None
+    save_index: ClassVar[list[list[int]]] = []
+    save_bytes: Any = None
+
+
+def bisect_setup(worker: Any, prefix: str) -> dict[str, Any]:
+    """Keep a pinned copy of every range this LOAD mapped afresh (as it is now) and open SAVE's bytes."""
+    import numpy as np
+
+    from graphpersist.tensors import tensor_at
+
+    listing = Path(os.environ[DUMP_ENV]) / f"restored-ranges.pid{os.getpid()}.json"
+    _Trials.ranges[:] = [(a, s) for _, a, s in json.loads(listing.read_text())]
+    total = sum(s for _, s in _Trials.ranges)
+    torch.cuda.synchronize()
+    ready = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    at = 0
+    for a, s in _Trials.ranges:
+        ready[at : at + s].copy_(tensor_at({"addr": a, "dtype": "uint8", "shape": [s], "stride": [1]}))
+        at += s
+    _Trials.ready = ready
+    name = f"{prefix}.rank{worker.rank}"
+    _Trials.save_index[:] = json.loads(Path(f"{name}.json").read_text())
+    _Trials.save_bytes = np.memmap(f"{name}.bin", dtype=np.uint8, mode="r")
+    return {"ranges": _Trials.ranges, "bytes": total, "save_windows": len(_Trials.save_index)}
+
+
+def bisect_apply(worker: Any, windows: list[list[int]], fill: int | None = None) -> int:
+    """Put every restored range back as it was when serving started, then SAVE's bytes (or `fill`) into
+    `windows` ([start, end) addresses). Returns the bytes written into the windows."""
+    from graphpersist.tensors import tensor_at
+
+    assert _Trials.ready is not None, "bisect_setup first"
+    at = 0
+    for a, s in _Trials.ranges:
+        tensor_at({"addr": a, "dtype": "uint8", "shape": [s], "stride": [1]}).copy_(_Trials.ready[at : at + s])
+        at += s
+    written = 0
+    for lo, hi in windows:
+        if fill is not None:
+            tensor_at({"addr": lo, "dtype": "uint8", "shape": [hi - lo], "stride": [1]}).fill_(fill)
+            written += hi - lo
+            continue
+        for a, s, off in _Trials.save_index:
+            x, y = max(lo, a), min(hi, a + s)
+            if x < y:
+                src = torch.from_numpy(_Trials.save_bytes[off + x - a : off + y - a].copy())
+                tensor_at({"addr": x, "dtype": "uint8", "shape": [y - x], "stride": [1]}).copy_(src)
+                written += y - x
+    torch.cuda.synchronize()
+    return written
+
+
+def bisect_peek(worker: Any, lo: int, hi: int) -> dict[str, str]:
+    """The bytes of [lo, hi) as SAVE left them and as this LOAD had them when serving started (hex)."""
+    ready, at = b"", 0
+    assert _Trials.ready is not None, "bisect_setup first"
+    for a, s in _Trials.ranges:
+        x, y = max(lo, a), min(hi, a + s)
+        if x < y:
+            ready = _Trials.ready[at + x - a : at + y - a].numpy().tobytes()
+        at += s
+    saved = b""
+    for a, s, off in _Trials.save_index:
+        x, y = max(lo, a), min(hi, a + s)
+        if x < y:
+            saved = _Trials.save_bytes[off + x - a : off + y - a].tobytes()
+    return {"save": saved.hex(), "load": ready.hex()}
+
+
+_PROBED: list[dict[str, Any]] = []
+
+
+def probe_install(worker: Any) -> bool:
+    """Record, for every sampling step from now on, what the runner sampled from: the batch's slots, input ids,
+    positions and logits rows, the hidden states of those rows, the logits' argmax before the sampler, and the
+    sampled ids (to tell a model difference from a sampler or bookkeeping one)."""
+    runner = worker.model_runner
+    upstream = runner.sample
+
+    def sample(hidden_states: torch.Tensor, input_batch: Any, grammar_output: Any) -> Any:
+        out = upstream(hidden_states, input_batch, grammar_output)
+        rows = hidden_states[input_batch.logits_indices]
+        n = int(input_batch.num_tokens)
+        _PROBED.append(
+            {
+                "slots": [int(x) for x in input_batch.idx_mapping_np],
+                "num_tokens": n,
+                "input_ids": input_batch.input_ids[: min(n, 64)].tolist(),
+                "positions": input_batch.positions[: min(n, 64)].tolist(),
+                "logits_indices": input_batch.logits_indices.tolist()[:64],
+                "hidden_rows": rows.float()[:4].tolist(),
+                "argmax": runner.model.compute_logits(rows).argmax(dim=-1).tolist()[:64],
+                "sampled": out[0].sampled_token_ids.flatten().tolist()[:64],
+                **_guarded(_attention_inputs, runner, input_batch),
+            }
+        )
+        return out
+
+    runner.sample = sample
+    return True
+
+
+def _guarded(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return fn(*args)
+    except Exception as exc:  # a probe must never stop the request it watches
+        return {"probe_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _attention_inputs(runner: Any, input_batch: Any) -> dict[str, Any]:
+    """What attention read for this step: the requests' block tables (as staged, as gathered), their block counts
+    (host and the UVA view the kernels read), slot mapping, sequence lengths, and the KV cache at those slots
+    (first and last layer: sum of |K| and |V| per token) to tell a wrong write from a wrong read."""
+    bt = runner.block_tables
+    slots = [int(x) for x in input_batch.idx_mapping_np][:8]
+    n = int(input_batch.num_tokens)
+    mapping = bt.slot_mappings[0][: min(n, 64)]
+    seen: dict[str, Any] = {
+        "staged_rows": [bt.block_tables[0].gpu[s, :4].tolist() for s in slots],
+        "gathered_rows": bt.input_block_tables[0][: len(slots), :4].tolist(),
+        "num_blocks_np": [int(bt.num_blocks.np[0, s]) for s in slots],
+        "num_blocks_uva": bt.num_blocks.gpu[0, slots].tolist(),
+        "slot_mapping": mapping.tolist(),
+        "seq_lens": input_batch.seq_lens[: len(slots)].tolist(),
+        "query_start_loc": input_batch.query_start_loc[: len(slots) + 1].tolist(),
+    }
+    ok = mapping[mapping >= 0]
+    for name, layer in (("kv_first", 0), ("kv_last", len(runner.kv_caches) - 1)):
+        kv = runner.kv_caches[layer]  # logical (blocks, heads, block_size, 2 * head_size), K and V packed
+        if kv.dim() != 4 or kv.stride(1) != kv.shape[3] or kv.stride(0) != kv.shape[2] * kv.stride(2):
+            seen[name] = f"layout {list(kv.shape)} strides {list(kv.stride())} not read"
+            continue
+        heads, width = kv.shape[1], kv.shape[3]
+        rows = kv.as_strided((kv.shape[0] * kv.shape[2], heads, width), (kv.stride(2), width, 1))[ok].float()
+        seen[name] = {
+            "k": rows[:, :, : width // 2].abs().sum(dim=(1, 2)).tolist()[:16],
+            "v": rows[:, :, width // 2 :].abs().sum(dim=(1, 2)).tolist()[:16],
+        }
+    return seen
+
+
+def probe_collect(worker: Any) -> list[dict[str, Any]]:
+    taken = list(_PROBED)
+    _PROBED.clear()
+    return taken
