@@ -106,6 +106,8 @@ def build_llm(a: argparse.Namespace) -> Any:
         compilation["pass_config"] = {"fuse_allreduce_rms": False}
     if a.cudagraph_mode:
         compilation["cudagraph_mode"] = a.cudagraph_mode
+    if a.async_scheduling != "default":
+        kwargs["async_scheduling"] = a.async_scheduling == "on"
     if compilation:
         kwargs["compilation_config"] = compilation
     return LLM(**kwargs)
@@ -267,6 +269,8 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager comparison start)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
+    ap.add_argument("--async-scheduling", choices=["default", "on", "off"], default="default",
+                    help="vLLM's async scheduling (default: vLLM's choice)")  # fmt: skip
     ap.add_argument(
         "--diag",
         action="store_true",
@@ -278,6 +282,7 @@ def main() -> int:
     ap.add_argument("--diag-probe", action="store_true", help="diagnosis: record what sampling steps read")
     ap.add_argument("--diag-kv-blocks", metavar="FILE:FIRST-LAST", help="diagnosis: SAVE writes, LOAD puts back KV")
     ap.add_argument("--diag-extra-warmup", action="store_true", help="diagnosis, LOAD: SAVE's warm-up before graphs")
+    ap.add_argument("--diag-launch-blocking", action="store_true", help="diagnosis: CUDA_LAUNCH_BLOCKING=1")
     ap.add_argument(
         "--diag-bisect",
         metavar="PREFIX",
@@ -295,6 +300,8 @@ def main() -> int:
         os.environ["GP_DIAG_KV_BLOCKS"] = a.diag_kv_blocks
     if a.diag_extra_warmup:
         os.environ["GP_DIAG_EXTRA_WARMUP"] = "1"
+    if a.diag_launch_blocking:  # not an environment pin: a LOAD may differ from its SAVE here
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     if a.diag_save_bytes:
         os.environ["GP_DIAG_SAVE_BYTES"] = a.diag_save_bytes
     if a.diag_bisect or a.diag_probe:  # functions sent to the worker (LLM.collective_rpc)
