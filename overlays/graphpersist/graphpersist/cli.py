@@ -203,10 +203,11 @@ Host facts (torch, CUDA, NCCL, GPU, environment pins) are collected here. Facts 
 (engine.*, model.*, capture.*, parallel.*, region.*, flags.*) are not checked unless given with --set;
 they are listed as "not checked", never counted as passed. Values are read as JSON where the saved value is
 not a string (--set parallel.tp_size=2, --set capture.sizes=[1,2,4]); --set env.NAME=<unset> means unset.
-The rank's GPU (device.uuid, device.pci_bus_id) is looked up for the device index the rank saved with, or
-the one given with --set device.index=N, where nvidia-smi's numbering can be mapped to CUDA's (one GPU,
-CUDA_VISIBLE_DEVICES with GPU UUIDs, or CUDA_DEVICE_ORDER=PCI_BUS_ID); device.index itself is only checked
-when given. Run it in the environment the engine will start in: the environment pins are read from it.
+The rank's GPU slot (device.pci_bus_id; the GPU's UUID is recorded, not compared, so another node of the
+same kind passes) is looked up for the device index the rank saved with, or the one given with
+--set device.index=N, where nvidia-smi's numbering can be mapped to CUDA's (one GPU, CUDA_VISIBLE_DEVICES with
+GPU UUIDs, or CUDA_DEVICE_ORDER=PCI_BUS_ID); device.index itself is only checked when given. Run it in the
+environment the engine will start in: the environment pins are read from it.
 """
 
 

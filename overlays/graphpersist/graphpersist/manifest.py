@@ -235,13 +235,13 @@ class ImageRecord:
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """Which physical GPU the rank drove: its CUDA device index in the process, its UUID and its PCI bus id.
+    """Which GPU the rank drove: its CUDA device index in the process, its UUID and its PCI bus id.
 
     Saved graphs hold this GPU's addresses, its peers' IPC mappings and NCCL's topology-dependent choices, so a
-    rank that comes back on another GPU (ranks swapped, CUDA_VISIBLE_DEVICES reordered, another slot) must not
-    replay them. `uuid` is nvidia-smi's form ("GPU-<hex>"); `pci_bus_id` is sysfs' form ("0000:19:00.0",
-    lower-case hex, 4-digit domain). All three are compared at LOAD as `device.index`, `device.uuid` and
-    `device.pci_bus_id`.
+    rank that comes back in another slot (ranks swapped, CUDA_VISIBLE_DEVICES reordered) must not replay them.
+    `uuid` is nvidia-smi's form ("GPU-<hex>"); `pci_bus_id` is sysfs' form ("0000:19:00.0", lower-case hex,
+    4-digit domain). `device.index` and `device.pci_bus_id` are compared at LOAD; `uuid` is recorded only (which
+    card saved it), so the archive loads on another node of the same kind with its GPUs in the same slots.
     """
 
     index: int

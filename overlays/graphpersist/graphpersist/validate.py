@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 ADVICE = "Re-run with mode=save for this configuration."
 
 # Rank facts that must match before restoring (the rest of rank.json is outcome, checked during restore). The
-# device fields pin each rank to the physical GPU it saved on: ranks that swap GPUs are refused.
+# device fields pin each rank to the GPU slot it saved on (CUDA index and PCI bus id): ranks that swap GPUs are
+# refused. The GPU's UUID is recorded but not compared: it names one physical card, and an archive must LOAD on
+# another node of the same kind (gpu.model, compute capability, driver and NCCL versions are world facts, the
+# slot is the PCI bus id, and the setup phases prove NCCL laid its buffers out as at SAVE).
 RANK_FIELDS: Final = (
     "parallel.rank",
     "device.index",
-    "device.uuid",
     "device.pci_bus_id",
     "region.base",
     "region.size",
@@ -161,7 +163,6 @@ def saved_facts(archive: Archive, rank: int) -> dict[str, Any]:
         facts |= {
             "parallel.rank": record.rank,
             "device.index": record.device.index,
-            "device.uuid": record.device.uuid,
             "device.pci_bus_id": record.device.pci_bus_id,
             "region.base": record.region.base,
             "region.size": record.region.size,
