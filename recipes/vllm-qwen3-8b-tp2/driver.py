@@ -108,6 +108,8 @@ def build_llm(a: argparse.Namespace) -> Any:
         compilation["cudagraph_mode"] = a.cudagraph_mode
     if a.async_scheduling != "default":
         kwargs["async_scheduling"] = a.async_scheduling == "on"
+    if a.executor != "default":
+        kwargs["distributed_executor_backend"] = a.executor
     if compilation:
         kwargs["compilation_config"] = compilation
     return LLM(**kwargs)
@@ -271,6 +273,8 @@ def main() -> int:
     ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
     ap.add_argument("--async-scheduling", choices=["default", "on", "off"], default="default",
                     help="vLLM's async scheduling (default: vLLM's choice)")  # fmt: skip
+    ap.add_argument("--executor", choices=["default", "mp", "uni"], default="default",
+                    help="vLLM's distributed_executor_backend (default: vLLM's choice, 'uni' at TP=1)")  # fmt: skip
     ap.add_argument(
         "--diag",
         action="store_true",
