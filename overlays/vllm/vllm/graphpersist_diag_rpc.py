@@ -134,7 +134,8 @@ def _guarded(fn: Any, *args: Any) -> dict[str, Any]:
 def _attention_inputs(runner: Any, input_batch: Any) -> dict[str, Any]:
     """What attention read for this step: the requests' block tables (as staged, as gathered), their block counts
     (host and the UVA view the kernels read), slot mapping, sequence lengths, and the KV cache at those slots
-    (first and last layer: sum of |K| and |V| per token) to tell a wrong write from a wrong read."""
+    (first and last layer: sum of |K| and |V| per token; every layer: at the first and the last slot written) to
+    tell a wrong write from a wrong read, and at which layer two runs part."""
     bt = runner.block_tables
     slots = [int(x) for x in input_batch.idx_mapping_np][:8]
     n = int(input_batch.num_tokens)
@@ -149,17 +150,20 @@ def _attention_inputs(runner: Any, input_batch: Any) -> dict[str, Any]:
         "query_start_loc": input_batch.query_start_loc[: len(slots) + 1].tolist(),
     }
     ok = mapping[mapping >= 0]
-    for name, layer in (("kv_first", 0), ("kv_last", len(runner.kv_caches) - 1)):
-        kv = runner.kv_caches[layer]  # logical (blocks, heads, block_size, 2 * head_size), K and V packed
+    per_layer: list[list[float]] = []
+    for layer, kv in enumerate(runner.kv_caches):  # logical (blocks, heads, block_size, 2 * head_size), K|V packed
         if kv.dim() != 4 or kv.stride(1) != kv.shape[3] or kv.stride(0) != kv.shape[2] * kv.stride(2):
-            seen[name] = f"layout {list(kv.shape)} strides {list(kv.stride())} not read"
-            continue
+            seen["kv_layout"] = f"layer {layer}: shape {list(kv.shape)} strides {list(kv.stride())} not read"
+            break
         heads, width = kv.shape[1], kv.shape[3]
         rows = kv.as_strided((kv.shape[0] * kv.shape[2], heads, width), (kv.stride(2), width, 1))[ok].float()
-        seen[name] = {
-            "k": rows[:, :, : width // 2].abs().sum(dim=(1, 2)).tolist()[:16],
-            "v": rows[:, :, width // 2 :].abs().sum(dim=(1, 2)).tolist()[:16],
-        }
+        k = rows[:, :, : width // 2].abs().sum(dim=(1, 2))
+        v = rows[:, :, width // 2 :].abs().sum(dim=(1, 2))
+        if layer in (0, len(runner.kv_caches) - 1):
+            seen["kv_first" if layer == 0 else "kv_last"] = {"k": k.tolist()[:16], "v": v.tolist()[:16]}
+        per_layer.append([float(k[0]), float(v[0]), float(k[-1]), float(v[-1])] if len(k) else [])
+    # every layer's sum of |K| and |V| at the first and the last slot written: where the divergence starts
+    seen["kv_per_layer"] = per_layer
     return seen
 
 
