@@ -601,3 +601,25 @@ def test_param_values_are_unbacked_kernel_words_never_memset_or_memcpy_addresses
     assert phases.param_values(words, {dangling_copy}, live) == {number}
     assert phases.param_values(words, set(), live) == {number, dangling_copy}
     assert phases.param_values(set(), set(), live) == set()
+
+
+def test_pointer_phases_counts_graph_addresses_by_the_phase_that_made_their_memory() -> None:
+    """A graph address in a variable phase LOAD runs again is named (LOAD can prove only that memory's extent);
+    addresses in exact phases and in capture-time memory are counted, not named."""
+
+    def engine(mem: Bump, rec: Recorder) -> dict[str, int]:
+        mem.begin(rec, "weights")
+        w = mem.alloc(100 * MIB)
+        mem.end(rec)
+        mem.begin(rec, "profile", exact=False, headroom=64 * MIB)
+        kept = mem.alloc(8 * MIB)  # e.g. a buffer the profile run leaves alive
+        mem.end(rec)
+        mem.finish_setup(rec)
+        return {"weights": w, "kept": kept, "pool": mem.alloc(32 * MIB)}
+
+    smem, srec, out = saved_run(engine)
+    live = region.live_ranges(smem.evs)
+    ptrs = [out["weights"] + 16, out["weights"] + 4096, out["kept"] + 8, out["pool"], BASE - 4096]
+    counts, risky = phases.pointer_phases(ptrs, srec.phases, smem.evs, live)
+    assert counts == {"weights": 2, "profile": 1, "(capture)": 1, "(unbacked)": 1}
+    assert risky == [(out["kept"] + 8, "profile")]

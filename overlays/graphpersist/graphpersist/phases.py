@@ -428,6 +428,25 @@ def param_values(words: set[int], addresses: set[int], live: list[tuple[int, int
     return {w for w in words - addresses if find_range(live, w) is None}
 
 
+def pointer_phases(pointers: Iterable[int], saved: Sequence[Phase], evs: Sequence[Event],
+                   live: list[tuple[int, int]]) -> tuple[dict[str, int], list[tuple[int, str]]]:  # fmt: skip
+    """SAVE: how many graph addresses lie in memory each phase made ("(capture)": capture-time memory), and those
+    in a variable phase LOAD runs again. LOAD can prove such memory only by its extent (check_backed), not by what
+    it holds: a variable phase lays out its allocations anew, and torch may place other tensors inside them."""
+    owner = owners(saved, evs)
+    variable = {p.name for p in saved if not p.exact and not p.skip_on_load}
+    counts: dict[str, int] = {}
+    risky: list[tuple[int, str]] = []
+    live = sorted(live)
+    for ptr in sorted(set(pointers)):
+        rng = find_range(live, ptr)
+        name = owner.get(rng[0], "(capture)") if rng else "(unbacked)"
+        counts[name] = counts.get(name, 0) + 1
+        if name in variable:
+            risky.append((ptr, name))
+    return counts, risky
+
+
 def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Sequence[Event],
                  live: list[tuple[int, int]], *, defer: Callable[[str], bool] | None = None,
                  what: str = "graph address") -> list[int]:  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -278,6 +279,12 @@ class Saver:
                     used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
         pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
         inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        by_phase, risky = phases.pointer_phases(pointers, rec_phases, evs, live_mem)
+        if risky:
+            shown = ", ".join(f"{a:#x} ({n})" for a, n in risky[:8])
+            print(f"graphpersist: WARNING: {len(risky)} graph address(es) lie in memory a variable phase made, which "
+                  f"LOAD runs again and can check only by extent, not by what it holds: {shown}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         states = layout.records_for_save()
         for r, _ in states:
             rng = phases.find_range(live_mem, r.addr)
@@ -287,7 +294,8 @@ class Saver:
         return {
             "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
             "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
-            "states": states, "numbers": in_region_numbers,
+            "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
+            "variable_pointers": [[a, n] for a, n in risky[:64]],
         }  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
@@ -348,6 +356,8 @@ class Saver:
                     "phases": [p.to_json() for p in prep["phases"]],
                     "state": [r.to_json() for r, _ in prep["states"]],
                     "engine_notes": notes,
+                    "pointer_phases": prep["pointer_phases"],  # graph addresses per phase that made their memory
+                    "variable_pointers": prep["variable_pointers"],  # the first 64 in variable phases LOAD runs
                 },
             },
         )
@@ -357,6 +367,7 @@ class Saver:
             "pointer_fingerprint": inv_fp,
             "pointers": len(pointers),
             "in_region_numbers": len(prep["numbers"]),  # kernel-parameter words read as numbers (setup.param_values)
+            "pointer_phases": prep["pointer_phases"],
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
