@@ -181,8 +181,9 @@ class PersistWorker(Worker):
         )
         sess.done = True
         took = sess.timed("save", started)
-        sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images)", sess.captured,
-                 sess.directory, took, summary["serialize_s"], summary["images"])  # fmt: skip
+        sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; graph addresses by phase %s)",
+                 sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
+                 summary.get("pointer_phases"))  # fmt: skip
 
     def _restore(self, manager: Any) -> None:
         sess = _session()

@@ -321,9 +321,9 @@ def _save(sess: gps.Session, mr: Any) -> None:
     sess.done = True
     took = time.perf_counter() - started
     sess.timings["save"] = round(took - sess.timings.get(KERNEL_WARMUP, 0.0), 4)
-    sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; kernel warm-up %.2f s)",
-             sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
-             sess.timings.get(KERNEL_WARMUP, 0.0))  # fmt: skip
+    sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; kernel warm-up %.2f s; graph "
+             "addresses by phase %s)", sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
+             sess.timings.get(KERNEL_WARMUP, 0.0), summary.get("pointer_phases"))  # fmt: skip
 
 
 def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
