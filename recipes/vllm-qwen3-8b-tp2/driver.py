@@ -103,7 +103,7 @@ def build_llm(a: argparse.Namespace) -> Any:
         kwargs |= {"load_format": "dummy", "skip_tokenizer_init": True}
     compilation: dict[str, Any] = {}
     if a.tp > 1:  # see README.md: the flashinfer fusion's automatic backend needs multicast (not on this host)
-        compilation["pass_config"] = {"fuse_allreduce_rms": False}
+        compilation["pass_config"] = {"fuse_allreduce_rms": a.fuse_allreduce_rms == "on"}
     if a.cudagraph_mode:
         compilation["cudagraph_mode"] = a.cudagraph_mode
     if a.async_scheduling != "default":
@@ -186,7 +186,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     import_s = time.perf_counter() - t_import
     before = proofkit.cache_snapshot()
     t0 = time.perf_counter()
-    llm = build_llm(a)
+    try:
+        llm = build_llm(a)
+    except Exception as exc:
+        if not a.expect_refusal:
+            raise
+        print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
+        return proofkit.expected_refusal(Path(a.result).parent / "log.txt", a.expect_refusal, f"{exc}")
+    if a.expect_refusal:
+        return {"ok": False, "error": f"the engine started: it had to be refused ({a.expect_refusal!r})"}
     ready = time.perf_counter() - t0
     after_start = proofkit.cache_snapshot()
     print(f"driver: engine ready in {ready:.2f} s", flush=True)
@@ -273,6 +281,12 @@ def main() -> int:
     ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
     ap.add_argument("--async-scheduling", choices=["default", "on", "off"], default="default",
                     help="vLLM's async scheduling (default: vLLM's choice)")  # fmt: skip
+    ap.add_argument("--fuse-allreduce-rms", choices=["on", "off"], default="off",
+                    help="TP>1: flashinfer's fused all-reduce + RMSNorm pass (default off: README.md)")  # fmt: skip
+    ap.add_argument("--flashinfer-allreduce-backend", choices=["auto", "trtllm", "mnnvl"],
+                    help="VLLM_FLASHINFER_ALLREDUCE_BACKEND for that pass (default: vLLM's, auto)")  # fmt: skip
+    ap.add_argument("--expect-refusal", metavar="REGEX",
+                    help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
     ap.add_argument("--executor", choices=["default", "mp", "uni"], default="default",
                     help="vLLM's distributed_executor_backend (default: vLLM's choice, 'uni' at TP=1)")  # fmt: skip
     ap.add_argument(
@@ -304,6 +318,8 @@ def main() -> int:
         os.environ["GP_DIAG_KV_BLOCKS"] = a.diag_kv_blocks
     if a.diag_extra_warmup:
         os.environ["GP_DIAG_EXTRA_WARMUP"] = "1"
+    if a.flashinfer_allreduce_backend:
+        os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = a.flashinfer_allreduce_backend
     if a.diag_launch_blocking:  # not an environment pin: a LOAD may differ from its SAVE here
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     if a.diag_save_bytes:

@@ -612,3 +612,21 @@ def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> Non
     for script in scripts:
         assert (REPO / "recipes" / recipe / script).resolve().is_file(), f"{recipe}: {script} does not exist"
     assert {r.mode for r in parsed.runs} == {"off", "save", "load"}
+
+
+def test_a_driver_whose_engine_was_refused_quotes_the_line_from_its_log(tmp_path: Path) -> None:
+    """proofkit.expected_refusal: an engine start that raised is ok only when the run's log holds the expected reason,
+    and the result quotes that line (check_refused then finds it in the same log)."""
+    from gptools import proofkit
+
+    log = tmp_path / "log.txt"
+    refusal = "graphpersist: the fused all-reduce + RMSNorm pass (flashinfer) at TP > 1 cannot be persisted: off"
+    log.write_text(f"INFO starting\n(EngineCore pid=7) {refusal}\nRuntimeError: Engine core failed\n")
+    pattern = r"fused all-reduce \+ RMSNorm pass .* cannot be persisted"
+    got = proofkit.expected_refusal(log, pattern, "Engine core initialization failed", settle_s=0)
+    assert got["ok"] is True and got["error"] is None
+    assert got["refusal"]["matched"].startswith("(EngineCore pid=7) graphpersist: the fused all-reduce")
+    missed = proofkit.expected_refusal(log, r"enforce_eager .* cannot be persisted", "boom", settle_s=0)
+    assert missed["ok"] is False and "does not match" in missed["error"] and missed["refusal"]["matched"] is None
+    absent = proofkit.expected_refusal(tmp_path / "none.txt", pattern, "boom", settle_s=0)
+    assert absent["ok"] is False

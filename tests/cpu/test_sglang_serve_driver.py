@@ -219,7 +219,7 @@ def test_the_refusal_regex_matches_what_a_refused_load_prints() -> None:
     pattern = REFUSED["args"][REFUSED["args"].index("--expect-refusal") + 1]
     match = re.search(pattern, log, re.DOTALL)
     assert match is not None
-    assert serveproof.refusal_lines(log, match)[1] == "  flags.context_length: saved 4096, live 2048"
+    assert proofkit.refusal_lines(log, match)[1] == "  flags.context_length: saved 4096, live 2048"
     assert REFUSED["args"][-2:] == ["--context-length", "2048"]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -175,3 +176,31 @@ def read_stats(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: a stats file must be a JSON object with an integer `rank`")
         stats.append(data)
     return sorted(stats, key=lambda s: s["rank"])
+
+
+def refusal_lines(text: str, match: re.Match[str]) -> tuple[str, str]:
+    """The log lines where a match begins and ends (what a run that must be refused quotes as its evidence)."""
+
+    def line_at(pos: int) -> str:
+        start = text.rfind("\n", 0, pos) + 1
+        end = text.find("\n", pos)
+        return text[start : end if end >= 0 else len(text)]
+
+    return line_at(match.start()), line_at(max(match.start(), match.end() - 1))
+
+
+def expected_refusal(log: Path, pattern: str, why: str, *, settle_s: float = 2.0) -> dict[str, Any]:
+    """result.json of a run that had to be refused (recipe `expect_refusal`) and whose engine did not start: ok when
+    the engine's log (this run's log.txt, written by the runner as the driver and its processes print) matches
+    `pattern`, quoting the line; `why` is what the engine's start raised. Waits `settle_s` for the engine's own
+    processes to flush their last lines."""
+    time.sleep(settle_s)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    match = re.search(pattern, text, re.DOTALL)
+    first, last = refusal_lines(text, match) if match else (None, None)
+    return {
+        "ok": match is not None,
+        "error": None if match else f"the start failed ({why[:300]}) but {log} does not match {pattern!r}",
+        "outputs": {},
+        "refusal": {"pattern": pattern, "first_line": first, "matched": last, "raised": why[:500]},
+    }

@@ -476,17 +476,6 @@ def run_serve(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) -> d
     }
 
 
-def refusal_lines(text: str, match: re.Match[str]) -> tuple[str, str]:
-    """The log lines where a match begins and ends."""
-
-    def line_at(pos: int) -> str:
-        start = text.rfind("\n", 0, pos) + 1
-        end = text.find("\n", pos)
-        return text[start : end if end >= 0 else len(text)]
-
-    return line_at(match.start()), line_at(max(match.start(), match.end() - 1))
-
-
 def run_refusal(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """The server must stop by itself, non-zero, never healthy, with the expected reason in its log."""
     server = start_server(engine, a, extra)
@@ -508,7 +497,7 @@ def run_refusal(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) ->
         problems.append("the server exited with code 0: a refusal must stop it with an error")
     if match is None:
         problems.append(f"the server's log does not match {a.expect_refusal!r}")
-    first, last = refusal_lines(text, match) if match else (None, None)
+    first, last = proofkit.refusal_lines(text, match) if match else (None, None)
     if match and code is not None:
         say(f"refused as expected ({exit_text(code)}): {last.strip()}")
     return {
