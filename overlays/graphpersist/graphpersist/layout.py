@@ -164,18 +164,18 @@ def declared() -> list[state.Declared]:
 def read_bytes(addr: int, nbytes: int) -> bytes:
     import torch
 
-    from graphpersist.tensors import tensor_at
+    from graphpersist.tensors import bytes_at
 
     torch.cuda.synchronize()
-    return tensor_at({"addr": addr, "dtype": "uint8", "shape": [nbytes], "stride": [1]}).cpu().numpy().tobytes()
+    return bytes_at(addr, nbytes).cpu().numpy().tobytes()
 
 
 def write_bytes(addr: int, data: bytes) -> None:
     import torch
 
-    from graphpersist.tensors import tensor_at
+    from graphpersist.tensors import bytes_at
 
-    dst = tensor_at({"addr": addr, "dtype": "uint8", "shape": [len(data)], "stride": [1]})
+    dst = bytes_at(addr, len(data))
     dst.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     torch.cuda.synchronize()
 

@@ -37,7 +37,7 @@ from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
 from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
-from graphpersist.tensors import tensor_at
+from graphpersist.tensors import bytes_at, tensor_at
 from graphpersist.validate import LoadRefused, check_or_refuse, evaluate
 
 # Diagnosis only, never set in production: see _diag_fill.
@@ -191,7 +191,7 @@ def _diag_fill(ranges: list[tuple[int, int]]) -> None:
         first, _, last = span.partition("-")
         chosen = chosen[int(first) : int(last or first) + 1]
     for addr, size in chosen:
-        tensor_at({"addr": addr, "dtype": "uint8", "shape": [size], "stride": [1]}).fill_(byte)
+        bytes_at(addr, size).fill_(byte)
     torch.cuda.synchronize()
     print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(chosen)} of {len(ranges)} restored ranges "
           f"({sum(s for _, s in chosen) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip

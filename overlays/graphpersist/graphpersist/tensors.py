@@ -38,3 +38,8 @@ def tensor_at(spec: Mapping[str, Any]) -> torch.Tensor:
         extent = 0
     raw = torch.as_tensor(_RawCuda(spec["addr"], max(extent, 1) * item), device="cuda")
     return raw.view(dtype).as_strided(spec["shape"], spec["stride"])
+
+
+def bytes_at(addr: int, nbytes: int) -> torch.Tensor:
+    """The `nbytes` bytes at device address `addr` as a uint8 tensor (a view, no copy)."""
+    return tensor_at({"addr": addr, "dtype": "uint8", "shape": [nbytes], "stride": [1]})

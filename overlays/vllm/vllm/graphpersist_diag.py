@@ -104,27 +104,24 @@ def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
 def _kv_blocks(runner: Any, spec: str, saving: bool) -> None:
     """GP_DIAG_KV_BLOCKS=FILE:FIRST-LAST: SAVE writes KV blocks FIRST..LAST-1 of every layer as they are when serving
     starts; LOAD writes FIRST..LAST-1 of them back at the same point (blocks are the leading dimension)."""
+    from graphpersist.tensors import bytes_at
+
     path, _, span = spec.rpartition(":")
     first, _, last = span.partition("-")
     lo, hi = int(first), int(last)
-    views = []
-    for kv in runner.kv_caches:
-        block = kv.stride(0) * kv.element_size()
-        raw = torch.empty(0, dtype=torch.uint8, device=kv.device).set_(kv.untyped_storage())
-        start = kv.storage_offset() * kv.element_size()
-        views.append((raw, start, block))
+    blocks = [(kv.data_ptr(), kv.stride(0) * kv.element_size()) for kv in runner.kv_caches]
     if saving:
-        torch.save({"first": lo, "layers": [raw[s + lo * b : s + hi * b].cpu() for raw, s, b in views]}, path)
-        print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(views)} layers -> {path}", flush=True)
+        torch.save({"first": lo, "layers": [bytes_at(p + lo * b, (hi - lo) * b).cpu() for p, b in blocks]}, path)
+        print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(blocks)} layers -> {path}", flush=True)
         return
     saved = torch.load(path)
-    for (raw, s, b), host in zip(views, saved["layers"], strict=True):
+    for (p, b), host in zip(blocks, saved["layers"], strict=True):
         at, count = saved["first"], host.numel() // b
         if not at <= lo <= hi <= at + count:
             raise ValueError(f"{KV_ENV}: blocks {lo}..{hi - 1} are not all in {path} ({at}..{at + count - 1})")
-        raw[s + lo * b : s + hi * b].copy_(host[(lo - at) * b : (hi - at) * b])
+        bytes_at(p + lo * b, (hi - lo) * b).copy_(host[(lo - at) * b : (hi - at) * b])
     torch.cuda.synchronize()
-    print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(views)} layers put back from {path}", flush=True)
+    print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(blocks)} layers put back from {path}", flush=True)
 
 
 def extra_warmup() -> bool:
@@ -195,7 +192,7 @@ def _write_bytes(runner: Any, prefix: Path) -> None:
     """SAVE: the bytes of every live region allocation except weights and KV cache, as they are when serving
     starts (PREFIX.bin, index PREFIX.json: [address, size, offset in the .bin])."""
     from graphpersist import region
-    from graphpersist.tensors import tensor_at
+    from graphpersist.tensors import bytes_at
 
     spans = _excluded(runner)
     windows = [p for a, s in region.live_ranges(region.events()) for p in _minus(a, a + s, spans)]
@@ -207,7 +204,7 @@ def _write_bytes(runner: Any, prefix: Path) -> None:
     index, offset = [], 0
     with open(f"{prefix}.bin", "wb") as out:
         for a, b in windows:
-            host = tensor_at({"addr": a, "dtype": "uint8", "shape": [b - a], "stride": [1]}).cpu()
+            host = bytes_at(a, b - a).cpu()
             out.write(memoryview(host.numpy()))
             index.append([a, b - a, offset])
             offset += b - a

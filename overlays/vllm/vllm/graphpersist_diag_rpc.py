@@ -7,8 +7,10 @@ range back as it was when serving started. `probe_install` / `probe_collect`: re
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,76 +19,71 @@ from vllm.graphpersist_diag import DUMP_ENV
 
 
 class _Trials:
-    """LOAD, in the worker: the restored ranges, their contents when serving started, and SAVE's bytes."""
+    """LOAD, in the worker: the restored ranges and SAVE's windows, each [address, size, offset] (in `ready`, in
+    the SAVE's .bin), the ranges' contents when serving started, and SAVE's bytes."""
 
-    ranges: ClassVar[list[tuple[int, int]]] = []
+    ranges: ClassVar[list[list[int]]] = []
     ready: torch.Tensor | None = None
     save_index: ClassVar[list[list[int]]] = []
     save_bytes: Any = None
+
+
+def _overlaps(index: list[list[int]], lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, offset of start in the index's buffer) of every part of [lo, hi) an index entry covers."""
+    for a, s, off in index:
+        x, y = max(lo, a), min(hi, a + s)
+        if x < y:
+            yield x, y, off + x - a
 
 
 def bisect_setup(worker: Any, prefix: str) -> dict[str, Any]:
     """Keep a pinned copy of every range this LOAD mapped afresh (as it is now) and open SAVE's bytes."""
     import numpy as np
 
-    from graphpersist.tensors import tensor_at
+    from graphpersist.tensors import bytes_at
 
     listing = Path(os.environ[DUMP_ENV]) / f"restored-ranges.pid{os.getpid()}.json"
-    _Trials.ranges[:] = [(a, s) for _, a, s in json.loads(listing.read_text())]
-    total = sum(s for _, s in _Trials.ranges)
+    ranges = [(a, s) for _, a, s in json.loads(listing.read_text())]
+    offsets = itertools.accumulate((s for _, s in ranges), initial=0)
+    _Trials.ranges[:] = [[a, s, at] for (a, s), at in zip(ranges, offsets, strict=False)]
+    total = sum(s for _, s in ranges)
     torch.cuda.synchronize()
     ready = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    at = 0
-    for a, s in _Trials.ranges:
-        ready[at : at + s].copy_(tensor_at({"addr": a, "dtype": "uint8", "shape": [s], "stride": [1]}))
-        at += s
+    for a, s, at in _Trials.ranges:
+        ready[at : at + s].copy_(bytes_at(a, s))
     _Trials.ready = ready
     name = f"{prefix}.rank{worker.rank}"
     _Trials.save_index[:] = json.loads(Path(f"{name}.json").read_text())
     _Trials.save_bytes = np.memmap(f"{name}.bin", dtype=np.uint8, mode="r")
-    return {"ranges": _Trials.ranges, "bytes": total, "save_windows": len(_Trials.save_index)}
+    return {"ranges": ranges, "bytes": total, "save_windows": len(_Trials.save_index)}
 
 
 def bisect_apply(worker: Any, windows: list[list[int]], fill: int | None = None) -> int:
     """Put every restored range back as it was when serving started, then SAVE's bytes (or `fill`) into
     `windows` ([start, end) addresses). Returns the bytes written into the windows."""
-    from graphpersist.tensors import tensor_at
+    from graphpersist.tensors import bytes_at
 
     assert _Trials.ready is not None, "bisect_setup first"
-    at = 0
-    for a, s in _Trials.ranges:
-        tensor_at({"addr": a, "dtype": "uint8", "shape": [s], "stride": [1]}).copy_(_Trials.ready[at : at + s])
-        at += s
+    for a, s, at in _Trials.ranges:
+        bytes_at(a, s).copy_(_Trials.ready[at : at + s])
     written = 0
     for lo, hi in windows:
         if fill is not None:
-            tensor_at({"addr": lo, "dtype": "uint8", "shape": [hi - lo], "stride": [1]}).fill_(fill)
+            bytes_at(lo, hi - lo).fill_(fill)
             written += hi - lo
             continue
-        for a, s, off in _Trials.save_index:
-            x, y = max(lo, a), min(hi, a + s)
-            if x < y:
-                src = torch.from_numpy(_Trials.save_bytes[off + x - a : off + y - a].copy())
-                tensor_at({"addr": x, "dtype": "uint8", "shape": [y - x], "stride": [1]}).copy_(src)
-                written += y - x
+        for x, y, off in _overlaps(_Trials.save_index, lo, hi):
+            bytes_at(x, y - x).copy_(torch.from_numpy(_Trials.save_bytes[off : off + y - x].copy()))
+            written += y - x
     torch.cuda.synchronize()
     return written
 
 
 def bisect_peek(worker: Any, lo: int, hi: int) -> dict[str, str]:
     """The bytes of [lo, hi) as SAVE left them and as this LOAD had them when serving started (hex)."""
-    ready, at = b"", 0
     assert _Trials.ready is not None, "bisect_setup first"
-    for a, s in _Trials.ranges:
-        x, y = max(lo, a), min(hi, a + s)
-        if x < y:
-            ready = _Trials.ready[at + x - a : at + y - a].numpy().tobytes()
-        at += s
-    saved = b""
-    for a, s, off in _Trials.save_index:
-        x, y = max(lo, a), min(hi, a + s)
-        if x < y:
-            saved = _Trials.save_bytes[off + x - a : off + y - a].tobytes()
+    ready = b"".join(_Trials.ready[o : o + y - x].numpy().tobytes() for x, y, o in _overlaps(_Trials.ranges, lo, hi))
+    saved = b"".join(_Trials.save_bytes[o : o + y - x].tobytes() for x, y, o in _overlaps(_Trials.save_index, lo, hi))
     return {"save": saved.hex(), "load": ready.hex()}
 
 
