@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import test_engine_sglang_persist_cpu as persist_cpu
 
-from graphpersist import switch
+from graphpersist import rankstats, switch
 from graphpersist.errors import PersistError
 
 srt = persist_cpu.srt  # the fixture: the overlay modules imported as sglang.srt.* from the overlay folder
@@ -540,7 +540,7 @@ def test_the_save_phase_leaves_the_warm_up_out(
     ticks = iter([100.0, 101.0, 104.0, 110.0])  # save starts, warm-up starts, warm-up ends, save ends
     clock = SimpleNamespace(perf_counter=lambda: next(ticks))
     monkeypatch.setattr(srt.engine, "time", clock)
-    monkeypatch.setattr(srt.session, "time", clock)
+    monkeypatch.setattr(rankstats, "time", clock)  # Session.timed (graphpersist.rankstats.RankSession)
     srt.engine.after_graphs(SimpleNamespace(server_args=None))
     assert sess.timings == {"kernel_warmup_before_save": 3.0, "save": 7.0}
 

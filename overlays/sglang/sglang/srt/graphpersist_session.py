@@ -13,75 +13,35 @@ its first requests ran and, on rank 0, the JIT cache files they added).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from graphpersist import rankstats, switch
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass
-class Session:
-    """What this scheduler process persists or restores. `timings` are the persistence phases, in seconds, in order."""
+class Session(rankstats.RankSession):
+    """What this scheduler process persists or restores (graphpersist.rankstats.RankSession), plus SGLang's state."""
 
-    mode: switch.Mode
-    directory: Path
-    rank: int
-    world_size: int
-    saver: Any = None  # graphpersist.api.Saver while saving
+    logger = logging.getLogger(__name__)
+
     notes: dict[str, Any] = field(default_factory=lambda: {"decode": {}, "prefill": {}})
-    timings: dict[str, float] = field(default_factory=dict)
-    captured: int = 0
-    restored: int = 0
-    capture_calls: int = 0
-    model: dict[str, str] = field(default_factory=dict)  # model facts, computed at start in SAVE and LOAD alike
-    restored_files: list[str] = field(default_factory=list)  # LOAD: JIT cache files put back from the archive
     pool: dict[str, Any] | None = None  # the memory pool SAVE sized (MemoryPoolConfig fields + budget); LOAD reuses it
-    caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name (graphpersist_caches)
     deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
     kernel_warmup: dict[str, Any] | None = None  # SAVE: what the kernel warm-up before writing ran and compiled
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
     attn_shapes: dict[str, Any] = field(default_factory=dict)  # per-shape attention state (tensor inventories)
-    done: bool = False
-    kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs)
     setup_started: float = 0.0  # when distributed init began (timing of the setup phase)
     kv_started: float = 0.0  # when the memory pool's sizing began
 
-    @property
-    def saving(self) -> bool:
-        return self.mode is switch.Mode.SAVE and not self.done
-
-    @property
-    def loading(self) -> bool:
-        return self.mode is switch.Mode.LOAD
-
-    def log(self, message: str, *args: Any) -> None:
-        logger.info("graphpersist: rank %d: " + message, self.rank, *args)
-
-    def timed(self, name: str, started: float) -> float:
-        took = time.perf_counter() - started
-        self.timings[name] = round(took, 4)
-        return took
-
-    def write_stats(self) -> None:
-        """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set)."""
-        stats: dict[str, Any] = {
-            "rank": self.rank,
-            "mode": self.mode.value,
-            "captured": self.captured,
-            "restored": self.restored,
-            "capture_calls": self.capture_calls,
-            "phases": self.timings,
-            "jitcache_restored": self.restored_files,
-        }
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
         if self.kernel_warmup is not None:
             stats["kernel_warmup"] = self.kernel_warmup
-        rankstats.write(self.rank, stats)
+        return stats
 
 
 _session: Session | None = None
@@ -102,14 +62,5 @@ def open_session(mode: switch.Mode, directory: Path, rank: int, world_size: int)
             "serve without speculative decoding"
         )
     _session = Session(mode, directory, rank, world_size, saver=api.Saver() if mode is switch.Mode.SAVE else None)
-    _count_captures(_session)
+    _session.count_every_capture()
     return _session
-
-
-def _count_captures(sess: Session) -> None:
-    """Counts every CUDA-graph capture this process begins: LOAD must begin none, and the proof reads it."""
-
-    def counted() -> None:
-        sess.capture_calls += 1
-
-    rankstats.count_captures(counted)
