@@ -50,6 +50,13 @@ def say(line: str, prefix: str = "") -> None:
         sys.stdout.flush()
 
 
+def say_from_handler(line: str) -> None:
+    """say() for the signal handlers below: the main thread they interrupt may be inside say() holding OUT, and a
+    handler waiting for OUT would wait forever (seen once in CI: the launcher hung on the lock after a scheduler's
+    SIGQUIT). So the line goes straight to the file descriptor; every say() has flushed what came before."""
+    os.write(sys.stdout.fileno(), f"[2026-11-30 12:00:00] {line}\n".encode())
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-path", required=True)
@@ -130,8 +137,8 @@ class State:
 
 
 def kill_tree() -> None:
-    """SGLang's kill_process_tree(os.getpid()): SIGKILL every child, then this process."""
-    say(f"kill_process_tree called: parent_pid={PID}, include_parent=True, pid={PID}")
+    """SGLang's kill_process_tree(os.getpid()): SIGKILL every child, then this process (from a signal handler)."""
+    say_from_handler(f"kill_process_tree called: parent_pid={PID}, include_parent=True, pid={PID}")
     for child in State.children:
         if child.poll() is None:
             child.kill()
@@ -238,12 +245,12 @@ def start_schedulers(argv: list[str], a: argparse.Namespace) -> None:
 
 
 def launch_phase_sigquit(_signum: int, _frame: Any) -> None:
-    say("Received sigquit from a child process. It usually means the child failed.")
+    say_from_handler("Received sigquit from a child process. It usually means the child failed.")
     kill_tree()
 
 
 def sigterm(_signum: int, _frame: Any) -> None:
-    say("SIGTERM received. signum=15 frame=None. Draining requests and shutting down...")
+    say_from_handler("SIGTERM received. signum=15 frame=None. Draining requests and shutting down...")
     kill_tree()
 
 
