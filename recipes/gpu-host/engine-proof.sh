@@ -45,6 +45,6 @@ rc=$?
 mkdir -p "$OUT/proof"
 cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
 (cd "$PROOF_OUT" && tar czf "$OUT/proof/logs.tgz" --exclude='*/cache' --exclude='archives' --exclude='cache-warm*' \
-  ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt 2>/dev/null)
+  ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt ./*/dot-* 2>/dev/null)
 [[ -n ${GP_STACKS_DIR:-} ]] && tar czf "$OUT/proof/stacks.tgz" -C "$GP_STACKS_DIR" .
 exit $rc

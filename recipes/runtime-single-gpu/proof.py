@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import socket
@@ -24,7 +25,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
 sys.path.insert(0, str(HERE))
 
-LAYERS, HIDDEN = 80, 1024
+# RUNTIME_PROOF_SHAPE=LAYERSxHIDDEN (e.g. 36x4096: Qwen3-8B's o_proj shape, where cuBLAS picks split-K kernels for
+# small batches) runs the same proof with another model; the committed REPORT.md is of the default.
+LAYERS, HIDDEN = (int(v) for v in os.environ.get("RUNTIME_PROOF_SHAPE", "80x1024").split("x"))
 ENGINE = {"name": "graphpersist-proof", "version": "1", "commit": "none"}
 PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BASE, OTHER_BASE = 0x500000000000, 0x480000000000
@@ -51,6 +54,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
 
     t_setup = time.perf_counter()
     api.mark_setup(model.named_tensors())
+    setup_end = region.info().base + region.info().cursor
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -81,6 +85,14 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     t_capture = time.perf_counter()
     summary = saver.save(archive, engine=ENGINE, model=model.facts())
     t_saved = time.perf_counter()
+    if os.environ.get("RUNTIME_PROOF_SAVE_FILL"):  # diagnosis: capture-time memory overwritten before the replays
+        from graphpersist.tensors import bytes_at
+
+        fill = int(os.environ["RUNTIME_PROOF_SAVE_FILL"], 0)
+        for addr, size in region.live_ranges(region.events()):
+            if addr >= setup_end:
+                bytes_at(addr, size).fill_(fill)
+        torch.cuda.synchronize()
     refs = {}
     replay_ms = {}
     for b in SIZES:
@@ -126,6 +138,12 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
     )
     t_load = time.perf_counter()
+    if os.environ.get("RUNTIME_PROOF_LOAD_WARMUP") == "1":  # diagnosis: eager forwards after load, before replay
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for b in SIZES:
+                model.forward(b)
+        torch.cuda.synchronize()
     refs = torch.load(ref)
     results = {}
     for b in SIZES:

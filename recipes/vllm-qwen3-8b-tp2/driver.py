@@ -300,6 +300,7 @@ def main() -> int:
     ap.add_argument("--diag-probe", action="store_true", help="diagnosis: record what sampling steps read")
     ap.add_argument("--diag-kv-blocks", metavar="FILE:FIRST-LAST", help="diagnosis: SAVE writes, LOAD puts back KV")
     ap.add_argument("--diag-extra-warmup", action="store_true", help="diagnosis, LOAD: SAVE's warm-up before graphs")
+    ap.add_argument("--diag-dot", metavar="PREFIX", help="diagnosis: print graphs named PREFIX... (GP_DIAG_DOT)")
     ap.add_argument("--diag-launch-blocking", action="store_true", help="diagnosis: CUDA_LAUNCH_BLOCKING=1")
     ap.add_argument(
         "--diag-bisect",
@@ -314,6 +315,8 @@ def main() -> int:
         os.environ["GP_DIAG_FILL_RESTORED"] = a.diag_fill_restored
     if a.diag_history:
         os.environ["GP_DIAG_HISTORY"] = "1"
+    if a.diag_dot:
+        os.environ["GP_DIAG_DOT"] = a.diag_dot
     if a.diag_kv_blocks:
         os.environ["GP_DIAG_KV_BLOCKS"] = a.diag_kv_blocks
     if a.diag_extra_warmup:

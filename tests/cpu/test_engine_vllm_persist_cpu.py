@@ -223,10 +223,10 @@ REFUSED = {
         {},
         "",
         "tensor_parallel_size=1",
-        "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave 2 of 69 prompts a different first "
-        "token than SAVE and the baseline, on every repeat: the requests in one KV block compute another hidden state, "
-        "and no memory contents of SAVE repair it; until that is understood and fixed, persistence refuses TP=1 "
-        "rather than risk wrong tokens",
+        "turn persistence off at TP=1. There cuBLAS runs common GEMM shapes (Qwen3-8B's o_proj and down_proj) "
+        "as split-K kernels at small batches, whose graphs replayed with other results after LOAD on the "
+        "reference host (recipes/runtime-single-gpu/SPLITK.md); SAVE would refuse them after the capture, so "
+        "TP=1 is refused before anything starts",
     ),
     "enforce_eager": (
         {"enforce_eager": True, "tensor_parallel_size": 2},

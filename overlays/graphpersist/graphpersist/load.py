@@ -299,6 +299,7 @@ def _load_rank(
     del packed
     pointers = graphpack.read_pointers(archive, rank, rec.pointers.fingerprint)
     setup.check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
+    setup.check_pointer_blocks(rec.extra.get("torch_blocks", []))
     t_validate = time.perf_counter()
 
     skipped, pending = _restore_memory(archive, rank, pointers)

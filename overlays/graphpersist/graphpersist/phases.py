@@ -476,6 +476,38 @@ def check_backed(pointers: Iterable[int], saved: Sequence[Phase], saved_evs: Seq
     return later
 
 
+def held_blocks(pointers: Iterable[int], segments: list[tuple[int, int]],
+                blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:  # fmt: skip
+    """The torch blocks (addr, size; from sorted, disjoint `blocks` inside torch's `segments`) holding graph
+    addresses. Setup memory is proven at LOAD by its driver-level allocations, which say nothing about torch's
+    blocks inside them: a tensor a graph reads that LOAD's setup did not recreate leaves its block free there, and
+    any later tensor (an eager kernel's scratch between two piecewise graphs) may take it."""
+    held = set()
+    for p in pointers:
+        if find_range(segments, p) is not None and (blk := find_range(blocks, p)) is not None:
+            held.add(blk)
+    return sorted(held)
+
+
+def block_problems(saved: Iterable[Sequence[int]], live_blocks: list[tuple[int, int]],
+                   segments: list[tuple[int, int]]) -> list[str]:  # fmt: skip
+    """LOAD: each block SAVE's graphs read must be live again, starting where it started and at least as large
+    (torch keeps a remainder too small to split inside the block, so the same tensor may get a larger one)."""
+    problems = []
+    for addr, size in saved:
+        got = find_range(live_blocks, addr)
+        if got is not None and got[0] == addr and got[1] >= size:
+            continue
+        if got is not None:
+            now = f"inside live block {got[0]:#x}+{got[1]}"
+        elif find_range(segments, addr) is not None:
+            now = "free in torch's segment (no live tensor there)"
+        else:
+            now = "in no torch segment"
+        problems.append(f"{addr:#x}+{size}: {now}")
+    return problems
+
+
 def implicit_name(after: str) -> str:
     return f"(after {after})"
 

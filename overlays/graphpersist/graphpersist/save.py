@@ -279,6 +279,7 @@ class Saver:
                     used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
         pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
         inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        blocks = setup.pointer_blocks(pointers)
         by_phase, risky = phases.pointer_phases(pointers, rec_phases, evs, live_mem)
         if risky:
             shown = ", ".join(f"{a:#x} ({n})" for a, n in risky[:8])
@@ -295,7 +296,7 @@ class Saver:
             "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
             "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
             "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
-            "variable_pointers": [[a, n] for a, n in risky[:64]],
+            "variable_pointers": [[a, n] for a, n in risky[:64]], "torch_blocks": blocks,
         }  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +359,7 @@ class Saver:
                     "engine_notes": notes,
                     "pointer_phases": prep["pointer_phases"],  # graph addresses per phase that made their memory
                     "variable_pointers": prep["variable_pointers"],  # the first 64 in variable phases LOAD runs
+                    "torch_blocks": [list(b) for b in prep["torch_blocks"]],  # setup.pointer_blocks
                 },
             },
         )
@@ -368,6 +370,7 @@ class Saver:
             "pointers": len(pointers),
             "in_region_numbers": len(prep["numbers"]),  # kernel-parameter words read as numbers (setup.param_values)
             "pointer_phases": prep["pointer_phases"],
+            "torch_blocks": len(prep["torch_blocks"]),
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},

@@ -7,7 +7,7 @@ LOAD running the same setup code; SAVE proves the graphs use only memory LOAD ca
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 
 from graphpersist import layout, region
 from graphpersist.errors import PersistError
-from graphpersist.phases import find_range
+from graphpersist.phases import block_problems, find_range, held_blocks
 from graphpersist.tensors import tensor_key
 
 
@@ -31,6 +31,7 @@ class SetupMark:
 
 
 _mark: SetupMark | None = None
+_graph_blocks: list[tuple[int, int]] = []  # the torch blocks graphs read (SAVE: found, LOAD: checked)
 
 
 def current() -> SetupMark | None:
@@ -103,6 +104,40 @@ def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) 
                 "be handed to another tensor. Allocate it before mark_setup() (and name it) or inside the graph "
                 "pool: SAVE refused"
             )
+
+
+def pointer_blocks(pointers: Iterable[int]) -> list[tuple[int, int]]:
+    """SAVE: the torch blocks, live at mark_setup(), that hold graph addresses (phases.held_blocks); LOAD checks
+    them (check_pointer_blocks)."""
+    global _graph_blocks
+    _graph_blocks = held_blocks(pointers, _mark.segments, _mark.blocks) if _mark is not None else []
+    return _graph_blocks
+
+
+def check_pointer_blocks(saved: Sequence[Sequence[int]]) -> None:
+    """LOAD: refuses when a torch block holding graph addresses at SAVE's end of setup is not live at LOAD's."""
+    global _graph_blocks
+    _graph_blocks = sorted((int(a), int(s)) for a, s in saved)
+    if not saved:
+        return
+    segments, blocks = (_mark.segments, _mark.blocks) if _mark is not None else _torch_blocks()
+    problems = block_problems(saved, blocks, segments)
+    if problems:
+        shown = "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+        raise PersistError(
+            f"{len(problems)} of {len(saved)} torch block(s) that graphs read and that were live at the end of "
+            f"SAVE's setup are not live at LOAD's: {shown}. A tensor SAVE's setup kept (a warm-up or profiling "
+            "leftover) was not recreated at LOAD, so another tensor could take its memory while the graphs still "
+            "read it. Name that tensor in mark_setup() and create it at LOAD too, or allocate it inside the graph "
+            "pool: LOAD refused"
+        )
+
+
+def graph_blocks_now() -> tuple[int, list[str]]:
+    """(number of torch blocks graphs read, those not live now): the same check at any later point, e.g. when
+    serving starts, for a tensor freed after setup."""
+    segments, blocks = _torch_blocks()
+    return len(_graph_blocks), block_problems(_graph_blocks, blocks, segments)
 
 
 def check_setup_tensors(saved: list[list[Any]], live: Mapping[str, torch.Tensor] | None) -> None:

@@ -11,8 +11,10 @@ More switches for the TP=1 diagnosis (`recipes/vllm-qwen3-8b-tp1-bisect/`), all 
 `DIR/memory-owners.rank<N>.json.gz` (who allocated what, with Python stacks); `GP_DIAG_SAVE_BYTES=PREFIX` makes a SAVE
 write the bytes of every live region allocation except weights and KV cache (`PREFIX.rank<N>.bin`, index `.json`);
 `GP_DIAG_KV_BLOCKS=FILE:A-B` makes a SAVE write KV blocks A..B-1 of every layer and a LOAD put them back;
-`GP_DIAG_EXTRA_WARMUP=1` gives a LOAD the kernel warm-up SAVE runs before its capture. The functions a driver runs in
-the worker through `LLM.collective_rpc` are in `vllm/graphpersist_diag_rpc.py`.
+`GP_DIAG_EXTRA_WARMUP=1` gives a LOAD the kernel warm-up SAVE runs before its capture; `GP_DIAG_DOT=PREFIX` prints
+the graphs whose names start with PREFIX (`cuGraphDebugDotPrint`, verbose: every node's parameters, attributes and
+edges) into `DIR/dot-save/` or `DIR/dot-load/`, to compare a captured graph with its rebuild. The functions a driver
+runs in the worker through `LLM.collective_rpc` are in `vllm/graphpersist_diag_rpc.py`.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
     (Path(where) / f"region-sums.rank{rank}.json").write_text(json.dumps(sums, indent=0, sort_keys=True))
     print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors and {len(sums)} region allocations fingerprinted "
           f"into {path.parent}", flush=True)  # fmt: skip
+    from graphpersist import setup
+
+    count, gone = setup.graph_blocks_now()
+    print(f"graphpersist: {DUMP_ENV}: {count} torch blocks graphs read, {len(gone)} not live now: {gone[:8]}",
+          flush=True)  # fmt: skip
     if os.environ.get(HISTORY_ENV) == "1":
         _write_owners(Path(where) / f"memory-owners.rank{rank}.json.gz")
     if spec := os.environ.get(KV_ENV):
@@ -122,6 +129,29 @@ def _kv_blocks(runner: Any, spec: str, saving: bool) -> None:
         bytes_at(p + lo * b, (hi - lo) * b).copy_(host[(lo - at) * b : (hi - at) * b])
     torch.cuda.synchronize()
     print(f"graphpersist: {KV_ENV}: KV blocks {lo}..{hi - 1} of {len(blocks)} layers put back from {path}", flush=True)
+
+
+def dump_dots(graphs: dict[str, Any], saving: bool) -> None:
+    """GP_DIAG_DOT=PREFIX (with GP_DIAG_DUMP): the named CUgraph handles whose names start with PREFIX, printed by
+    the driver into DIR/dot-save/ or DIR/dot-load/ (one file per graph, '/' in names as '_')."""
+    prefix, where = os.environ.get("GP_DIAG_DOT"), os.environ.get(DUMP_ENV)
+    if prefix is None or not where:
+        return
+    from cuda.bindings import driver as drv
+
+    out = Path(where) / ("dot-save" if saving else "dot-load")
+    out.mkdir(parents=True, exist_ok=True)
+    flags = drv.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE
+    chosen = sorted(n for n in graphs if n.startswith(prefix))
+    for name in chosen:
+        path = out / (name.replace("/", "_") + ".dot")
+        try:
+            (err,) = drv.cuGraphDebugDotPrint(drv.CUgraph(int(graphs[name])), str(path).encode(), int(flags))
+        except (TypeError, ValueError) as exc:  # a diagnosis must not stop the run it observes
+            err = exc
+        if err != drv.CUresult.CUDA_SUCCESS:
+            print(f"graphpersist: GP_DIAG_DOT: {name}: {err!r}", flush=True)
+    print(f"graphpersist: GP_DIAG_DOT: {len(chosen)} graph(s) starting with {prefix!r} -> {out}", flush=True)
 
 
 def extra_warmup() -> bool:

@@ -32,15 +32,15 @@ def refuse_unsupported(cfg: Any) -> None:
     par, comp = cfg.parallel_config, cfg.compilation_config
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
-    # measured 2026-11-30/12-01: recipes/vllm-qwen3-8b-tp1-bisect/README.md; GP_DIAG_ALLOW_TP1=1 lifts it for that
+    # measured 2026-11-30/12-01: recipes/runtime-single-gpu/SPLITK.md; GP_DIAG_ALLOW_TP1=1 lifts it for that
     # diagnosis only
     if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
         raise _refuse(
             "tensor_parallel_size=1",
-            "turn persistence off at TP=1. On the reference host a TP=1 LOAD gave 2 of 69 prompts a different "
-            "first token than SAVE and the baseline, on every repeat: the requests in one KV block compute another "
-            "hidden state, and no memory contents of SAVE repair it; until that is understood and fixed, persistence "
-            "refuses TP=1 rather than risk wrong tokens",
+            "turn persistence off at TP=1. There cuBLAS runs common GEMM shapes (Qwen3-8B's o_proj and down_proj) "
+            "as split-K kernels at small batches, whose graphs replayed with other results after LOAD on the "
+            "reference host (recipes/runtime-single-gpu/SPLITK.md); SAVE would refuse them after the capture, so "
+            "TP=1 is refused before anything starts",
         )
     if par.pipeline_parallel_size != 1:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")

@@ -181,6 +181,7 @@ class PersistWorker(Worker):
         )
         sess.done = True
         took = sess.timed("save", started)
+        diag.dump_dots({n: e.graph.raw_cuda_graph() for n, e in sess.saver.entries.items()}, saving=True)
         sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; graph addresses by phase %s)",
                  sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
                  summary.get("pointer_phases"))  # fmt: skip
@@ -201,6 +202,7 @@ class PersistWorker(Worker):
             gather=facts.cpu_gather(),
         )
         sess.kept.append(result)
+        diag.dump_dots({n: g.graph for n, g in result.graphs.items()}, saving=False)
         sess.restored = capture.install(manager, result, result.notes)
         customar.restore_registration(sess, result.notes)
         api.verify_state()

@@ -1,0 +1,96 @@
+"""Diagnosis: a graph rebuilt in the process that captured it, with its kernels from the library's own module or
+from a freshly loaded copy of the same image.
+
+A LOAD at Qwen3-8B's o_proj shape ([8, 4096] x [4096, 4096] bf16, where cuBLAS picks split-K kernels) gives wrong
+outputs, while the same graph in the SAVE process gives the same outputs whatever capture-time memory holds
+(RUNTIME_PROOF_SAVE_FILL). This script captures that matmul under the interposer, serializes it as SAVE does,
+rebuilds it in the same process once per variant (every kernel from the original module; every kernel from a fresh
+copy of its image, as LOAD does; only the split-K GEMM or only the reduction kernel from a fresh copy), replays
+each on the same input and compares with the captured graph's output.
+
+    python3 recipes/runtime-single-gpu/roundtrip_probe.py [--m 8] [--k 4096] [--n 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=8)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=4096)
+    a = ap.parse_args()
+    from graphpersist import region
+
+    region.reexec_with_interposer()
+    import torch
+    from cuda.bindings import driver as drv
+
+    from graphpersist import api, graphbuild, graphwalk, images
+
+    info = api.start_region()
+    x = torch.randn(a.m, a.k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(a.k, a.n, device="cuda", dtype=torch.bfloat16) * a.k**-0.5
+    o = torch.empty(a.m, a.n, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.matmul(x, w, out=o)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(g):
+        torch.matmul(x, w, out=o)
+    o.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    ref = o.clone()
+    eager = x @ w
+    print(f"captured graph vs eager matmul: max abs diff {float((ref.float() - eager.float()).abs().max())}")
+    graph = drv.CUgraph(g.raw_cuda_graph())
+    table = images.ImageTable.current()
+    saved = graphwalk.serialize(graph, table, info.base, info.base + info.size)
+    original: dict[tuple[str, str], Any] = {}
+    for nd in drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph, 0)[2])[1]:
+        if drv.cuGraphNodeGetType(nd)[1] == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+            func = drv.cuGraphKernelNodeGetParams(nd)[1].func
+            sha, name, _load = table.resolve(func)
+            original[(sha, name)] = drv.CUfunction(int(func))  # a handle of its own, not a view into the params
+    fresh = images.LoadedImages()
+    for sha in {f[0] for f in saved.desc["funcs"]}:
+        fresh.load(sha, table.by_sha[sha].kind, table.by_sha[sha].data())
+    print("kernels:", [n[:60] for _s, n in original])
+
+    def pick(rule: Callable[[str], bool]) -> Callable[[str, str, dict[str, int]], Any]:
+        return lambda sha, name, attrs: fresh.function(sha, name, attrs) if rule(name) else original[(sha, name)]
+
+    variants = {
+        "original modules": pick(lambda n: False),
+        "fresh copies (as LOAD)": pick(lambda n: True),
+        "fresh split-K GEMM only": pick(lambda n: "splitK" in n and "reduce" not in n),
+        "fresh reduction only": pick(lambda n: "splitKreduce" in n),
+    }
+    stream = torch.cuda.current_stream().cuda_stream
+    for label, funcs in variants.items():
+        rebuilt = graphbuild.rebuild("probe", saved.desc, saved.blob, funcs, hashed=True)  # size check only
+        ex = graphbuild.instantiate("probe", rebuilt)
+        for trial in range(2):
+            o.fill_(7)
+            images.check(drv.cuGraphLaunch(ex, stream), "cuGraphLaunch")
+            torch.cuda.synchronize()
+            diff = float((o.float() - ref.float()).abs().max())
+            same = "identical" if torch.equal(o, ref) else "DIFFERS"
+            print(f"{label} (replay {trial + 1}): {same}, max abs diff {diff}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
