@@ -135,7 +135,13 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
 
     t_setup = time.perf_counter()
     res = api.load(
-        archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
+        archive,
+        engine=ENGINE,
+        model=model.facts(),
+        sizes=SIZES,
+        modes=["full"],
+        setup_tensors=model.named_tensors(),
+        native=os.environ.get("RUNTIME_PROOF_LOAD_NATIVE", "1") != "0",  # diagnosis: 0 = the Python rebuild
     )
     t_load = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_LOAD_WARMUP") == "1":  # diagnosis: eager forwards after load, before replay
