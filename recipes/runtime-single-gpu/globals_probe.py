@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
+from matmulgraph import arguments, capture
 
 
 def elf_objects(image: bytes) -> list[str]:
@@ -66,41 +65,16 @@ def global_bytes(drv: Any, module: Any, name: str) -> bytes | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--out", help="write the findings as JSON here")
-    a = ap.parse_args()
-    from graphpersist import region
+    a = arguments(__doc__, ap)
+    c = capture(a.m, a.k, a.n)
+    drv = c.drv
+    from graphpersist import images
 
-    region.reexec_with_interposer()
-    import torch
-    from cuda.bindings import driver as drv
-
-    from graphpersist import api, images
-
-    api.start_region()
-    x = torch.randn(a.m, a.k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(a.k, a.n, device="cuda", dtype=torch.bfloat16) * a.k**-0.5
-    o = torch.empty(a.m, a.n, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.matmul(x, w, out=o)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(g):
-        torch.matmul(x, w, out=o)
-    graph = drv.CUgraph(g.raw_cuda_graph())
-    n = drv.cuGraphGetNodes(graph, 0)[2]
-    nodes = drv.cuGraphGetNodes(graph, n)[1]
     table = images.ImageTable.current()
     found: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for nd in nodes:
-        if drv.cuGraphNodeGetType(nd)[1] != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            continue
-        p = drv.cuGraphKernelNodeGetParams(nd)[1]
+    for _nd, p, _name in c.kernel_nodes():
         sha, kname, load = table.resolve(p.func)
         print(f"kernel {kname[:90]} <- image {sha[:16]} ({load.kind}, {load.format}, {load.size} bytes)")
         if sha in seen:

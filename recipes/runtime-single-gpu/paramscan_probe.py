@@ -14,13 +14,10 @@ first 16 bytes after the capture (a split-K kernel's counters must be zero when 
 
 from __future__ import annotations
 
-import argparse
 import struct
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
+from matmulgraph import arguments, capture
 
 
 def hidden_addresses(params: bytes, lo: int, hi: int) -> list[tuple[int, str, int]]:
@@ -37,49 +34,21 @@ def hidden_addresses(params: bytes, lo: int, hi: int) -> list[tuple[int, str, in
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=4096)
-    a = ap.parse_args()
-    from graphpersist import region
-
-    region.reexec_with_interposer()
-    import torch
-    from cuda.bindings import driver as drv
-
-    from graphpersist import api, setup
+    a = arguments(__doc__)
+    c = capture(a.m, a.k, a.n)
+    from graphpersist import region, setup
     from graphpersist.graphwalk import _param_layout, _read_params
     from graphpersist.phases import find_range
     from graphpersist.tensors import bytes_at
 
-    info = api.start_region()
-    lo, hi = info.base, info.base + info.size
-    w = torch.randn(a.k, a.n, device="cuda", dtype=torch.bfloat16) * a.k**-0.5
-    x = torch.randn(a.m, a.k, device="cuda", dtype=torch.bfloat16)
-    o = torch.empty(a.m, a.n, device="cuda", dtype=torch.bfloat16)
-    api.mark_setup({"w": w, "x": x, "o": o})
+    lo, hi = c.info.base, c.info.base + c.info.size
     mark = setup.current()
     assert mark is not None
     setup_end = lo + mark.cursor
-    print(f"region {lo:#x}..{hi:#x}, end of setup {setup_end:#x}; x {x.data_ptr():#x} w {w.data_ptr():#x} "
-          f"o {o.data_ptr():#x}")  # fmt: skip
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.matmul(x, w, out=o)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(g):
-        torch.matmul(x, w, out=o)
+    print(f"region {lo:#x}..{hi:#x}, end of setup {setup_end:#x}; x {c.x.data_ptr():#x} w {c.w.data_ptr():#x} "
+          f"o {c.o.data_ptr():#x}")  # fmt: skip
     live = sorted(region.live_ranges(region.events()))
-    graph = drv.CUgraph(g.raw_cuda_graph())
-    for nd in drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph, 0)[2])[1]:
-        if drv.cuGraphNodeGetType(nd)[1] != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            continue
-        p = drv.cuGraphKernelNodeGetParams(nd)[1]
-        name = drv.cuFuncGetName(p.func)[1]
-        name = name.decode() if isinstance(name, bytes) else str(name)
+    for _nd, p, name in c.kernel_nodes():
         params = _read_params(p, _param_layout(p.func, name), name)
         print(f"kernel {name[:80]}: {len(params)} parameter bytes")
         for off, how, v in hidden_addresses(params, lo, hi):

@@ -13,57 +13,31 @@ each on the same input and compares with the captured graph's output.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
+from matmulgraph import arguments, capture
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=4096)
-    a = ap.parse_args()
-    from graphpersist import region
+    a = arguments(__doc__)
+    c = capture(a.m, a.k, a.n)
+    torch, drv, x, w, o, g = c.torch, c.drv, c.x, c.w, c.o, c.g
+    from graphpersist import graphbuild, graphwalk, images
 
-    region.reexec_with_interposer()
-    import torch
-    from cuda.bindings import driver as drv
-
-    from graphpersist import api, graphbuild, graphwalk, images
-
-    info = api.start_region()
-    x = torch.randn(a.m, a.k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(a.k, a.n, device="cuda", dtype=torch.bfloat16) * a.k**-0.5
-    o = torch.empty(a.m, a.n, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.matmul(x, w, out=o)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(g):
-        torch.matmul(x, w, out=o)
     o.zero_()
     g.replay()
     torch.cuda.synchronize()
     ref = o.clone()
     eager = x @ w
     print(f"captured graph vs eager matmul: max abs diff {float((ref.float() - eager.float()).abs().max())}")
-    graph = drv.CUgraph(g.raw_cuda_graph())
     table = images.ImageTable.current()
-    saved = graphwalk.serialize(graph, table, info.base, info.base + info.size)
+    saved = graphwalk.serialize(c.graph, table, c.info.base, c.info.base + c.info.size)
     original: dict[tuple[str, str], Any] = {}
-    for nd in drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph, 0)[2])[1]:
-        if drv.cuGraphNodeGetType(nd)[1] == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            func = drv.cuGraphKernelNodeGetParams(nd)[1].func
-            sha, name, _load = table.resolve(func)
-            original[(sha, name)] = drv.CUfunction(int(func))  # a handle of its own, not a view into the params
+    for _nd, p, _name in c.kernel_nodes():
+        sha, name, _load = table.resolve(p.func)
+        original[(sha, name)] = drv.CUfunction(int(p.func))  # a handle of its own, not a view into the params
     fresh = images.LoadedImages()
     for sha in {f[0] for f in saved.desc["funcs"]}:
         fresh.load(sha, table.by_sha[sha].kind, table.by_sha[sha].data())
