@@ -12,9 +12,10 @@ More switches for the TP=1 diagnosis (`recipes/vllm-qwen3-8b-tp1-bisect/`), all 
 write the bytes of every live region allocation except weights and KV cache (`PREFIX.rank<N>.bin`, index `.json`);
 `GP_DIAG_KV_BLOCKS=FILE:A-B` makes a SAVE write KV blocks A..B-1 of every layer and a LOAD put them back;
 `GP_DIAG_EXTRA_WARMUP=1` gives a LOAD the kernel warm-up SAVE runs before its capture; `GP_DIAG_DOT=PREFIX` prints
-the graphs whose names start with PREFIX (`cuGraphDebugDotPrint`, verbose: every node's parameters, attributes and
-edges) into `DIR/dot-save/` or `DIR/dot-load/`, to compare a captured graph with its rebuild. The functions a driver
-runs in the worker through `LLM.collective_rpc` are in `vllm/graphpersist_diag_rpc.py`.
+the graphs whose names start with PREFIX (`cuGraphDebugDotPrint`, verbose: each kernel's name, launch dimensions,
+shared memory and attributes, and the edges) into `DIR/dot-save/` or `DIR/dot-load/`, to compare a captured graph
+with its rebuild. The functions a driver runs in the worker through `LLM.collective_rpc` are in
+`vllm/graphpersist_diag_rpc.py`.
 """
 
 from __future__ import annotations
