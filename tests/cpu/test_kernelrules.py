@@ -40,3 +40,13 @@ def test_the_split_k_word_alone_is_not_enough() -> None:
     """Only cuBLASLt's own kernels: a kernel of another library that happens to say splitK is not named."""
     assert kernelrules.unrestorable("my_splitK_helper") is None
     assert kernelrules.unrestorable("triton_poi_splitK_0") is None
+
+
+def test_the_diagnosis_switch_lifts_the_rules_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(kernelrules.DIAG_ALLOW, "1")
+    assert kernelrules.unrestorable(SPLIT_K[0]) is None
+    assert "WARNING: GP_DIAG_ALLOW_UNRESTORABLE=1" in capsys.readouterr().err
+    monkeypatch.setenv(kernelrules.DIAG_ALLOW, "0")
+    assert kernelrules.unrestorable(SPLIT_K[0]) is not None

@@ -1,12 +1,15 @@
 """Kernels whose graphs LOAD cannot replay exactly: SAVE refuses any graph that launches one.
 
 Each rule names a kernel family by its (mangled) name, what it is, and where the measurement that put it here is
-recorded. A rule goes when a GPU run proves LOAD replays that family bit for bit.
+recorded. A rule goes when a GPU run proves LOAD replays that family bit for bit. `GP_DIAG_ALLOW_UNRESTORABLE=1`
+(diagnosis of such a family only, never for serving) lets SAVE write the archive anyway, with a warning per kernel.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,9 +32,27 @@ RULES = (
 )
 
 
-@lru_cache(maxsize=4096)
+DIAG_ALLOW = "GP_DIAG_ALLOW_UNRESTORABLE"
+
+
 def unrestorable(name: str) -> str | None:
-    """Why a graph launching kernel `name` cannot be persisted, or None when no rule names it."""
+    """Why a graph launching kernel `name` cannot be persisted, or None when no rule names it (or the diagnosis
+    switch lifts the rules)."""
+    why = _rule_says(name)
+    if why is not None and os.environ.get(DIAG_ALLOW) == "1":
+        _warn_once(name)
+        return None
+    return why
+
+
+@lru_cache(maxsize=4096)
+def _warn_once(name: str) -> None:
+    print(f"graphpersist: WARNING: {DIAG_ALLOW}=1: kernel {name[:100]!r} is saved although LOAD is known not to "
+          "replay it exactly (diagnosis only)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _rule_says(name: str) -> str | None:
     for rule in RULES:
         if rule.pattern.search(name):
             return (
