@@ -292,7 +292,8 @@ def main() -> int:
     ap.add_argument(
         "--diag",
         action="store_true",
-        help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP) and allow TP=1 (GP_DIAG_ALLOW_TP1)",
+        help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP), allow TP=1 (GP_DIAG_ALLOW_TP1) and "
+        "kernels SAVE would refuse (GP_DIAG_ALLOW_UNRESTORABLE)",
     )
     ap.add_argument("--diag-fill-restored", metavar="BYTE", help="diagnosis: fill LOAD's restored memory with BYTE")
     ap.add_argument("--diag-history", action="store_true", help="diagnosis: record torch's allocation history")
@@ -311,6 +312,7 @@ def main() -> int:
     if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
         os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
         os.environ["GP_DIAG_ALLOW_TP1"] = "1"
+        os.environ["GP_DIAG_ALLOW_UNRESTORABLE"] = "1"  # TP=1's split-K GEMMs (recipes/runtime-single-gpu/SPLITK.md)
     if a.diag_fill_restored is not None:
         os.environ["GP_DIAG_FILL_RESTORED"] = a.diag_fill_restored
     if a.diag_history:
