@@ -54,7 +54,8 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
 
     t_setup = time.perf_counter()
     api.mark_setup(model.named_tensors())
-    setup_end = region.info().base + region.info().cursor
+    at_mark = region.info()
+    setup_end = at_mark.base + at_mark.cursor
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -268,6 +268,20 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# Options that reach the engine as an environment variable: a switch sets it to 1, a value is passed as given.
+# CUDA_LAUNCH_BLOCKING is not an environment pin, so a LOAD may differ from its SAVE there.
+OPTION_ENV = {
+    "diag_fill_restored": "GP_DIAG_FILL_RESTORED",
+    "diag_history": "GP_DIAG_HISTORY",
+    "diag_dot": "GP_DIAG_DOT",
+    "diag_kv_blocks": "GP_DIAG_KV_BLOCKS",
+    "diag_extra_warmup": "GP_DIAG_EXTRA_WARMUP",
+    "flashinfer_allreduce_backend": "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
+    "diag_launch_blocking": "CUDA_LAUNCH_BLOCKING",
+    "diag_save_bytes": "GP_DIAG_SAVE_BYTES",
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run name (for the logs)")
@@ -313,22 +327,12 @@ def main() -> int:
         os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
         os.environ["GP_DIAG_ALLOW_TP1"] = "1"
         os.environ["GP_DIAG_ALLOW_UNRESTORABLE"] = "1"  # TP=1's split-K GEMMs (recipes/runtime-single-gpu/SPLITK.md)
-    if a.diag_fill_restored is not None:
-        os.environ["GP_DIAG_FILL_RESTORED"] = a.diag_fill_restored
-    if a.diag_history:
-        os.environ["GP_DIAG_HISTORY"] = "1"
-    if a.diag_dot:
-        os.environ["GP_DIAG_DOT"] = a.diag_dot
-    if a.diag_kv_blocks:
-        os.environ["GP_DIAG_KV_BLOCKS"] = a.diag_kv_blocks
-    if a.diag_extra_warmup:
-        os.environ["GP_DIAG_EXTRA_WARMUP"] = "1"
-    if a.flashinfer_allreduce_backend:
-        os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = a.flashinfer_allreduce_backend
-    if a.diag_launch_blocking:  # not an environment pin: a LOAD may differ from its SAVE here
-        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
-    if a.diag_save_bytes:
-        os.environ["GP_DIAG_SAVE_BYTES"] = a.diag_save_bytes
+    for option, name in OPTION_ENV.items():  # read by the engine's processes; they inherit this environment
+        value = getattr(a, option)
+        if value is True:
+            os.environ[name] = "1"
+        elif value:
+            os.environ[name] = value
     if a.diag_bisect or a.diag_probe:  # functions sent to the worker (LLM.collective_rpc)
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
