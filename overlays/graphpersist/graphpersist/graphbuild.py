@@ -1,4 +1,14 @@
-"""LOAD side of a graph: fresh events, the rebuilt CUgraph (native or one cuda-bindings call per node), its exec."""
+"""LOAD side of a graph: fresh events, the rebuilt CUgraph (native or one cuda-bindings call per node), its exec.
+
+Every edge is rebuilt as a full dependency, also the programmatic ones (edge data from_port 1 or 2, type 1) that
+stream capture records where a library launched a kernel with programmatic stream serialization (cuBLASLt's
+split-K reduction after its GEMM). The archive keeps the edge data as captured; only the rebuild drops it, because
+on the reference host (driver 580, CUDA 13.0) an explicitly added programmatic edge does not behave like the
+captured one: the graph runs faster than the captured graph and kernels after the programmatic target read its
+output before it is complete (recipes/runtime-single-gpu/PDL.md: a split-K GEMM, a torch elementwise kernel, a
+second split-K GEMM; wrong in the process that captured it, at every replay). Rebuilt with plain edges the same
+graph is bit-identical to the captured one and as fast (481.7 µs captured, 476.1 µs plain, 36 such links).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +27,6 @@ from graphpersist.graphformat import (
     check_events,
     driver,
     edge_ends,
-    edge_lists,
     verify_blob,
 )
 from graphpersist.images import check
@@ -139,16 +148,10 @@ def _add_plain_node(
 
 
 def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[list[int]]) -> None:
+    """Every edge as a full dependency, its saved edge data left out (see the module's docstring)."""
     frm = [made[e[0]] for e in edges]
     to = [made[e[1]] for e in edges]
-    data = None
-    if any(e[2] or e[3] or e[4] for e in edges):
-        data = []
-        for e in edges:
-            d = drv.CUgraphEdgeData()
-            d.from_port, d.to_port, d.type = e[2], e[3], e[4]
-            data.append(d)
-    check(drv.cuGraphAddDependencies(graph, frm, to, data, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
+    check(drv.cuGraphAddDependencies(graph, frm, to, None, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
 
 
 def rebuild_native(
@@ -165,7 +168,7 @@ def rebuild_native(
 
     `funcs[i]` is the live CUfunction for desc["funcs"][i]; `events` as for rebuild(). Non-kernel nodes (event
     nodes included) are added from Python into the same node-index slots after the kernel nodes, so the edges,
-    which refer to node indices, stay right; edges with edge data take the Python path. `hashed=True` (bytes
+    which refer to node indices, stay right (all as full dependencies: see the module's docstring). `hashed=True` (bytes
     from a verified archive file) skips hashing the blob and the table again; their sizes are still compared.
     """
     from graphpersist import region
@@ -176,7 +179,7 @@ def rebuild_native(
     if len(table) != desc["table_size"] or (not hashed and hashlib.sha256(table).hexdigest() != desc["table_sha256"]):
         raise GraphFormatError(f"graph {name!r}: kernel table is truncated or altered")
     n = len(desc["nodes"])
-    ends, data = edge_ends(desc)
+    ends, _data = edge_ends(desc)
     if ends and (min(ends) < 0 or max(ends) >= n):  # the native side indexes its node array with them
         raise GraphFormatError(f"graph {name!r}: an edge names a node outside its {n} nodes")
     lib = region.lib()
@@ -200,15 +203,12 @@ def rebuild_native(
         if nd["type"] != "kernel":
             ctx = ctx or check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
             out[i] = int(_add_plain_node(drv, graph, ctx, name, i, nd, events))
-    if ends and data is None:
+    if ends:
         n_e = len(ends) // 2
         frm = (ctypes.c_uint32 * n_e)(*ends[0::2])
         to = (ctypes.c_uint32 * n_e)(*ends[1::2])
         if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(n_e), frm, to) != 0:
             raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
-    elif ends:
-        nodes = [drv.CUgraphNode(out[i]) for i in range(n)]
-        _add_edges(drv, graph, name, nodes, edge_lists(ends, data))
     return graph
 
 

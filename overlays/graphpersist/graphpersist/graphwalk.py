@@ -30,7 +30,6 @@ from graphpersist.graphformat import (
     pack_kernel_table,
 )
 from graphpersist.images import ImageTable, check, func_attributes
-from graphpersist.kernelrules import unrestorable
 
 # Launch attributes whose values are process-local handles: they cannot be persisted.
 _EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
@@ -295,8 +294,6 @@ def serialize(
             if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
                 p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
                 sha, name, layout, fattrs, fkey = _kernel_info(table, p.func)
-                if (why := unrestorable(name)) is not None:
-                    raise GraphFormatError(f"{where} kernel {name!r}: {why}")
                 params = _read_params(p, layout, name)
                 if unused is not None:
                     params = zero_ranges(params, unused(name, layout))
