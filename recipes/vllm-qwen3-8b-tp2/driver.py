@@ -306,8 +306,7 @@ def main() -> int:
     ap.add_argument(
         "--diag",
         action="store_true",
-        help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP), allow TP=1 (GP_DIAG_ALLOW_TP1) and "
-        "kernels SAVE would refuse (GP_DIAG_ALLOW_UNRESTORABLE)",
+        help="diagnosis only: fingerprint the runner's buffers (GP_DIAG_DUMP)",
     )
     ap.add_argument("--diag-fill-restored", metavar="BYTE", help="diagnosis: fill LOAD's restored memory with BYTE")
     ap.add_argument("--diag-history", action="store_true", help="diagnosis: record torch's allocation history")
@@ -325,8 +324,6 @@ def main() -> int:
     a = ap.parse_args()
     if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
         os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
-        os.environ["GP_DIAG_ALLOW_TP1"] = "1"
-        os.environ["GP_DIAG_ALLOW_UNRESTORABLE"] = "1"  # TP=1's split-K GEMMs (recipes/runtime-single-gpu/SPLITK.md)
     for option, name in OPTION_ENV.items():  # read by the engine's processes; they inherit this environment
         value = getattr(a, option)
         if value is True:

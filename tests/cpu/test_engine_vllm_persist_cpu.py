@@ -219,15 +219,6 @@ def test_another_worker_cls_is_refused_and_nothing_is_exported(vllm: WarmPython,
 # experts, and the fused all-reduce pass at TP 2 needs CUDA ops the CPU build lacks; the refusal reads only the flag.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 REFUSED = {
-    "tp1": (
-        {},
-        "",
-        "tensor_parallel_size=1",
-        "turn persistence off at TP=1. There cuBLAS runs common GEMM shapes (Qwen3-8B's o_proj and down_proj) "
-        "as split-K kernels at small batches, whose graphs replayed with other results after LOAD on the "
-        "reference host (recipes/runtime-single-gpu/SPLITK.md); SAVE would refuse them after the capture, so "
-        "TP=1 is refused before anything starts",
-    ),
     "enforce_eager": (
         {"enforce_eager": True, "tensor_parallel_size": 2},
         "",
@@ -289,7 +280,7 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
     )
     supported = (
         "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
-        "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism 2 or more on one node (custom all-reduce on "
+        "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on "
         "or off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
     )
     assert outcome.raised("PersistError") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
@@ -298,12 +289,13 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
 @pytest.mark.parametrize(
     "engine_args, change",
     [
+        ({}, ""),
         ({"tensor_parallel_size": 2}, ""),
         ({"tensor_parallel_size": 4}, ""),
         ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY"),
         ({"tensor_parallel_size": 2}, "cfg.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE"),
     ],
-    ids=["tp2", "tp4", "full-decode-only", "piecewise"],
+    ids=["tp1", "tp2", "tp4", "full-decode-only", "piecewise"],
 )
 def test_supported_configuration_passes(vllm: WarmPython, engine_args: dict, change: str) -> None:
     got = vllm.run(

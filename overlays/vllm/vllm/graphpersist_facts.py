@@ -8,7 +8,6 @@ model is refused at start-up with those names rather than as an allocation that 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from graphpersist.liveenv import collect_live
 
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
-    "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism 2 or more on one node (custom all-reduce on or "
+    "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or "
     "off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
 )
 
@@ -32,16 +31,6 @@ def refuse_unsupported(cfg: Any) -> None:
     par, comp = cfg.parallel_config, cfg.compilation_config
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
-    # measured 2026-11-30/12-01: recipes/runtime-single-gpu/SPLITK.md; GP_DIAG_ALLOW_TP1=1 lifts it for that
-    # diagnosis only
-    if par.tensor_parallel_size == 1 and os.environ.get("GP_DIAG_ALLOW_TP1") != "1":
-        raise _refuse(
-            "tensor_parallel_size=1",
-            "turn persistence off at TP=1. There cuBLAS runs common GEMM shapes (Qwen3-8B's o_proj and down_proj) "
-            "as split-K kernels at small batches, whose graphs replayed with other results after LOAD on the "
-            "reference host (recipes/runtime-single-gpu/SPLITK.md); SAVE would refuse them after the capture, so "
-            "TP=1 is refused before anything starts",
-        )
     if par.pipeline_parallel_size != 1:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")
     if par.data_parallel_size != 1:
