@@ -45,6 +45,14 @@ def test_a_block_not_live_the_same_way_at_load_is_named(live: list[tuple[int, in
 
 
 def test_the_refusal_counts_every_block_and_names_each() -> None:
-    problems = phases.block_problems(SAVE_BLOCKS, [], [])
+    problems = phases.block_problems(SAVE_BLOCKS, [], SEG)
     assert [p.split(":")[0] for p in problems] == ["0x10000000+4096", "0x10001000+2048", "0x20000000+16384"]
-    assert all(p.endswith("in no torch segment") for p in problems)
+    assert all(p.endswith("free in torch's segment (no live tensor there)") for p in problems)
+
+
+def test_a_block_outside_every_torch_segment_at_load_is_the_runtimes_memory() -> None:
+    """A phase LOAD skips (autotuning) leaves its memory to the runtime's restore: torch has no segment there."""
+    assert phases.block_problems(SAVE_BLOCKS, [], [SEG[0]]) == [
+        "0x10000000+4096: free in torch's segment (no live tensor there)",
+        "0x10001000+2048: free in torch's segment (no live tensor there)",
+    ]

@@ -491,19 +491,22 @@ def held_blocks(pointers: Iterable[int], segments: list[tuple[int, int]],
 
 def block_problems(saved: Iterable[Sequence[int]], live_blocks: list[tuple[int, int]],
                    segments: list[tuple[int, int]]) -> list[str]:  # fmt: skip
-    """LOAD: each block SAVE's graphs read must be live again, starting where it started and at least as large
-    (torch keeps a remainder too small to split inside the block, so the same tensor may get a larger one)."""
+    """LOAD: each block SAVE's graphs read that lies in a torch segment at LOAD must be live again there, starting
+    where it started and at least as large (torch keeps a remainder too small to split inside the block, so the same
+    tensor may get a larger one). A block in no torch segment at LOAD lies in memory the runtime maps itself (a
+    phase LOAD skips, e.g. autotuning): torch cannot hand it out, and check_backed proves it is mapped."""
     problems = []
     for addr, size in saved:
+        if find_range(segments, addr) is None:
+            continue
         got = find_range(live_blocks, addr)
         if got is not None and got[0] == addr and got[1] >= size:
             continue
-        if got is not None:
-            now = f"inside live block {got[0]:#x}+{got[1]}"
-        elif find_range(segments, addr) is not None:
-            now = "free in torch's segment (no live tensor there)"
-        else:
-            now = "in no torch segment"
+        now = (
+            f"inside live block {got[0]:#x}+{got[1]}"
+            if got is not None
+            else "free in torch's segment (no live tensor there)"
+        )
         problems.append(f"{addr:#x}+{size}: {now}")
     return problems
 
