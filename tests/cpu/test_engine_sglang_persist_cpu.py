@@ -121,6 +121,10 @@ def test_the_default_tp2_start_is_supported(srt: SimpleNamespace) -> None:
     srt.facts.refuse_unsupported(StandInServerArgs(), {})
 
 
+def test_one_gpu_is_supported(srt: SimpleNamespace) -> None:
+    srt.facts.refuse_unsupported(StandInServerArgs(tp_size=1), {})
+
+
 @pytest.mark.parametrize(
     ("change", "names", "instead"),
     [
@@ -128,7 +132,6 @@ def test_the_default_tp2_start_is_supported(srt: SimpleNamespace) -> None:
         ({"pp_size": 2}, "pipeline parallelism (--pp-size 2)", "tensor parallelism only"),
         ({"enable_dp_attention": True}, "DP attention", "one engine per data-parallel rank"),
         ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend deepep", "DeepEP is not persisted yet"),
-        ({"tp_size": 1}, "tensor parallelism 1", "--tp-size 2"),
         ({"nnodes": 2}, "2 nodes", "single node"),
         ({"enable_lora": True}, "LoRA", "without --enable-lora"),
         ({"enable_pdmux": True}, "PD multiplexing", "without --enable-pdmux"),

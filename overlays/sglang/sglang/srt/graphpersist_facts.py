@@ -18,7 +18,7 @@ from typing import Any
 from graphpersist.errors import PersistError
 
 SUPPORTED = (
-    "supported with persistence: dense decoder models, tensor parallelism 2 or more on one node (custom all-reduce "
+    "supported with persistence: dense decoder models, tensor parallelism on one node (custom all-reduce "
     "v2, SGLang's default, or --disable-custom-all-reduce), decode CUDA graphs with the 'full' backend and prefill "
     "CUDA graphs with the 'breakable' backend (the defaults on CUDA) or disabled, attention backends fa3, flashinfer "
     "or triton; no speculative decoding, pipeline or data parallelism, DP attention, expert parallelism (DeepEP), "
@@ -67,11 +67,6 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
         )
     if sa.nnodes != 1:
         raise _refuse(f"{sa.nnodes} nodes", "run on a single node")
-    if sa.tp_size < 2:
-        raise _refuse(
-            "tensor parallelism 1",
-            "persistence is proven at TP=2 and more (vLLM's TP=1 LOAD once changed a first token); use --tp-size 2",
-        )
     if getattr(sa, "dcp_size", 1) != 1 or getattr(sa, "attn_cp_size", 1) != 1:
         raise _refuse("context parallelism", "serve without --dcp-size / --attn-cp-size")
     if sa.enable_lora:
