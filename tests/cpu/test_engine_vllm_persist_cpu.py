@@ -847,3 +847,27 @@ def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(v
     assert got["tp8"] == [] and got["other"] == []
     assert "has a 32-byte RankSignals parameter for 2 GPUs" in got["wrong"]
     assert got["params"] == [*range(32), *([0] * 48), *range(80, 104)]
+
+
+def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
+    """Two TP=1 SAVEs differed in the FA3 split-KV combine's parameter bytes 4-7 (padding after `int batch_size`),
+    once forming the in-region word 0x500300000001; the session's SAVE zeroes them and leaves the rest."""
+    kernel = (
+        "_ZN7cutlass13device_kernelIN5flash19FlashAttnFwdCombineIN4cute5tupleIJNS3_1CILi8EEENS5_ILi128EEEEEELi5ELi256"
+        "ELi1ELb0ELb1ENS_10bfloat16_tEfNS_4arch4Sm90EEEEEvNT_6ParamsE"
+    )
+    got = vllm.run(
+        f"""
+        from vllm import graphpersist_session as gps
+        from graphpersist import graphwalk, switch
+        sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 1)
+        unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
+        raw = (1).to_bytes(4, "little") + (0x5003).to_bytes(4, "little") + bytes(range(8, 32))
+        result = {{
+            "params": list(graphwalk.zero_ranges(raw, unused({kernel!r}, [(0, 32)]))),
+            "other": unused("_ZN4vllm15rms_norm_kernelIfLi8ELi1EEEvPT_PKS1_S4_fii", [(0, 8), (8, 8)]),
+        }}
+        """
+    ).ok()
+    assert got["params"] == [1, 0, 0, 0, 0, 0, 0, 0, *range(8, 32)]
+    assert got["other"] == []

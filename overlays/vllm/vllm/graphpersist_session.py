@@ -42,9 +42,9 @@ def open_session(mode: switch.Mode, directory: Path, rank: int, world_size: int)
     global _session
     if _session is not None:
         raise RuntimeError("graphpersist: a worker process opened its persistence session twice")
-    from vllm import graphpersist_customar as customar
+    from vllm import graphpersist_unused as unused
 
-    saver = api.Saver(unused_param_bytes=customar.unused_param_bytes) if mode is switch.Mode.SAVE else None
+    saver = api.Saver(unused_param_bytes=unused.unused_param_bytes) if mode is switch.Mode.SAVE else None
     _session = Session(mode, directory, rank, world_size, saver=saver)
     _session.count_every_capture()
     return _session
