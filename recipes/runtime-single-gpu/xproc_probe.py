@@ -1,17 +1,19 @@
-"""Diagnosis: one split-K matmul saved in one process and loaded in another, buffer by buffer.
+"""Diagnosis: split-K matmuls saved in one process and loaded in another, link by link and buffer by buffer.
 
-The 36-layer proof at Qwen3-8B's shape gives wrong LOAD outputs exactly where cuBLAS picks split-K kernels, while
-the same graph rebuilt in the capturing process is exact (roundtrip_probe.py). This script is the smallest
-cross-process case: `save DIR` captures `o = x @ w` ([m, k] x [k, n] bf16, deterministic inputs) as
-PersistentCUDAGraph, saves it, replays it and records, for every in-region pointer in every kernel node's
-parameters, the bytes behind it after the replay (hash, and the first 4 MiB); `load DIR` runs the same setup in a
-fresh process, loads the archive, replays and compares buffer by buffer, so it tells whether the split-K GEMM's
-partial sums or only the reduction's output differ. Options of `load`: `--python-rebuild` (the reference rebuild
-instead of the interposer's native one), `--warm` (an eager matmul before the replay), `--replays N`.
-`kernels` only captures and prints the kernels cuBLAS picked (to try workspace settings).
+The probe that found why the 36-layer proof at Qwen3-8B's shape gave wrong LOAD outputs where cuBLAS picks split-K
+kernels (SPLITK.md). `save DIR` captures a chain of `--chain N` bf16 matmuls (the first `o = x @ w`, [m, k] x
+[k, n], deterministic inputs; `--between relu` puts a torch elementwise kernel between links) as
+PersistentCUDAGraph, keeps every link's output, saves, replays and records, for every in-region pointer in every
+kernel node's parameters, the bytes behind it after the replay (hash, and the first 4 MiB); `--roundtrip` also
+rebuilds the serialized graph in the capturing process as LOAD does, without edge data, and as the driver's clone,
+replays each three times and times them. `load DIR` runs the same setup in a fresh process, loads the archive,
+replays and compares link by link and buffer by buffer. Options of `load`: `--python-rebuild` (the reference
+rebuild instead of the interposer's native one), `--warm` (an eager forward before the replay), `--replays N`.
+`kernels` only captures one matmul and prints the kernels cuBLAS picked (to try workspace settings).
 
-    python3 recipes/runtime-single-gpu/xproc_probe.py save /tmp/x [--m 8 --k 4096 --n 4096]
-    python3 recipes/runtime-single-gpu/xproc_probe.py load /tmp/x [--python-rebuild] [--warm]
+    Run from the repository root on a GPU host:
+    python3 recipes/runtime-single-gpu/xproc_probe.py save /tmp/x --chain 2 --between relu --roundtrip
+    python3 recipes/runtime-single-gpu/xproc_probe.py load /tmp/x --chain 2 --between relu [--python-rebuild]
 """
 
 from __future__ import annotations
