@@ -37,14 +37,31 @@ class Captured:
     graph: Any  # its CUgraph
 
     def kernel_nodes(self) -> Iterator[tuple[Any, Any, str]]:
-        """(node, kernel node parameters, kernel name) of every kernel node."""
-        drv = self.drv
-        for nd in drv.cuGraphGetNodes(self.graph, drv.cuGraphGetNodes(self.graph, 0)[2])[1]:
-            if drv.cuGraphNodeGetType(nd)[1] != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-                continue
-            p = drv.cuGraphKernelNodeGetParams(nd)[1]
-            name = drv.cuFuncGetName(p.func)[1]
-            yield nd, p, name.decode() if isinstance(name, bytes) else str(name)
+        return kernel_nodes(self.graph)
+
+
+def kernel_nodes(graph: Any) -> Iterator[tuple[Any, Any, str]]:
+    """(node, kernel node parameters, kernel name) of every kernel node of a CUgraph (or its handle as an int)."""
+    from cuda.bindings import driver as drv
+
+    graph = drv.CUgraph(int(graph))
+    for nd in drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph, 0)[2])[1]:
+        if drv.cuGraphNodeGetType(nd)[1] != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+            continue
+        p = drv.cuGraphKernelNodeGetParams(nd)[1]
+        name = drv.cuFuncGetName(p.func)[1]
+        yield nd, p, name.decode() if isinstance(name, bytes) else str(name)
+
+
+def fresh_images(table: Any, desc: dict[str, Any]) -> Any:
+    """Freshly loaded copies (graphpersist.images.LoadedImages) of every image a serialized graph's kernels come
+    from, as LOAD loads them; `table` is the capturing process's ImageTable."""
+    from graphpersist import images
+
+    fresh = images.LoadedImages()
+    for sha in {f[0] for f in desc["funcs"]}:
+        fresh.load(sha, table.by_sha[sha].kind, table.by_sha[sha].data())
+    return fresh
 
 
 def capture(m: int, k: int, n: int) -> Captured:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from matmulgraph import arguments, capture
+from matmulgraph import arguments, capture, fresh_images
 
 
 def main() -> int:
@@ -38,9 +38,7 @@ def main() -> int:
     for _nd, p, _name in c.kernel_nodes():
         sha, name, _load = table.resolve(p.func)
         original[(sha, name)] = drv.CUfunction(int(p.func))  # a handle of its own, not a view into the params
-    fresh = images.LoadedImages()
-    for sha in {f[0] for f in saved.desc["funcs"]}:
-        fresh.load(sha, table.by_sha[sha].kind, table.by_sha[sha].data())
+    fresh = fresh_images(table, saved.desc)
     print("kernels:", [n[:60] for _s, n in original])
 
     def pick(rule: Callable[[str], bool]) -> Callable[[str, str, dict[str, int]], Any]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "graphpersist"))
+from matmulgraph import fresh_images, kernel_nodes  # also puts the runtime on sys.path
 
 ENGINE = {"name": "graphpersist-xproc-probe", "version": "1", "commit": "none"}
 KEEP = 4 << 20  # bytes kept per buffer for an element-wise comparison
@@ -60,24 +60,15 @@ def _facts(a: argparse.Namespace) -> dict[str, str]:
 def _kernel_pointers(graph: Any) -> list[dict[str, Any]]:
     """Per kernel node: its name, parameter bytes (hex) and the aligned in-region words with the live range
     behind each."""
-    from cuda.bindings import driver as drv
-
     from graphpersist import region
     from graphpersist.graphwalk import _param_layout, _read_params
     from graphpersist.phases import find_range
 
-    graph = drv.CUgraph(int(graph))
     info = region.info()
     lo, hi = info.base, info.base + info.size
     live = sorted(region.live_ranges(region.events()))
     out = []
-    nodes = drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph, 0)[2])[1]
-    for nd in nodes:
-        if drv.cuGraphNodeGetType(nd)[1] != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            continue
-        p = drv.cuGraphKernelNodeGetParams(nd)[1]
-        raw = drv.cuFuncGetName(p.func)[1]
-        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+    for _nd, p, name in kernel_nodes(graph):
         params = _read_params(p, _param_layout(p.func, name), name)
         ptrs = []
         for off in range(0, len(params) - 7, 8):
@@ -165,9 +156,7 @@ def _roundtrip(torch: Any, graph: Any, t: dict[str, Any], outs: list[Any], want:
         attrs = {k: v for k, v in nd.get("attrs", {}).items() if v}
         print(f"node {i} {nd['type']} {nd.get('name', '')[:50]} grid {nd.get('grid')} block {nd.get('block')} "
               f"smem {nd.get('smem')} attrs {attrs}")  # fmt: skip
-    fresh = images.LoadedImages()
-    for sha in {f[0] for f in saved.desc["funcs"]}:
-        fresh.load(sha, table.by_sha[sha].kind, table.by_sha[sha].data())
+    fresh = fresh_images(table, saved.desc)
 
     def plain_edges(d: dict[str, Any]) -> None:
         d["edges"] = [[e[0], e[1], 0, 0, 0] for e in d["edges"]]
@@ -283,7 +272,6 @@ def step_load(a: argparse.Namespace) -> int:
 
 def step_kernels(a: argparse.Namespace) -> int:
     torch, _api, t = _setup(a.m, a.k, a.n)
-    from matmulgraph import Captured
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -293,10 +281,7 @@ def step_kernels(a: argparse.Namespace) -> int:
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(g):
         torch.matmul(t["x"], t["w"], out=t["o"])
-    from cuda.bindings import driver as drv
-
-    c = Captured(torch, drv, None, t["x"], t["w"], t["o"], g, drv.CUgraph(g.raw_cuda_graph()))
-    print(f"[{a.m}, {a.k}] x [{a.k}, {a.n}]:", [name[:80] for _nd, _p, name in c.kernel_nodes()])
+    print(f"[{a.m}, {a.k}] x [{a.k}, {a.n}]:", [name[:80] for _nd, _p, name in kernel_nodes(g.raw_cuda_graph())])
     return 0
 
 
