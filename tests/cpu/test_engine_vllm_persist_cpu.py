@@ -850,8 +850,9 @@ def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(v
 
 
 def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
-    """Two TP=1 SAVEs differed in the FA3 split-KV combine's parameter bytes 4-7 (padding after `int batch_size`),
-    once forming the in-region word 0x500300000001; the session's SAVE zeroes them and leaves the rest."""
+    """Two TP=1 SAVEs differed in the FA3 split-KV combine's parameter bytes 36-39 (padding after its five-int32
+    shape), forming the in-region word 0x500300000001 at bytes 32-39; the session's SAVE zeroes those bytes and the
+    padding after `int batch_size` (4-7), and leaves the rest."""
     kernel = (
         "_ZN7cutlass13device_kernelIN5flash19FlashAttnFwdCombineIN4cute5tupleIJNS3_1CILi8EEENS5_ILi128EEEEEELi5ELi256"
         "ELi1ELb0ELb1ENS_10bfloat16_tEfNS_4arch4Sm90EEEEEvNT_6ParamsE"
@@ -862,12 +863,15 @@ def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
         from graphpersist import graphwalk, switch
         sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 1)
         unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
-        raw = (1).to_bytes(4, "little") + (0x5003).to_bytes(4, "little") + bytes(range(8, 32))
+        raw = bytearray(range(64))
+        raw[32:40] = (0x500300000001).to_bytes(8, "little")
         result = {{
-            "params": list(graphwalk.zero_ranges(raw, unused({kernel!r}, [(0, 32)]))),
+            "params": list(graphwalk.zero_ranges(bytes(raw), unused({kernel!r}, [(0, 64)]))),
+            "short": unused({kernel!r}, [(0, 32)]),
             "other": unused("_ZN4vllm15rms_norm_kernelIfLi8ELi1EEEvPT_PKS1_S4_fii", [(0, 8), (8, 8)]),
         }}
         """
     ).ok()
-    assert got["params"] == [1, 0, 0, 0, 0, 0, 0, 0, *range(8, 32)]
+    assert got["params"] == [0, 1, 2, 3, 0, 0, 0, 0, *range(8, 32), 1, 0, 0, 0, 0, 0, 0, 0, *range(40, 64)]
+    assert got["short"] == []  # a parameter block too short to be these Params is left alone
     assert got["other"] == []
