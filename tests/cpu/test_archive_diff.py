@@ -19,28 +19,32 @@ REPO = Path(__file__).resolve().parents[2]
 BUF = REGION_BASE + (1 << 30)  # an address in the region
 
 
-def _graph(params: list[bytes]) -> tuple[dict, bytes, bytes]:
-    """A description, parameter blob and kernel table shaped like graphwalk.serialize's output."""
+def _graph(params: list[bytes], shape: dict | None = None) -> tuple[dict, bytes, bytes]:
+    """A description, parameter blob and kernel table shaped like graphwalk.serialize's output; `shape` may give
+    "blocks" (per node) and "edges" ([from, to, from_port, to_port, type] each; default: a chain)."""
+    shape = shape or {}
     nodes, blob = [], bytearray()
     for i, p in enumerate(params):
+        block = shape.get("blocks", {}).get(i, 32)
         nodes.append({"type": "kernel", "func": 0, "image": "ab" * 32, "name": f"k{i}", "grid": [1, 1, 1],
-                      "block": [32, 1, 1], "smem": 0, "layout": [[o, 8] for o in range(0, len(p), 8)],
+                      "block": [block, 1, 1], "smem": 0, "layout": [[o, 8] for o in range(0, len(p), 8)],
                       "params": [len(blob), len(p)], "attrs": {}})  # fmt: skip
         blob += p
-    desc = {"format": 1, "nodes": nodes, "edges": [], "funcs": [["ab" * 32, "k", {}]], "blob_size": len(blob),
+    edges = shape.get("edges", [[i, i + 1, 0, 0, 0] for i in range(len(params) - 1)])
+    desc = {"format": 1, "nodes": nodes, "edges": edges, "funcs": [["ab" * 32, "k", {}]], "blob_size": len(blob),
             "blob_sha256": hashlib.sha256(blob).hexdigest()}  # fmt: skip
     table = graphformat.pack_kernel_table(desc)
     desc["table_size"], desc["table_sha256"] = len(table), hashlib.sha256(table).hexdigest()
     return desc, bytes(blob), table
 
 
-def write(root: Path, graphs: dict[str, list[bytes]]) -> Path:
-    """An archive of one rank holding `graphs` (name -> kernel parameter bytes), with the pointer inventory SAVE
-    would record (every in-region parameter word)."""
+def write(root: Path, graphs: dict[str, list[bytes]], shapes: dict[str, dict] | None = None) -> Path:
+    """An archive of one rank holding `graphs` (name -> kernel parameter bytes; `shapes`: name -> _graph's
+    `shape`), with the pointer inventory SAVE would record (every in-region parameter word)."""
     pack = graphpack.PackWriter()
     pointers: set[int] = set()
     for name, params in graphs.items():
-        desc, blob, table = _graph(params)
+        desc, blob, table = _graph(params, (shapes or {}).get(name))
         pack.add(name, desc, blob, table, inputs=[], outputs=None)
         pointers |= {v for p in params for (v,) in struct.iter_unpack("<Q", p) if REGION_BASE <= v < BUF * 2}
     inventory = sorted(pointers)
@@ -80,7 +84,7 @@ def test_equal_archives_exit_0_saying_so(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == [
         f"graphpersist diff: {a} (A) vs {b} (B), rank(s) 0",
-        "the graphs' kernel nodes and pointer inventories are equal",
+        "the graphs (nodes, edges, kernel parameters) and pointer inventories are equal",
     ]
 
 
@@ -93,7 +97,7 @@ def test_a_pointer_only_one_archive_has_is_traced_to_its_kernel_parameter(tmp_pa
     assert ran.stdout.splitlines()[1:] == [
         "rank 0: pointers 2 vs 3: only in A 0, only in B 1",
         f"  only in B: {BUF + 4096:#x} used by full/2 node 0 kernel 'k0' bytes 0..7 (A has {BUF:#x} (region) there)",
-        "rank 0: 1 of 2 graphs differ in their kernel nodes",
+        "rank 0: 1 of 2 graphs differ",
         f"  full/2: node 0 kernel 'k0': bytes 0..7: {BUF:#x} (region) vs {BUF + 4096:#x} (region)",
         "rank 0: the differing parameter words, by kernel and offset (1):",
         f"  'k0' bytes 0..7: in 1 graph(s), e.g. full/2: {BUF:#x} (region) vs {BUF + 4096:#x} (region)",
@@ -105,14 +109,37 @@ def test_numbers_kernels_and_lengths_that_differ_are_named(tmp_path: Path) -> No
     a, b = write(tmp_path / "a", SAME), write(tmp_path / "b", other)
     lines = graphpersist("diff", str(a), str(b), "--limit", "1").stdout.splitlines()
     assert lines[1:] == [
-        "rank 0: 2 of 2 graphs differ in their kernel nodes",
-        "  full/1: node 0 kernel 'k0': bytes 8..15: 0x7 vs 0x8",
+        "rank 0: 2 of 2 graphs differ",
+        "rank 0: 1 of them in their topology (what the topology fingerprint covers), e.g. full/2",
+        "  full/2: kernel sequences differ (1 vs 2 kernel nodes, first at kernel node 1)",
         "  ... 1 more",
         "rank 0: the differing parameter words, by kernel and offset (1):",
         "  'k0' bytes 8..15: in 1 graph(s), e.g. full/1: 0x7 vs 0x8",
     ]
     lines = graphpersist("diff", str(a), str(b), "--limit", "5").stdout.splitlines()
-    assert "  full/2: kernel sequences differ (1 vs 2 kernel nodes, first at kernel node 1)" in lines
+    assert "  full/1: node 0 kernel 'k0': bytes 8..15: 0x7 vs 0x8" in lines
+
+
+def test_launch_shapes_and_edges_that_differ_are_named_before_parameters(tmp_path: Path) -> None:
+    """A vLLM SAVE pair differed in 127 graphs' topology fingerprints while every graph also differed in a host
+    address word of cuBLASLt's split-K reduction: the diff names the topology first, with the field and values."""
+    three = {"piecewise/8/036": [words(1), words(2), words(3)], "piecewise/8/001": [words(4), words(5)]}
+    noisy = {"piecewise/8/036": [words(1), words(2), words(3)], "piecewise/8/001": [words(4), words(6)]}
+    pdl = [[0, 1, 1, 0, 1], [1, 2, 0, 0, 0]]
+    shapes = {"piecewise/8/036": {"blocks": {2: 128}}, "piecewise/8/001": {"edges": [[0, 1, 1, 0, 1]]}}
+    a = write(tmp_path / "a", three, {"piecewise/8/036": {"edges": pdl}})
+    b = write(tmp_path / "b", noisy, {**shapes, "piecewise/8/036": {"blocks": {2: 128}, "edges": pdl}})
+    ran = graphpersist("diff", str(a), str(b))
+    assert ran.returncode == 1, ran.stderr
+    assert ran.stdout.splitlines()[1:4] == [
+        "rank 0: 2 of 2 graphs differ",
+        "rank 0: 2 of them in their topology (what the topology fingerprint covers), e.g. piecewise/8/036, "
+        "piecewise/8/001",
+        "  piecewise/8/036: node 2 kernel 'k2': block [32,1,1] vs [128,1,1]",
+    ]
+    assert ran.stdout.splitlines()[4] == (
+        "  piecewise/8/001: edges differ (1 vs 1): only in A ['[0,1,0,0,0]'], only in B ['[0,1,1,0,1]']"
+    )
 
 
 def test_misuse_exits_2_naming_the_problem(tmp_path: Path) -> None:

@@ -354,12 +354,13 @@ def _run_exec(args: argparse.Namespace) -> int:
 register(
     Command(
         name="diff",
-        help="where two archives' graphs differ: pointers, kernels, parameter words (exit 1 when they do)",
+        help="where two archives' graphs differ: pointers, kernels, shapes, edges, parameter words (exit 1 if so)",
         description=(
             "Compares two archives of one configuration (two SAVEs must write the same archive) rank by rank:\n"
             "the pointer inventories, naming the graph, kernel node and parameter bytes where each address only\n"
-            "one archive has is used, and every graph of the same name, kernel by kernel and parameter word by\n"
-            "parameter word. Words that are addresses in the rank's region are marked (region).\n\n"
+            "one archive has is used, and every graph of the same name: its kernel sequence, its topology (node\n"
+            "kinds, launch shapes, attributes, events, edges; listed first) and its parameters word by word.\n"
+            "Words that are addresses in the rank's region are marked (region).\n\n"
             "  graphpersist diff /archives/a /archives/b --rank 0"
         ),
         configure=_configure_diff,

@@ -3,19 +3,21 @@
 Two SAVEs of one configuration must write the same archive (the proof's check "archives a = b"). The manifests say
 which fields differ, a rank's pointer inventory for instance, but not which graph or kernel makes the difference.
 This compares, per rank, the pointer inventories (and where in the graphs each address only one archive has is
-used) and each graph of the same name: its kernel sequence and each kernel node's parameter bytes, 8-byte word by
+used) and each graph of the same name: its kernel sequence, then what the topology fingerprint covers (node kinds,
+launch shapes, attributes, events, edges with their data), then each kernel node's parameter bytes, 8-byte word by
 word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
 lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import graphpack
+from graphpersist import graphformat, graphpack
 from graphpersist.archive import Archive
 
 WORD = 8
@@ -41,6 +43,7 @@ class RankGraphs:
     region: tuple[int, int]
     pointers: set[int]
     graphs: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
+    shapes: dict[str, Shape] = field(default_factory=dict)
 
     def in_region(self, value: int) -> bool:
         return self.region[0] <= value < self.region[1]
@@ -63,6 +66,21 @@ class RankGraphs:
         return found
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a graph's topology fingerprint hashes (graphformat.topology_fingerprint): nodes without their parameter
+    values, edges, events."""
+
+    nodes: list[dict[str, Any]]
+    edges: list[Any]
+    events: list[Any]
+
+    @classmethod
+    def of(cls, desc: dict[str, Any]) -> Shape:
+        nodes = [{k: v for k, v in nd.items() if k not in graphformat.VALUE_KEYS} for nd in desc["nodes"]]
+        return cls(nodes, list(desc["edges"]), list(desc.get("events") or []))
+
+
 def _words(params: bytes) -> Iterator[tuple[int, int]]:
     n = len(params) // WORD
     yield from ((WORD * i, v) for i, v in enumerate(struct.unpack_from(f"<{n}Q", params) if n else ()))
@@ -76,6 +94,7 @@ def read_rank(archive: Archive, rank: int) -> RankGraphs:
     for entry in packed.graphs:
         desc = entry.full_desc_of(packed.pack)
         blob = bytes(entry.part(packed.pack, "params"))
+        out.shapes[entry.name] = Shape.of(desc)
         out.graphs[entry.name] = [
             (i, node["name"], blob[node["params"][0] : node["params"][0] + node["params"][1]])
             for i, node in enumerate(desc["nodes"])
@@ -88,12 +107,45 @@ def _value(rank: RankGraphs, value: int) -> str:
     return f"{value:#x}{' (region)' if rank.in_region(value) else ''}"
 
 
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def shape_difference(name: str, a: Shape, b: Shape) -> str | None:
+    """The first way two graphs' topologies differ (node kinds, a node's launch shape or attributes, events,
+    edges), or None when their topology fingerprints would be equal."""
+    if [n["type"] for n in a.nodes] != [n["type"] for n in b.nodes]:
+        kinds = list(zip([n["type"] for n in a.nodes], [n["type"] for n in b.nodes], strict=False))
+        first = next((i for i, (x, y) in enumerate(kinds) if x != y), len(kinds))
+        return f"{name}: node kinds differ ({len(a.nodes)} vs {len(b.nodes)} nodes, first at node {first})"
+    for index, (x, y) in enumerate(zip(a.nodes, b.nodes, strict=True)):
+        if x == y:
+            continue
+        keys = sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))
+        shown = "; ".join(f"{k} {_short(x.get(k))} vs {_short(y.get(k))}" for k in keys[:3])
+        more = f" (+{len(keys) - 3} more fields)" if len(keys) > 3 else ""
+        what = f"kernel {x['name']!r}" if x["type"] == "kernel" and "name" in x else x["type"]
+        return f"{name}: node {index} {what}: {shown}{more}"
+    if a.events != b.events:
+        return f"{name}: events differ: {_short(a.events)} vs {_short(b.events)}"
+    if a.edges != b.edges:
+        ea, eb = [_short(e) for e in a.edges], [_short(e) for e in b.edges]
+        only_a, only_b = [e for e in ea if e not in eb], [e for e in eb if e not in ea]
+        return (f"{name}: edges differ ({len(ea)} vs {len(eb)}): only in A {only_a[:3]}, only in B {only_b[:3]}"
+                if only_a or only_b else f"{name}: edges differ in order only")  # fmt: skip
+    return None
+
+
 def graph_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
-    """The first way graph `name` differs between the two ranks, or None when its kernel nodes are equal."""
+    """The first way graph `name` differs between the two ranks (kernel sequence, then topology, then parameter
+    words), or None when it is equal."""
     na, nb = a.graphs[name], b.graphs[name]
     if [k for _, k, _ in na] != [k for _, k, _ in nb]:
         first = next((i for i, (x, y) in enumerate(zip(na, nb, strict=False)) if x[1] != y[1]), min(len(na), len(nb)))
         return f"{name}: kernel sequences differ ({len(na)} vs {len(nb)} kernel nodes, first at kernel node {first})"
+    if name in a.shapes and name in b.shapes and (shape := shape_difference(name, a.shapes[name], b.shapes[name])):
+        return shape
     for (index, kernel, pa), (_, _, pb) in zip(na, nb, strict=True):
         if pa == pb:
             continue
@@ -127,9 +179,14 @@ def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
     if names_a != names_b:
         lines.append(f"rank {rank}: graph names differ: only in A {sorted(set(names_a) - set(names_b))[:limit]}, "
                      f"only in B {sorted(set(names_b) - set(names_a))[:limit]}")  # fmt: skip
-    found = [d for d in (graph_difference(n, a, b) for n in names_a if n in b.graphs) if d]
+    shaped = [n for n in names_a if n in a.shapes and n in b.shapes and a.shapes[n] != b.shapes[n]]
+    first = shaped + [n for n in names_a if n in b.graphs and n not in shaped]  # topology before parameters
+    found = [d for d in (graph_difference(n, a, b) for n in first) if d]
     if found:
-        lines.append(f"rank {rank}: {len(found)} of {len(names_a)} graphs differ in their kernel nodes")
+        lines.append(f"rank {rank}: {len(found)} of {len(names_a)} graphs differ")
+        if shaped:
+            lines.append(f"rank {rank}: {len(shaped)} of them in their topology (what the topology fingerprint "
+                         f"covers), e.g. {', '.join(shaped[:limit])}")  # fmt: skip
         lines += [f"  {line}" for line in found[:limit]]
         if len(found) > limit:
             lines.append(f"  ... {len(found) - limit} more")
@@ -173,4 +230,5 @@ def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[
 
 def describe(a: Any, b: Any, ranks: list[int], lines: list[str]) -> str:
     head = f"graphpersist diff: {a} (A) vs {b} (B), rank(s) {', '.join(map(str, ranks))}"
-    return "\n".join([head, *(lines or ["the graphs' kernel nodes and pointer inventories are equal"])])
+    equal = "the graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
+    return "\n".join([head, *(lines or [equal])])

@@ -217,15 +217,17 @@ def pack_kernel_table(desc: dict[str, Any]) -> bytes:
     return head + bytes(nodes) + struct.pack(f"<{len(offsets)}I", *offsets) + bytes(attrs)
 
 
+# Node fields that hold values (parameter bytes, copy and memset addresses), not shape: outside the topology.
+VALUE_KEYS = ("params", "dst", "srcDevice", "dstDevice")
+
+
 def topology_fingerprint(desc: dict[str, Any]) -> str:
     """Hash of node kinds, kernels, launch shapes, attributes, event indices and edges (not parameter values).
 
     Event nodes enter as (kind, event index): handle values are never in a description. The event table is
     hashed only when present, so graphs without events keep the fingerprint they had before events existed.
     """
-    topo = [
-        {k: v for k, v in nd.items() if k not in ("params", "dst", "srcDevice", "dstDevice")} for nd in desc["nodes"]
-    ]
+    topo = [{k: v for k, v in nd.items() if k not in VALUE_KEYS} for nd in desc["nodes"]]
     shape: dict[str, Any] = {"nodes": topo, "edges": desc["edges"]}
     if desc.get("events"):
         shape["events"] = desc["events"]
