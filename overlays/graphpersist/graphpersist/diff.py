@@ -43,7 +43,7 @@ class RankGraphs:
     region: tuple[int, int]
     pointers: set[int]
     graphs: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
-    shapes: dict[str, Shape] = field(default_factory=dict)
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per graph, graphformat.topology
 
     def in_region(self, value: int) -> bool:
         return self.region[0] <= value < self.region[1]
@@ -66,21 +66,6 @@ class RankGraphs:
         return found
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What a graph's topology fingerprint hashes (graphformat.topology_fingerprint): nodes without their parameter
-    values, edges, events."""
-
-    nodes: list[dict[str, Any]]
-    edges: list[Any]
-    events: list[Any]
-
-    @classmethod
-    def of(cls, desc: dict[str, Any]) -> Shape:
-        nodes = [{k: v for k, v in nd.items() if k not in graphformat.VALUE_KEYS} for nd in desc["nodes"]]
-        return cls(nodes, list(desc["edges"]), list(desc.get("events") or []))
-
-
 def _words(params: bytes) -> Iterator[tuple[int, int]]:
     n = len(params) // WORD
     yield from ((WORD * i, v) for i, v in enumerate(struct.unpack_from(f"<{n}Q", params) if n else ()))
@@ -94,7 +79,7 @@ def read_rank(archive: Archive, rank: int) -> RankGraphs:
     for entry in packed.graphs:
         desc = entry.full_desc_of(packed.pack)
         blob = bytes(entry.part(packed.pack, "params"))
-        out.shapes[entry.name] = Shape.of(desc)
+        out.shapes[entry.name] = graphformat.topology(desc)
         out.graphs[entry.name] = [
             (i, node["name"], blob[node["params"][0] : node["params"][0] + node["params"][1]])
             for i, node in enumerate(desc["nodes"])
@@ -112,14 +97,15 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def shape_difference(name: str, a: Shape, b: Shape) -> str | None:
-    """The first way two graphs' topologies differ (node kinds, a node's launch shape or attributes, events,
-    edges), or None when their topology fingerprints would be equal."""
-    if [n["type"] for n in a.nodes] != [n["type"] for n in b.nodes]:
-        kinds = list(zip([n["type"] for n in a.nodes], [n["type"] for n in b.nodes], strict=False))
-        first = next((i for i, (x, y) in enumerate(kinds) if x != y), len(kinds))
-        return f"{name}: node kinds differ ({len(a.nodes)} vs {len(b.nodes)} nodes, first at node {first})"
-    for index, (x, y) in enumerate(zip(a.nodes, b.nodes, strict=True)):
+def shape_difference(name: str, a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first way two graphs' topologies (graphformat.topology) differ: node kinds, a node's launch shape or
+    attributes, events, edges; None when they are equal."""
+    kinds_a, kinds_b = [n["type"] for n in a["nodes"]], [n["type"] for n in b["nodes"]]
+    if kinds_a != kinds_b:
+        first = next((i for i, (x, y) in enumerate(zip(kinds_a, kinds_b, strict=False)) if x != y),
+                     min(len(kinds_a), len(kinds_b)))  # fmt: skip
+        return f"{name}: node kinds differ ({len(kinds_a)} vs {len(kinds_b)} nodes, first at node {first})"
+    for index, (x, y) in enumerate(zip(a["nodes"], b["nodes"], strict=True)):
         if x == y:
             continue
         keys = sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))
@@ -127,11 +113,11 @@ def shape_difference(name: str, a: Shape, b: Shape) -> str | None:
         more = f" (+{len(keys) - 3} more fields)" if len(keys) > 3 else ""
         what = f"kernel {x['name']!r}" if x["type"] == "kernel" and "name" in x else x["type"]
         return f"{name}: node {index} {what}: {shown}{more}"
-    if a.events != b.events:
-        return f"{name}: events differ: {_short(a.events)} vs {_short(b.events)}"
-    if a.edges != b.edges:
-        ea, eb = [_short(e) for e in a.edges], [_short(e) for e in b.edges]
-        only_a, only_b = [e for e in ea if e not in eb], [e for e in eb if e not in ea]
+    if a.get("events") != b.get("events"):
+        return f"{name}: events differ: {_short(a.get('events'))} vs {_short(b.get('events'))}"
+    ea, eb = a["edges"], b["edges"]
+    if ea != eb:
+        only_a, only_b = [_short(e) for e in ea if e not in eb], [_short(e) for e in eb if e not in ea]
         return (f"{name}: edges differ ({len(ea)} vs {len(eb)}): only in A {only_a[:3]}, only in B {only_b[:3]}"
                 if only_a or only_b else f"{name}: edges differ in order only")  # fmt: skip
     return None
@@ -144,7 +130,7 @@ def graph_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
     if [k for _, k, _ in na] != [k for _, k, _ in nb]:
         first = next((i for i, (x, y) in enumerate(zip(na, nb, strict=False)) if x[1] != y[1]), min(len(na), len(nb)))
         return f"{name}: kernel sequences differ ({len(na)} vs {len(nb)} kernel nodes, first at kernel node {first})"
-    if name in a.shapes and name in b.shapes and (shape := shape_difference(name, a.shapes[name], b.shapes[name])):
+    if shape := shape_difference(name, a.shapes[name], b.shapes[name]):
         return shape
     for (index, kernel, pa), (_, _, pb) in zip(na, nb, strict=True):
         if pa == pb:
@@ -179,7 +165,7 @@ def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
     if names_a != names_b:
         lines.append(f"rank {rank}: graph names differ: only in A {sorted(set(names_a) - set(names_b))[:limit]}, "
                      f"only in B {sorted(set(names_b) - set(names_a))[:limit]}")  # fmt: skip
-    shaped = [n for n in names_a if n in a.shapes and n in b.shapes and a.shapes[n] != b.shapes[n]]
+    shaped = [n for n in names_a if n in b.shapes and a.shapes[n] != b.shapes[n]]
     first = shaped + [n for n in names_a if n in b.graphs and n not in shaped]  # topology before parameters
     found = [d for d in (graph_difference(n, a, b) for n in first) if d]
     if found:

@@ -221,17 +221,25 @@ def pack_kernel_table(desc: dict[str, Any]) -> bytes:
 VALUE_KEYS = ("params", "dst", "srcDevice", "dstDevice")
 
 
-def topology_fingerprint(desc: dict[str, Any]) -> str:
-    """Hash of node kinds, kernels, launch shapes, attributes, event indices and edges (not parameter values).
+def topology(desc: dict[str, Any]) -> dict[str, Any]:
+    """Node kinds, kernels, launch shapes, attributes, event indices and edges (not parameter values): what
+    topology_fingerprint hashes and `graphpersist diff` compares.
 
     Event nodes enter as (kind, event index): handle values are never in a description. The event table is
-    hashed only when present, so graphs without events keep the fingerprint they had before events existed.
+    included only when present, so graphs without events keep the fingerprint they had before events existed.
     """
-    topo = [{k: v for k, v in nd.items() if k not in VALUE_KEYS} for nd in desc["nodes"]]
-    shape: dict[str, Any] = {"nodes": topo, "edges": desc["edges"]}
+    shape: dict[str, Any] = {
+        "nodes": [{k: v for k, v in nd.items() if k not in VALUE_KEYS} for nd in desc["nodes"]],
+        "edges": desc["edges"],
+    }
     if desc.get("events"):
         shape["events"] = desc["events"]
-    text = json.dumps(shape, sort_keys=True, separators=(",", ":"))
+    return shape
+
+
+def topology_fingerprint(desc: dict[str, Any]) -> str:
+    """Hash of the graph's topology (`topology`)."""
+    text = json.dumps(topology(desc), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
