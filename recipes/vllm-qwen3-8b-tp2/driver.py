@@ -8,7 +8,8 @@ token ids): what runs on the GPU host. `--model` takes a real checkpoint directo
 
 Workloads (greedy, `ignore_eos`, fixed token ids): sequential prompts one at a time; a concurrent batch; an
 "oversize" batch whose prefill is larger than the largest capture size (it runs without graphs, then decode
-replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32.
+replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32
+(median of three timings each); with `--replay-timing`, last, graph replays timed in the worker.
 Phases (one vocabulary for every run, adding up to the start-up time): vLLM's own log lines (weights, engine init,
 profile, capture) split further by the runtime's per-rank stats when persistence is on.
 """
@@ -60,6 +61,7 @@ QWEN3_8B = {
 }
 VOCAB = 151936
 GEN = 32
+DECODE_REPEATS = 3  # decode tok/s is the median of this many timings: host-bound modes (PIECEWISE) vary
 
 # vLLM's own log lines (persistence off): phase name -> pattern with the seconds in group 1.
 LOG_PHASES = {
@@ -212,8 +214,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     long_prompt = prompt(400, 3000)
     generate(llm, [long_prompt[:2000]], 1)  # same shapes warm, different content
     ttft = statistics.median(timed(generate, llm, [long_prompt], 1)[1] for _ in range(3))
-    _, b1 = timed(generate, llm, [prompt(500, 16)], 256)
-    _, b32 = timed(generate, llm, [prompt(600 + i, 16) for i in range(32)], 256)
+    b1s = [timed(generate, llm, [prompt(500 + r, 16)], 256)[1] for r in range(DECODE_REPEATS)]
+    batches = [[prompt(600 + 32 * r + i, 16) for i in range(32)] for r in range(DECODE_REPEATS)]
+    b32s = [timed(generate, llm, batch, 256)[1] for batch in batches]
+    b1, b32 = statistics.median(b1s), statistics.median(b32s)
 
     stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
@@ -246,9 +250,20 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             "new_cache_files_first_request": len(new_first),
             "examples": (new_start + new_first)[:10],
         },
+        "decode_s": {"b1": [round(x, 4) for x in b1s], "b32": [round(x, 4) for x in b32s]},
         "engine": {"name": "vllm", "version": vllm.__version__},
         "graphpersist_stats": stats,
     }
+    if a.replay_timing:  # last: replays overwrite the graphs' static buffers
+        from vllm import graphpersist_replaytime
+
+        timing = llm.collective_rpc(graphpersist_replaytime.replay_timing)[0]
+        result["replay_timing"] = timing
+        for kind in ("full", "pieces"):
+            if timing.get(kind):
+                result["latency"][f"{kind}_submit_us"] = timing[kind]["submit_us"]
+                result["latency"][f"{kind}_round_ms"] = timing[kind]["round_ms"]
+        result["latency"]["eager_op_us"] = timing["eager_op_us"]
     if a.diag_probe:  # diagnosis: what the first prompt and the concurrent batch were sampled from
         from vllm import graphpersist_diag_rpc as diag
 
@@ -303,6 +318,8 @@ def main() -> int:
                     help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
     ap.add_argument("--executor", choices=["default", "mp", "uni"], default="default",
                     help="vLLM's distributed_executor_backend (default: vLLM's choice, 'uni' at TP=1)")  # fmt: skip
+    ap.add_argument("--replay-timing", action="store_true",
+                    help="last, time graph replays in the worker (vllm/graphpersist_replaytime.py)")  # fmt: skip
     ap.add_argument(
         "--diag",
         action="store_true",
@@ -330,7 +347,7 @@ def main() -> int:
             os.environ[name] = "1"
         elif value:
             os.environ[name] = value
-    if a.diag_bisect or a.diag_probe:  # functions sent to the worker (LLM.collective_rpc)
+    if a.diag_bisect or a.diag_probe or a.replay_timing:  # functions sent to the worker (LLM.collective_rpc)
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
         from graphpersist import region

@@ -681,6 +681,34 @@ result = {
     }
 
 
+def test_replay_timing_replays_the_smallest_full_graph_and_one_round_of_every_piece(vllm: WarmPython) -> None:
+    """The driver's --replay-timing (vllm/graphpersist_replaytime.py) times what vLLM dispatches to: the smallest FULL
+    graph, and every piece, in piece order, at the smallest size every piece has (the timing itself needs a GPU)."""
+    got = vllm.run(
+        LOAD
+        + """
+import functools
+from vllm import graphpersist_replaytime as rt
+replayed = []
+for name, graph in restored.items():
+    graph.replay = functools.partial(replayed.append, name)
+capture.install(manager, restored, notes)
+entries = wrappers[1].concrete_cudagraph_entries
+del entries[next(bd for bd in entries if bd.num_tokens == 1)]  # piece 1 lacks size 1: no round at 1
+timed = []
+rt._time = lambda replays, rounds: (timed.append(rounds), [r() for r in replays], {"submit_us": 1.0})[2]
+runner = types.SimpleNamespace(cudagraph_manager=manager)
+result = {"full": rt._full(runner, 7), "pieces": rt._pieces(7), "replayed": replayed, "rounds": timed}
+"""
+    ).ok()
+    assert got == {
+        "full": {"tokens": 1, "type": "SimpleNamespace", "submit_us": 1.0},
+        "pieces": {"tokens": 2, "type": "SimpleNamespace", "submit_us": 1.0},
+        "replayed": ["full/1/1/1", "piecewise/2/000", "piecewise/2/001", "piecewise/2/002"],
+        "rounds": [7, 7],
+    }
+
+
 ADVICE = "Re-run with mode=save for this configuration."
 INVENTORY_REFUSALS = {
     "full-missing": (

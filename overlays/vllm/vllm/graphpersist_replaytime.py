@@ -1,0 +1,92 @@
+"""Measurement only: how long replaying the graphs vLLM dispatches to takes, in the worker (`LLM.collective_rpc`).
+
+The proof driver (`recipes/vllm-qwen3-8b-tp2/driver.py --replay-timing`) calls `replay_timing` once serving is
+measured, in every run of a recipe, so a LOAD's restored graphs and a baseline's captured ones are timed the same way
+in the same kind of process: the smallest FULL graph alone, and one round of every piece of the split model at the
+smallest piecewise size (what one small forward replays; vLLM runs the attention eagerly between the pieces, which is
+not timed here). `submit_us` is the host's time to launch one replay; `round_ms` is the wall time of one round
+measured over many rounds, launch and GPU together; `eager_op_us` the host time of a small eager op (allocation,
+launch, free), which the runtime's interposer or allocator would slow if they cost anything per op. The Python
+collector's counts say whether a run holds far more objects than another (a full collection walks all of them).
+Replays write the graphs' static buffers: call this only after every output that is compared has been produced.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ROUNDS = 200
+
+
+def _time(replays: list[Callable[[], None]], rounds: int) -> dict[str, float]:
+    for replay in replays:  # the first launch of an executable uploads it: not what a steady step pays
+        replay()
+    torch.cuda.synchronize()
+    submit = 0.0
+    started = time.perf_counter()
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for replay in replays:
+            replay()
+        submit += time.perf_counter() - t
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    return {
+        "graphs": len(replays),
+        "submit_us": round(submit / (rounds * len(replays)) * 1e6, 2),
+        "round_ms": round(wall / rounds * 1e3, 4),
+    }
+
+
+def _full(runner: Any, rounds: int) -> dict[str, Any] | None:
+    manager = getattr(runner, "cudagraph_manager", None)
+    graphs = getattr(manager, "graphs", None) or {}
+    if not graphs:
+        return None
+    desc = min(graphs, key=lambda d: (d.num_tokens, d.num_reqs))
+    return {"tokens": desc.num_tokens, "type": type(graphs[desc]).__name__, **_time([graphs[desc].replay], rounds)}
+
+
+def _pieces(rounds: int) -> dict[str, Any] | None:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config.compilation import CUDAGraphMode
+
+    wrappers = [w for w in CUDAGraphWrapper._all_instances if w.runtime_mode == CUDAGraphMode.PIECEWISE]
+    wrappers.sort(key=lambda w: getattr(w.runnable, "piecewise_compile_index", 0))
+    by_size = [{bd.num_tokens: e.cudagraph for bd, e in w.concrete_cudagraph_entries.items() if e.cudagraph is not None}
+               for w in wrappers]  # fmt: skip
+    complete = set.intersection(*(set(sizes) for sizes in by_size)) if by_size else set()
+    if not complete:
+        return None
+    tokens = min(complete)
+    graphs = [sizes[tokens] for sizes in by_size]
+    return {"tokens": tokens, "type": type(graphs[0]).__name__, **_time([g.replay for g in graphs], rounds)}
+
+
+def _eager_op_us(ops: int = 2000) -> float:
+    """Host time of one small eager op that allocates its output (the kind vLLM runs between the pieces)."""
+    x = torch.ones(1024, device="cuda")
+    y = x + 1
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(ops):
+        y = x + 1
+    torch.cuda.synchronize()
+    del y
+    return round((time.perf_counter() - started) / ops * 1e6, 2)
+
+
+def replay_timing(worker: Any, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Replay timings of this worker's graphs, an eager op's and the collector's counts (see the module docstring)."""
+    return {
+        "full": _full(worker.model_runner, rounds),
+        "pieces": _pieces(rounds),
+        "eager_op_us": _eager_op_us(),
+        "gc_objects": len(gc.get_objects()),
+        "gc_collections": [s["collections"] for s in gc.get_stats()],
+    }
