@@ -4,10 +4,15 @@ The proof driver (`recipes/vllm-qwen3-8b-tp2/driver.py --replay-timing`) calls `
 measured, in every run of a recipe, so a LOAD's restored graphs and a baseline's captured ones are timed the same way
 in the same kind of process: the smallest FULL graph alone, and one round of every piece of the split model at the
 smallest piecewise size (what one small forward replays; vLLM runs the attention eagerly between the pieces, which is
-not timed here). `submit_us` is the host's time to launch one replay; `round_ms` is the wall time of one round
-measured over many rounds, launch and GPU together; `eager_op_us` the host time of a small eager op (allocation,
-launch, free), which the runtime's interposer or allocator would slow if they cost anything per op. The Python
-collector's counts say whether a run holds far more objects than another (a full collection walks all of them).
+not timed here).
+
+- `submit_us`: the host's time to launch one replay, each round launched onto an idle GPU. Timed back to back, the
+  launches wait for a full launch queue and measure the GPU instead (the first version did that, 2026-12-01).
+- `round_ms`: the wall time of one round over many rounds back to back, launch and GPU overlapping as in serving.
+- `eager_op_us`: the host time of a small eager op (allocation, launch, free), which the runtime's interposer or
+  allocator would slow if they cost anything per op.
+- `gc_objects`, `gc_collections`: whether a run holds far more objects than another (a full collection walks them).
+
 Replays write the graphs' static buffers: call this only after every output that is compared has been produced.
 """
 
@@ -26,14 +31,18 @@ ROUNDS = 200
 def _time(replays: list[Callable[[], None]], rounds: int) -> dict[str, float]:
     for replay in replays:  # the first launch of an executable uploads it: not what a steady step pays
         replay()
-    torch.cuda.synchronize()
     submit = 0.0
-    started = time.perf_counter()
-    for _ in range(rounds):
+    for _ in range(rounds):  # launch cost alone: one round onto an idle GPU, far below the launch queue's depth
+        torch.cuda.synchronize()
         t = time.perf_counter()
         for replay in replays:
             replay()
         submit += time.perf_counter() - t
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(rounds):  # throughput: rounds back to back, launch and GPU overlapping as in serving
+        for replay in replays:
+            replay()
     torch.cuda.synchronize()
     wall = time.perf_counter() - started
     return {
