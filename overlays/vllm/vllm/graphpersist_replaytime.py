@@ -9,9 +9,11 @@ not timed here).
 - `submit_us`: the host's time to launch one replay, each round launched onto an idle GPU. Timed back to back, the
   launches wait for a full launch queue and measure the GPU instead (the first version did that, 2026-12-01).
 - `round_ms`: the wall time of one round over many rounds back to back, launch and GPU overlapping as in serving.
-- `eager_op_us`: the host time of a small eager op (allocation, launch, free), which the runtime's interposer or
-  allocator would slow if they cost anything per op.
-- `gc_objects`, `gc_collections`: whether a run holds far more objects than another (a full collection walks them).
+- `eager_op_us`: the host time of a small eager op (allocation, launch, free), the median of five timings, which the
+  runtime's interposer or allocator would slow if they cost anything per op (one timing read 12.3 us in a LOAD
+  against 8.5 us in its SAVE and baseline, 2026-12-01).
+- `process`: what else could make host work slower in one run than in another: threads, a profile or trace hook,
+  the allocator's configuration and segments, the current stream, the collector's objects and collections.
 
 Replays write the graphs' static buffers: call this only after every output that is compared has been produced.
 """
@@ -19,6 +21,10 @@ Replays write the graphs' static buffers: call this only after every output that
 from __future__ import annotations
 
 import gc
+import os
+import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -77,25 +83,43 @@ def _pieces(rounds: int) -> dict[str, Any] | None:
     return {"tokens": tokens, "type": type(graphs[0]).__name__, **_time([g.replay for g in graphs], rounds)}
 
 
-def _eager_op_us(ops: int = 2000) -> float:
-    """Host time of one small eager op that allocates its output (the kind vLLM runs between the pieces)."""
+def _eager_op_us(ops: int = 2000, repeats: int = 5) -> list[float]:
+    """Host time of one small eager op that allocates its output (the kind vLLM runs between the pieces), in
+    `repeats` timings of `ops` ops each."""
     x = torch.ones(1024, device="cuda")
     y = x + 1
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(ops):
-        y = x + 1
-    torch.cuda.synchronize()
+    timings = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(ops):
+            y = x + 1
+        torch.cuda.synchronize()
+        timings.append(round((time.perf_counter() - started) / ops * 1e6, 2))
     del y
-    return round((time.perf_counter() - started) / ops * 1e6, 2)
+    return timings
+
+
+def _process() -> dict[str, Any]:
+    """What else in this process could make host work slower than in another run's."""
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "profile_or_trace_hook": sys.getprofile() is not None or sys.gettrace() is not None,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "stream": torch.cuda.current_stream().cuda_stream,
+        "allocator_segments": torch.cuda.memory_stats().get("segment.all.current"),
+        "gc_objects": len(gc.get_objects()),
+        "gc_collections": [s["collections"] for s in gc.get_stats()],
+    }
 
 
 def replay_timing(worker: Any, rounds: int = ROUNDS) -> dict[str, Any]:
-    """Replay timings of this worker's graphs, an eager op's and the collector's counts (see the module docstring)."""
+    """Replay timings of this worker's graphs, an eager op's and facts of the process (see the module docstring)."""
+    eager = _eager_op_us()
     return {
         "full": _full(worker.model_runner, rounds),
         "pieces": _pieces(rounds),
-        "eager_op_us": _eager_op_us(),
-        "gc_objects": len(gc.get_objects()),
-        "gc_collections": [s["collections"] for s in gc.get_stats()],
+        "eager_op_us": statistics.median(eager),
+        "eager_op_us_all": eager,
+        "process": _process(),
     }
