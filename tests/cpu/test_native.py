@@ -251,6 +251,9 @@ def test_address_fingerprint_ignores_padding_not_addresses() -> None:
     c = struct.pack("<QQ", lo + 8192, 0x1111)  # an address differs
     fa, fb, fc = (graphformat.address_fingerprint(desc, x, lo, hi) for x in (a, b, c))
     assert fa == fb != fc
+    # SAVE passes the topology fingerprint it computed already: the same hash, and the topology is in it
+    assert graphformat.address_fingerprint(desc, a, lo, hi, graphformat.topology_fingerprint(desc)) == fa
+    assert graphformat.address_fingerprint(desc, a, lo, hi, "00" * 32) != fa
 
 
 def test_live_ranges() -> None:

@@ -318,11 +318,12 @@ class Saver:
             e = self.entries[name]
             pack.add(name, sg.desc, sg.blob, sg.table, inputs=[tensor_spec(t) for t in e.inputs], outputs=e.outputs)
             by_type = graphformat.node_types(sg.desc)
+            topology_fp = graphformat.topology_fingerprint(sg.desc)
             graph_records.append(
                 {
                     "name": name,
                     "file": index_rel,
-                    "topology_fingerprint": graphformat.topology_fingerprint(sg.desc),
+                    "topology_fingerprint": topology_fp,
                     "node_count": len(sg.desc["nodes"]),
                     "nodes_by_type": by_type,
                     "kernel_count": by_type.get("kernel", 0),
@@ -331,7 +332,7 @@ class Saver:
                     "mode": e.mode,
                 }
             )
-            content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi)
+            content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi, topology_fp)
         w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
         w.add_json(rank, "pointers.json", pointers)
         w.add_json(rank, "setup_tensors.json", mark.tensors)
