@@ -7,7 +7,8 @@
 # `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a later call can run the
 # remaining runs and re-check all of them) and copies the report and a tarball of every run's log, stats and result
 # to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks (stacksample/sitecustomize.py; read them
-# with stacksample/stackview.py) into $OUT/proof/stacks.tgz.
+# with stacksample/stackview.py) into $OUT/proof/stacks.tgz; not for LOAD runs, which it can make refuse their setup
+# (stacksample/sitecustomize.py says why).
 # REFRESH=1 (debugging only) copies the repository's overlays over the installed ones first, so a Python-only change
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail
@@ -45,6 +46,6 @@ rc=$?
 mkdir -p "$OUT/proof"
 cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
 (cd "$PROOF_OUT" && tar czf "$OUT/proof/logs.tgz" --exclude='*/cache' --exclude='archives' --exclude='cache-warm*' \
-  ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt ./*/dot-* 2>/dev/null)
+  ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt ./*/dot-* ./*/cprofile.* 2>/dev/null)
 [[ -n ${GP_STACKS_DIR:-} ]] && tar czf "$OUT/proof/stacks.tgz" -C "$GP_STACKS_DIR" .
 exit $rc

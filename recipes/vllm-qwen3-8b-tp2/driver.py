@@ -294,6 +294,7 @@ OPTION_ENV = {
     "flashinfer_allreduce_backend": "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
     "diag_launch_blocking": "CUDA_LAUNCH_BLOCKING",
     "diag_save_bytes": "GP_DIAG_SAVE_BYTES",
+    "diag_load_profile": "GP_DIAG_LOAD_PROFILE",
 }
 
 
@@ -333,6 +334,11 @@ def main() -> int:
     ap.add_argument("--diag-extra-warmup", action="store_true", help="diagnosis, LOAD: SAVE's warm-up before graphs")
     ap.add_argument("--diag-dot", metavar="PREFIX", help="diagnosis: print graphs named PREFIX... (GP_DIAG_DOT)")
     ap.add_argument("--diag-launch-blocking", action="store_true", help="diagnosis: CUDA_LAUNCH_BLOCKING=1")
+    ap.add_argument("--diag-cprofile", action="store_true",
+                    help="diagnosis: cProfile each worker's start into the run folder (GP_DIAG_CPROFILE)")  # fmt: skip
+    ap.add_argument("--diag-load-profile", choices=["full", "small"],
+                    help="diagnosis, LOAD: the compile forward at max tokens with the sampler (full, the default) "
+                    "or at one token without it (small)")  # fmt: skip
     ap.add_argument(
         "--diag-bisect",
         metavar="PREFIX",
@@ -341,6 +347,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
         os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
+    if a.diag_cprofile:  # read by the workers (graphpersist_startprofile.py)
+        os.environ["GP_DIAG_CPROFILE"] = str(Path(a.result).resolve().parent)
     for option, name in OPTION_ENV.items():  # read by the engine's processes; they inherit this environment
         value = getattr(a, option)
         if value is True:

@@ -393,6 +393,81 @@ def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
     assert got == [9 * GIB, 8 * GIB, 8 * GIB, [9 * GIB + 5]]
 
 
+# A stand-in for the V2 runner's profile path (CPU torch has no CUDA to run a real forward): the dummy forward counts
+# its time into vLLM's torch.compile monitor, as loading the compiled model does, and the sampler run takes its own.
+STAND_IN_RUNNER = """
+import time
+torch.cuda.synchronize = lambda: None
+class Runner:
+    def __init__(self):
+        self.vllm_config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(compilation_time=1.0))
+        self.calls = []
+    def _dummy_run(self, num_tokens, skip_attn=False, is_profile=False):
+        self.calls.append(["forward", num_tokens, skip_attn, is_profile])
+        began = time.perf_counter()  # vLLM's monitor adds the wall time of loading the compiled model
+        time.sleep(0.1)
+        self.vllm_config.compilation_config.compilation_time += time.perf_counter() - began
+        return "hidden", "sample_hidden"
+    def _dummy_sampler_run(self, hidden):
+        self.calls.append(["sampler", hidden])
+        time.sleep(0.05)
+    def profile_run(self):
+        hidden, sample = self._dummy_run(16384, skip_attn=True, is_profile=True)
+        self._dummy_sampler_run(sample)
+runner = Runner()
+"""
+
+
+@pytest.mark.parametrize(
+    "how, calls",
+    [
+        ("full", [["forward", 16384, True, True], ["sampler", "sample_hidden"]]),
+        ("small", [["forward", 1, True, True]]),
+    ],
+)
+def test_loads_compile_forward_reports_its_parts(vllm: WarmPython, how: str, calls: list) -> None:
+    """LOAD's profile phase: what loading the compiled model took (vLLM's own counter), the sampler run and the
+    rest; the timing wrapper leaves the runner's own method in place afterwards."""
+    got = vllm.run(
+        STAND_IN_RUNNER
+        + f"""
+parts = facts.compile_forward(runner, {how!r})
+result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sampler_run" in vars(runner)}}
+"""
+    ).ok()
+    assert got["calls"] == calls
+    assert got["wrapper_left"] is False
+    assert sorted(got["parts"]) == ["compile", "forward", "sampler"]
+    assert 0.1 <= got["parts"]["compile"] < 1
+    assert (got["parts"]["sampler"] >= 0.05) is (how == "full")
+    assert got["parts"]["forward"] >= 0
+
+
+def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
+    message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
+    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use full or small"
+
+
+def test_start_profile_writes_the_ranks_profile_only_when_asked(vllm: WarmPython, tmp_path: Path) -> None:
+    """GP_DIAG_CPROFILE (diagnosis): cProfile from init_device to the end of the warm-up, one file pair per rank."""
+    got = vllm.run(
+        f"""
+from vllm import graphpersist_startprofile as sp
+os.environ.pop(sp.CPROFILE_ENV, None)
+sp.start(); sp.stop(0)
+os.environ[sp.CPROFILE_ENV] = {str(tmp_path / "prof")!r}
+def busy_function_to_find():
+    return sum(i * i for i in range(20000))
+sp.start(); busy_function_to_find(); sp.stop(3)
+sp.stop(3)  # a second stop writes nothing more
+text = Path({str(tmp_path / "prof")!r}, "cprofile.rank3.txt").read_text()
+result = {{"files": sorted(p.name for p in Path({str(tmp_path)!r}).rglob("cprofile.*")),
+           "found": "busy_function_to_find" in text, "orders": text.count("Ordered by")}}
+"""
+    ).ok()
+    assert got == {"files": ["cprofile.rank3.pstats", "cprofile.rank3.txt"], "found": True, "orders": 2}
+
+
 # ---------------------------------------------------------------- persistence off: the capture sites are upstream's
 
 # CPU torch cannot construct torch.cuda.CUDAGraph (a dummy class: "Tried to instantiate dummy base class"), so the

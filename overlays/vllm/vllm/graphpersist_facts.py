@@ -8,6 +8,7 @@ model is refused at start-up with those names rather than as an allocation that 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -183,12 +184,47 @@ def cpu_gather() -> ranks.Gather:
     return ranks.torch_gather(get_world_group().cpu_group)
 
 
-def compile_forward(runner: Any) -> None:
+LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"  # diagnosis: "small" runs LOAD's compile forward at one token, no sampler
+
+
+def compile_forward(runner: Any, how: str = "full") -> dict[str, float]:
     """LOAD: the profile run without the memory profiling around it. It compiles (or loads) the model as SAVE's
     profile did, and its sampler run compiles the sampler kernels the first greedy request needs (without it,
-    LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on the reference host)."""
-    runner.profile_run()
-    torch.cuda.synchronize()
+    LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on the reference host).
+
+    `how="small"` (diagnosis, GP_DIAG_LOAD_PROFILE) runs a one-token forward instead, without the sampler: what
+    the full run costs beyond loading the compiled model. Returns the parts in seconds: `compile` (what vLLM's
+    torch.compile monitor counted: loading the compiled model), `sampler` and `forward` (the rest)."""
+    if how not in ("full", "small"):
+        raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use full or small")
+    comp = runner.vllm_config.compilation_config
+    compiled_before = float(comp.compilation_time)
+    sampler_s = 0.0
+    upstream_sampler = runner._dummy_sampler_run
+
+    def timed_sampler(*args: Any, **kwargs: Any) -> Any:
+        nonlocal sampler_s
+        began = time.perf_counter()
+        try:
+            return upstream_sampler(*args, **kwargs)
+        finally:
+            torch.cuda.synchronize()
+            sampler_s += time.perf_counter() - began
+
+    started = time.perf_counter()
+    runner._dummy_sampler_run = timed_sampler
+    try:
+        if how == "small":
+            runner._dummy_run(1, skip_attn=True, is_profile=True)
+        else:
+            runner.profile_run()
+        torch.cuda.synchronize()
+    finally:
+        del runner._dummy_sampler_run  # the instance attribute goes; the class's method is back
+    took = time.perf_counter() - started
+    compile_s = float(comp.compilation_time) - compiled_before
+    return {"compile": round(compile_s, 4), "sampler": round(sampler_s, 4),
+            "forward": round(took - compile_s - sampler_s, 4)}  # fmt: skip
 
 
 def setup_tensors(runner: Any) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ same archive); LOAD never profiles: it reuses that budget, checked against the G
 from __future__ import annotations
 
 import gc
+import os
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ from vllm import graphpersist_customar as customar
 from vllm import graphpersist_diag as diag
 from vllm import graphpersist_facts as facts
 from vllm import graphpersist_session as gps
+from vllm import graphpersist_startprofile as startprofile
 from vllm.v1.worker.gpu_worker import Worker
 
 from graphpersist import api, rankstats, region, switch
@@ -60,6 +62,7 @@ class PersistWorker(Worker):
     _graphs_done: float | None = None
 
     def init_device(self) -> None:
+        startprofile.start()  # diagnosis only (GP_DIAG_CPROFILE)
         resolved = switch.resolve()
         facts.refuse_unsupported(self.vllm_config)
         if not region.loaded():
@@ -93,7 +96,8 @@ class PersistWorker(Worker):
                 assert sess.kv_bytes is not None  # early_check read it
                 available = sess.kv_bytes
                 facts.check_free_memory(available)
-                facts.compile_forward(self.model_runner)
+                parts = facts.compile_forward(self.model_runner, os.environ.get(facts.LOAD_PROFILE_ENV, "full"))
+                sess.timings.update({f"profile_{name}": seconds for name, seconds in parts.items()})
             else:
                 available = super().determine_available_memory()
             _release_cached()
@@ -123,6 +127,7 @@ class PersistWorker(Worker):
             if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
                 sess.timed("after_graphs", self._graphs_done)
             sess.write_stats()
+            startprofile.stop(self.rank)
 
     def _capture_or_restore(self, upstream_capture: Any) -> int:
         sess = _session()

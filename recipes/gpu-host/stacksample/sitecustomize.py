@@ -6,6 +6,11 @@ a header line, then one line per thread per sample, `<unix time>\t<thread>\t<roo
 stack did not change since its last sample is written as `=`. `stackview.py` beside this file reads them.
 The period is GP_STACKS_PERIOD_MS (default 20). Sampling slows pure-Python work: SAVE's serialization took
 11.8-12.3 s sampled against 9.0-9.7 s unsampled on the GPU host.
+
+Do not sample a LOAD: holding a thread's frames for a moment keeps their locals alive past the function's return, so
+torch's allocator can map a segment where SAVE reused a freed block, and LOAD then refuses its exact setup phase
+(measured 2026-12-01: recipes/vllm-qwen3-8b-tp1-startup/README.md). For LOAD use the worker's cProfile
+(`GP_DIAG_CPROFILE`, vllm/graphpersist_startprofile.py).
 """
 
 from __future__ import annotations
