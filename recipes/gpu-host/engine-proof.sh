@@ -7,8 +7,8 @@
 # `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a later call can run the
 # remaining runs and re-check all of them) and copies the report and a tarball of every run's log, stats and result
 # to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks (stacksample/sitecustomize.py; read them
-# with stacksample/stackview.py) into $OUT/proof/stacks.tgz; not for LOAD runs, which it can make refuse their setup
-# (stacksample/sitecustomize.py says why).
+# with stacksample/stackview.py) into $OUT/proof/stacks.tgz; a LOAD's engine processes are left unsampled, since
+# sampling can make them refuse their setup (stacksample/sitecustomize.py says why).
 # REFRESH=1 (debugging only) copies the repository's overlays over the installed ones first, so a Python-only change
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail

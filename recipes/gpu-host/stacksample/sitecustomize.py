@@ -7,10 +7,11 @@ stack did not change since its last sample is written as `=`. `stackview.py` bes
 The period is GP_STACKS_PERIOD_MS (default 20). Sampling slows pure-Python work: SAVE's serialization took
 11.8-12.3 s sampled against 9.0-9.7 s unsampled on the GPU host.
 
-Do not sample a LOAD: holding a thread's frames for a moment keeps their locals alive past the function's return, so
-torch's allocator can map a segment where SAVE reused a freed block, and LOAD then refuses its exact setup phase
-(measured 2026-12-01: recipes/vllm-qwen3-8b-tp1-startup/README.md). For LOAD use the worker's cProfile
-(`GP_DIAG_CPROFILE`, vllm/graphpersist_startprofile.py).
+A LOAD's processes are not sampled (GRAPHPERSIST_MODE=load in their environment; GP_STACKS_LOAD=1 samples them
+anyway): holding a thread's frames for a moment keeps their locals alive past the function's return, so torch's
+allocator can map a segment where SAVE reused a freed block, and LOAD then refuses its exact setup phase (measured
+2026-12-01: recipes/vllm-qwen3-8b-tp1-startup/README.md). For LOAD use the worker's cProfile (`GP_DIAG_CPROFILE`,
+vllm/graphpersist_startprofile.py). The sampler drops every frame reference before it sleeps.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class _Sampler:
         self.path = ""
 
     def start(self) -> None:
+        if not _wanted():
+            return
         self.path = os.path.join(self.folder, f"{os.getpid()}.stk")
         self.last, self.lines, self.lock = {}, [], threading.Lock()  # fresh after a fork: the parent's are not ours
         with open(self.path, "a") as f:
@@ -63,11 +66,11 @@ class _Sampler:
             time.sleep(self.period_s)
             now = time.time()
             names = {t.ident: t.name for t in threading.enumerate()}
+            frames = sys._current_frames()
+            stacks = {tid: _stack(frame) for tid, frame in frames.items() if tid != me}
+            del frames  # no frame may outlive this step: it would keep the sampled function's locals alive
             with self.lock:
-                for tid, frame in sys._current_frames().items():
-                    if tid == me:
-                        continue
-                    stack = _stack(frame)
+                for tid, stack in stacks.items():
                     same = self.last.get(tid) == stack
                     self.last[tid] = stack
                     self.lines.append(f"{now:.3f}\t{names.get(tid, tid)}\t{'=' if same else stack}\n")
@@ -81,6 +84,15 @@ class _Sampler:
         if lines:
             with open(self.path, "a") as f:
                 f.writelines(lines)
+
+
+def _wanted() -> bool:
+    """False in a LOAD's processes (see the module's docstring), with one line on stderr saying so."""
+    if os.environ.get("GRAPHPERSIST_MODE") != "load" or os.environ.get("GP_STACKS_LOAD") == "1":
+        return True
+    sys.stderr.write(f"stacksample: pid {os.getpid()} not sampled: a LOAD process (GRAPHPERSIST_MODE=load), which "
+                     "sampling can make refuse its setup phase; GP_STACKS_LOAD=1 samples it anyway\n")  # fmt: skip
+    return False
 
 
 def _install() -> None:
