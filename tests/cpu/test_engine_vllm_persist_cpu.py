@@ -461,11 +461,23 @@ def busy_function_to_find():
 sp.start(); busy_function_to_find(); sp.stop(3)
 sp.stop(3)  # a second stop writes nothing more
 text = Path({str(tmp_path / "prof")!r}, "cprofile.rank3.txt").read_text()
+real = sp.cProfile.Profile
+class Refusing(real):  # Python 3.12+ refuses a second profiling tool
+    def enable(self):
+        raise ValueError("Another profiling tool is already active")
+sp.cProfile.Profile = Refusing
+sp.start(); refused = sp._profiler is None; sp.stop(4)
+sp.cProfile.Profile = real
 result = {{"files": sorted(p.name for p in Path({str(tmp_path)!r}).rglob("cprofile.*")),
-           "found": "busy_function_to_find" in text, "orders": text.count("Ordered by")}}
+           "found": "busy_function_to_find" in text, "orders": text.count("Ordered by"), "refused": refused}}
 """
     ).ok()
-    assert got == {"files": ["cprofile.rank3.pstats", "cprofile.rank3.txt"], "found": True, "orders": 2}
+    assert got == {
+        "files": ["cprofile.rank3.pstats", "cprofile.rank3.txt"],
+        "found": True,
+        "orders": 2,
+        "refused": True,
+    }
 
 
 # ---------------------------------------------------------------- persistence off: the capture sites are upstream's

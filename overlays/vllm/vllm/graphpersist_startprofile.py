@@ -15,6 +15,7 @@ import cProfile
 import io
 import os
 import pstats
+import sys
 from pathlib import Path
 
 CPROFILE_ENV = "GP_DIAG_CPROFILE"
@@ -24,11 +25,17 @@ _profiler: cProfile.Profile | None = None
 
 
 def start() -> None:
-    """Begins profiling this thread when GP_DIAG_CPROFILE names a folder (once per process)."""
+    """Begins profiling this thread when GP_DIAG_CPROFILE names a folder (once per process). Where another tool
+    already holds the interpreter's profiling hook, it says so on stderr and the start goes on unprofiled."""
     global _profiler
     if _profiler is None and os.environ.get(CPROFILE_ENV):
-        _profiler = cProfile.Profile()
-        _profiler.enable()
+        profiler = cProfile.Profile()
+        try:
+            profiler.enable()
+        except ValueError as exc:  # Python 3.12+: "Another profiling tool is already active"
+            sys.stderr.write(f"graphpersist: {CPROFILE_ENV}: cProfile cannot start ({exc}); not profiling\n")
+            return
+        _profiler = profiler
 
 
 def stop(rank: int) -> None:
