@@ -298,7 +298,7 @@ OPTION_ENV = {
 }
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run name (for the logs)")
     ap.add_argument("--mode", choices=["off", "save", "load"], required=True)
@@ -344,19 +344,28 @@ def main() -> int:
         metavar="PREFIX",
         help="diagnosis, LOAD: find the windows that need SAVE's bytes (PREFIX: SAVE's --diag-save-bytes)",
     )
-    a = ap.parse_args()
-    if a.diag:  # read by the workers (graphpersist_diag.py); they inherit this environment
-        os.environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
+    return ap
+
+
+def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
+    """The options the engine's processes read from their environment (they inherit this process's)."""
+    if a.diag:  # read by the workers (graphpersist_diag.py)
+        environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
     if a.diag_cprofile:  # read by the workers (graphpersist_startprofile.py)
-        os.environ["GP_DIAG_CPROFILE"] = str(Path(a.result).resolve().parent)
-    for option, name in OPTION_ENV.items():  # read by the engine's processes; they inherit this environment
+        environ["GP_DIAG_CPROFILE"] = str(Path(a.result).resolve().parent)
+    for option, name in OPTION_ENV.items():
         value = getattr(a, option)
         if value is True:
-            os.environ[name] = "1"
+            environ[name] = "1"
         elif value:
-            os.environ[name] = value
+            environ[name] = value
     if a.diag_bisect or a.diag_probe or a.replay_timing:  # functions sent to the worker (LLM.collective_rpc)
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+
+
+def main() -> int:
+    a = build_parser().parse_args()
+    export_options(a)
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
         from graphpersist import region
 

@@ -1,0 +1,55 @@
+"""The vLLM proof driver's options (recipes/vllm-qwen3-8b-tp2/driver.py): which reach the engine's processes, how.
+
+The engine's processes inherit the driver's environment, so an option that a worker reads has to land there before
+LLM() starts anything. Tested without vLLM: the driver imports it only once a run starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+DRIVER_PATH = Path(__file__).resolve().parents[2] / "recipes" / "vllm-qwen3-8b-tp2" / "driver.py"
+spec = importlib.util.spec_from_file_location("vllm_recipe_driver", DRIVER_PATH)
+assert spec is not None and spec.loader is not None
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+
+
+def exported(tmp_path: Path, *flags: str) -> dict[str, str]:
+    result = tmp_path / "run" / "result.json"
+    a = driver.build_parser().parse_args(["--run", "r", "--mode", "load", "--result", str(result), *flags])
+    environ: dict[str, str] = {}
+    driver.export_options(a, environ)
+    return environ
+
+
+def test_no_diagnosis_option_exports_nothing(tmp_path: Path) -> None:
+    assert exported(tmp_path) == {}
+
+
+def test_cprofile_profiles_into_the_runs_folder(tmp_path: Path) -> None:
+    assert exported(tmp_path, "--diag-cprofile") == {"GP_DIAG_CPROFILE": str((tmp_path / "run").resolve())}
+
+
+@pytest.mark.parametrize("how", ["full", "small"])
+def test_the_load_profile_variant_is_passed_as_given(tmp_path: Path, how: str) -> None:
+    assert exported(tmp_path, "--diag-load-profile", how) == {"GP_DIAG_LOAD_PROFILE": how}
+
+
+def test_an_unknown_load_profile_variant_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        exported(tmp_path, "--diag-load-profile", "tiny")
+    assert exited.value.code == 2
+    assert "invalid choice: 'tiny'" in capsys.readouterr().err
+
+
+def test_switches_export_one_and_values_themselves(tmp_path: Path) -> None:
+    got = exported(tmp_path, "--diag-launch-blocking", "--flashinfer-allreduce-backend", "trtllm", "--replay-timing")
+    assert got == {
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # replay timing sends a function to the worker
+    }
