@@ -24,6 +24,8 @@ mkdir -p "$target/graphpersist" "$target/$BUNDLE_ENGINE"
 echo "install.sh: installed $BUNDLE_ENGINE into $target"
 """
 FAKE_PYTHON = """#!/usr/bin/env bash
+printf '%s\\n' "$*" >> "$PROVE_RECORD.calls"
+[[ $1 == -m && $2 == compileall ]] && exit 0
 printf '%s\\n' "$*" > "$PROVE_RECORD"
 printf '%s\\n' "$PYTHONPATH" >> "$PROVE_RECORD"
 """
@@ -62,6 +64,18 @@ def test_an_installed_site_is_not_installed_again(tmp_path: Path) -> None:
     assert run_script(tmp_path, "sglang-qwen3-8b-tp2").returncode == 0
     proc = run_script(tmp_path, "sglang-qwen3-8b-tp2-symm")
     assert proc.returncode == 0 and "installing" not in proc.stdout
+
+
+def test_a_new_install_gets_its_bytecode_written_once(tmp_path: Path) -> None:
+    """The host sets PYTHONDONTWRITEBYTECODE=1 and the install uses --no-compile: without compileall every start
+    would compile every imported module from source."""
+    first = run_script(tmp_path, "sglang-qwen3-8b-tp2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"engine-proof: bytecode of {tmp_path / 'site'} written in" in first.stdout
+    assert run_script(tmp_path, "sglang-qwen3-8b-tp2-symm").returncode == 0
+    calls = (tmp_path / "rec.calls").read_text().splitlines()
+    assert [c for c in calls if "compileall" in c] == [f"-m compileall -q -j 0 {tmp_path / 'site'}"]
+    assert len([c for c in calls if "gptools.prove" in c]) == 2
 
 
 def test_each_engine_gets_its_own_bundle_and_site_by_default(tmp_path: Path) -> None:
