@@ -296,6 +296,11 @@ OPTION_ENV = {
     "diag_save_bytes": "GP_DIAG_SAVE_BYTES",
     "diag_load_profile": "GP_DIAG_LOAD_PROFILE",
 }
+# Switches that point a variable at the run's folder, where the workers write their files.
+RUN_FOLDER_ENV = {
+    "diag": "GP_DIAG_DUMP",  # graphpersist_diag.py
+    "diag_cprofile": "GP_DIAG_CPROFILE",  # graphpersist_startprofile.py
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,10 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
     """The options the engine's processes read from their environment (they inherit this process's)."""
-    if a.diag:  # read by the workers (graphpersist_diag.py)
-        environ["GP_DIAG_DUMP"] = str(Path(a.result).resolve().parent)
-    if a.diag_cprofile:  # read by the workers (graphpersist_startprofile.py)
-        environ["GP_DIAG_CPROFILE"] = str(Path(a.result).resolve().parent)
+    for option, name in RUN_FOLDER_ENV.items():
+        if getattr(a, option):
+            environ[name] = str(Path(a.result).resolve().parent)
     for option, name in OPTION_ENV.items():
         value = getattr(a, option)
         if value is True:
