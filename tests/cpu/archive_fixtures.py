@@ -111,11 +111,13 @@ def _blob(*parts: object) -> bytes:
     return b"".join(hashlib.sha256(seed + bytes([i])).digest() for i in range(32))
 
 
-def write_rank(writer: ArchiveWriter, rank: int, gpu: dict[str, Any] | int | None = None) -> dict[str, Any]:
+def write_rank(
+    writer: ArchiveWriter, rank: int, gpu: dict[str, Any] | int | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Writes one rank's payload (two kernel images, one graph per capture size) and its record.
 
     `gpu` is the record's `device`: default device(rank); a bare device index makes the writer look the GPU up
-    (what SAVE does in a rank's process)."""
+    (what SAVE does in a rank's process). `extra`: the record's free-form part (SAVE's engine notes go there)."""
     images = []
     for kind in ("cubin", "fatbin"):
         data = _blob("image", kind, rank)
@@ -150,6 +152,8 @@ def write_rank(writer: ArchiveWriter, rank: int, gpu: dict[str, Any] | int | Non
         "graphs": graphs,
         "images": images,
     }
+    if extra is not None:
+        facts["extra"] = extra
     writer.set_rank_facts(rank, facts)
     return facts
 

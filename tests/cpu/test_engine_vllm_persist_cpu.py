@@ -443,6 +443,35 @@ result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sample
     assert got["parts"]["forward"] >= 0
 
 
+@pytest.mark.parametrize("mode", ["save", "load"])
+def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(
+    vllm: WarmPython, tmp_path: Path, mode: str
+) -> None:
+    """SAVE's choices go into the rank's notes (the same table, filled as kernels are timed); LOAD's come from the
+    notes early_check read; the stats the proof reads count them (graphpersist.kernelchoice)."""
+    got = vllm.run(
+        f"""
+os.environ["GRAPHPERSIST_KERNEL_CHOICES_DIR"] = {str(tmp_path)!r}
+from vllm import graphpersist_worker as worker
+from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+sess = open_session({mode!r})
+sess.saved_notes = {{"kernel_choices": {{"cabc": {{"kernel": "k", "candidates": ["a"], "chosen": "a"}}}}}}
+worker._pin_kernel_choices(sess)
+sess.kernel_choices.counts["pinned"] += 2
+result = {{
+    "wrapped": CachingAutotuner.autotune_to_one_config.__module__,
+    "saved": dict(sess.kernel_choices.saved),
+    "in_notes": sess.notes.get("kernel_choices") is sess.kernel_choices.used,
+    "stats": sess.stats()["kernel_choices"],
+}}
+"""
+    ).ok()
+    assert got["wrapped"] == "graphpersist.kernelchoice"
+    assert got["stats"] == {"pinned": 2}
+    assert got["in_notes"] is (mode == "save")
+    assert got["saved"] == ({"cabc": {"kernel": "k", "candidates": ["a"], "chosen": "a"}} if mode == "load" else {})
+
+
 def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
     message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
     assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use full or small"
@@ -867,13 +896,14 @@ saved = engine_config(**{saved_args!r})
 flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "kv_available_bytes": {kv_flag}}}
 if flags["kv_available_bytes"] is None:
     del flags["kv_available_bytes"]
-write_vllm_archive(Path({str(archive)!r}), saved, flags)
+notes = {{"kernel_choices": {{"c4f2": {{"kernel": "triton_red_fused_0", "candidates": ["a", "b"], "chosen": "b"}}}}}}
+write_vllm_archive(Path({str(archive)!r}), saved, flags, notes=notes)
 live = engine_config(**{live_args!r})
 torch.cuda.current_device = lambda: 0
 sess = open_session("load", {str(archive)!r})
 sess.model = facts.model_facts(live)
 facts.early_check(sess, live)
-result = {{"kv_bytes": sess.kv_bytes, "model": sess.model}}
+result = {{"kv_bytes": sess.kv_bytes, "model": sess.model, "notes": sess.saved_notes}}
 """
 
 
@@ -882,6 +912,9 @@ def test_early_check_accepts_the_configuration_it_saved(vllm: WarmPython, tmp_pa
     got = vllm.run(early_check_snippet(args, args, tmp_path / "archive")).ok()
     assert got["kv_bytes"] == 8 * GIB  # LOAD reuses SAVE's budget instead of profiling
     assert got["model"]["dtype"] == "torch.float16"
+    # the rank's notes are read this early: the kernel choices LOAD launches before it restores any graph
+    assert got["notes"] == {"kernel_choices": {"c4f2": {"kernel": "triton_red_fused_0", "candidates": ["a", "b"],
+                                                        "chosen": "b"}}}  # fmt: skip
 
 
 def test_early_check_refuses_another_configuration_naming_every_fact(vllm: WarmPython, tmp_path: Path) -> None:

@@ -90,8 +90,11 @@ if args.mode != "off" and not todo.get("no_stats"):
         captured = 4 if args.mode == "save" else 0
         restored = 4 - todo.get("missing_graphs", 0) * rank if args.mode == "load" else 0
         calls = captured if args.mode == "save" else todo.get("capture_calls", 0)
-        (stats / f"rank_{rank}.json").write_text(json.dumps({"rank": rank, "mode": args.mode, "captured": captured,
-            "restored": restored, "capture_calls": calls, "phases": {}}))
+        record = {"rank": rank, "mode": args.mode, "captured": captured, "restored": restored,
+                  "capture_calls": calls, "phases": {}}
+        if "kernel_choices" in todo:
+            record["kernel_choices"] = todo["kernel_choices"]
+        (stats / f"rank_{rank}.json").write_text(json.dumps(record))
 if todo.get("log"):
     print(todo["log"], flush=True)
 if todo.get("leftover"):
@@ -322,6 +325,16 @@ MISBEHAVING_LOADS = {
     "l_jit": ({"jit_file": "kernel.cubin"}, "no new JIT files", "start 0, first request 1; e.g. HOME/kernel.cubin"),
     "l_log": ({"log": "CUDA error: an illegal memory access"}, "log clean", "1 error line(s): line 2: CUDA error"),
     "l_stats": ({"no_stats": True}, "captured nothing", "not measured: no stats files in"),
+    "l_timed": (
+        {"kernel_choices": {"timed": 1, "pinned": 3}},
+        "timed no kernel choice",
+        "timed per rank [1, 1], launched SAVE's choice per rank [3, 3]",
+    ),
+    "l_choices": (
+        {"kernel_choices": None},
+        "timed no kernel choice",
+        "not measured: kernel_choices is not a count table on every rank",
+    ),
 }
 
 
@@ -342,6 +355,22 @@ def test_each_misbehaving_load_fails_its_own_check_and_only_it(tmp_path: Path) -
         assert detail in checks[f"{run} {check}"]["detail"]
     # missing stats are "not measured", never passed
     assert checks["l_stats restored every graph"]["detail"].startswith("l_stats: not measured: no stats files in")
+
+
+def test_a_load_that_launched_saves_kernel_choices_passes_and_an_engine_without_them_has_no_such_check(
+    tmp_path: Path,
+) -> None:
+    behaviour = {"load": {"kernel_choices": {"pinned": 5, "unkeyed": 1}}}
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load", "load_fresh"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    checks = report(out)[2]
+    assert checks["load timed no kernel choice"] == {
+        "name": "load timed no kernel choice",
+        "status": "pass",
+        "detail": "timed per rank [0, 0], launched SAVE's choice per rank [5, 5]",
+    }
+    assert "load_fresh timed no kernel choice" not in checks  # its stats count no choices (as SGLang's)
 
 
 def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:

@@ -160,12 +160,16 @@ def record_save(manager: ModelCudaGraphManager, wrappers: list[CUDAGraphWrapper]
 
 
 def write_vllm_archive(
-    root: Path, cfg: VllmConfig, flags: dict[str, Any], shared: dict[str, bytes] | None = None
+    root: Path,
+    cfg: VllmConfig,
+    flags: dict[str, Any],
+    shared: dict[str, bytes] | None = None,
+    notes: dict[str, Any] | None = None,
 ) -> None:
     """An archive whose world is what SAVE of `cfg` records on this host: collect_live with vLLM's facts
     as the worker passes them, over the fixture's world for what a CPU host cannot know (CUDA runtime, NCCL).
     The ranks' payload is the fixture's stand-in (tests/cpu/archive_fixtures.py); rank 0 saved on the fake
-    nvidia-smi's GPU 0."""
+    nvidia-smi's GPU 0; `notes`: every rank's engine notes, as SAVE stores them."""
     live = collect_live(
         device=0,
         engine=facts.engine_facts(),
@@ -178,5 +182,5 @@ def write_vllm_archive(
     with ArchiveWriter(root, saved) as writer:
         writer.add_shared(shared or {})  # what SAVE shares between ranks (the JIT caches)
         for rank in range(cfg.parallel_config.world_size):
-            write_rank(writer, rank)
+            write_rank(writer, rank, extra=None if notes is None else {"engine_notes": notes})
         writer.commit()

@@ -148,6 +148,7 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
         if spec.mode == "load" and not spec.expect_refusal:
             load = runs[spec.name]
             checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
+            checks += check_kernel_choices(load)
     checks += [
         check_refused(data)
         if data.spec.expect_refusal
@@ -450,6 +451,22 @@ def check_no_capture(load: RunData) -> Check:
         return Check(name, FAIL, "not measured: capture_calls is not an integer on every rank")
     per_rank = [calls[r] for r in sorted(calls)]
     return Check(name, PASS if not any(per_rank) else FAIL, f"capture calls per rank {per_rank}")
+
+
+def check_kernel_choices(load: RunData) -> list[Check]:
+    """LOAD launched SAVE's timed kernel configs and timed none itself (graphpersist.kernelchoice), as far as its
+    start went. Only for engines whose stats count the choices (vLLM); SGLang's recipes compile nothing with Inductor.
+    """
+    name = f"{load.spec.name} timed no kernel choice"
+    if not load.ran or _stats_problem(load) or not any("kernel_choices" in s for s in load.stats):
+        return []
+    counts = {s["rank"]: s.get("kernel_choices") for s in load.stats}
+    if not all(isinstance(c, dict) for c in counts.values()):
+        return [Check(name, FAIL, f"not measured: kernel_choices is not a count table on every rank: {counts}")]
+    timed = [int(counts[r].get("timed", 0)) for r in sorted(counts)]
+    pinned = [int(counts[r].get("pinned", 0)) for r in sorted(counts)]
+    detail = f"timed per rank {timed}, launched SAVE's choice per rank {pinned}"
+    return [Check(name, PASS if not any(timed) else FAIL, detail)]
 
 
 def check_no_jit(load: RunData) -> Check:

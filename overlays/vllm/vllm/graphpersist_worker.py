@@ -20,6 +20,9 @@ The archive also carries the host's JIT and compile caches (`vllm/graphpersist_c
 SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
 `jitcache`, inside init_device).
 
+Inductor's timed launch configs are made once (`graphpersist.kernelchoice`): SAVE records the winners in the rank's
+notes (and reuses the host's earlier ones), LOAD launches the archive's instead of timing again.
+
 SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the
 same archive); LOAD never profiles: it reuses that budget, checked against the GPU's free memory.
 """
@@ -41,12 +44,21 @@ from vllm import graphpersist_session as gps
 from vllm import graphpersist_startprofile as startprofile
 from vllm.v1.worker.gpu_worker import Worker
 
-from graphpersist import api, rankstats, region, switch
+from graphpersist import api, kernelchoice, rankstats, region, switch
 
 # Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
 # code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
 PROFILE_SPAN = 96 << 30
 WARMUP_SPAN = 48 << 30
+
+
+def _pin_kernel_choices(sess: gps.Session) -> None:
+    """Inductor's timed launch configs (graphpersist.kernelchoice): SAVE records them in the rank's notes, LOAD
+    launches the archive's."""
+    saved = sess.saved_notes.get(kernelchoice.NOTES_KEY) if sess.loading else None
+    sess.kernel_choices = kernelchoice.install(loading=sess.loading, saved=saved, log=lambda m: sess.log("%s", m))
+    if not sess.loading:
+        sess.notes[kernelchoice.NOTES_KEY] = sess.kernel_choices.used  # filled as kernels are timed
 
 
 def _release_cached() -> None:
@@ -83,6 +95,7 @@ class PersistWorker(Worker):
             facts.early_check(sess, self.vllm_config)
             caches.restore(sess)  # before anything compiles
             api.use_layout(sess.directory, rank=self.rank)
+        _pin_kernel_choices(sess)
         sess.log("%s, region %#x + %d GiB", resolved.describe(), info.base, info.size >> 30)
         super().init_device()
         facts.refuse_unsupported_runner(self)
