@@ -444,14 +444,11 @@ result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sample
 
 
 @pytest.mark.parametrize("mode", ["save", "load"])
-def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(
-    vllm: WarmPython, tmp_path: Path, mode: str
-) -> None:
+def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(vllm: WarmPython, mode: str) -> None:
     """SAVE's choices go into the rank's notes (the same table, filled as kernels are timed); LOAD's come from the
     notes early_check read; the stats the proof reads count them (graphpersist.kernelchoice)."""
     got = vllm.run(
         f"""
-os.environ["GRAPHPERSIST_KERNEL_CHOICES_DIR"] = {str(tmp_path)!r}
 from vllm import graphpersist_worker as worker
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 sess = open_session({mode!r})

@@ -1,51 +1,37 @@
-"""Inductor's timed kernel choices, made once: SAVE records which launch config each timed Triton kernel won,
-LOAD launches SAVE's winners without timing them again.
+"""Inductor's timed kernel choices, made the way every later start makes them: SAVE records each timed Triton
+kernel's launch config, LOAD launches SAVE's without timing.
 
 Why: Inductor (torch 2.11) compiles some reductions with one config and, where that config needs many registers,
-adds a copy with half the reduction block (`CachingAutotuner._dynamic_scale_rblock`), then times both at the
-kernel's first launch and keeps the faster. That choice is never written to Inductor's autotune cache (it only
-caches kernels compiled with several configs), so every process times again and near ties flip
-(pytorch/pytorch#189121). Two SAVEs of Qwen3-8B at TP=1 on one H200 (2026-12-01, recipes/vllm-qwen3-8b-tp1) captured
-different images of `triton_red_fused_fused_add_rms_norm_2` in 102 of 1938 graphs. The two configs reduce in a
-different order, so what a LOAD runs outside its graphs (a prefill above the largest capture size) could differ in
-the last bits from what SAVE's graphs compute, and two SAVEs could not be compared.
+adds a copy with half the reduction block (`CachingAutotuner._dynamic_scale_rblock`) and times both at the kernel's
+first launch. Only the process that compiles does that: the compiled artifact keeps the one config it was compiled
+with, and a process that loads it (every warm start, and every LOAD, whose archive carries the compile cache) times
+nothing and launches that config. Upstream keeps no record of the timed choice (its autotune cache only covers
+kernels compiled with several configs; pytorch/pytorch#189121), so a cold start may run the halved copy where every
+later start runs the original. Measured on one H200 (2026-12-01, recipes/vllm-qwen3-8b-tp1/kernel-choice-flip/):
+a cold SAVE and a warm SAVE captured different images of `triton_red_fused_fused_add_rms_norm_2` in 102 of 1938
+graphs; in the next cold SAVE, 24 kernels were timed and the warm SAVE and LOADs after it timed none. The two
+configs reduce in a different order, so the graphs of a cold SAVE could compute in other last bits than what the same
+host runs outside graphs (a prefill above the largest capture size) once its caches are warm.
 
-SAVE: a choice this host already made (a JSON file per kernel and candidate set in `store_dir()`, written once,
-never replaced) is taken as it is; otherwise the kernel is timed as upstream does and the winner published, unless
-another process (another rank) published first, whose winner is then taken. So every SAVE on a host, every rank,
-launches the same configs. Every choice the SAVE used is returned for the rank's notes in the archive.
-LOAD: only the archive's choices count; a kernel SAVE never timed, or whose candidate configs differ from SAVE's,
-is timed as upstream does and named in the log, and counted (`counts["timed"]`), since its launches may then differ
-from SAVE's outside the graphs. LOAD writes nothing.
+SAVE: a kernel upstream keeps no record for (one compiled config, the rest added by the scaling) launches its
+compiled config, as every later start will, without timing (`counts["compiled"]`); a kernel compiled with several
+configs is timed as upstream does (`counts["timed"]`), and upstream's autotune cache hands its winner to later
+starts. Every choice goes into the rank's notes in the archive.
+LOAD: only the archive's choices count (`counts["pinned"]`); a kernel SAVE never chose for, or whose candidate
+configs differ from SAVE's, is timed as upstream does, named in the log and counted (`counts["timed"]`).
 Off: nothing is installed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from graphpersist.errors import PersistError
 
 NOTES_KEY = "kernel_choices"  # where the choices go in the rank's engine notes
-STORE_ENV = "GRAPHPERSIST_KERNEL_CHOICES_DIR"
-
-
-def store_dir() -> Path:
-    """Where SAVE keeps the host's choices: $GRAPHPERSIST_KERNEL_CHOICES_DIR, else
-    <cache home>/graphpersist/kernel-choices."""
-    if value := os.environ.get(STORE_ENV):
-        return Path(value)
-    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(home) / "graphpersist" / "kernel-choices"
 
 
 def config_text(config: Any) -> str:
@@ -61,7 +47,6 @@ class Choices:
     loading: bool
     saved: Mapping[str, Any]
     log: Callable[[str], None]
-    store: Path | None
     used: dict[str, dict[str, Any]] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
 
@@ -86,7 +71,7 @@ class Choices:
             _keep(tuner, upstream, args, kwargs, str(saved["chosen"]))
             self.counts["pinned"] += 1
             return
-        why = ("SAVE never timed it" if saved is None
+        why = ("SAVE made no choice for it" if saved is None
                else f"its candidates differ: saved {_short(saved)}, live {candidates}")  # fmt: skip
         upstream(tuner, *args, **kwargs)
         self.counts["timed"] += 1
@@ -94,26 +79,19 @@ class Choices:
 
     def _save_choice(self, tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, key: str,
                      name: str, candidates: list[str]) -> None:  # fmt: skip
-        path = self.store / f"{key}-{_digest(candidates)}.json" if self.store else None
-        chosen = _read(path, candidates) if path else None
-        how = "host"
-        if chosen is None:  # time as upstream does, then keep whatever winner the host records first
-            timings = tuner.benchmark_all_configs(*args, **kwargs)
-            chosen = config_text(min(timings, key=timings.get).config)
+        if tuner.save_cache_hook is None:  # one compiled config, the rest scaled copies: launch what later starts do
+            _keep(tuner, upstream, args, kwargs, candidates[0])
+            how = "compiled"
+        else:
+            upstream(tuner, *args, **kwargs)
             how = "timed"
-            if path:
-                chosen = _publish(path, {"kernel": name, "candidates": candidates, "chosen": chosen}) or chosen
-        _keep(tuner, upstream, args, kwargs, chosen)
+        chosen = config_text(tuner.launchers[0].config)
         self.counts[how] += 1
         self.used[key] = {"kernel": name, "candidates": candidates, "chosen": chosen, "how": how}
 
 
 def _short(saved: Any) -> str:
     return str(saved.get("candidates") if isinstance(saved, Mapping) else saved)
-
-
-def _digest(candidates: list[str]) -> str:
-    return hashlib.sha256("\n".join(candidates).encode()).hexdigest()[:16]
 
 
 def _keep(tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, chosen: str) -> None:
@@ -130,36 +108,6 @@ def _keep(tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, 
             del tuner.benchmark_all_configs
         else:
             tuner.benchmark_all_configs = own
-
-
-def _read(path: Path, candidates: list[str]) -> str | None:
-    """The host's recorded winner for exactly these candidates, or None (absent, unreadable, or another set)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("candidates") != candidates or record.get("chosen") not in candidates:
-        return None
-    return str(record["chosen"])
-
-
-def _publish(path: Path, record: dict[str, Any]) -> str | None:
-    """Writes `record` unless the file exists (os.link fails then); returns the winner now on disk, None if the
-    store cannot be written (SAVE goes on with its own choice)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        temp.write_text(json.dumps(record, sort_keys=True))
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-    except OSError:
-        return None
-    return _read(path, record["candidates"])
 
 
 _active: Choices | None = None
@@ -188,7 +136,7 @@ def install(*, loading: bool, saved: Mapping[str, Any] | None, log: Callable[[st
             return _active.choose(self, _upstream, args, kwargs)
 
         CachingAutotuner.autotune_to_one_config = autotune_to_one_config
-    _active = Choices(loading, dict(saved or {}), log, None if loading else store_dir())
+    _active = Choices(loading, dict(saved or {}), log)
     return _active
 
 
