@@ -401,6 +401,7 @@ torch.cuda.synchronize = lambda: None
 class Runner:
     def __init__(self):
         self.vllm_config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(compilation_time=1.0))
+        self.max_num_reqs = 256
         self.calls = []
     def _dummy_run(self, num_tokens, skip_attn=False, is_profile=False):
         self.calls.append(["forward", num_tokens, skip_attn, is_profile])
@@ -423,6 +424,7 @@ runner = Runner()
     [
         ("full", [["forward", 16384, True, True], ["sampler", "sample_hidden"]]),
         ("small", [["forward", 1, True, True]]),
+        ("lean", [["forward", 256, True, True], ["sampler", "sample_hidden"]]),  # the sampler sees 256 rows, as in full
     ],
 )
 def test_loads_compile_forward_reports_its_parts(vllm: WarmPython, how: str, calls: list) -> None:
@@ -439,7 +441,7 @@ result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sample
     assert got["wrapper_left"] is False
     assert sorted(got["parts"]) == ["compile", "forward", "sampler"]
     assert 0.1 <= got["parts"]["compile"] < 1
-    assert (got["parts"]["sampler"] >= 0.05) is (how == "full")
+    assert (got["parts"]["sampler"] >= 0.05) is (how != "small")
     assert got["parts"]["forward"] >= 0
 
 
@@ -471,7 +473,7 @@ result = {{
 
 def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
     message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
-    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use full or small"
+    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use one of full, small, lean"
 
 
 def test_start_profile_writes_the_ranks_profile_only_when_asked(vllm: WarmPython, tmp_path: Path) -> None:

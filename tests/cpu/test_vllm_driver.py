@@ -39,7 +39,7 @@ def test_the_runner_state_dump_goes_into_the_runs_folder_too(tmp_path: Path) -> 
     assert exported(tmp_path, "--diag", "--diag-cprofile") == {"GP_DIAG_DUMP": folder, "GP_DIAG_CPROFILE": folder}
 
 
-@pytest.mark.parametrize("how", ["full", "small"])
+@pytest.mark.parametrize("how", ["full", "small", "lean"])
 def test_the_load_profile_variant_is_passed_as_given(tmp_path: Path, how: str) -> None:
     assert exported(tmp_path, "--diag-load-profile", how) == {"GP_DIAG_LOAD_PROFILE": how}
 

@@ -9,9 +9,9 @@ nothing and launches that config. Upstream keeps no record of the timed choice (
 kernels compiled with several configs; pytorch/pytorch#189121), so a cold start may run the halved copy where every
 later start runs the original. Measured on one H200 (2026-12-01, recipes/vllm-qwen3-8b-tp1/kernel-choice-flip/):
 a cold SAVE and a warm SAVE captured different images of `triton_red_fused_fused_add_rms_norm_2` in 102 of 1938
-graphs; in the next cold SAVE, 24 kernels were timed and the warm SAVE and LOADs after it timed none. The two
-configs reduce in a different order, so the graphs of a cold SAVE could compute in other last bits than what the same
-host runs outside graphs (a prefill above the largest capture size) once its caches are warm.
+graphs; in the next proof, the cold SAVE chose a config for 24 kernels, the warm SAVE and LOADs after it for
+none. The two configs reduce in a different order, so the graphs of a cold SAVE could compute in other last bits
+than what the same host runs outside graphs (a prefill above the largest capture size) once its caches are warm.
 
 SAVE: a kernel upstream keeps no record for (one compiled config, the rest added by the scaling) launches its
 compiled config, as every later start will, without timing (`counts["compiled"]`); a kernel compiled with several

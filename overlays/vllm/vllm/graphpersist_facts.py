@@ -185,7 +185,8 @@ def cpu_gather() -> ranks.Gather:
     return ranks.torch_gather(get_world_group().cpu_group)
 
 
-LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"  # diagnosis: "small" runs LOAD's compile forward at one token, no sampler
+LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"  # diagnosis: which forward LOAD's profile phase runs (compile_forward)
+LOAD_PROFILES = ("full", "small", "lean")
 
 
 def compile_forward(runner: Any, how: str = "full") -> dict[str, float]:
@@ -193,11 +194,13 @@ def compile_forward(runner: Any, how: str = "full") -> dict[str, float]:
     profile did, and its sampler run compiles the sampler kernels the first greedy request needs (without it,
     LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on the reference host).
 
-    `how="small"` (diagnosis, GP_DIAG_LOAD_PROFILE) runs a one-token forward instead, without the sampler: what
-    the full run costs beyond loading the compiled model. Returns the parts in seconds: `compile` (what vLLM's
-    torch.compile monitor counted: loading the compiled model), `sampler` and `forward` (the rest)."""
-    if how not in ("full", "small"):
-        raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use full or small")
+    Variants (diagnosis, GP_DIAG_LOAD_PROFILE): `small` runs a one-token forward without the sampler (what the full
+    run costs beyond loading the compiled model); `lean` a forward of one token per request of the largest batch
+    (max_num_seqs tokens instead of max_num_batched_tokens) and the sampler on its output, which has the shape the
+    full run gives the sampler. Returns the parts in seconds: `compile` (what vLLM's torch.compile monitor counted:
+    loading the compiled model, and the first forward through it), `sampler` and `forward` (the rest)."""
+    if how not in LOAD_PROFILES:
+        raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use one of {', '.join(LOAD_PROFILES)}")
     comp = runner.vllm_config.compilation_config
     compiled_before = float(comp.compilation_time)
     sampler_s = 0.0
@@ -217,6 +220,9 @@ def compile_forward(runner: Any, how: str = "full") -> dict[str, float]:
     try:
         if how == "small":
             runner._dummy_run(1, skip_attn=True, is_profile=True)
+        elif how == "lean":
+            _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
+            runner._dummy_sampler_run(sample)
         else:
             runner.profile_run()
         torch.cuda.synchronize()

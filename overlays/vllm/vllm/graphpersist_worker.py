@@ -20,8 +20,8 @@ The archive also carries the host's JIT and compile caches (`vllm/graphpersist_c
 SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
 `jitcache`, inside init_device).
 
-Inductor's timed launch configs are made once (`graphpersist.kernelchoice`): SAVE records the winners in the rank's
-notes (and reuses the host's earlier ones), LOAD launches the archive's instead of timing again.
+Inductor's timed launch configs (`graphpersist.kernelchoice`): SAVE launches what every later start launches and
+records each choice in the rank's notes; LOAD launches the archive's choices instead of timing again.
 
 SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the
 same archive); LOAD never profiles: it reuses that budget, checked against the GPU's free memory.
@@ -58,7 +58,7 @@ def _pin_kernel_choices(sess: gps.Session) -> None:
     saved = sess.saved_notes.get(kernelchoice.NOTES_KEY) if sess.loading else None
     sess.kernel_choices = kernelchoice.install(loading=sess.loading, saved=saved, log=lambda m: sess.log("%s", m))
     if not sess.loading:
-        sess.notes[kernelchoice.NOTES_KEY] = sess.kernel_choices.used  # filled as kernels are timed
+        sess.notes[kernelchoice.NOTES_KEY] = sess.kernel_choices.used  # filled as kernels first launch
 
 
 def _release_cached() -> None:
