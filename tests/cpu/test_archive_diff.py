@@ -38,9 +38,12 @@ def _graph(params: list[bytes], shape: dict | None = None) -> tuple[dict, bytes,
     return desc, bytes(blob), table
 
 
-def write(root: Path, graphs: dict[str, list[bytes]], shapes: dict[str, dict] | None = None) -> Path:
+def write(
+    root: Path, graphs: dict[str, list[bytes]], shapes: dict[str, dict] | None = None, notes: dict | None = None
+) -> Path:
     """An archive of one rank holding `graphs` (name -> kernel parameter bytes; `shapes`: name -> _graph's
-    `shape`), with the pointer inventory SAVE would record (every in-region parameter word)."""
+    `shape`), with the pointer inventory SAVE would record (every in-region parameter word); `notes`: the rank's
+    engine notes."""
     pack = graphpack.PackWriter()
     pointers: set[int] = set()
     for name, params in graphs.items():
@@ -61,6 +64,7 @@ def write(root: Path, graphs: dict[str, list[bytes]], shapes: dict[str, dict] | 
                          "count": len(inventory)},
             "graphs": [{"name": n, **record} for n in graphs],
             "images": [],
+            "extra": {"engine_notes": notes or {}},
         })  # fmt: skip
         return w.commit()
 
@@ -162,3 +166,25 @@ def test_words_that_differ_everywhere_are_listed_once_per_kernel_and_offset(tmp_
         "  'k0' bytes 8..15: in 3 graph(s), e.g. g/0: 0x5 vs 0x6",
         "  'k1' bytes 8..15: in 1 graph(s), e.g. g/0: 0x2 vs 0x3",
     ]
+
+
+def test_kernel_choices_that_differ_are_named_with_both_configs(tmp_path: Path) -> None:
+    """Two SAVEs that launched another config of one Inductor kernel (what made a kernel image differ at TP=1)."""
+    wide, half = "R0_BLOCK=4096,XBLOCK=1,num_warps=16,num_stages=1", "R0_BLOCK=2048,XBLOCK=1,num_warps=16,num_stages=1"
+
+    def choice(chosen: str, how: str) -> dict:
+        return {"kernel": "triton_red_fused_add_rms_norm_2", "candidates": [wide, half], "chosen": chosen, "how": how}
+
+    same = {"kernel": "triton_poi_fused_1", "candidates": ["a", "b"], "chosen": "a", "how": "timed"}
+    a = write(tmp_path / "a", SAME, notes={"kernel_choices": {"cabc": choice(half, "timed"), "cdef": same}})
+    b = write(tmp_path / "b", SAME, notes={"kernel_choices": {"cabc": choice(wide, "compiled"), "cdef": same}})
+    out = graphpersist("diff", str(a), str(b))
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines()[1:] == [
+        "rank 0: Inductor's kernel choices differ in 1 of 2 kernel(s):",
+        f"  triton_red_fused_add_rms_norm_2 (cabc): A {half} (timed), B {wide} (compiled)",
+    ]
+    c = write(tmp_path / "c", SAME)  # an archive without choices (an engine that records none)
+    assert graphpersist("diff", str(a), str(c)).stdout.splitlines()[2] == (
+        f"  triton_red_fused_add_rms_norm_2 (cabc): A {half} (timed), B no choice"
+    )

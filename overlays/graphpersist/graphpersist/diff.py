@@ -6,7 +6,8 @@ This compares, per rank, the pointer inventories (and where in the graphs each a
 used) and each graph of the same name: its kernel sequence, then what the topology fingerprint covers (node kinds,
 launch shapes, attributes, events, edges with their data), then each kernel node's parameter bytes, 8-byte word by
 word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
-lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one.
+lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one. Last, the
+Inductor launch configs each SAVE chose (graphpersist.kernelchoice, in the rank's notes) where they differ.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import graphformat, graphpack
+from graphpersist import graphformat, graphpack, kernelchoice
 from graphpersist.archive import Archive
 
 WORD = 8
@@ -207,10 +208,37 @@ def words_by_kernel(a: RankGraphs, b: RankGraphs) -> dict[tuple[str, int], tuple
     return dict(sorted(found.items(), key=lambda item: -item[1][0]))
 
 
+def _choices(archive: Archive, rank: int) -> dict[str, Any]:
+    notes = archive.rank_facts(rank).extra.get("engine_notes") or {}
+    choices = notes.get(kernelchoice.NOTES_KEY) if isinstance(notes, dict) else None
+    return choices if isinstance(choices, dict) else {}
+
+
+def choice_difference(rank: int, a: Archive, b: Archive, limit: int) -> list[str]:
+    """Inductor's launch configs the two SAVEs chose (graphpersist.kernelchoice, the rank's notes) where they differ:
+    why one kernel's image can differ between two SAVEs of the same configuration."""
+    ca, cb = _choices(a, rank), _choices(b, rank)
+
+    def shown(choice: Any) -> str:
+        return f"{choice.get('chosen')} ({choice.get('how')})" if isinstance(choice, dict) else "no choice"
+
+    differ = [k for k in sorted(set(ca) | set(cb)) if shown(ca.get(k)) != shown(cb.get(k))]
+    if not differ:
+        return []
+    lines = [f"rank {rank}: Inductor's kernel choices differ in {len(differ)} of {len(set(ca) | set(cb))} kernel(s):"]
+    for key in differ[:limit]:
+        name = (ca.get(key) or cb.get(key) or {}).get("kernel", "?")
+        lines.append(f"  {name} ({key}): A {shown(ca.get(key))}, B {shown(cb.get(key))}")
+    if len(differ) > limit:
+        lines.append(f"  ... {len(differ) - limit} more")
+    return lines
+
+
 def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[str]:
     lines = []
     for rank in ranks:
         lines += diff_rank(rank, read_rank(a, rank), read_rank(b, rank), limit)
+        lines += choice_difference(rank, a, b, limit)
     return lines
 
 
