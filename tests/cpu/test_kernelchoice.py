@@ -1,10 +1,10 @@
-"""Inductor's timed kernel choices, made once (graphpersist.kernelchoice), against torch's real CachingAutotuner.
+"""Inductor's timed kernel choices (graphpersist.kernelchoice), against torch's real CachingAutotuner.
 
 SAVE launches what every later start launches (a kernel's compiled config where upstream keeps no record of a timed
 choice; upstream's timing where its autotune cache keeps the winner); LOAD launches the archive's choice without
-timing. What a CPU host cannot run (the GPU timing) is stood
-in by given timings (tests/cpu/kernelchoice_prelude.py); recipes/vllm-qwen3-8b-tp1 proves it on the GPU host
-("archives a = b", "load timed no kernel choice").
+timing. What a CPU host cannot run (the GPU timing) is stood in by given timings (tests/cpu/kernelchoice_prelude.py);
+recipes/vllm-qwen3-8b-tp1 checks it on the GPU host ("archives a = b", "load timed no kernel choice"). CI's torch is
+a newer CPU build than the pinned 2.11; the wrapped method has the same name and signature in both.
 """
 
 from __future__ import annotations
