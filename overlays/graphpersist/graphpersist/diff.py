@@ -215,20 +215,28 @@ def _choices(archive: Archive, rank: int) -> dict[str, Any]:
 
 
 def choice_difference(rank: int, a: Archive, b: Archive, limit: int) -> list[str]:
-    """Inductor's launch configs the two SAVEs chose (graphpersist.kernelchoice, the rank's notes) where they differ:
-    why one kernel's image can differ between two SAVEs of the same configuration."""
+    """Inductor's launch configs the two SAVEs chose (graphpersist.kernelchoice, the rank's notes) where both chose
+    and chose differently: why one kernel's image can differ between two SAVEs of one configuration. A kernel only
+    one SAVE chose for is no difference: a start that loads the compiled artifact chooses nothing and launches what
+    the compiling one recorded."""
     ca, cb = _choices(a, rank), _choices(b, rank)
+    both = sorted(set(ca) & set(cb))
 
     def shown(choice: Any) -> str:
-        return f"{choice.get('chosen')} ({choice.get('how')})" if isinstance(choice, dict) else "no choice"
+        return f"{choice.get('chosen')} ({choice.get('how')})" if isinstance(choice, dict) else repr(choice)
 
-    differ = [k for k in sorted(set(ca) | set(cb)) if shown(ca.get(k)) != shown(cb.get(k))]
+    def chosen(choice: Any) -> Any:
+        return choice.get("chosen") if isinstance(choice, dict) else choice
+
+    differ = [k for k in both if chosen(ca[k]) != chosen(cb[k])]
     if not differ:
         return []
-    lines = [f"rank {rank}: Inductor's kernel choices differ in {len(differ)} of {len(set(ca) | set(cb))} kernel(s):"]
+    lines = [
+        f"rank {rank}: Inductor's kernel choices differ in {len(differ)} of the {len(both)} kernel(s) both chose for:"
+    ]
     for key in differ[:limit]:
-        name = (ca.get(key) or cb.get(key) or {}).get("kernel", "?")
-        lines.append(f"  {name} ({key}): A {shown(ca.get(key))}, B {shown(cb.get(key))}")
+        name = ca[key].get("kernel", "?") if isinstance(ca[key], dict) else "?"
+        lines.append(f"  {name} ({key}): A {shown(ca[key])}, B {shown(cb[key])}")
     if len(differ) > limit:
         lines.append(f"  ... {len(differ) - limit} more")
     return lines
