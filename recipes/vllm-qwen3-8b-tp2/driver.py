@@ -341,10 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--diag-launch-blocking", action="store_true", help="diagnosis: CUDA_LAUNCH_BLOCKING=1")
     ap.add_argument("--diag-cprofile", action="store_true",
                     help="diagnosis: cProfile each worker's start into the run folder (GP_DIAG_CPROFILE)")  # fmt: skip
-    ap.add_argument("--diag-load-profile", choices=["full", "small", "lean"],
-                    help="diagnosis, LOAD: the compile forward at max tokens with the sampler (full, the default), "
-                    "at one token without it (small), or at one token per request of the largest batch with the "
-                    "sampler (lean)")  # fmt: skip
+    ap.add_argument("--diag-load-profile", choices=["lean", "full", "small"],
+                    help="diagnosis, LOAD: the compile forward at one token per request of the largest batch with the "
+                    "sampler (lean, the default), at max tokens with the sampler (full: upstream's profile run), or "
+                    "at one token without it (small)")  # fmt: skip
     ap.add_argument(
         "--diag-bisect",
         metavar="PREFIX",

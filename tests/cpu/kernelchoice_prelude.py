@@ -29,8 +29,8 @@ class Launcher:
 
 def tuner(timings: dict[int, float], kernel_hash: str = "cabc123", name: str = "triton_red_fused_add_rms_norm_2",
           blocks: tuple[int, ...] = (2048, 1024)) -> Any:  # fmt: skip
-    """A real CachingAutotuner holding one launcher per R0_BLOCK (what _dynamic_scale_rblock leaves: the config
-    and its halved copy), that "times" them as `timings` says and counts how often it was timed."""
+    """A real CachingAutotuner holding one launcher per R0_BLOCK (a kernel compiled with several configs, as the
+    final norm's rms_norm kernel is), that "times" them as `timings` says and counts how often it was timed."""
     t = CachingAutotuner.__new__(CachingAutotuner)
     t.fn = types.SimpleNamespace(__name__=name)
     t.kernel_hash = kernel_hash

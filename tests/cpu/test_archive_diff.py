@@ -177,18 +177,18 @@ def test_kernel_choices_that_differ_are_named_with_both_configs(tmp_path: Path) 
 
     same = {"kernel": "triton_poi_fused_1", "candidates": ["a", "b"], "chosen": "a", "how": "timed"}
     a = write(tmp_path / "a", SAME, notes={"kernel_choices": {"cabc": choice(half, "timed"), "cdef": same}})
-    b = write(tmp_path / "b", SAME, notes={"kernel_choices": {"cabc": choice(wide, "compiled"), "cdef": same}})
+    b = write(tmp_path / "b", SAME, notes={"kernel_choices": {"cabc": choice(wide, "timed"), "cdef": same}})
     out = graphpersist("diff", str(a), str(b))
     assert out.returncode == 1, out.stderr
     assert out.stdout.splitlines()[1:] == [
         "rank 0: Inductor's kernel choices differ in 1 of the 2 kernel(s) both chose for:",
-        f"  triton_red_fused_add_rms_norm_2 (cabc): A {half} (timed), B {wide} (compiled)",
+        f"  triton_red_fused_add_rms_norm_2 (cabc): A {half} (timed), B {wide} (timed)",
     ]
 
 
 def test_a_save_that_chose_nothing_does_not_differ_in_its_choices(tmp_path: Path) -> None:
     """A warm SAVE loads the compiled artifact and chooses nothing: the same kernels run as in the cold SAVE."""
-    notes = {"kernel_choices": {"cabc": {"kernel": "k", "candidates": ["a", "b"], "chosen": "a", "how": "compiled"}}}
+    notes = {"kernel_choices": {"cabc": {"kernel": "k", "candidates": ["a", "b"], "chosen": "a", "how": "timed"}}}
     cold, warm = write(tmp_path / "cold", SAME, notes=notes), write(tmp_path / "warm", SAME)
     out = graphpersist("diff", str(cold), str(warm))
     assert out.returncode == 0, out.stdout

@@ -425,6 +425,7 @@ runner = Runner()
         ("full", [["forward", 16384, True, True], ["sampler", "sample_hidden"]]),
         ("small", [["forward", 1, True, True]]),
         ("lean", [["forward", 256, True, True], ["sampler", "sample_hidden"]]),  # the sampler sees 256 rows, as in full
+        ("default", [["forward", 256, True, True], ["sampler", "sample_hidden"]]),  # LOAD's is lean
     ],
 )
 def test_loads_compile_forward_reports_its_parts(vllm: WarmPython, how: str, calls: list) -> None:
@@ -433,7 +434,7 @@ def test_loads_compile_forward_reports_its_parts(vllm: WarmPython, how: str, cal
     got = vllm.run(
         STAND_IN_RUNNER
         + f"""
-parts = facts.compile_forward(runner, {how!r})
+parts = facts.compile_forward(runner, *([{how!r}] if {how!r} != "default" else []))
 result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sampler_run" in vars(runner)}}
 """
     ).ok()
@@ -473,7 +474,7 @@ result = {{
 
 def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
     message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
-    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use one of full, small, lean"
+    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use one of lean, full, small"
 
 
 def test_start_profile_writes_the_ranks_profile_only_when_asked(vllm: WarmPython, tmp_path: Path) -> None:

@@ -1,22 +1,21 @@
-"""Inductor's timed kernel choices, made the way every later start makes them: SAVE records each timed Triton
-kernel's launch config, LOAD launches SAVE's without timing.
+"""Inductor's timed kernel choices, one per kernel source: SAVE records each timed Triton kernel's launch config,
+LOAD launches SAVE's without timing.
 
-Why: Inductor (torch 2.11) compiles some reductions with one config and, where that config needs many registers,
-adds a copy with half the reduction block (`CachingAutotuner._dynamic_scale_rblock`) and times both at the kernel's
-first launch. Only the process that compiles does that: the compiled artifact keeps the one config it was compiled
-with, and a process that loads it (every warm start, and every LOAD, whose archive carries the compile cache) times
-nothing and launches that config. Upstream keeps no record of the timed choice (its autotune cache only covers
-kernels compiled with several configs; pytorch/pytorch#189121), so a cold start may run the halved copy where every
-later start runs the original. Measured on one H200 (2026-12-01, recipes/vllm-qwen3-8b-tp1/kernel-choice-flip/):
-a cold SAVE and a warm SAVE captured different images of `triton_red_fused_fused_add_rms_norm_2` in 102 of 1938
-graphs; in the next proof, the cold SAVE chose a config for 24 kernels, the warm SAVE and LOADs after it for
-none. The two configs reduce in a different order, so the graphs of a cold SAVE could compute in other last bits
-than what the same host runs outside graphs (a prefill above the largest capture size) once its caches are warm.
+Why: Inductor (torch 2.11) compiles some kernels with several launch configs and times them at the first launch
+(`CachingAutotuner.autotune_to_one_config`); the winner decides the kernel a graph captures. vLLM compiles every
+piece of the model before the first forward, so one kernel source can be held by several autotuner objects (one per
+compiled piece that contains it), and in a cold process each of them is timed on its own at its first launch:
+measured on one H200 (2026-12-02), a cold SAVE timed 24 times for 14 kernel sources. Each timing can pick another
+config, and upstream's autotune cache (the `.best_config` file next to the kernel's source, which later starts read)
+keeps whichever winner was written last. So a cold start may capture, in one piece, another config than the one every
+later start loads: the tenth session's flip (`recipes/vllm-qwen3-8b-tp1/kernel-choice-flip/`, the final norm's
+`triton_red_fused_fused_add_rms_norm_2`, compiled with R0_BLOCK 4096 and 2048, differing in piece 036 only).
 
-SAVE: a kernel upstream keeps no record for (one compiled config, the rest added by the scaling) launches its
-compiled config, as every later start will, without timing (`counts["compiled"]`); a kernel compiled with several
-configs is timed as upstream does (`counts["timed"]`), and upstream's autotune cache hands its winner to later
-starts. Every choice goes into the rank's notes in the archive.
+SAVE: the first object of a kernel source is timed as upstream does (`counts["timed"]`); every later object of that
+source launches the same winner (`counts["reused"]`), so the graphs of one SAVE hold one config per kernel and
+upstream's cache file gets that config too. The later object is still timed (as upstream would) only to measure: where
+its own timing preferred another config, that is logged and counted (`counts["overruled"]`). Every choice goes into
+the rank's notes in the archive.
 LOAD: only the archive's choices count (`counts["pinned"]`); a kernel SAVE never chose for, or whose candidate
 configs differ from SAVE's, is timed as upstream does, named in the log and counted (`counts["timed"]`).
 Off: nothing is installed.
@@ -79,15 +78,28 @@ class Choices:
 
     def _save_choice(self, tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, key: str,
                      name: str, candidates: list[str]) -> None:  # fmt: skip
-        if tuner.save_cache_hook is None:  # one compiled config, the rest scaled copies: launch what later starts do
-            _keep(tuner, upstream, args, kwargs, candidates[0])
-            how = "compiled"
-        else:
+        first = self.used.get(key)
+        if first is None:
             upstream(tuner, *args, **kwargs)
-            how = "timed"
-        chosen = config_text(tuner.launchers[0].config)
-        self.counts[how] += 1
-        self.used[key] = {"kernel": name, "candidates": candidates, "chosen": chosen, "how": how}
+            chosen = config_text(tuner.launchers[0].config)
+            self.counts["timed"] += 1
+            self.used[key] = {"kernel": name, "candidates": candidates, "chosen": chosen, "how": "timed", "objects": 1}
+            return
+        if first["candidates"] != candidates:  # same source, other configs: not seen; LOAD will time one of them
+            upstream(tuner, *args, **kwargs)
+            self.counts["timed"] += 1
+            self.log(f"kernel {name} ({key}) timed again at SAVE with other candidates: first {first['candidates']}, "
+                     f"now {candidates}; chose {config_text(tuner.launchers[0].config)}; a LOAD will time it")  # fmt: skip
+            return
+        timings = tuner.benchmark_all_configs(*args, **kwargs)  # measured only: the choice is the first object's
+        own = config_text(min(timings, key=timings.get).config)
+        _keep(tuner, upstream, args, kwargs, first["chosen"])
+        first["objects"] += 1
+        self.counts["reused"] += 1
+        if own != first["chosen"]:
+            self.counts["overruled"] += 1
+            self.log(f"kernel {name} ({key}): this object's timing preferred {own}; it launches {first['chosen']}, "
+                     "the choice of the first object of its source")  # fmt: skip
 
 
 def _short(saved: Any) -> str:

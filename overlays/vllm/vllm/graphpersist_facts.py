@@ -186,18 +186,19 @@ def cpu_gather() -> ranks.Gather:
 
 
 LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"  # diagnosis: which forward LOAD's profile phase runs (compile_forward)
-LOAD_PROFILES = ("full", "small", "lean")
+LOAD_PROFILES = ("lean", "full", "small")  # the first is LOAD's
 
 
-def compile_forward(runner: Any, how: str = "full") -> dict[str, float]:
-    """LOAD: the profile run without the memory profiling around it. It compiles (or loads) the model as SAVE's
-    profile did, and its sampler run compiles the sampler kernels the first greedy request needs (without it,
-    LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on the reference host).
+def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float]:
+    """LOAD: a forward through the compiled model without the memory profiling around it, which loads the compiled
+    model as SAVE's profile run compiled it, and the sampler on its output, which compiles the sampler kernels the
+    first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
+    the reference host). `lean` (LOAD's): one token per request of the largest batch (max_num_seqs tokens), the
+    sampler's shape in the profile run; measured at TP=1 (recipes/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the
+    profile run's max_num_batched_tokens forward, first request as fast.
 
-    Variants (diagnosis, GP_DIAG_LOAD_PROFILE): `small` runs a one-token forward without the sampler (what the full
-    run costs beyond loading the compiled model); `lean` a forward of one token per request of the largest batch
-    (max_num_seqs tokens instead of max_num_batched_tokens) and the sampler on its output, which has the shape the
-    full run gives the sampler. Returns the parts in seconds: `compile` (what vLLM's torch.compile monitor counted:
+    Variants (diagnosis, GP_DIAG_LOAD_PROFILE): `full` runs upstream's profile run (max_num_batched_tokens and the
+    sampler), `small` a one-token forward without the sampler (loading the compiled model alone). Returns the parts in seconds: `compile` (what vLLM's torch.compile monitor counted:
     loading the compiled model, and the first forward through it), `sampler` and `forward` (the rest)."""
     if how not in LOAD_PROFILES:
         raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use one of {', '.join(LOAD_PROFILES)}")
