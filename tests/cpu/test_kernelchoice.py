@@ -1,9 +1,10 @@
 """Inductor's timed kernel choices (graphpersist.kernelchoice), against torch's real CachingAutotuner.
 
 SAVE times the first autotuner object of each kernel source as upstream does and has every later object of that
-source launch the same winner; LOAD launches the archive's choice without timing. What a CPU host cannot run (the GPU timing) is stood in by given timings (tests/cpu/kernelchoice_prelude.py);
-recipes/vllm-qwen3-8b-tp1 checks it on the GPU host ("archives a = b", "load timed no kernel choice"). CI's torch is
-a newer CPU build than the pinned 2.11; the wrapped method has the same name and signature in both.
+source launch the same winner; LOAD launches the archive's choice without timing. What a CPU host cannot run (the
+GPU timing) is stood in by given timings (tests/cpu/kernelchoice_prelude.py); recipes/vllm-qwen3-8b-tp1 checks it on
+the GPU host ("archives a = b", "load timed no kernel choice"). CI's torch is a newer CPU build than the pinned 2.11;
+the wrapped method has the same name and signature in both.
 """
 
 from __future__ import annotations

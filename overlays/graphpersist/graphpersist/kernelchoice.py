@@ -88,8 +88,9 @@ class Choices:
         if first["candidates"] != candidates:  # same source, other configs: not seen; LOAD will time one of them
             upstream(tuner, *args, **kwargs)
             self.counts["timed"] += 1
-            self.log(f"kernel {name} ({key}) timed again at SAVE with other candidates: first {first['candidates']}, "
-                     f"now {candidates}; chose {config_text(tuner.launchers[0].config)}; a LOAD will time it")  # fmt: skip
+            chosen = config_text(tuner.launchers[0].config)
+            self.log(f"kernel {name} ({key}) timed again at SAVE with other candidates: first "
+                     f"{first['candidates']}, now {candidates}; chose {chosen}; a LOAD will time it")  # fmt: skip
             return
         timings = tuner.benchmark_all_configs(*args, **kwargs)  # measured only: the choice is the first object's
         own = config_text(min(timings, key=timings.get).config)

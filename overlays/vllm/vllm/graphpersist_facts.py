@@ -198,8 +198,9 @@ def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float
     profile run's max_num_batched_tokens forward, first request as fast.
 
     Variants (diagnosis, GP_DIAG_LOAD_PROFILE): `full` runs upstream's profile run (max_num_batched_tokens and the
-    sampler), `small` a one-token forward without the sampler (loading the compiled model alone). Returns the parts in seconds: `compile` (what vLLM's torch.compile monitor counted:
-    loading the compiled model, and the first forward through it), `sampler` and `forward` (the rest)."""
+    sampler), `small` a one-token forward without the sampler (loading the compiled model alone). Returns the parts
+    in seconds: `compile` (what vLLM's torch.compile monitor counted: loading the compiled model, and the first forward
+    through it), `sampler` and `forward` (the rest)."""
     if how not in LOAD_PROFILES:
         raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use one of {', '.join(LOAD_PROFILES)}")
     comp = runner.vllm_config.compilation_config

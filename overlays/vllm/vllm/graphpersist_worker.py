@@ -109,7 +109,8 @@ class PersistWorker(Worker):
                 assert sess.kv_bytes is not None  # early_check read it
                 available = sess.kv_bytes
                 facts.check_free_memory(available)
-                parts = facts.compile_forward(self.model_runner, os.environ.get(facts.LOAD_PROFILE_ENV, facts.LOAD_PROFILES[0]))
+                how = os.environ.get(facts.LOAD_PROFILE_ENV, facts.LOAD_PROFILES[0])
+                parts = facts.compile_forward(self.model_runner, how)
                 sess.timings.update({f"profile_{name}": seconds for name, seconds in parts.items()})
             else:
                 available = super().determine_available_memory()
