@@ -373,6 +373,31 @@ def test_a_load_that_launched_saves_kernel_choices_passes_and_an_engine_without_
     assert "load_fresh timed no kernel choice" not in checks  # its stats count no choices (as SGLang's)
 
 
+def test_the_report_tables_the_kernel_choices_of_the_runs_that_count_them(tmp_path: Path) -> None:
+    behaviour = {"save": {"kernel_choices": {"timed": 14, "reused": 10, "overruled": 1}},
+                 "load": {"kernel_choices": {"pinned": 5}}}  # fmt: skip
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    lines = report(out)[0].splitlines()
+    at = lines.index("## Inductor kernel choices (graphpersist.kernelchoice, per rank)")
+    assert lines[at + 2 : at + 8] == [
+        "| run | rank | timed | reused | overruled | pinned |",
+        "|---|---|---|---|---|---|",
+        "| save | 0 | 14 | 10 | 1 | 0 |",
+        "| save | 1 | 14 | 10 | 1 | 0 |",
+        "| load | 0 | 0 | 0 | 0 | 5 |",
+        "| load | 1 | 0 | 0 | 0 | 5 |",
+    ]
+
+
+def test_a_report_without_kernel_choices_has_no_such_table(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {}, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    assert "Inductor kernel choices" not in report(out)[0]
+
+
 def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:
     extra = 'error_patterns = ["CUDA error"]\nignore_patterns = ["harmless"]'
     behaviour = {"baseline": {"log": "CUDA error: harmless, printed by a probe\nCUDA error: out of memory"}}

@@ -114,6 +114,21 @@ def timing_rows(runs: dict[str, RunData], phases: list[str]) -> list[list[Any]]:
     return rows
 
 
+CHOICE_COUNTS = ("timed", "reused", "overruled", "pinned")  # graphpersist.kernelchoice's counts, in the report's order
+
+
+def kernel_choice_rows(runs: dict[str, RunData]) -> list[list[Any]]:
+    """Per run and rank, what Inductor's kernel choices were (graphpersist.kernelchoice): SAVE's timed / reused /
+    overruled, LOAD's pinned and timed. Runs whose stats count no choices (SGLang, mode off) have no row."""
+    rows = []
+    for name, d in runs.items():
+        for stat in d.stats if d.ran else []:
+            counts = stat.get("kernel_choices")
+            if isinstance(counts, dict):
+                rows.append([name, stat.get("rank"), *(counts.get(k, 0) for k in CHOICE_COUNTS)])
+    return rows
+
+
 def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]]:
     """Per archive: bytes under each rank_<r>/ folder and in the shared files outside them."""
     per_archive = {}
@@ -211,6 +226,10 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     lines += ["", "## Targets (stated, not checks)", ""]
     targets = [[t["name"], t["value"], t["bound"], t["status"], t["detail"]] for t in data["targets"]]
     lines += _table(["target", "value", "bound", "result", "from"], targets) if targets else ["none in proof.toml"]
+    choices = kernel_choice_rows(runs)
+    if choices:
+        lines += ["", "## Inductor kernel choices (graphpersist.kernelchoice, per rank)", ""]
+        lines += _table(["run", "rank", *CHOICE_COUNTS], choices)
     if data["informational"]:
         lines += ["", "## Outputs of runs not compared (compare_outputs = false)", ""]
         lines += [f"- {n['run']} vs {n['reference']}: {n['comparison']}" for n in data["informational"]]
