@@ -209,8 +209,7 @@ def words_by_kernel(a: RankGraphs, b: RankGraphs) -> dict[tuple[str, int], tuple
 
 
 def _choices(archive: Archive, rank: int) -> dict[str, Any]:
-    notes = archive.rank_facts(rank).extra.get("engine_notes") or {}
-    choices = notes.get(kernelchoice.NOTES_KEY) if isinstance(notes, dict) else None
+    choices = archive.rank_facts(rank).engine_notes().get(kernelchoice.NOTES_KEY)
     return choices if isinstance(choices, dict) else {}
 
 

@@ -358,5 +358,5 @@ def _load_rank(
         },
         skipped,
         [p.name for p in pending.saved if p.post_capture] if pending else [],
-        dict(rec.extra.get("engine_notes") or {}),
+        rec.engine_notes(),
     )

@@ -261,6 +261,10 @@ class RankRecord:
     images: tuple[ImageRecord, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def engine_notes(self) -> dict[str, Any]:
+        """A copy of the notes the engine's glue had SAVE keep for this rank (save(notes=...)); empty if none."""
+        return dict(self.extra.get("engine_notes") or {})
+
     def to_dict(self) -> dict[str, Any]:
         return _to_json(self)
 

@@ -138,7 +138,7 @@ def early_check(sess: Any, cfg: Any) -> None:
         raise api.PersistError(f"graphpersist: {sess.directory} records no KV-cache size (flags.kv_available_bytes "
                                f"= {saved!r}). Re-run with mode=save.")  # fmt: skip
     sess.kv_bytes = saved
-    sess.saved_notes = dict(archive.rank_facts(sess.rank).extra.get("engine_notes") or {})
+    sess.saved_notes = archive.rank_facts(sess.rank).engine_notes()
 
 
 def check_free_memory(kv_bytes: int) -> None:
