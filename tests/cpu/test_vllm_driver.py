@@ -58,3 +58,11 @@ def test_switches_export_one_and_values_themselves(tmp_path: Path) -> None:
         "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # replay timing sends a function to the worker
     }
+
+
+def test_time_to_first_token_is_timed_on_prompts_the_prefix_cache_has_not_seen() -> None:
+    """vLLM caches KV by 16-token block: prompts that share a first block would be timed as a cached prefill."""
+    warm, timed = driver.ttft_prompts()
+    prompts = [warm, *timed]
+    assert len(timed) == 3 and all(len(p) == driver.TTFT_TOKENS for p in prompts)
+    assert len({tuple(p[:16]) for p in prompts}) == len(prompts)
