@@ -36,6 +36,7 @@ if [[ ! -d $SITE/graphpersist || ! -d $SITE/$ENGINE ]]; then
     echo "engine-proof: compileall could not compile some files (they compile at import, as without it)"
   echo "engine-proof: bytecode of $SITE written in $((SECONDS - t)) s"
 fi
+bash "$(dirname "$0")/host-bytecode.sh"
 if [[ ${REFRESH:-0} == 1 ]]; then
   echo "engine-proof: REFRESH=1: overlays copied over the installed ones (not for committed reports)"
   cp -r "overlays/$ENGINE/$ENGINE/." "$SITE/$ENGINE/"   # overlays are whole modules: a tree copied onto the package

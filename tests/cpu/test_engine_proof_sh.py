@@ -25,6 +25,7 @@ echo "install.sh: installed $BUNDLE_ENGINE into $target"
 """
 FAKE_PYTHON = """#!/usr/bin/env bash
 printf '%s\\n' "$*" >> "$PROVE_RECORD.calls"
+[[ $1 == -c ]] && { echo "$FAKE_PURELIB"; exit 0; }  # host-bytecode.sh asks for the interpreter's purelib
 [[ $1 == -m && $2 == compileall ]] && exit 0
 printf '%s\\n' "$*" > "$PROVE_RECORD"
 printf '%s\\n' "$PYTHONPATH" >> "$PROVE_RECORD"
@@ -42,6 +43,8 @@ def run_script(tmp_path: Path, recipe: str, bundle_engine: str = "sglang", **env
         "PROOF_OUT": str(tmp_path / "proof"),
         "BUNDLE_ENGINE": bundle_engine,
         "PROVE_RECORD": str(tmp_path / "rec"),
+        "FAKE_PURELIB": str(tmp_path / "purelib"),
+        "HOST_BYTECODE_MARK": str(tmp_path / "host-bytecode-done"),
     }
     full["PATH"] = f"{bin_dir}{os.pathsep}{full['PATH']}"
     full.update(env)
@@ -74,7 +77,9 @@ def test_a_new_install_gets_its_bytecode_written_once(tmp_path: Path) -> None:
     assert f"engine-proof: bytecode of {tmp_path / 'site'} written in" in first.stdout
     assert run_script(tmp_path, "sglang-qwen3-8b-tp2-symm").returncode == 0
     calls = (tmp_path / "rec.calls").read_text().splitlines()
-    assert [c for c in calls if "compileall" in c] == [f"-m compileall -q -j 0 {tmp_path / 'site'}"]
+    assert [c for c in calls if "compileall" in c and "purelib" not in c] == [
+        f"-m compileall -q -j 0 {tmp_path / 'site'}"
+    ]
     assert len([c for c in calls if "gptools.prove" in c]) == 2
 
 
@@ -109,3 +114,23 @@ def test_refresh_copies_the_engines_overlay_tree_and_the_runtime(tmp_path: Path)
         copied = tmp_path / "site" / "sglang" / overlay.relative_to(REPO / "overlays" / "sglang" / "sglang")
         assert copied.read_bytes() == overlay.read_bytes()
     assert (tmp_path / "site" / "graphpersist" / "region.py").is_file()
+
+
+def test_the_hosts_missing_bytecode_is_written_once_per_host(tmp_path: Path) -> None:
+    """The host's torch has no .pyc and PYTHONDONTWRITEBYTECODE=1: every engine process compiled it at import."""
+    first = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"host-bytecode: missing bytecode of {tmp_path / 'purelib'} written in" in first.stdout
+    second = run_script(tmp_path, "vllm-qwen3-8b-tp1-serve", bundle_engine="vllm")
+    assert second.returncode == 0 and "host-bytecode" not in second.stdout
+    calls = (tmp_path / "rec.calls").read_text().splitlines()
+    assert [c for c in calls if "compileall" in c and "purelib" in c] == [
+        f"-m compileall -q -j 0 {tmp_path / 'purelib'}"
+    ]
+
+
+def test_host_bytecode_0_leaves_the_host_as_it_is(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", HOST_BYTECODE="0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HOST_BYTECODE=0: the host's packages are left without their missing bytecode" in proc.stdout
+    assert "purelib" not in (tmp_path / "rec.calls").read_text() and not (tmp_path / "host-bytecode-done").exists()
