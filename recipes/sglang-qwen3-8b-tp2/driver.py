@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def main() -> int:
+def main() -> NoReturn:
     a = parse_args()
     if a.symm_mem_no_multicast:  # before anything starts: SGLang's schedulers inherit the environment
         os.environ[SYMM_MEM_NO_MULTICAST_ENV] = "1"
@@ -329,18 +329,8 @@ def main() -> int:
         region.reexec_with_interposer()
     flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast") if getattr(a, f)) or "-"
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} flags={flags}", flush=True)
-    try:
-        result = run(a)
-    except Exception as exc:  # the runner reports it; the log has the traceback
-        import traceback
-
-        traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    proofkit.write_result(Path(a.result), result)
-    print(f"driver: wrote {a.result}", flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # SGLang's and NCCL's teardown can hang after the results are written; the runner ends the group
+    proofkit.run_and_exit(lambda: run(a), a.result)
 
 
 if __name__ == "__main__":  # SGLang starts its schedulers with spawn: they import this file again
-    sys.exit(main())
+    main()

@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
@@ -378,7 +378,7 @@ def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
         environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
 
-def main() -> int:
+def main() -> NoReturn:
     a = build_parser().parse_args()
     export_options(a)
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
@@ -386,18 +386,8 @@ def main() -> int:
 
         region.reexec_with_interposer()
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}", flush=True)
-    try:
-        result = run(a)
-    except Exception as exc:  # the runner reports it; the log has the traceback
-        import traceback
-
-        traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    proofkit.write_result(Path(a.result), result)
-    print(f"driver: wrote {a.result}", flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # vLLM's and NCCL's teardown can hang after the results are written (REFERENCE-GPU.md)
+    proofkit.run_and_exit(lambda: run(a), a.result)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

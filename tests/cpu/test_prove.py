@@ -645,6 +645,37 @@ def test_proofkit_snapshots_results_and_stats(tmp_path: Path, monkeypatch: pytes
     assert (args.run, args.mode, args.archive, extra) == ("load", "load", None, ["--tp", "2"])
 
 
+@pytest.mark.parametrize(
+    ("work", "result"),
+    [
+        ("return {'ok': True, 'n': 1}", {"ok": True, "n": 1}),
+        ("raise RuntimeError('engine did not start')", {"ok": False, "error": "RuntimeError: engine did not start"}),
+    ],
+)
+def test_a_drivers_workload_always_leaves_its_result_and_the_process_ends_at_once(
+    tmp_path: Path, work: str, result: dict[str, Any]
+) -> None:
+    """run_and_exit: result.json whatever the workload raised, exit 0 without teardown (no atexit handler runs)."""
+    import subprocess
+
+    script = textwrap.dedent(f"""\
+        import atexit, sys
+        from gptools import proofkit
+        atexit.register(lambda: print("teardown ran"))
+        def work():
+            {work}
+        proofkit.run_and_exit(work, sys.argv[1])
+        print("not reached")
+        """)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tools"))
+    target = tmp_path / "run" / "result.json"
+    proc = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(target.read_text()) == result
+    assert proc.stdout.splitlines() == [f"driver: wrote {target}"]
+    assert ("Traceback" in proc.stderr) == (not result["ok"])
+
+
 @pytest.mark.parametrize("command", [["gptools", "prove"], ["gptools.prove"]])
 def test_the_command_has_help_both_ways(command: list[str]) -> None:
     import subprocess

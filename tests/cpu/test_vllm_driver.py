@@ -7,6 +7,7 @@ LLM() starts anything. Tested without vLLM: the driver imports it only once a ru
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,22 @@ def test_time_to_first_token_is_timed_on_prompts_the_prefix_cache_has_not_seen()
     prompts = [warm, *timed]
     assert len(timed) == 3 and all(len(p) == driver.TTFT_TOKENS for p in prompts)
     assert len({tuple(p[:16]) for p in prompts}) == len(prompts)
+
+
+def test_a_run_whose_engine_fails_still_writes_its_result_and_exits_0(tmp_path: Path) -> None:
+    """The whole driver (`main`): a vLLM that cannot be imported becomes a failed result.json, not a crash."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("raise RuntimeError('no engine on this machine')\n")
+    result = tmp_path / "baseline" / "result.json"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER_PATH), "--run", "baseline", "--mode", "off", "--result", str(result)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(result.read_text()) == {"ok": False, "error": "RuntimeError: no engine on this machine"}
+    assert f"driver: wrote {result}" in proc.stdout

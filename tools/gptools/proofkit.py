@@ -25,12 +25,14 @@ import argparse
 import json
 import os
 import re
+import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # Environment the runner sets for each run.
 STATS_DIR_ENV = "GRAPHPERSIST_STATS_DIR"  # engines write <dir>/rank_<r>.json there
@@ -128,6 +130,25 @@ def write_result(path: str | os.PathLike[str], result: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def run_and_exit(work: Callable[[], dict[str, Any]], result_path: str | os.PathLike[str]) -> NoReturn:
+    """Runs a driver's workload, writes its result.json whatever it raised, and ends the process at once.
+
+    A workload that raises becomes `{"ok": False, "error": ...}` (the traceback goes to the log, which the runner
+    keeps). The process ends with `os._exit(0)`: engines' and NCCL's teardown can hang after the results are
+    written (REFERENCE-GPU.md), and the runner ends the run's process group anyway.
+    """
+    try:
+        result = work()
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    write_result(result_path, result)
+    print(f"driver: wrote {result_path}", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def group_members(pgid: int) -> list[int]:
