@@ -112,12 +112,18 @@ def _blob(*parts: object) -> bytes:
 
 
 def write_rank(
-    writer: ArchiveWriter, rank: int, gpu: dict[str, Any] | int | None = None, extra: dict[str, Any] | None = None
+    writer: ArchiveWriter,
+    rank: int,
+    gpu: dict[str, Any] | int | None = None,
+    extra: dict[str, Any] | None = None,
+    shared_image: bytes | None = None,
 ) -> dict[str, Any]:
     """Writes one rank's payload (two kernel images, one graph per capture size) and its record.
 
     `gpu` is the record's `device`: default device(rank); a bare device index makes the writer look the GPU up
-    (what SAVE does in a rank's process). `extra`: the record's free-form part (SAVE's engine notes go there)."""
+    (what SAVE does in a rank's process). `extra`: the record's free-form part (SAVE's engine notes go there).
+    `shared_image`: one more image, added as SAVE adds them (`add_image`: once per archive, whichever ranks list it).
+    """
     images = []
     for kind in ("cubin", "fatbin"):
         data = _blob("image", kind, rank)
@@ -125,6 +131,10 @@ def write_rank(
         path = writer.add_file(rank, f"images/{sha}.{kind}", data)
         entries = [f"kernel_{kind}_{i}" for i in range(3)]
         images.append({"sha256": sha, "file": path, "size": len(data), "kind": kind, "entries": entries})
+    if shared_image is not None:
+        sha = hashlib.sha256(shared_image).hexdigest()
+        path = writer.add_image(sha, shared_image)
+        images.append({"sha256": sha, "file": path, "size": len(shared_image), "kind": "cubin", "entries": ["k"]})
     graphs = []
     for size in CAPTURE_SIZES:
         nodes = [{"type": "kernel", "image": images[i % 2]["sha256"]} for i in range(4 + size)]

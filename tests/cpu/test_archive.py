@@ -562,6 +562,56 @@ JOIN_SCRIPT = textwrap.dedent(
 )
 
 
+# --- kernel images: once per archive, not once per rank
+
+IMAGE = b"\x7fELF a kernel image every rank loads" * 64
+
+
+def two_rank_archive_sharing(root: Path, image: bytes = IMAGE) -> Path:
+    """Rank 0 (the owner) and rank 1 (a writer on its staging folder, as another process would) add one image."""
+    with ArchiveWriter(root, world()) as owner:
+        other = ArchiveWriter(root, world(), staging=owner.staging)
+        write_rank(other, 1, shared_image=image)  # the other rank first: the owner finds the file there
+        write_rank(owner, 0, shared_image=image)
+        return owner.commit()
+
+
+def test_an_image_every_rank_loads_is_stored_once(tmp_path: Path) -> None:
+    root = two_rank_archive_sharing(tmp_path / "archive")
+    sha = hashlib.sha256(IMAGE).hexdigest()
+    assert [p.relative_to(root).as_posix() for p in (root / "images").iterdir()] == [f"images/{sha}.bin"]
+    archive = open_archive(root)
+    files = {r: [i.file for i in archive.rank_facts(r).images if i.sha256 == sha] for r in (0, 1)}
+    assert files == {0: [f"images/{sha}.bin"], 1: [f"images/{sha}.bin"]}
+    assert archive.manifest.files[f"images/{sha}.bin"].sha256 == sha
+    for rank in (0, 1):
+        assert open_archive(root, keep_rank=rank).read_path(f"images/{sha}.bin") == IMAGE
+
+
+def test_a_ranks_load_hashes_the_shared_images_up_front(tmp_path: Path) -> None:
+    """A rank's LOAD (keep_rank) hashes its own files and the images; a corrupted image is refused at open."""
+    root = two_rank_archive_sharing(tmp_path / "archive")
+    path = root / "images" / f"{hashlib.sha256(IMAGE).hexdigest()}.bin"
+    path.chmod(0o644)
+    path.write_bytes(IMAGE[:-1] + b"!")  # same size: only its hash can tell
+    assert "corrupted" in error_of(root, keep_rank=1)
+
+
+def test_image_bytes_that_do_not_hash_to_the_name_given_are_refused(tmp_path: Path) -> None:
+    with ArchiveWriter(tmp_path / "archive", world()) as writer, pytest.raises(ArchiveError, match="hashes to"):
+        writer.add_image("ab" * 32, IMAGE)
+
+
+def test_a_rank_that_aborts_leaves_the_images_to_the_owner(tmp_path: Path) -> None:
+    """Only the owner's abort removes the staging folder: another rank's image may be the owner's too."""
+    sha = hashlib.sha256(IMAGE).hexdigest()
+    with ArchiveWriter(tmp_path / "archive", world()) as owner:
+        other = ArchiveWriter(tmp_path / "archive", world(), staging=owner.staging)
+        other.add_image(sha, IMAGE)
+        other.abort()
+        assert (owner.staging / "images" / f"{sha}.bin").read_bytes() == IMAGE
+
+
 # --- a writer killed mid-way (a real process, SIGKILL: no cleanup code runs)
 
 KILLED_SCRIPT = textwrap.dedent(

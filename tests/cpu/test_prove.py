@@ -205,7 +205,7 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert heading in text
     assert "| run | mode | cache | wall | start to ready | weights | compile | graphs |" in text
     assert "| run | first_request_s | decode_tps_b1 |" in text
-    assert "| archive | rank_0 | rank_1 | shared | total |" in text
+    assert "| archive | rank_0 | rank_1 | kernel images | shared | total |" in text
     assert "- engine: fake 1.0" in text
     # the eager run differs, but it is compared for information only
     assert "- eager vs baseline: differs at sequential[0] (token 5)" in text
@@ -715,3 +715,19 @@ def test_a_driver_whose_engine_was_refused_quotes_the_line_from_its_log(tmp_path
     assert missed["ok"] is False and "does not match" in missed["error"] and missed["refusal"]["matched"] is None
     absent = proofkit.expected_refusal(tmp_path / "none.txt", pattern, "boom", settle_s=0)
     assert absent["ok"] is False
+
+
+def test_archive_sizes_count_the_shared_kernel_images_once(tmp_path: Path) -> None:
+    """images/ (one file per kernel image for all ranks) is its own column, apart from the ranks and other files."""
+    from gptools import proofreport
+
+    recipe = prove.parse_recipe(make_recipe(tmp_path))
+    out = tmp_path / "out"
+    root = recipe.archive_path(out, "a")
+    for rel, size in {"rank_0/pack.bin": 3 << 20, "rank_1/pack.bin": 3 << 20, "images/k.bin": 5 << 20,
+                      "jitcache.tar": 1 << 20, "manifest.json": 1 << 20}.items():  # fmt: skip
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\0" * size)
+    header, rows = proofreport.archive_sizes(recipe, out)
+    assert header == ["archive", "rank_0", "rank_1", "kernel images", "shared", "total"]
+    assert rows == [["a", "3.0 MiB", "3.0 MiB", "5.0 MiB", "2.0 MiB", "13.0 MiB"]]

@@ -130,7 +130,8 @@ def kernel_choice_rows(runs: dict[str, RunData]) -> list[list[Any]]:
 
 
 def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]]:
-    """Per archive: bytes under each rank_<r>/ folder and in the shared files outside them."""
+    """Per archive: bytes under each rank_<r>/ folder, in the kernel images all ranks share (`images/`, one file
+    per image since 2026-12-02; older archives kept them in their rank folders) and in the other shared files."""
     per_archive = {}
     for name in proofcheck.archive_writers(recipe):
         root = recipe.archive_path(out, name)
@@ -138,13 +139,20 @@ def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]
             sizes: dict[str, int] = {}
             for f in (p for p in root.rglob("*") if p.is_file()):
                 top = f.relative_to(root).parts[0]
-                key = top if top.startswith("rank_") and (root / top).is_dir() else "shared"
+                is_folder = len(f.relative_to(root).parts) > 1
+                if is_folder and top.startswith("rank_"):
+                    key = top
+                elif is_folder and top == "images":
+                    key = "images"
+                else:
+                    key = "shared"
                 sizes[key] = sizes.get(key, 0) + f.stat().st_size
             per_archive[name] = sizes
-    ranks = sorted({k for s in per_archive.values() for k in s if k != "shared"}, key=lambda k: (len(k), k))
-    header = ["archive", *ranks, "shared", "total"]
+    shared = ("images", "shared")
+    ranks = sorted({k for s in per_archive.values() for k in s if k not in shared}, key=lambda k: (len(k), k))
+    header = ["archive", *ranks, "kernel images", "shared", "total"]
     rows = [
-        [name, *(_size(s.get(r)) for r in ranks), _size(s.get("shared", 0)), _size(sum(s.values()))]
+        [name, *(_size(s.get(r)) for r in ranks), *(_size(s.get(k, 0)) for k in shared), _size(sum(s.values()))]
         for name, s in per_archive.items()
     ]
     return header, rows

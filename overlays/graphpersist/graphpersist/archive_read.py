@@ -29,6 +29,7 @@ from graphpersist.archive_base import (
 )
 from graphpersist.archive_side import _missing_root
 from graphpersist.manifest import (
+    IMAGES_DIR,
     MANIFEST_NAME,
     RANK_DIR,
     RANK_RECORD_NAME,
@@ -119,9 +120,10 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
     exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
-    callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files and every rank
-    record (other ranks' payloads and the shared top-level files are checked for presence and size: each rank
-    verifies its own, and a shared file is verified when it is read, e.g. by read_shared before LOAD) and keeps the
+    callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files, the kernel images
+    (`images/`, shared by the ranks) and every rank record (other ranks' payloads and the other shared top-level
+    files are checked for presence and size: each rank verifies its own, and a shared file is verified when it is
+    read, e.g. by read_shared before LOAD) and keeps the
     bytes it hashed, so that rank hashes each byte once: the first read() of each returns them (and drops them),
     later ones read and verify again.
     """
@@ -131,8 +133,8 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
     own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
 
-    def keep(rel: str) -> bool:  # keep_rank's files
-        return own is not None and rel.startswith(own)
+    def keep(rel: str) -> bool:  # keep_rank's files, and the kernel images (the ranks share them)
+        return own is not None and (rel.startswith(own) or rel.startswith(f"{IMAGES_DIR}/"))
 
     record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
     kept: dict[str, bytes] = {}

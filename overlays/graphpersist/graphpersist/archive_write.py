@@ -24,6 +24,7 @@ from graphpersist.archive_base import ArchiveError, _entry_of, _reference_proble
 from graphpersist.archive_side import _side_path, _trash_folders, remove_stale_partials
 from graphpersist.manifest import (
     FORMAT_VERSION,
+    IMAGES_DIR,
     MANIFEST_NAME,
     RANK_DIR,
     RANK_RECORD_NAME,
@@ -86,6 +87,7 @@ class ArchiveWriter:
                     self.root, f"staging folder {self.staging} does not exist", action="write", advice=""
                 )
         self._written: dict[str, FileEntry] = {}
+        self._images: dict[str, FileEntry] = {}  # images/ files this writer added (maybe written by another rank)
         self._rank_records: dict[int, str] = {}
         self._state = "open"
 
@@ -96,6 +98,25 @@ class ArchiveWriter:
         self._check_open()
         rel = archive_path(rank, name)
         self._write(rel, bytes(data))
+        return rel
+
+    def add_image(self, sha256: str, data: bytes | bytearray | memoryview) -> str:
+        """Writes a kernel image once per archive, `images/<sha256>.bin`; returns its archive-relative path.
+
+        Any rank may add it: the first rank to write the file keeps it and the others find the same bytes there
+        (its name is their sha256, checked here), so an image every rank loads is stored once, not once per rank.
+        """
+        self._check_open()
+        data = bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise ArchiveError(
+                self.root, f"kernel image {sha256[:16]}… hashes to {digest[:16]}…", action="write", advice=""
+            )
+        rel = archive_path(None, f"{IMAGES_DIR}/{sha256}.bin")
+        if rel not in self._images:
+            self._write_new(rel, data)  # False when another rank wrote it first: the same bytes
+            self._images[rel] = FileEntry(sha256=sha256, size=len(data))
         return rel
 
     def add_shared(self, files: Mapping[str, bytes | bytearray | memoryview]) -> list[str]:
@@ -156,18 +177,26 @@ class ArchiveWriter:
             ) from None
 
     def _write(self, rel: str, data: bytes) -> None:
-        path = self.staging / rel
-        if rel in self._written or path.exists():
+        if rel in self._written or rel in self._images or not self._write_new(rel, data):
             raise ArchiveError(self.root, f"{rel} was already written", action="write", advice="")
+        self._written[rel] = FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+    def _write_new(self, rel: str, data: bytes) -> bool:
+        """Creates one staged file durably; False (nothing written) when it already exists."""
+        path = self.staging / rel
         new_dirs = [p for p in path.parents if p != self.staging and p.is_relative_to(self.staging) and not p.exists()]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "xb") as fh:
+        path.parent.mkdir(parents=True, exist_ok=True)  # another rank may create the same folder at the same time
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         for directory in {path.parent, *(d.parent for d in new_dirs)}:
             _fsync_dir(directory)
-        self._written[rel] = FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        return True
 
     # -- finishing
 
@@ -220,7 +249,7 @@ class ArchiveWriter:
             if path.is_symlink() or not (path.is_dir() or path.is_file()):
                 problems.append(f"{rel} is not a regular file")
             elif path.is_file():
-                files[rel] = self._written.get(rel) or _entry_of(path)
+                files[rel] = self._written.get(rel) or self._images.get(rel) or _entry_of(path)
         top_dirs = {p.name for p in self.staging.iterdir() if p.is_dir() and RANK_DIR.fullmatch(p.name)}
         ranks = sorted(int(d.removeprefix("rank_")) for d in top_dirs)
         expected = list(range(self.world.parallel.world_size))

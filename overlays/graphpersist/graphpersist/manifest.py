@@ -43,6 +43,7 @@ SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
 RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")  # a rank's folder at the top of an archive
+IMAGES_DIR = "images"  # kernel images at the top of an archive, one file per sha256 whichever ranks load it
 UINT_MAX = 2**64 - 1  # the largest value of an integer field
 
 

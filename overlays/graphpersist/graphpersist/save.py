@@ -306,7 +306,7 @@ class Saver:
         lo, hi = info.base, info.base + info.size
         image_records = []
         for sha, (load, names) in sorted(used.items()):
-            rel = w.add_file(rank, f"images/{sha}.bin", load.data())
+            rel = w.add_image(sha, load.data())  # once per archive, whichever ranks load it
             image_records.append(
                 {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
             )
