@@ -26,6 +26,7 @@ from graphpersist.errors import PersistError
 from graphpersist.liveenv import PINNED_ENV
 
 TP2 = {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 1}
+SHARED_IMAGE = b"a kernel image both ranks load" * 100
 
 
 # ----------------------------------------------------------------------------------- the rank agreement itself
@@ -94,7 +95,7 @@ def recorded_saver(save: ModuleType, events: list[str], rank: int) -> Any:
 
     def write(w: Any, r: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
         events.append(f"write {r}")
-        write_rank(w, r, gpu=r)
+        write_rank(w, r, gpu=r, shared_image=SHARED_IMAGE)  # as SAVE adds kernel images (save.Saver._write)
         return {}
 
     saver._prepare = prepare
@@ -134,7 +135,10 @@ def test_before_write_runs_on_every_rank_after_all_prepared_and_before_any_file_
     first_write = min(events.index("write 0"), events.index("write 1"))
     assert last_prepare < first_warm_up and last_warm_up < first_write < events.index("shared")
     assert read_shared(tmp_path / "a", "jitcache.tar") == b"what the warm-up compiled"
-    assert sorted(open_archive(tmp_path / "a").ranks) == [0, 1]
+    archive = open_archive(tmp_path / "a")
+    assert sorted(archive.ranks) == [0, 1]
+    images = sorted(rel for rel in archive.manifest.files if rel.startswith("images/"))
+    assert len(images) == 1 and all(images[0] in {i.file for i in archive.rank_facts(r).images} for r in (0, 1))
 
 
 def test_a_warm_up_that_fails_on_one_rank_refuses_the_save_on_every_rank_and_writes_nothing(
