@@ -79,18 +79,16 @@ class Choices:
     def _save_choice(self, tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, key: str,
                      name: str, candidates: list[str]) -> None:  # fmt: skip
         first = self.used.get(key)
-        if first is None:
-            upstream(tuner, *args, **kwargs)
-            chosen = config_text(tuner.launchers[0].config)
-            self.counts["timed"] += 1
-            self.used[key] = {"kernel": name, "candidates": candidates, "chosen": chosen, "how": "timed", "objects": 1}
-            return
-        if first["candidates"] != candidates:  # same source, other configs: not seen; LOAD will time one of them
+        if first is None or first["candidates"] != candidates:  # timed as upstream does
             upstream(tuner, *args, **kwargs)
             self.counts["timed"] += 1
             chosen = config_text(tuner.launchers[0].config)
-            self.log(f"kernel {name} ({key}) timed again at SAVE with other candidates: first "
-                     f"{first['candidates']}, now {candidates}; chose {chosen}; a LOAD will time it")  # fmt: skip
+            if first is None:  # the source's first object: its choice is the one the archive keeps
+                self.used[key] = {"kernel": name, "candidates": candidates, "chosen": chosen, "how": "timed",
+                                  "objects": 1}  # fmt: skip
+            else:  # same source, other configs: not kept; a LOAD will time one of them
+                self.log(f"kernel {name} ({key}) timed again at SAVE with other candidates: first "
+                         f"{first['candidates']}, now {candidates}; chose {chosen}; a LOAD will time it")  # fmt: skip
             return
         timings = tuner.benchmark_all_configs(*args, **kwargs)  # measured only: the choice is the first object's
         own = config_text(min(timings, key=timings.get).config)
