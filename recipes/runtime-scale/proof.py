@@ -370,8 +370,9 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         ("images (load kernel images, resolve functions)", t.get("images_s")),
         ("rebuild (events + native node rebuild, all graphs)", t.get("rebuild_s")),
         ("instantiate (cuGraphInstantiate, all graphs)", t.get("instantiate_s")),
+        ("upload (cuGraphUpload, all graphs)", t.get("upload_s")),
         ("other per-graph work (output structures, tensors, records)",
-         None if not t else t["graphs_s"] - t["rebuild_s"] - t["instantiate_s"]),
+         None if not t else t["graphs_s"] - t["rebuild_s"] - t["instantiate_s"] - t.get("upload_s", 0.0)),
         ("total (api.load)", t.get("total_s")),
     ]  # fmt: skip
     lines += ["", "## LOAD phases (same run)", "", "| phase | ms |", "|---|---|"]

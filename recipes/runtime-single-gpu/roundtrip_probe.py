@@ -53,7 +53,7 @@ def main() -> int:
     stream = torch.cuda.current_stream().cuda_stream
     for label, funcs in variants.items():
         rebuilt = graphbuild.rebuild("probe", saved.desc, saved.blob, funcs, hashed=True)  # size check only
-        ex = graphbuild.instantiate("probe", rebuilt)
+        ex = graphbuild.instantiate("probe", rebuilt, 0)
         for trial in range(2):
             o.fill_(7)
             images.check(drv.cuGraphLaunch(ex, stream), "cuGraphLaunch")

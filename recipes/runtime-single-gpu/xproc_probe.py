@@ -171,7 +171,7 @@ def _roundtrip(torch: Any, graph: Any, t: dict[str, Any], outs: list[Any], want:
         desc = copy.deepcopy(saved.desc)
         change(desc)
         execs[label] = graphbuild.instantiate(
-            "probe", graphbuild.rebuild("probe", desc, saved.blob, fresh.function, hashed=True)
+            "probe", graphbuild.rebuild("probe", desc, saved.blob, fresh.function, hashed=True), 0
         )
     execs["driver clone of the captured graph"] = images.check(
         drv.cuGraphInstantiate(images.check(drv.cuGraphClone(graph), "cuGraphClone"), 0), "cuGraphInstantiate"

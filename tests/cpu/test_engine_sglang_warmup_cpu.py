@@ -474,7 +474,11 @@ class RecordingSaver:
         if kwargs["shared"] is not None:
             kwargs["shared"]()
         self.events.append("written")
-        return {"serialize_s": 0.5, "images": 3}
+        return {
+            "serialize_s": 0.5,
+            "images": 3,
+            "split_s": {"prepare": 0.6, "write": 0.2, "shared": 0.1, "commit": 0.0},
+        }
 
 
 @pytest.fixture

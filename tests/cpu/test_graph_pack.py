@@ -496,6 +496,8 @@ def test_check_graphs_gives_each_graph_checked_against_its_record(tmp_path: Path
         ({"node_count": 41}, graphformat.GraphFormatError, r"graph 'FULL/bs8': description has 40 nodes"),
         ({"nodes_by_type": {"kernel": 39, "empty": 1}}, graphformat.GraphFormatError, "its record 40"),
         ({"topology_fingerprint": "00" * 32}, PersistError, "does not match its recorded topology fingerprint"),
+        # a device-launchable executable (0x4) is not one LOAD may make for a host-replayed graph
+        ({"instantiate_flags": 0xD}, graphformat.GraphFormatError, r"'FULL/bs8': instantiated with flags 0xd;"),
     ],
 )
 def test_check_graphs_refuses_a_graph_that_differs_from_its_record(
@@ -505,6 +507,14 @@ def test_check_graphs_refuses_a_graph_that_differs_from_its_record(
     got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
     with pytest.raises(error, match=message):
         graphpack.check_graphs(_records(made, **change), got, full=True)  # full: the fingerprint is recomputed
+
+
+def test_check_graphs_accepts_torchs_instantiate_flags(tmp_path: Path) -> None:
+    pack, made = _packed()
+    got = graphpack.read_graphs(open_archive(_write(tmp_path / "a", pack), keep_rank=0), 0, list(GRAPHS))
+    records = _records(made, instantiate_flags=graphformat.INSTANTIATE_FLAGS)
+    assert records[-1].instantiate_flags == 0x9 and records[0].instantiate_flags == 0  # 0: what older archives read as
+    assert list(graphpack.check_graphs(records, got, full=False)) == list(GRAPHS)
 
 
 def test_pointer_inventory_must_hash_to_its_fingerprint(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def a_rank_record() -> RankRecord:
         images=(image.sha256,),
         capture_size=8,
         mode="full",
+        instantiate_flags=0x9,
     )
     return RankRecord(
         rank=0,
@@ -71,6 +72,14 @@ def test_rank_record_round_trips_through_json():
     record = a_rank_record()
     assert RankRecord.from_json(record.to_json()) == record
     assert RankRecord.from_dict(json.loads(record.to_json())) == record
+
+
+def test_a_graph_record_without_instantiate_flags_reads_as_flags_0():
+    """Archives written before the field instantiated their graphs with flags 0 at LOAD: they still read so."""
+    data = json.loads(a_rank_record().to_json())
+    assert data["graphs"][0]["instantiate_flags"] == 0x9
+    del data["graphs"][0]["instantiate_flags"]
+    assert RankRecord.from_dict(data).graphs[0].instantiate_flags == 0
 
 
 def test_world_round_trips_and_keeps_unset_pins():

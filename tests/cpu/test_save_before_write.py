@@ -129,6 +129,9 @@ def test_before_write_runs_on_every_rank_after_all_prepared_and_before_any_file_
 
     results = save_world(save_module, tmp_path / "a", warm_up, events)
     assert all(isinstance(r, dict) for r in results), results
+    for r in results:  # where each rank's SAVE went, in its summary (the engines log it with breakdown.of_save)
+        assert set(r["split_s"]) == {"prepare", "write", "shared", "commit"} and min(r["split_s"].values()) >= 0
+        assert r["total_s"] >= sum(r["split_s"].values()) - 1e-6
     last_prepare = max(events.index("prepare 0"), events.index("prepare 1"))
     first_warm_up = min(events.index("warm-up 0"), events.index("warm-up 1"))
     last_warm_up = max(events.index("warm-up 0"), events.index("warm-up 1"))

@@ -265,6 +265,8 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
         "host_node_types": host_counts,
         "host_refusal": refusal,
         "summary_nodes": summary["nodes"],
+        "torch_exec_flags": int(_ck(drv.cuGraphExecGetFlags(drv.CUgraphExec(g.raw_cuda_graph_exec())), "flags")),
+        "saved_instantiate_flags": rec["graphs"][0]["instantiate_flags"],
     }
 
 
@@ -298,6 +300,7 @@ def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
         "wait_idx": wait_idx,
         "rec_idx": rec_idx,
         "input_at_setup_buffer": lg.inputs[0].data_ptr() == t["x"].data_ptr(),
+        "exec_flags": int(_ck(drv.cuGraphExecGetFlags(lg.exec), "cuGraphExecGetFlags")),
         "protocol": proto,
         "bit_identical": [_same(torch, a, b) for a, b in zip(got, ref, strict=True)],
     }
@@ -325,6 +328,11 @@ def test_event_nodes_save_load_replay(tmp_path: Path) -> None:
     assert a["desc_events"] == [{"flags": 2}, {"flags": 2}]
     assert a["handles_in_description"] == [] and set(a["handles"]).isdisjoint(a["second_handles"])
     assert len(set(a["fingerprints"].values())) == 1, a["fingerprints"]
+    # LOAD instantiates as torch did: torch 2.11 gives its executables auto-free-on-launch | use-node-priority
+    assert a["saved_instantiate_flags"] == a["torch_exec_flags"] == 0x9, (
+        a["saved_instantiate_flags"],
+        a["torch_exec_flags"],
+    )
     assert a["protocol"] == {"held_by_wait_node": True, "record_node_ordered_copy": True}, a["protocol"]
     ref = a["host_refusal"]
     assert a["host_rc"] == 0 and a["host_node_types"].get("CU_GRAPH_NODE_TYPE_HOST") == 1, a["host_node_types"]
@@ -338,6 +346,7 @@ def test_event_nodes_save_load_replay(tmp_path: Path) -> None:
         assert b["events"] == 2 and b["input_at_setup_buffer"], b
         assert b["protocol"] == a["protocol"], (step, b["protocol"])
         assert b["bit_identical"] == [True, True], (step, b["bit_identical"])
+        assert b["exec_flags"] == a["torch_exec_flags"], (step, b["exec_flags"], a["torch_exec_flags"])
 
 
 def _step(args: list[str]) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
 
-    from graphpersist import graphbuild, graphwalk, images, region
+    from graphpersist import graphbuild, graphformat, graphwalk, images, region
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -101,7 +101,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
         else:
             funcs = [fresh.function(*f) for f in saved.desc["funcs"]]
             graph = graphbuild.rebuild_native("chain", saved.desc, saved.blob, saved.table, funcs, hashed=True)
-        ex = graphbuild.instantiate("chain", graph)
+        ex = graphbuild.instantiate("chain", graph, graphformat.INSTANTIATE_FLAGS)
         got = _replays(torch, lambda ex=ex: images.check(drv.cuGraphLaunch(ex, stream), "cuGraphLaunch"), outs, 3)
         rebuilt[path] = [_same(torch, r, captured[0]) for r in got]
     return {

@@ -25,6 +25,7 @@ from graphpersist.graphformat import (
     GraphFormatError,
     attr_ids,
     check_events,
+    check_instantiate_flags,
     driver,
     edge_ends,
     verify_blob,
@@ -212,6 +213,18 @@ def rebuild_native(
     return graph
 
 
-def instantiate(name: str, graph: Any) -> Any:
+def instantiate(name: str, graph: Any, flags: int) -> Any:
+    """The executable of a rebuilt graph, made with the flags torch made SAVE's executable with (GraphRecord)."""
+    check_instantiate_flags(name, flags)
     drv = driver()
-    return check(drv.cuGraphInstantiate(graph, 0), f"graph {name!r}: cuGraphInstantiate")
+    return check(drv.cuGraphInstantiate(graph, flags), f"graph {name!r}: cuGraphInstantiate(flags {flags:#x})")
+
+
+def upload(name: str, exec_: Any, stream: int) -> None:
+    """Puts an executable on the device ahead of its first launch into `stream`, which would otherwise do it.
+
+    LOAD uploads every restored graph before the engine reports ready, so the first request replays its graphs
+    as a steady one does (a captured graph's first replay pays the same upload upstream).
+    """
+    drv = driver()
+    check(drv.cuGraphUpload(exec_, drv.CUstream(stream)), f"graph {name!r}: cuGraphUpload")

@@ -29,6 +29,12 @@ MEMCPY_FIELDS = (
 )  # fmt: skip
 _DEVICE_MEMORY = (2, 4)  # CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_UNIFIED
 EVENT_DISABLE_TIMING = 0x2  # CU_EVENT_DISABLE_TIMING: the flags every event is recreated with (see above)
+# cuGraphInstantiate flags a LOAD may instantiate with: the ones torch gave the captured executable (ATen's
+# CUDAGraph::instantiate in torch 2.11: AUTO_FREE_ON_LAUNCH | USE_NODE_PRIORITY, so kernel nodes run at their captured
+# priority). UPLOAD is not a property of an executable; DEVICE_LAUNCH makes a graph the host could not replay as SAVE's.
+INSTANTIATE_AUTO_FREE_ON_LAUNCH = 0x1
+INSTANTIATE_USE_NODE_PRIORITY = 0x8
+INSTANTIATE_FLAGS = INSTANTIATE_AUTO_FREE_ON_LAUNCH | INSTANTIATE_USE_NODE_PRIORITY
 
 # CUgraphNodeType name -> the description's node kind, for the node types the format persists.
 NODE_KINDS = {
@@ -275,6 +281,15 @@ def verify_blob(name: str, desc: dict[str, Any], blob: bytes | memoryview, *, ha
         )
     if not hashed and hashlib.sha256(blob).hexdigest() != desc["blob_sha256"]:
         raise GraphFormatError(f"graph {name!r}: parameter file content does not match its recorded sha256")
+
+
+def check_instantiate_flags(name: str, flags: int) -> None:
+    """Refuses flags outside INSTANTIATE_FLAGS (SAVE reads them from torch's executable, LOAD repeats them)."""
+    if flags & ~INSTANTIATE_FLAGS:
+        raise GraphFormatError(
+            f"graph {name!r}: instantiated with flags {flags:#x}; graphpersist repeats only {INSTANTIATE_FLAGS:#x} "
+            "(auto-free-on-launch, use-node-priority)"
+        )
 
 
 def check_shape(

@@ -375,6 +375,7 @@ def check_graphs(
         graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
         graphformat.check_events(g.name, desc)
         graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
+        graphformat.check_instantiate_flags(g.name, g.instantiate_flags)
         if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
             raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
         descs[g.name] = (desc, blob, table, entry)

@@ -218,6 +218,7 @@ class GraphRecord:
     images: tuple[str, ...]
     capture_size: int | None = None
     mode: str | None = None
+    instantiate_flags: int = 0  # what torch instantiated SAVE's executable with; 0 in archives written before it
 
 
 @dataclass(frozen=True)

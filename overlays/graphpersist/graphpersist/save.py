@@ -73,6 +73,24 @@ class _Entry:
     capture_s: float | None
 
 
+def _instantiate_flags(drv: Any, name: str, graph: Any) -> int:
+    """The flags torch instantiated `graph` with, which LOAD repeats (graphformat.INSTANTIATE_FLAGS).
+
+    A graph nobody has replayed or instantiated yet is instantiated here, as its first replay would do.
+    """
+    if not hasattr(graph, "raw_cuda_graph_exec"):
+        raise PersistError(f"graph {name!r}: this torch's CUDAGraph has no raw_cuda_graph_exec(), so SAVE cannot read "
+                           "how it instantiates graphs; use the pinned torch. SAVE refused")  # fmt: skip
+    try:
+        raw = graph.raw_cuda_graph_exec()
+    except RuntimeError:  # "until instantiate() has been called"
+        graph.instantiate()
+        raw = graph.raw_cuda_graph_exec()
+    flags = int(images.check(drv.cuGraphExecGetFlags(drv.CUgraphExec(raw)), f"graph {name!r}: cuGraphExecGetFlags"))
+    graphformat.check_instantiate_flags(name, flags)
+    return flags
+
+
 @dataclass
 class Saver:
     """Collects captured graphs with their static tensors, then writes one archive.
@@ -164,8 +182,11 @@ class Saver:
             w = coll.writer(root, prep["world"], overwrite=overwrite)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
+        t_write = time.perf_counter()
+        t_shared = t_write
         try:
             summary = self._write(w, rank, prep, dict(notes or {}))
+            t_shared = time.perf_counter()
             if shared is not None:
                 w.add_shared(shared() if callable(shared) else shared)
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
@@ -173,12 +194,17 @@ class Saver:
                 w.abort()
                 raise
             error = f"{type(exc).__name__}: {exc}"
+        t_commit = time.perf_counter()
         try:
             coll.commit(w, error)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
         region.freeze()
-        summary["total_s"] = time.perf_counter() - prep["t0"]
+        end = time.perf_counter()
+        summary["total_s"] = end - prep["t0"]
+        # where SAVE's time went (before_write's own work included in the part before writing)
+        summary["split_s"] = {"prepare": t_write - prep["t0"], "write": t_shared - t_write,
+                              "shared": t_commit - t_shared, "commit": end - t_commit}  # fmt: skip
         return summary
 
     def _prepare(
@@ -241,10 +267,12 @@ class Saver:
         saved: dict[str, graphwalk.SavedGraph] = {}
         in_region_numbers: set[int] = set()
         unused = graphwalk.cached_unused(self.unused_param_bytes)
+        exec_flags: dict[str, int] = {}
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
                 saved[name] = graphwalk.serialize(g, table, lo, hi, unused)
+                exec_flags[name] = _instantiate_flags(drv, name, e.graph)
             except (graphformat.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
             for t in (*e.inputs, *e.output_tensors):
@@ -293,7 +321,8 @@ class Saver:
                 raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
                                    "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
         return {
-            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
+            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "exec_flags": exec_flags,
+            "used": used,
             "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
             "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
             "variable_pointers": [[a, n] for a, n in risky[:64]], "torch_blocks": blocks,
@@ -330,6 +359,7 @@ class Saver:
                     "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
                     "capture_size": e.capture_size,
                     "mode": e.mode,
+                    "instantiate_flags": prep["exec_flags"][name],
                 }
             )
             content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi, topology_fp)

@@ -44,7 +44,7 @@ from vllm import graphpersist_session as gps
 from vllm import graphpersist_startprofile as startprofile
 from vllm.v1.worker.gpu_worker import Worker
 
-from graphpersist import api, kernelchoice, rankstats, region, switch
+from graphpersist import api, breakdown, kernelchoice, rankstats, region, switch
 
 # Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
 # code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
@@ -201,9 +201,9 @@ class PersistWorker(Worker):
         sess.done = True
         took = sess.timed("save", started)
         diag.dump_dots({n: e.graph.raw_cuda_graph() for n, e in sess.saver.entries.items()}, saving=True)
-        sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; graph addresses by phase %s)",
-                 sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
-                 summary.get("pointer_phases"))  # fmt: skip
+        sess.log(
+            "saved %d graphs to %s in %.2f s (%s)", sess.captured, sess.directory, took, breakdown.of_save(summary)
+        )
 
     def _restore(self, manager: Any) -> None:
         sess = _session()
@@ -226,10 +226,8 @@ class PersistWorker(Worker):
         customar.restore_registration(sess, result.notes)
         api.verify_state()
         sess.done = True
-        t = result.timings
-        sess.log("restored %d graphs from %s in %.2f s (open + validate %.3f s, memory %.3f s, images %.3f s, "
-                 "graphs %.3f s)", sess.restored, sess.directory, t["total_s"], t["validate_s"], t["memory_s"],
-                 t["images_s"], t["graphs_s"])  # fmt: skip
+        sess.log("restored %d graphs from %s in %.2f s (%s)", sess.restored, sess.directory,
+                 result.timings["total_s"], breakdown.of_load(result.timings))  # fmt: skip
 
 
 def _session() -> gps.Session:

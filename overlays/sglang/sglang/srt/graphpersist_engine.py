@@ -36,7 +36,7 @@ from sglang.srt import graphpersist_facts as facts
 from sglang.srt import graphpersist_session as gps
 from sglang.srt import graphpersist_warmup as warmup
 
-from graphpersist import rankstats, switch
+from graphpersist import breakdown, rankstats, switch
 from graphpersist.errors import PersistError
 
 
@@ -321,9 +321,8 @@ def _save(sess: gps.Session, mr: Any) -> None:
     sess.done = True
     took = time.perf_counter() - started
     sess.timings["save"] = round(took - sess.timings.get(KERNEL_WARMUP, 0.0), 4)
-    sess.log("saved %d graphs to %s in %.2f s (serialize %.2f s, %d kernel images; kernel warm-up %.2f s; graph "
-             "addresses by phase %s)", sess.captured, sess.directory, took, summary["serialize_s"], summary["images"],
-             sess.timings.get(KERNEL_WARMUP, 0.0), summary.get("pointer_phases"))  # fmt: skip
+    sess.log("saved %d graphs to %s in %.2f s (kernel warm-up %.2f s; %s)", sess.captured, sess.directory, took,
+             sess.timings.get(KERNEL_WARMUP, 0.0), breakdown.of_save(summary))  # fmt: skip
 
 
 def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
@@ -385,7 +384,10 @@ def _restore(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dic
     api.verify_state()
     sess.done = True
     took = sess.timed("restore", started)
-    t = result.timings
-    sess.log("restored %d graphs from %s in %.2f s (open + validate %.3f s, memory %.3f s, images %.3f s, "
-             "graphs %.3f s)", sess.restored, sess.directory, took, t["validate_s"], t["memory_s"], t["images_s"],
-             t["graphs_s"])  # fmt: skip
+    sess.log(
+        "restored %d graphs from %s in %.2f s (%s)",
+        sess.restored,
+        sess.directory,
+        took,
+        breakdown.of_load(result.timings),
+    )

@@ -1,0 +1,23 @@
+"""Where a SAVE's or a LOAD's time went, as one line for an engine's log. No torch at import (engine glue and its
+CPU tests import it without CUDA)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def of_save(summary: Mapping[str, Any]) -> str:
+    """Saver.save's summary: serialization inside the preparation, then the rank's files, the shared files, commit."""
+    split = summary["split_s"]
+    return (f"serialize {summary['serialize_s']:.2f} s of prepare {split['prepare']:.2f} s, "
+            f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; {summary['images']} kernel images; "
+            f"graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
+
+
+def of_load(timings: Mapping[str, float]) -> str:
+    """LoadResult.timings: validation, memory, images, then the graphs' rebuild, instantiation and upload."""
+    t = timings
+    return (f"open + validate {t['validate_s']:.3f} s, memory {t['memory_s']:.3f} s, images {t['images_s']:.3f} s, "
+            f"graphs {t['graphs_s']:.3f} s: rebuild {t['rebuild_s']:.3f} s, instantiate {t['instantiate_s']:.3f} s, "
+            f"upload {t['upload_s']:.3f} s")  # fmt: skip
