@@ -2,10 +2,12 @@
 
 A request right after LOAD launches restored executables that have never run; the baseline's first request
 launches captured ones that have never run either. This script captures one torch graph of many small kernels,
-instantiates fresh executables of it with torch's flags (graphformat.INSTANTIATE_FLAGS), and times launch +
+instantiates fresh executables of it with the flags torch gave its own executable, and times launch +
 synchronize of each executable's first and second launch, for executables launched as they are and for
 executables uploaded (cuGraphUpload, then synchronize) first. It also prints the flags torch gave its own
-executable. No interposer, no archive: torch and cuda-bindings only.
+executable. No interposer, no archive: torch and cuda-bindings only. Measured on the GPU host (torch 2.11.0+cu130, 300
+kernels, 40 executables per variant): first launch 1.284 ms as instantiated, 0.568 ms after an upload (upload +
+synchronize 0.737 ms), second launch 0.568 ms.
 
     python3 recipes/runtime-single-gpu/upload_probe.py [--kernels 300] [--execs 40]
 """
@@ -16,14 +18,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "graphpersist"))
 
 
 def _ck(result: Any, what: str) -> Any:
-    err, *rest = result
+    err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
         raise RuntimeError(f"{what} failed: {err!r}")
     return rest[0] if len(rest) == 1 else tuple(rest)
@@ -36,8 +35,6 @@ def main() -> int:
     a = ap.parse_args()
     import torch
     from cuda.bindings import driver as drv
-
-    from graphpersist.graphformat import INSTANTIATE_FLAGS
 
     x = torch.zeros(4096, device="cuda")
     stream = torch.cuda.Stream()
@@ -55,29 +52,29 @@ def main() -> int:
 
     def launch_s(ex: Any) -> float:
         t = time.perf_counter()
-        _ck((drv.cuGraphLaunch(ex, s),), "cuGraphLaunch")
-        _ck((drv.cuStreamSynchronize(s),), "cuStreamSynchronize")
+        _ck(drv.cuGraphLaunch(ex, s), "cuGraphLaunch")
+        _ck(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
         return time.perf_counter() - t
 
     rows: dict[str, dict[str, float]] = {}
     for variant in ("launched as instantiated", "uploaded first"):
         first, second, upload = [], [], []
         for _ in range(a.execs):
-            ex = _ck(drv.cuGraphInstantiate(raw, INSTANTIATE_FLAGS), "cuGraphInstantiate")
+            ex = _ck(drv.cuGraphInstantiate(raw, torch_flags), "cuGraphInstantiate")
             if variant == "uploaded first":
                 t = time.perf_counter()
-                _ck((drv.cuGraphUpload(ex, s),), "cuGraphUpload")
-                _ck((drv.cuStreamSynchronize(s),), "cuStreamSynchronize")
+                _ck(drv.cuGraphUpload(ex, s), "cuGraphUpload")
+                _ck(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
                 upload.append(time.perf_counter() - t)
             first.append(launch_s(ex))
             second.append(launch_s(ex))
-            _ck((drv.cuGraphExecDestroy(ex),), "cuGraphExecDestroy")
+            _ck(drv.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
         rows[variant] = {
             "upload_ms": 1e3 * statistics.median(upload) if upload else 0.0,
             "first_ms": 1e3 * statistics.median(first),
             "second_ms": 1e3 * statistics.median(second),
         }
-    print(f"torch {torch.__version__}: its executable's flags {torch_flags:#x}; probe flags {INSTANTIATE_FLAGS:#x}")
+    print(f"torch {torch.__version__}: its executable's flags {torch_flags:#x} (the probe's executables use the same)")
     print(f"{a.kernels} kernels per graph, {a.execs} fresh executables per variant, medians:")
     print("| variant | upload + sync ms | first launch + sync ms | second launch + sync ms | first / second |")
     print("|---|---|---|---|---|")

@@ -14,7 +14,8 @@ tools/gptools/serveproof.py; this file says what is vLLM's:
   ... took" line (vLLM's EngineCore logs it once every worker has finished its warm-up and graphs) and, in SAVE and
   LOAD, after every rank's "graphpersist: rank R: saved|restored N graphs" line;
 - phases: the LLM() recipe's vocabulary up to the engine's ready line, then `serve_start` (the API server's start);
-- stop: SIGTERM to vLLM's API server (its own ordered shutdown), SIGKILL to the whole group after 30 s.
+- stop: SIGTERM to vLLM's API server (its own ordered shutdown, in drain mode: `--shutdown-timeout 10`), SIGKILL to
+  the whole group after 30 s.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def serve_command(a: argparse.Namespace, model: Path, extra: list[str]) -> list[
         "--gpu-memory-utilization": "0.5",
         "--max-model-len": "4096",
         "--seed": "0",
+        # drain, not upstream's default abort (0): an abort kills the engine core while the API server's output
+        # handler still reads from it, which then logs EngineDeadError at a clean stop (seen once in serve_save)
+        "--shutdown-timeout": "10",
     }
     if not a.model:
         flags["--load-format"] = "dummy"

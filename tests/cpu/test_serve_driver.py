@@ -142,6 +142,7 @@ def test_the_serve_command_pins_the_recipe_and_lets_extra_flags_replace_them() -
     assert cmd[-1] == "--enable-prefix-caching"
     assert cmd[cmd.index("--graph-persist") :][:4] == ["--graph-persist", "load", "--graph-persist-dir", "/a"]
     assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == "10"  # drain at the stop: no abort race in the log
     assert json.loads(cmd[cmd.index("--compilation-config") + 1]) == {"pass_config": {"fuse_allreduce_rms": False}}
 
     a, extra = parsed("--mode", "off", "--tp", "1", "--model", "/ckpt", "--", "--max-model-len=1024")

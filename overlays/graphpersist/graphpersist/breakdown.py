@@ -11,8 +11,8 @@ def of_save(summary: Mapping[str, Any]) -> str:
     """Saver.save's summary: serialization inside the preparation, then the rank's files, the shared files, commit."""
     split = summary["split_s"]
     return (f"serialize {summary['serialize_s']:.2f} s of prepare {split['prepare']:.2f} s, "
-            f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; {summary['images']} kernel images; "
-            f"graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
+            f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; "
+            f"{summary['images']} kernel images; graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
 
 
 def of_load(timings: Mapping[str, float]) -> str:

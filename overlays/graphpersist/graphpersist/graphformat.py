@@ -29,9 +29,10 @@ MEMCPY_FIELDS = (
 )  # fmt: skip
 _DEVICE_MEMORY = (2, 4)  # CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_UNIFIED
 EVENT_DISABLE_TIMING = 0x2  # CU_EVENT_DISABLE_TIMING: the flags every event is recreated with (see above)
-# cuGraphInstantiate flags a LOAD may instantiate with: the ones torch gave the captured executable (ATen's
-# CUDAGraph::instantiate in torch 2.11: AUTO_FREE_ON_LAUNCH | USE_NODE_PRIORITY, so kernel nodes run at their captured
-# priority). UPLOAD is not a property of an executable; DEVICE_LAUNCH makes a graph the host could not replay as SAVE's.
+# cuGraphInstantiate flags a LOAD may instantiate with: the ones torch gave the captured executable (measured on the
+# GPU host, torch 2.11.0+cu130: AUTO_FREE_ON_LAUNCH; newer torch adds USE_NODE_PRIORITY, kernel nodes then run at their
+# captured priority). UPLOAD is not a property of an executable; DEVICE_LAUNCH makes a graph the host could not
+# replay as SAVE's.
 INSTANTIATE_AUTO_FREE_ON_LAUNCH = 0x1
 INSTANTIATE_USE_NODE_PRIORITY = 0x8
 INSTANTIATE_FLAGS = INSTANTIATE_AUTO_FREE_ON_LAUNCH | INSTANTIATE_USE_NODE_PRIORITY
