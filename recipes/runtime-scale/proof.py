@@ -78,9 +78,9 @@ def _replay_all(torch: Any, model: Any, graphs: dict[str, tuple[Any, Any]]) -> d
     return digests
 
 
-def step_save(archive: Path, ref: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    torch, model, api = _setup()
+def _capture(torch: Any, model: Any, api: Any) -> tuple[Any, dict[str, tuple[Any, Any]], float]:
+    """Setup mark, warm-up, and the capture of every graph into one pool, registered on a Saver (SAVE's part before
+    saving); returns the saver, the captured graphs with their outputs, and when the warm-up ended."""
     from model import PIECES, SIZES
 
     api.mark_setup(model.named_tensors())
@@ -109,6 +109,15 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
             captured[f"PIECEWISE/bs{b}/piece{p}"] = (g, o)
             h = o
     torch.cuda.synchronize()
+    return saver, captured, t_warm
+
+
+def step_save(archive: Path, ref: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    torch, model, api = _setup()
+    from cuda.bindings import driver as drv
+
+    saver, captured, t_warm = _capture(torch, model, api)
     t_capture = time.perf_counter()
     try:
         saver.add("FULL/bs8", captured["FULL/bs8"][0], [model.x[:8]], captured["FULL/bs8"][1])
@@ -117,8 +126,10 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         duplicate = {"refused": True, "message": str(exc)}
     summary = saver.save(archive, engine=ENGINE, model=model.facts())
     t_saved = time.perf_counter()
+    torch_flags = sorted({int(drv.cuGraphExecGetFlags(drv.CUgraphExec(g.raw_cuda_graph_exec()))[1])
+                          for g, _ in captured.values()})  # fmt: skip
     for g, _ in captured.values():
-        g.instantiate()
+        g.instantiate()  # again (SAVE instantiated each graph to read its flags): what torch's instantiation costs
     torch.cuda.synchronize()
     t_inst = time.perf_counter()
     digests = _replay_all(torch, model, {n: (g.replay, o) for n, (g, o) in captured.items()})
@@ -129,6 +140,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         "capture_s": t_capture - t_warm,
         "save_s": t_saved - t_capture,
         "torch_instantiate_all_s": t_inst - t_saved,
+        "torch_exec_flags": torch_flags,
         "summary": {k: v for k, v in summary.items() if k != "nodes"},
         "nodes": summary["nodes"],
         "order": list(captured),
@@ -177,6 +189,11 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         lookup = "no error"
     except KeyError as exc:
         lookup = str(exc)
+    # Each loaded executable was instantiated with the flags its record holds (torch's, read at SAVE).
+    from cuda.bindings import driver as drv
+
+    records = open_archive(archive, verify_checksums=False).rank_facts(0).graphs
+    wrong_flags = [g.name for g in records if int(drv.cuGraphExecGetFlags(res[g.name].exec)[1]) != g.instantiate_flags]
     # What verify_topology=True would add: parse every kernel node and recompute every topology fingerprint.
     a = time.perf_counter()
     arch = open_archive(archive, verify_checksums=False)
@@ -215,6 +232,8 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         "lookup": lookup,
         "topology_s": topology_s,
         "topology_ok": fps_ok,
+        "saved_flags": sorted({g.instantiate_flags for g in records}),
+        "wrong_flags": wrong_flags[:10],
         "finalized": finalized,
         "after_close": after_close,
     }
@@ -237,6 +256,27 @@ def step_profile(archive: Path) -> dict[str, Any]:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
     return {"timings": res.timings, "top_tottime": text.getvalue()[-6000:]}
+
+
+def step_profile_save(archive: Path) -> dict[str, Any]:
+    """SAVE once more under cProfile (its own process, its own archive): where SAVE's time goes (informational)."""
+    import cProfile
+    import io
+    import pstats
+
+    torch, model, api = _setup()
+    saver, _captured, _t_warm = _capture(torch, model, api)
+    prof = cProfile.Profile()
+    prof.enable()
+    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    return {
+        "split_s": summary["split_s"],
+        "serialize_s": summary["serialize_s"],
+        "top_tottime": text.getvalue()[-8000:],
+    }
 
 
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
@@ -288,6 +328,8 @@ def prove(out: Path, report: Path) -> int:
     res["save"] = _child(["save", str(archive), str(ref)], out, "save")
     res["load"] = _child(["load", str(archive), str(ref)], out, "load") if res["save"]["_rc"] == 0 else {}
     res["profile"] = _child(["profile", str(archive)], out, "profile") if res["save"]["_rc"] == 0 else {}
+    res["profile_save"] = _child(["profile-save", str(out / "archive-profiled")], out, "profile-save")
+    shutil.rmtree(out / "archive-profiled", ignore_errors=True)
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     text, failed = render(res, started)
     report.write_text(text)
@@ -341,6 +383,11 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
          str(ld.get("lookup"))[:200]),
         ("topology fingerprints of all graphs match their records (verify_topology's check, run separately)",
          ld.get("topology_ok") is True, f"{ld.get('topology_s', 0):.2f} s for all graphs"),
+        ("LOAD instantiates every graph with the flags torch gave SAVE's executable",
+         bool(ld.get("saved_flags")) and ld.get("saved_flags") == sv.get("torch_exec_flags")
+         and ld.get("wrong_flags") == [],
+         f"torch {sv.get('torch_exec_flags')}, archive {ld.get('saved_flags')}, loaded executables that differ: "
+         f"{ld.get('wrong_flags')}"),
         ("a dropped LoadedGraph is released by its finalizer; close() twice is fine; replay after close refused",
          ld.get("finalized") is True and "closed" in str(ld.get("after_close")), str(ld.get("after_close"))[:120]),
     ]  # fmt: skip
@@ -383,7 +430,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     summ = sv.get("summary", {})
     lines += [f"SAVE process: setup + warm-up {sv.get('setup_warmup_s', 0):.2f} s, capture of {len(nodes)} graphs "
               f"{sv.get('capture_s', 0):.2f} s, SAVE {sv.get('save_s', 0):.2f} s (serialize "
-              f"{summ.get('serialize_s', 0):.2f} s), torch instantiate of all graphs "
+              f"{summ.get('serialize_s', 0):.2f} s; by step {_seconds(summ.get('split_s', {}))}), torch "
+              "instantiate of all graphs again "
               f"{sv.get('torch_instantiate_all_s', 0):.2f} s. Archive: {summ.get('images')} kernel images "
               f"({summ.get('image_bytes', 0) / 1e6:.1f} MB), {summ.get('pointers')} distinct in-region "
               "addresses."]  # fmt: skip
@@ -393,6 +441,11 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         lines += ["", f"LOAD under cProfile (separate process, informational; total {pt.get('total_s', 0):.2f} s "
                   "with profiling overhead), top functions by own time:", ""]  # fmt: skip
         lines += ["```", prof["top_tottime"].strip(), "```"]
+    psave = res.get("profile_save", {})
+    if psave.get("top_tottime"):
+        lines += ["", f"SAVE under cProfile (separate process, informational; by step {_seconds(psave['split_s'])} "
+                  "with profiling overhead), top functions by own time:", ""]  # fmt: skip
+        lines += ["```", psave["top_tottime"].strip(), "```"]
     if failed:
         for key in ("save", "load"):
             if res.get(key, {}).get("_log_tail"):
@@ -401,9 +454,13 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     return "\n".join(lines) + "\n", failed
 
 
+def _seconds(split: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in split.items()) or "-"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prove", "save", "load", "profile"])
+    ap.add_argument("step", choices=["prove", "save", "load", "profile", "profile-save"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--result")
     ap.add_argument("--out", default=str(HERE / "out"))
@@ -414,7 +471,8 @@ def main() -> int:
     from graphpersist import region
 
     region.reexec_with_interposer()
-    data = {"save": step_save, "load": step_load, "profile": step_profile}[a.step](*[Path(p) for p in a.paths])
+    steps = {"save": step_save, "load": step_load, "profile": step_profile, "profile-save": step_profile_save}
+    data = steps[a.step](*[Path(p) for p in a.paths])
     Path(a.result).write_text(json.dumps(data, indent=2, default=str))
     return 0
 

@@ -87,7 +87,10 @@ def _instantiate_flags(drv: Any, name: str, graph: Any) -> int:
         graph.instantiate()
         raw = graph.raw_cuda_graph_exec()
     flags = int(images.check(drv.cuGraphExecGetFlags(drv.CUgraphExec(raw)), f"graph {name!r}: cuGraphExecGetFlags"))
-    graphformat.check_instantiate_flags(name, flags)
+    try:
+        graphformat.check_instantiate_flags(name, flags)
+    except graphformat.GraphFormatError as exc:
+        raise PersistError(f"{exc}: SAVE refused") from None
     return flags
 
 
@@ -272,9 +275,9 @@ class Saver:
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
                 saved[name] = graphwalk.serialize(g, table, lo, hi, unused)
-                exec_flags[name] = _instantiate_flags(drv, name, e.graph)
             except (graphformat.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
+            exec_flags[name] = _instantiate_flags(drv, name, e.graph)
             for t in (*e.inputs, *e.output_tensors):
                 if not lo <= t.data_ptr() < hi:
                     raise PersistError(f"graph {name!r}: static tensor at {t.data_ptr():#x} lies outside the region")
@@ -321,10 +324,9 @@ class Saver:
                 raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
                                    "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
         return {
-            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "exec_flags": exec_flags,
-            "used": used,
-            "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark, "phases": rec_phases,
-            "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
+            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
+            "exec_flags": exec_flags, "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark,
+            "phases": rec_phases, "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
             "variable_pointers": [[a, n] for a, n in risky[:64]], "torch_blocks": blocks,
         }  # fmt: skip
 
