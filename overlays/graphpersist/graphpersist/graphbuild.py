@@ -25,7 +25,6 @@ from graphpersist.graphformat import (
     GraphFormatError,
     attr_ids,
     check_events,
-    check_instantiate_flags,
     driver,
     edge_ends,
     verify_blob,
@@ -214,8 +213,8 @@ def rebuild_native(
 
 
 def instantiate(name: str, graph: Any, flags: int) -> Any:
-    """The executable of a rebuilt graph, made with the flags torch made SAVE's executable with (GraphRecord)."""
-    check_instantiate_flags(name, flags)
+    """The executable of a rebuilt graph, made with the flags torch made SAVE's executable with (GraphRecord;
+    graphpack.check_graphs refused flags LOAD cannot repeat before anything was mapped)."""
     drv = driver()
     return check(drv.cuGraphInstantiate(graph, flags), f"graph {name!r}: cuGraphInstantiate(flags {flags:#x})")
 
