@@ -107,7 +107,8 @@ proofkit.write_result(args.result, {
             "examples": (new_start + new_first)[:5]},
     "engine": {"name": "fake", "version": "1.0"},
     "seen": {"extra": extra, "env": {k: os.environ.get(k) for k in ("HOME", "TRITON_CACHE_DIR",
-             "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED")}, "cache_files_at_start": sorted(before)},
+             "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED",
+             "VLLM_WORKER_MULTIPROC_METHOD")}, "cache_files_at_start": sorted(before)},
 })
 if args.mode == "off":  # a warm run leaves a compiled kernel behind (a fresh run must not see it)
     (proofkit.cache_dirs()[0] / "warm-kernel.bin").write_text("compiled by a warm run")
@@ -535,6 +536,46 @@ def test_a_bad_proof_toml_is_misuse_naming_the_key(
     assert prove_cli(recipe, tmp_path / "out") == 2
     assert key in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_env_reaches_only_its_driver_and_the_report_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    recipe = make_recipe(tmp_path, runs=("baseline", "save", "load"))
+    toml = (recipe / "proof.toml").read_text()
+    toml += '\n[[run]]\nname = "load_fork"\nmode = "load"\narchive = "a"\n'
+    toml += 'env = { VLLM_WORKER_MULTIPROC_METHOD = "fork" }\n'
+    (recipe / "proof.toml").write_text(toml)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    seen = {run: json.loads((out / run / "result.json").read_text())["seen"]["env"] for run in ("load", "load_fork")}
+    assert seen["load_fork"]["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert seen["load"]["VLLM_WORKER_MULTIPROC_METHOD"] is None
+    assert json.loads((out / "load_fork" / "run.json").read_text())["env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    logs = {line.split("|")[1].strip(): line for line in report(out)[0].split("## Logs")[1].splitlines()[3:] if line}
+    assert logs["load_fork"].endswith("| env VLLM_WORKER_MULTIPROC_METHOD=fork |")
+    assert "env " not in logs["load"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ('{ "1BAD" = "x" }', "run[1].env: '1BAD' is not an environment variable name"),
+        ("{ FOO = 1 }", "run[1].env.FOO: must be a string, got int (1)"),
+        ('{ GRAPHPERSIST_STATS_DIR = "/tmp" }', "run[1].env.GRAPHPERSIST_STATS_DIR: set by the runner for every run"),
+        ('{ HOME = "/tmp" }', "run[1].env.HOME: a cache_env variable; the runner sets it per run"),
+        ('"fork"', "run[1].env: wrong type str"),
+    ],
+)
+def test_a_bad_run_env_is_misuse_naming_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str, message: str
+) -> None:
+    recipe = make_recipe(tmp_path)
+    toml = (recipe / "proof.toml").read_text().replace('archive = "a"\n', f'archive = "a"\nenv = {env}\n', 1)
+    (recipe / "proof.toml").write_text(toml)
+    assert prove_cli(recipe, tmp_path / "out") == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_driver_that_cannot_start_fails_its_run(tmp_path: Path) -> None:

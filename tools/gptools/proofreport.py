@@ -250,9 +250,13 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
 
 
 def _leftover(data: RunData) -> str:
+    """The Logs table's note: the run's own environment (proof.toml `env`) and processes it left behind."""
     record = data.record or {}
+    notes = [f"env {' '.join(f'{k}={v}' for k, v in sorted(record['env'].items()))}"] if record.get("env") else []
     ended = record.get("ended_processes", 0)
-    return f"ended {ended} leftover process(es) after exit" if ended and not record.get("timed_out") else ""
+    if ended and not record.get("timed_out"):
+        notes.append(f"ended {ended} leftover process(es) after exit")
+    return "; ".join(notes)
 
 
 def write(

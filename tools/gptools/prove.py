@@ -15,7 +15,8 @@ The driver contract:
   aside for its length, and what it wrote is kept in `<out>/<run>/cache`);
   GP_PROOF_CACHE_DIRS lists those folders (os.pathsep-joined); GRAPHPERSIST_STATS_DIR = `<out>/<run>/stats`,
   where the engine writes one `rank_<r>.json` per rank (`rank`, `mode`, `captured`, `restored`, `capture_calls`);
-  PYTHONUNBUFFERED=1.
+  PYTHONUNBUFFERED=1; a run's `env = { NAME = "value" }` adds its own variables (not those the runner sets), and
+  the report's Logs table names them.
 - result: FILE, a JSON object: `ok`, `error`, `start_to_ready_s` (engine constructor wall time), `phases`
   (ordered name -> seconds), `outputs` (workload -> list of greedy token-id lists), `latency` (name -> number),
   `jit` (`new_cache_files_start`, `new_cache_files_first_request`, `examples`), `engine` (`name`, `version`).
@@ -58,8 +59,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns"}
-RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
+RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED", "PYTHONPATH"}
 
 
 class ProofConfigError(ValueError):
@@ -77,6 +79,7 @@ class RunSpec:
     args: tuple[str, ...]
     compare_outputs: bool
     expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
+    env: tuple[tuple[str, str], ...] = ()  # variables this run's driver gets on top of the runner's environment
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,22 @@ def _parse_run(table: Any, i: int) -> RunSpec:
     compare = _get(table, "compare_outputs", where, bool, not refusal)
     if refusal and compare:
         raise ProofConfigError(f"{where}compare_outputs: a run with expect_refusal = true has no outputs to compare")
-    return RunSpec(name, mode, archive, cache, _strings(table, "args", where), compare, refusal)
+    env = _run_env(table, where)
+    return RunSpec(name, mode, archive, cache, _strings(table, "args", where), compare, refusal, env)
+
+
+def _run_env(table: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    """A run's `env = { NAME = "value" }`: what one run changes in its driver's environment (e.g. a start method),
+    never the variables the runner owns (cache folders, stats, PYTHONPATH)."""
+    env = _get(table, "env", where, dict, {})
+    for var, value in env.items():
+        if not ENV_NAME.fullmatch(var):
+            raise ProofConfigError(f"{where}env: {var!r} is not an environment variable name")
+        if not isinstance(value, str):
+            raise ProofConfigError(f"{where}env.{var}: must be a string, got {type(value).__name__} ({value!r})")
+        if var in RUNNER_ENV:
+            raise ProofConfigError(f"{where}env.{var}: set by the runner for every run; it cannot be changed per run")
+    return tuple(sorted(env.items()))
 
 
 def _parse_target(table: Any, i: int, runs: set[str]) -> Target:
@@ -209,6 +227,9 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
     cache_env = _strings(data, "cache_env", "")
     if bad := [v for v in cache_env if not ENV_NAME.fullmatch(v)]:
         raise ProofConfigError(f"cache_env: {bad[0]!r} is not an environment variable name")
+    for i, run in enumerate(runs):
+        if clash := [var for var, _ in run.env if var in cache_env]:
+            raise ProofConfigError(f"run[{i}].env.{clash[0]}: a cache_env variable; the runner sets it per run")
     patterns = {
         "error_patterns": _strings(data, "error_patterns", "", DEFAULT_ERROR_PATTERNS),
         "ignore_patterns": _strings(data, "ignore_patterns", ""),
@@ -274,8 +295,9 @@ def driver_command(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> lis
     return [*cmd, "--result", str(out / spec.name / "result.json"), *spec.args]
 
 
-def driver_env(caches: dict[str, Path], stats: Path) -> dict[str, str]:
+def driver_env(caches: dict[str, Path], stats: Path, run_env: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(run_env)
     env.update({var: str(folder) for var, folder in caches.items()})
     env[proofkit.CACHE_DIRS_ENV] = os.pathsep.join(str(p) for p in caches.values())
     env[proofkit.STATS_DIR_ENV] = str(stats)
@@ -315,14 +337,14 @@ def _execute(recipe: Recipe, out: Path, spec: RunSpec, python: str, run_dir: Pat
         folder.mkdir(parents=True, exist_ok=True)
     cmd = driver_command(recipe, out, spec, python)
     record: dict[str, Any] = {"name": spec.name, "recipe": recipe.dir.resolve().name, "command": cmd,
-                              "started": _now(), "timeout_s": recipe.timeout_s}  # fmt: skip
+                              "env": dict(spec.env), "started": _now(), "timeout_s": recipe.timeout_s}  # fmt: skip
     start = time.monotonic()
     with (run_dir / "log.txt").open("wb") as log:
         try:
             proc = subprocess.Popen(
                 cmd,
                 cwd=recipe.dir,
-                env=driver_env(caches, stats),
+                env=driver_env(caches, stats, spec.env),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
