@@ -116,9 +116,9 @@ class _AttrProbe:
 
     def unreadable_on_fresh(self, p: Any, layout: list[tuple[int, int]], params: bytes, attr: Any) -> int:
         """The error code a fresh node of `p.func` gives for `attr` (0 when it reads fine)."""
-        drv = driver()
         key = (int(p.func), int(attr))
-        if key not in self.answers:
+        if key not in self.answers:  # the driver is asked once per kernel and attribute; later nodes read the cache
+            drv = driver()
             if self.graph is None:
                 self.graph = check(drv.cuGraphCreate(0), "cuGraphCreate (attribute probe)")
             keep = ctypes.create_string_buffer(params, len(params) or 1)
