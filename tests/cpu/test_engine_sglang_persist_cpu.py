@@ -125,6 +125,40 @@ def test_one_gpu_is_supported(srt: SimpleNamespace) -> None:
     srt.facts.refuse_unsupported(StandInServerArgs(tp_size=1), {})
 
 
+def test_torch_symmetric_memory_all_reduce_is_supported(srt: SimpleNamespace) -> None:
+    """`--enable-torch-symm-mem` (the two-shot kernel without multicast, patch 0007): its buffers and peer tables are
+    VMM allocations and imports made in setup, which the runtime places and re-creates like NCCL's."""
+    srt.facts.refuse_unsupported(StandInServerArgs(enable_torch_symm_mem=True), {})
+
+
+def test_load_refuses_an_archive_saved_with_the_other_torch_symm_mem_choice(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    saved = srt.facts.config_flags(StandInServerArgs(enable_torch_symm_mem=True), {})
+    archive = open_archive(write_archive(tmp_path / "a", flags=saved))
+    live = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(), {}))
+    shown = {m.field: (m.saved, m.live) for m in evaluate(archive, live, 0, skip_unknown=True).mismatches}
+    assert shown == {"flags.enable_torch_symm_mem": (True, False)}
+
+
+def test_the_live_torch_symm_mem_communicators_are_named_with_their_state(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the communicator came on depends on more than the flag (world size, GPU, multicast), so the live
+    state is a fact of its own; a group that shares another's communicator is named once."""
+    on = SimpleNamespace(disabled=False, max_size=64 << 20)
+    ps = ModuleType("sglang.srt.distributed.parallel_state")
+    ps._TP = SimpleNamespace(torch_symm_mem_comm=on)
+    ps._ATTN_TP = SimpleNamespace(torch_symm_mem_comm=on)
+    ps._PP = SimpleNamespace(torch_symm_mem_comm=SimpleNamespace(disabled=True, max_size=64 << 20))
+    ps._MOE_EP = SimpleNamespace(torch_symm_mem_comm=None)
+    dist = ModuleType("sglang.srt.distributed")
+    dist.parallel_state = ps  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", ps)
+    assert srt.facts.torch_symm_mem_live() == ["tp:on:67108864", "pp:off:0"]
+
+
 @pytest.mark.parametrize(
     ("change", "names", "instead"),
     [
@@ -136,7 +170,8 @@ def test_one_gpu_is_supported(srt: SimpleNamespace) -> None:
         ({"enable_lora": True}, "LoRA", "without --enable-lora"),
         ({"enable_pdmux": True}, "PD multiplexing", "without --enable-pdmux"),
         ({"enable_torch_compile": True}, "torch.compile", "serve without it"),
-        ({"enable_torch_symm_mem": True}, "symmetric-memory", "--disable-custom-all-reduce"),
+        ({"enable_symm_mem": True}, "NCCL symmetric-memory (--enable-symm-mem)", "--enable-torch-symm-mem"),
+        ({"enable_mscclpp": True}, "MSCCL++", "--disable-custom-all-reduce"),
         ({"attention_backend": "trtllm_mha"}, "attention backend trtllm_mha", "--attention-backend fa3"),
         (
             {"cuda_graph_config": GraphConfig(prefill=Phase("tc_piecewise", [16]))},

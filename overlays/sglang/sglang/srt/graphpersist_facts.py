@@ -81,10 +81,10 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
         raise _refuse("the memory saver (--enable-memory-saver)", "serve without it")
     if getattr(sa, "forward_hooks", None):
         raise _refuse("forward hooks (--forward-hooks)", "serve without them")
-    if sa.enable_symm_mem or sa.enable_torch_symm_mem or sa.enable_mscclpp or sa.enable_nccl_nvls:
+    if sa.enable_symm_mem or sa.enable_mscclpp or sa.enable_nccl_nvls:
         raise _refuse(
-            "symmetric-memory, MSCCL++ or NVLS all-reduce",
-            "use SGLang's default custom all-reduce or --disable-custom-all-reduce",
+            "NCCL symmetric-memory (--enable-symm-mem), MSCCL++ or NVLS all-reduce",
+            "use SGLang's default custom all-reduce, --enable-torch-symm-mem or --disable-custom-all-reduce",
         )
     if sa.enable_profile_cuda_graph or sa.debug_cuda_graph:
         raise _refuse(
@@ -178,6 +178,7 @@ def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str,
         "cuda_graph_prefill_bs": sorted(cfg.prefill.bs or []),
         "disable_cuda_graph_padding": bool(sa.disable_cuda_graph_padding),
         "disable_custom_all_reduce": bool(sa.disable_custom_all_reduce),
+        "enable_torch_symm_mem": bool(sa.enable_torch_symm_mem),
         "custom_all_reduce_v2": env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2"),
         "disable_overlap_schedule": bool(sa.disable_overlap_schedule),
         "quantization": sa.quantization,
@@ -198,7 +199,26 @@ def flags(sess: Any, model_runner: Any, inventory: Mapping[str, list[int]]) -> d
         "memory_pool": dict(sess.pool or {}),
         "max_total_num_tokens": int(model_runner.max_total_num_tokens),
         "custom_all_reduce": customar.describe_live(),
+        "torch_symm_mem": torch_symm_mem_live(),
     }
+
+
+def torch_symm_mem_live() -> list[str]:
+    """Each process group's torch symmetric-memory communicator as `group:on|off:<buffer bytes>`: whether it came
+    on depends on more than the flag (world size, GPU, multicast, patch 0007's GRAPHPERSIST_SYMM_MEM_NO_MULTICAST), and
+    which all-reduces it takes (those below its buffer size) is in the captured graphs."""
+    from sglang.srt import graphpersist_customar as customar
+    from sglang.srt.distributed import parallel_state as ps
+
+    found: list[str] = []
+    seen: set[int] = set()
+    for name in customar.GROUPS:
+        comm = getattr(getattr(ps, f"_{name.upper()}", None), "torch_symm_mem_comm", None)
+        if comm is None or id(comm) in seen:
+            continue
+        seen.add(id(comm))
+        found.append(f"{name}:{'off' if comm.disabled else 'on'}:{int(comm.max_size) if not comm.disabled else 0}")
+    return found
 
 
 def early_check(sess: Any, sa: Any) -> None:
