@@ -318,9 +318,12 @@ def test_the_committed_proof_passes_against_the_fake_server(proof: tuple[Path, d
     report = proof[1]
     checks = {c["name"]: c for c in report["checks"]}
     assert report["headline"] == "all checks passed"
-    assert checks["outputs identical"]["detail"] == "3 runs identical in sequential, concurrent, streamed, chat"
+    assert checks["outputs identical"]["detail"] == "4 runs identical in sequential, concurrent, streamed, chat"
     assert checks["serve_refused refused"]["detail"].endswith("flags.max_model_len: saved 4096, live 2048")
     assert checks["serve_load restored every graph"]["status"] == "pass"
+    assert checks["serve_load_fork restored every graph"]["status"] == "pass"
+    fork = json.loads((proof[0] / "serve_load_fork" / "run.json").read_text())
+    assert fork["env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     assert not [name for name in checks if name.startswith("serve_refused") and "log clean" in name]
     assert [t["name"] for t in report["targets"] if t["status"] == "not measured"] == []
 
