@@ -217,7 +217,7 @@ def torch_symm_mem_live() -> list[str]:
         if comm is None or id(comm) in seen:
             continue
         seen.add(id(comm))
-        found.append(f"{name}:{'off' if comm.disabled else 'on'}:{int(comm.max_size) if not comm.disabled else 0}")
+        found.append(f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}")
     return found
 
 
