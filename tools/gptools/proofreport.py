@@ -244,12 +244,12 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     header, rows = archive_sizes(recipe, Path(data["out"]))
     lines += ["", "## Archive sizes", ""] + (_table(header, rows) if rows else ["no archive found"])
     lines += ["", "## Phases chart", "", chart if chart else f"![phases per run]({CHART})", "", "## Logs", ""]
-    logs = [[n, (d.record or {}).get("started"), str(d.log), _leftover(d)] for n, d in runs.items() if d.ran]
+    logs = [[n, (d.record or {}).get("started"), str(d.log), _log_note(d)] for n, d in runs.items() if d.ran]
     lines += _table(["run", "started", "log", "note"], logs)
     return "\n".join(lines) + "\n"
 
 
-def _leftover(data: RunData) -> str:
+def _log_note(data: RunData) -> str:
     """The Logs table's note: the run's own environment (proof.toml `env`) and processes it left behind."""
     record = data.record or {}
     notes = [f"env {' '.join(f'{k}={v}' for k, v in sorted(record['env'].items()))}"] if record.get("env") else []

@@ -37,20 +37,25 @@ def register_graph_inputs(ca: Any) -> None:
         ca._register_graph_inputs()
 
 
-def live() -> list[tuple[str, Any]]:
-    """(group name, communicator) of every enabled custom all-reduce of this process, once each, in a fixed order."""
+def group_communicators(attr: str) -> list[tuple[str, Any]]:
+    """(group name, communicator) of each process group's `attr` (e.g. `ca_comm`), once each (groups may share
+    one), in a fixed order; groups without one are left out."""
     from sglang.srt.distributed import parallel_state as ps
 
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
     for name in GROUPS:
-        group = getattr(ps, f"_{name.upper()}", None)
-        ca = getattr(group, "ca_comm", None)
-        if ca is None or getattr(ca, "disabled", True) or id(ca) in seen:
+        comm = getattr(getattr(ps, f"_{name.upper()}", None), attr, None)
+        if comm is None or id(comm) in seen:
             continue
-        seen.add(id(ca))
-        found.append((name, ca))
+        seen.add(id(comm))
+        found.append((name, comm))
     return found
+
+
+def live() -> list[tuple[str, Any]]:
+    """(group name, communicator) of every enabled custom all-reduce of this process, once each, in a fixed order."""
+    return [(name, ca) for name, ca in group_communicators("ca_comm") if not getattr(ca, "disabled", True)]
 
 
 def describe_live() -> list[str]:

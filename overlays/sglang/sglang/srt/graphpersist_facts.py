@@ -208,17 +208,11 @@ def torch_symm_mem_live() -> list[str]:
     on depends on more than the flag (world size, GPU, multicast, patch 0007's GRAPHPERSIST_SYMM_MEM_NO_MULTICAST), and
     which all-reduces it takes (those below its buffer size) is in the captured graphs."""
     from sglang.srt import graphpersist_customar as customar
-    from sglang.srt.distributed import parallel_state as ps
 
-    found: list[str] = []
-    seen: set[int] = set()
-    for name in customar.GROUPS:
-        comm = getattr(getattr(ps, f"_{name.upper()}", None), "torch_symm_mem_comm", None)
-        if comm is None or id(comm) in seen:
-            continue
-        seen.add(id(comm))
-        found.append(f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}")
-    return found
+    return [
+        f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}"
+        for name, comm in customar.group_communicators("torch_symm_mem_comm")
+    ]
 
 
 def early_check(sess: Any, sa: Any) -> None:
