@@ -265,9 +265,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "graphpersist_stats": stats,
     }
     if a.replay_timing:  # last: replays overwrite the graphs' static buffers
-        from vllm import graphpersist_replaytime
+        from gpdiag import vllm_replaytime
 
-        timing = llm.collective_rpc(graphpersist_replaytime.replay_timing)[0]
+        timing = llm.collective_rpc(vllm_replaytime.replay_timing)[0]
         result["replay_timing"] = timing
         for kind in ("full", "pieces"):
             if timing.get(kind):
@@ -275,7 +275,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 result["latency"][f"{kind}_round_ms"] = timing[kind]["round_ms"]
         result["latency"]["eager_op_us"] = timing["eager_op_us"]
     if a.diag_probe:  # diagnosis: what the first prompt and the concurrent batch were sampled from
-        from vllm import graphpersist_diag_rpc as diag
+        from gpdiag import vllm_rpc as diag
 
         llm.collective_rpc(diag.probe_install)
         generate(llm, sequential_prompts[:1], 2)
@@ -306,10 +306,11 @@ OPTION_ENV = {
     "diag_save_bytes": "GP_DIAG_SAVE_BYTES",
     "diag_load_profile": "GP_DIAG_LOAD_PROFILE",
 }
+PLUGINS_ENV, DIAG_PLUGIN = "GRAPHPERSIST_PLUGINS", "gpdiag.vllm"  # the worker's observer (tools/ is on PYTHONPATH)
 # Switches that point a variable at the run's folder, where the workers write their files.
 RUN_FOLDER_ENV = {
-    "diag": "GP_DIAG_DUMP",  # graphpersist_diag.py
-    "diag_cprofile": "GP_DIAG_CPROFILE",  # graphpersist_startprofile.py
+    "diag": "GP_DIAG_DUMP",  # tools/gpdiag/vllm_state.py
+    "diag_cprofile": "GP_DIAG_CPROFILE",  # tools/gpdiag/startprofile.py
 }
 
 
@@ -374,6 +375,8 @@ def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
             environ[name] = "1"
         elif value:
             environ[name] = value
+    if any(name.startswith("GP_DIAG_") for name in environ):  # the diagnosis observer reads them (tools/gpdiag)
+        environ[PLUGINS_ENV] = DIAG_PLUGIN
     if a.diag_bisect or a.diag_probe or a.replay_timing:  # functions sent to the worker (LLM.collective_rpc)
         environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 

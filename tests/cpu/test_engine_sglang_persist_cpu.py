@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 from archive_fixtures import live_for, write_archive
 
-from graphpersist import switch
+from graphpersist import engine, switch
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
 from graphpersist.validate import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("session", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast")
+MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast")
 GiB = 1 << 30
 
 
@@ -51,7 +51,9 @@ def srt(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     monkeypatch.delenv(switch.MODE_ENV, raising=False)
     mods = {m: importlib.import_module(f"sglang.srt.graphpersist_{m}") for m in MODULES}
     yield SimpleNamespace(**mods)
-    mods["session"]._session = None
+    active = engine.current()
+    if active is not None:
+        active.deactivate()
     for name in [m for m in sys.modules if m.startswith("sglang.")]:
         sys.modules.pop(name, None)
 
@@ -332,7 +334,7 @@ def test_hooks_do_what_upstream_does_with_persistence_off(srt: SimpleNamespace) 
     assert srt.capture.captured_full(object(), object(), object(), object()) is None
     assert srt.capture.captured_breakable(object(), object(), object(), object()) is None
     assert srt.capture.captured_break(len, (), {}, None) is None
-    assert srt.session.current() is None
+    assert engine.current() is None
 
 
 def test_switch_exports_the_interposer_and_pins_only_what_is_unset(
@@ -444,22 +446,30 @@ class Key:
     variant_label: str | None = None
 
 
-def saving(srt: SimpleNamespace, tmp_path: Path) -> Any:
-    sess = srt.session.Session(switch.Mode.SAVE, tmp_path, 0, 2, saver=StandInSaver())
-    srt.session._session = sess
+def open_session(srt: SimpleNamespace, mode: switch.Mode, directory: Path, saver: Any = None,
+                 model_runner: Any = None) -> engine.PersistSession:  # fmt: skip
+    """A scheduler process's session (rank 0 of 2) over the SGLang adapter, active, as before_distributed opens it
+    (without what needs torch: the capture counter and the model facts)."""
+    adapter = srt.adapter.SglangAdapter(model_runner if model_runner is not None else SimpleNamespace())
+    sess = engine.PersistSession(adapter, mode, directory, 0, 2, saver=saver)
+    sess.activate()
     return sess
+
+
+def saving(srt: SimpleNamespace, tmp_path: Path) -> Any:
+    return open_session(srt, switch.Mode.SAVE, tmp_path, saver=StandInSaver())
 
 
 def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names(
     srt: SimpleNamespace, tmp_path: Path
 ) -> None:
     sess = saving(srt, tmp_path)
-    sess.capturing = "prefill"
+    sess.adapter.capturing = "prefill"
     bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph(), StandInGraph()], _break_fns=[object(), object()])
     for layer in (0, 1):
         srt.capture.captured_break(standin_break_target, (None, True, layer), {"key_value_num_tokens": None}, None)
     srt.capture.captured_breakable(object(), Key(64), bg, ("rows",))
-    sess.capturing = "decode"
+    sess.adapter.capturing = "decode"
     decode = StandInGraph()
     srt.capture.captured_full(object(), Key(8), decode, {"logits": None})
     assert [(n, s, m) for n, _, s, m in sess.saver.added] == [
@@ -473,15 +483,15 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     breaks = sess.notes["prefill"]["prefill/64"]["breaks"]
     assert [b["fn"] for b in breaks] == [f"{__name__}:standin_break_target"] * 2
     assert breaks[1]["args"]["items"][2] == {"kind": "value", "value": 1}
-    assert sess.captured == 4 and sess.breaks == []
+    assert sess.captured == 4 and sess.adapter.breaks == []
 
 
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path) -> None:
     sess = saving(srt, tmp_path)
-    sess.capturing = "decode"
+    sess.adapter.capturing = "decode"
     with pytest.raises(PersistError, match="stream or variant"):
         srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
-    sess.capturing = "prefill"
+    sess.adapter.capturing = "prefill"
     with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
         srt.capture.captured_breakable(
             object(), Key(64), SimpleNamespace(_segments=[StandInGraph()] * 3, _break_fns=[object()]), None
@@ -572,11 +582,11 @@ def test_load_refuses_an_inventory_that_differs(
 def test_load_refuses_a_custom_all_reduce_other_than_saves(
     srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sess = srt.session.Session(switch.Mode.LOAD, Path("/nowhere"), 0, 2)
+    sess = open_session(srt, switch.Mode.LOAD, Path("/nowhere"))
     monkeypatch.setattr(srt.customar, "live", lambda: [])
     notes = {"custom_all_reduce": {"tp": {"first_row": 0, "inputs": [[0x7E0000000000, 4096]]}}}
     with pytest.raises(PersistError, match=r"SAVE registered graph inputs for groups \['tp'\].*communicators for none"):
-        srt.customar.restore_registration(sess, notes)
+        srt.customar.CustomAllReduceV2().restore(sess, notes)
 
 
 # ------------------------------------------------------------------------------------ against the pinned upstream

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import test_engine_sglang_persist_cpu as persist_cpu
 
-from graphpersist import rankstats, switch
+from graphpersist import switch
+from graphpersist.engine import session as engine_session
 from graphpersist.errors import PersistError
 
 srt = persist_cpu.srt  # the fixture: the overlay modules imported as sglang.srt.* from the overlay folder
@@ -491,15 +492,15 @@ def saving(
         events: list[str] = []
         cache = tmp_path / "triton"
         cache.mkdir()
-        sess = srt.session.Session(switch.Mode.SAVE, tmp_path / "archive", 0, 2, saver=RecordingSaver(events))
-        sess.runners, sess.caches = dict(RUNNERS), {"triton": cache}
-        srt.session._session = sess
+        sess = persist_cpu.open_session(srt, switch.Mode.SAVE, tmp_path / "archive", saver=RecordingSaver(events),
+                                        model_runner=SimpleNamespace(server_args=None))  # fmt: skip
+        sess.adapter.runners, sess.caches = dict(RUNNERS), {"triton": cache}
         torch = ModuleType("torch")
         torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "torch", torch)
         for name, value in {"engine_facts": {}, "parallel": {}, "flags": {}, "cpu_gather": None}.items():
             monkeypatch.setattr(srt.facts, name, lambda *a, v=value: v)
-        monkeypatch.setattr(srt.caches, "carry", lambda s: events.append("caches packed") or {})
+        monkeypatch.setattr(type(sess), "carry_caches", lambda s: events.append("caches packed") or {})
 
         def warm_up(mr: Any, runners: dict[str, Any], log: Any) -> Any:
             events.append("first requests")
@@ -541,23 +542,23 @@ def test_the_save_phase_leaves_the_warm_up_out(
     srt: SimpleNamespace, saving: Callable[[], tuple[Any, list[str]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sess, _ = saving()
-    ticks = iter([100.0, 101.0, 104.0, 110.0])  # save starts, warm-up starts, warm-up ends, save ends
+    # save starts, the warm-up starts (session, adapter), the warm-up ends (adapter, session), save ends
+    ticks = iter([100.0, 101.0, 101.0, 104.0, 104.0, 110.0])
     clock = SimpleNamespace(perf_counter=lambda: next(ticks))
-    monkeypatch.setattr(srt.engine, "time", clock)
-    monkeypatch.setattr(rankstats, "time", clock)  # Session.timed (graphpersist.rankstats.RankSession)
+    monkeypatch.setattr(srt.adapter, "time", clock)
+    monkeypatch.setattr(engine_session, "time", clock)
     srt.engine.after_graphs(SimpleNamespace(server_args=None))
     assert sess.timings == {"kernel_warmup_before_save": 3.0, "save": 7.0}
 
 
 def test_load_and_persistence_off_do_nothing_after_the_graphs(srt: SimpleNamespace, tmp_path: Path) -> None:
     assert srt.engine.after_graphs(object()) is None  # off: no session, the model runner is not touched
-    sess = srt.session.Session(switch.Mode.LOAD, tmp_path, 0, 2)
-    srt.session._session = sess
-    assert srt.engine.after_graphs(object()) is None and sess.timings == {} and sess.kernel_warmup is None
+    sess = persist_cpu.open_session(srt, switch.Mode.LOAD, tmp_path)
+    assert srt.engine.after_graphs(object()) is None and sess.timings == {} and sess.stats_extra == {}
 
 
 def test_a_save_whose_graph_seam_never_ran_is_refused(srt: SimpleNamespace, tmp_path: Path) -> None:
-    srt.session._session = srt.session.Session(switch.Mode.SAVE, tmp_path, 0, 2, saver=RecordingSaver([]))
+    persist_cpu.open_session(srt, switch.Mode.SAVE, tmp_path, saver=RecordingSaver([]))
     with pytest.raises(PersistError, match=r"without the persistence seam in capture_cuda_graphs.*SAVE refused"):
         srt.engine.after_graphs(SimpleNamespace(server_args=None))
 

@@ -29,6 +29,7 @@ from warm_python import WarmPython
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 PRELUDE = Path(__file__).resolve().parent / "vllm_persist_prelude.py"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"  # the diagnosis tools (gpdiag) are not in the wheel
 WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
 
 
@@ -283,7 +284,7 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
         "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on "
         "or off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
     )
-    assert outcome.raised("PersistError") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
+    assert outcome.raised("Refused") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
 
 
 @pytest.mark.parametrize(
@@ -378,19 +379,17 @@ def test_kv_budget_below_a_gib_is_refused(vllm: WarmPython, profiled: list[int],
 
 def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
     """agree_kv_bytes: TP=1 uses its own profile; TP>1 gathers every rank's over the CPU group (a stand-in here:
-    no process group on CPU) and every rank records the same budget in its session for LOAD."""
+    no process group on CPU), so every rank returns (and records for LOAD) the same budget."""
     got = vllm.run(
         """
-        sess = open_session("save")
-        one = facts.agree_kv_bytes(sess, 9 * 2**30 + 5)
+        one = facts.agree_kv_bytes(1, 9 * 2**30 + 5)
         gathered = []
         facts.cpu_gather = lambda: (lambda mine: gathered.append(mine) or [mine, 8 * 2**30 + 7 * 2**20])
-        sess.world_size = 2
-        two = facts.agree_kv_bytes(sess, 9 * 2**30 + 5)
-        result = [one, two, sess.kv_bytes, gathered]
+        two = facts.agree_kv_bytes(2, 9 * 2**30 + 5)
+        result = [one, two, gathered]
         """
     ).ok()
-    assert got == [9 * GIB, 8 * GIB, 8 * GIB, [9 * GIB + 5]]
+    assert got == [9 * GIB, 8 * GIB, [9 * GIB + 5]]
 
 
 # A stand-in for the V2 runner's profile path (CPU torch has no CUDA to run a real forward): the dummy forward counts
@@ -452,11 +451,10 @@ def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(v
     notes early_check read; the stats the proof reads count them (graphpersist.kernelchoice)."""
     got = vllm.run(
         f"""
-from vllm import graphpersist_worker as worker
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 sess = open_session({mode!r})
 sess.saved_notes = {{"kernel_choices": {{"cabc": {{"kernel": "k", "candidates": ["a"], "chosen": "a"}}}}}}
-worker._pin_kernel_choices(sess)
+sess.pin_kernel_choices()
 sess.kernel_choices.counts["pinned"] += 2
 result = {{
     "wrapped": CachingAutotuner.autotune_to_one_config.__module__,
@@ -474,39 +472,7 @@ result = {{
 
 def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
     message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
-    assert message == "graphpersist: GP_DIAG_LOAD_PROFILE='tiny': use one of lean, full, small"
-
-
-def test_start_profile_writes_the_ranks_profile_only_when_asked(vllm: WarmPython, tmp_path: Path) -> None:
-    """GP_DIAG_CPROFILE (diagnosis): cProfile from init_device to the end of the warm-up, one file pair per rank."""
-    got = vllm.run(
-        f"""
-from vllm import graphpersist_startprofile as sp
-os.environ.pop(sp.CPROFILE_ENV, None)
-sp.start(); sp.stop(0)
-os.environ[sp.CPROFILE_ENV] = {str(tmp_path / "prof")!r}
-def busy_function_to_find():
-    return sum(i * i for i in range(20000))
-sp.start(); busy_function_to_find(); sp.stop(3)
-sp.stop(3)  # a second stop writes nothing more
-text = Path({str(tmp_path / "prof")!r}, "cprofile.rank3.txt").read_text()
-real = sp.cProfile.Profile
-class Refusing(real):  # Python 3.12+ refuses a second profiling tool
-    def enable(self):
-        raise ValueError("Another profiling tool is already active")
-sp.cProfile.Profile = Refusing
-sp.start(); refused = sp._profiler is None; sp.stop(4)
-sp.cProfile.Profile = real
-result = {{"files": sorted(p.name for p in Path({str(tmp_path)!r}).rglob("cprofile.*")),
-           "found": "busy_function_to_find" in text, "orders": text.count("Ordered by"), "refused": refused}}
-"""
-    ).ok()
-    assert got == {
-        "files": ["cprofile.rank3.pstats", "cprofile.rank3.txt"],
-        "found": True,
-        "orders": 2,
-        "refused": True,
-    }
+    assert message == "graphpersist: LOAD profile 'tiny': use one of lean, full, small"
 
 
 # ---------------------------------------------------------------- persistence off: the capture sites are upstream's
@@ -520,8 +486,8 @@ class UpstreamGraph:
 class PersistentGraph:
     pass
 torch.cuda.CUDAGraph = UpstreamGraph
-from graphpersist import api
-api.PersistentCUDAGraph = PersistentGraph
+from graphpersist import save
+save.PersistentCUDAGraph = PersistentGraph
 """
 
 # Opened before the stand-ins replace torch's graph class: a session counts captures on the real class.
@@ -798,13 +764,14 @@ result = {
 
 
 def test_replay_timing_replays_the_smallest_full_graph_and_one_round_of_every_piece(vllm: WarmPython) -> None:
-    """The driver's --replay-timing (vllm/graphpersist_replaytime.py) times what vLLM dispatches to: the smallest FULL
+    """The driver's --replay-timing (tools/gpdiag/vllm_replaytime.py) times what vLLM dispatches to: the smallest FULL
     graph, and every piece, in piece order, at the smallest size every piece has (the timing itself needs a GPU)."""
     got = vllm.run(
         LOAD
+        + f"import sys\nsys.path.insert(0, {str(TOOLS)!r})\n"
         + """
 import functools
-from vllm import graphpersist_replaytime as rt
+from gpdiag import vllm_replaytime as rt
 replayed = []
 for name, graph in restored.items():
     graph.replay = functools.partial(replayed.append, name)
@@ -900,10 +867,9 @@ notes = {{"kernel_choices": {{"c4f2": {{"kernel": "triton_red_fused_0", "candida
 write_vllm_archive(Path({str(archive)!r}), saved, flags, notes=notes)
 live = engine_config(**{live_args!r})
 torch.cuda.current_device = lambda: 0
-sess = open_session("load", {str(archive)!r})
-sess.model = facts.model_facts(live)
-facts.early_check(sess, live)
-result = {{"kv_bytes": sess.kv_bytes, "model": sess.model, "notes": sess.saved_notes}}
+sess = open_session("load", {str(archive)!r}, cfg=live)
+sess.check_before_setup()
+result = {{"kv_bytes": sess.adapter.kv_bytes, "model": sess.model, "notes": sess.saved_notes}}
 """
 
 
@@ -953,7 +919,7 @@ def test_early_check_refuses_a_folder_that_is_no_archive(vllm: WarmPython, tmp_p
     message = vllm.run(
         f"""
         torch.cuda.current_device = lambda: 0
-        facts.early_check(open_session("load", {str(tmp_path)!r}), engine_config())
+        open_session("load", {str(tmp_path)!r}).check_before_setup()
         """
     ).raised("PersistError")
     assert message.startswith(f"graphpersist: cannot LOAD {tmp_path}: ")
@@ -970,8 +936,7 @@ def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(v
     got = vllm.run(
         f"""
         from vllm import graphpersist_customar as customar
-        from vllm import graphpersist_session as gps
-        from graphpersist import graphwalk, switch
+        from graphpersist import graphwalk
         layout = [tuple(x) for x in {layout!r}]
         eight = {kernel!r}.replace("Li2EE", "Li8EE")
         try:
@@ -979,7 +944,7 @@ def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(v
             wrong = None
         except Exception as exc:
             wrong = str(exc)
-        sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 2)
+        sess = open_session("save", ".", world_size=2)
         unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
         params = graphwalk.zero_ranges(bytes(range(104)), unused({kernel!r}, layout))
         result = {{
@@ -1007,9 +972,8 @@ def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
     )
     got = vllm.run(
         f"""
-        from vllm import graphpersist_session as gps
-        from graphpersist import graphwalk, switch
-        sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 1)
+        from graphpersist import graphwalk
+        sess = open_session("save", ".")
         unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
         raw = bytearray(range(64))
         raw[32:40] = (0x500300000001).to_bytes(8, "little")
@@ -1023,3 +987,87 @@ def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
     assert got["params"] == [0, 1, 2, 3, 0, 0, 0, 0, *range(8, 32), 1, 0, 0, 0, 0, 0, 0, 0, *range(40, 64)]
     assert got["short"] == []  # a parameter block too short to be these Params is left alone
     assert got["other"] == []
+
+
+# ---------------------------------------------------------------- the session: one per process, observers attach to it
+
+
+def test_two_sessions_in_one_process_share_nothing(vllm: WarmPython, tmp_path: Path) -> None:
+    """A session holds the whole run: a SAVE's notes, timings and counts never show in another session; the
+    process-wide slot names the active one, and a second open while one is active is refused."""
+    got = vllm.run(
+        f"""
+        save = open_session("save", {str(tmp_path / "a")!r})
+        save.notes["full"]["full/1/1/1"] = {{"num_tokens": 1}}
+        save.timed("capture", 0.0)
+        save.captured = 3
+        try:
+            open_session("load", {str(tmp_path)!r}, world_size=2)
+            second = None
+        except Exception as exc:
+            second = f"{{type(exc).__name__}}: {{exc}}"
+        save.deactivate()
+        load = open_session("load", {str(tmp_path)!r})
+        with save.activated():
+            inside = engine.current() is save
+        result = {{
+            "second": second,
+            "load": [load.notes, load.timings.keys() - {{"process_start"}}, load.captured, load.saver is None],
+            "save": [sorted(save.notes["full"]), "capture" in save.timings, save.captured],
+            "active": [inside, engine.current() is load],
+        }}
+        """
+    ).ok()
+    assert got["second"] == (
+        "PersistError: graphpersist: a second vllm model runner in one process (a draft model?) cannot be persisted: "
+        "serve without speculative decoding"
+    )
+    assert got["load"] == [{"full": {}, "pieces": {}}, [], 0, True]
+    assert got["save"] == [["full/1/1/1"], True, 3]
+    assert got["active"] == [True, True]
+
+
+def test_an_observer_named_in_the_environment_attaches_and_sees_the_events(vllm: WarmPython, tmp_path: Path) -> None:
+    """GRAPHPERSIST_PLUGINS: the way diagnosis reaches a worker without being in the product (tools/gpdiag)."""
+    (tmp_path / "observer_under_test.py").write_text(
+        "seen = []\n"
+        "def attach(session):\n"
+        "    session.options['load_profile'] = 'small'\n"
+        "    session.on('memory_restored', lambda s, ranges: seen.append((s.rank, ranges)))\n"
+    )
+    got = vllm.run(
+        f"""
+        sys.path.insert(0, {str(tmp_path)!r})
+        os.environ["GRAPHPERSIST_PLUGINS"] = " observer_under_test , "
+        sess = open_session("load", {str(tmp_path)!r})
+        sess.emit("memory_restored", ranges=[(1, 2)])
+        sess.emit("nobody_listens", x=1)
+        import observer_under_test
+        sess.deactivate()
+        os.environ["GRAPHPERSIST_PLUGINS"] = "no_such_observer"
+        try:
+            open_session("load", {str(tmp_path)!r})
+            missing = None
+        except Exception as exc:
+            missing = str(exc)
+        result = {{"seen": observer_under_test.seen, "options": sess.options, "missing": missing}}
+        """
+    ).ok()
+    assert got["seen"] == [[0, [[1, 2]]]]
+    assert got["options"] == {"load_profile": "small"}
+    assert got["missing"].startswith("graphpersist: GRAPHPERSIST_PLUGINS names 'no_such_observer', which cannot be")
+
+
+def test_the_diagnosis_observer_wires_its_switches_to_the_worker(vllm: WarmPython, tmp_path: Path) -> None:
+    """tools/gpdiag/vllm.py: GP_DIAG_EXTRA_WARMUP and GP_DIAG_LOAD_PROFILE become the session options the worker
+    reads; the other switches listen to the session's events (their effects need a GPU)."""
+    got = vllm.run(
+        f"""
+        sys.path.insert(0, {str(TOOLS)!r})
+        os.environ.update(GRAPHPERSIST_PLUGINS="gpdiag.vllm", GP_DIAG_EXTRA_WARMUP="1", GP_DIAG_LOAD_PROFILE="full")
+        sess = open_session("load", {str(tmp_path)!r})
+        result = {{"options": sess.options, "events": sorted(sess._listeners)}}
+        """
+    ).ok()
+    assert got["options"] == {"warm_kernels_at_load": True, "load_profile": "full"}
+    assert got["events"] == ["memory_restored", "ready", "restored", "saved", "started", "stopped"]

@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from archive_fixtures import world, write_archive, write_rank
 
-from graphpersist import jitcache
+from graphpersist import cachefolders, jitcache, switch
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, read_shared
+from graphpersist.engine import EngineAdapter, PersistSession
 from graphpersist.errors import JitCacheError, PersistError
 from graphpersist.jitcache import collect, restore
 
@@ -387,7 +388,7 @@ def test_vllm_cache_folders_follow_the_variables(vllm_caches: types.ModuleType, 
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi-base"))
     monkeypatch.setenv("FLASHINFER_CUBIN_DIR", str(tmp_path / "cubins"))
     monkeypatch.setenv("DG_JIT_CACHE_DIR", "~/dg")
-    found, left_out = vllm_caches.cache_dirs()
+    found, left_out = cachefolders.resolve_all(vllm_caches.resolvers())
     assert left_out == {}
     assert found == {
         "vllm_compile": tmp_path / "vllm-root" / "torch_compile_cache",
@@ -404,7 +405,7 @@ def test_vllm_cache_folders_follow_the_variables(vllm_caches: types.ModuleType, 
 def test_vllm_cache_folders_default_like_the_libraries(vllm_caches: types.ModuleType, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setitem(sys.modules, "torch", None)  # torch absent: Inductor's default cannot be determined
-    found, left_out = vllm_caches.cache_dirs()
+    found, left_out = cachefolders.resolve_all(vllm_caches.resolvers())
     assert found["triton"] == tmp_path / "home" / ".triton" / "cache"
     assert found["flashinfer"] == tmp_path / "home" / ".cache" / "flashinfer"
     assert found["deep_gemm"] == tmp_path / "vllm-root" / "deep_gemm"
@@ -412,58 +413,64 @@ def test_vllm_cache_folders_default_like_the_libraries(vllm_caches: types.Module
     assert left_out["flashinfer_cubins"] == "not used here"
     monkeypatch.delitem(sys.modules, "flashinfer")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else object())
-    assert "flashinfer" not in vllm_caches.cache_dirs()[0]  # not installed: nothing to carry
+    assert "flashinfer" not in cachefolders.resolve_all(vllm_caches.resolvers())[0]  # not installed: not carried
 
 
-class FakeSession:
-    """What graphpersist_caches needs of vLLM's persistence session."""
+class CachesOnly(EngineAdapter):
+    """An engine that answers only the session's cache questions (with vLLM's folders)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.caches: dict[str, Path] = {}
-        self.carried: set[str] | None = None
-        self.timings: dict[str, float] = {}
-        self.lines: list[str] = []
+    def __init__(self, resolvers: dict[str, Any]) -> None:
+        self.resolvers = resolvers
 
-    def log(self, message: str, *args: Any) -> None:
-        self.lines.append(message % args)
+    def cache_resolvers(self) -> dict[str, Any]:
+        return self.resolvers
 
-    def timed(self, name: str, started: float) -> float:
-        self.timings[name] = time.perf_counter() - started
-        return self.timings[name]
+    def _unasked(self, *args: Any) -> Any:
+        raise AssertionError("the session asked more than its caches")
+
+    engine_facts = model_facts = parallel = config_flags = flags = device_index = _unasked
+    cpu_gather = setup_tensors = inventory = install = _unasked
+
+
+def session(vllm_caches: types.ModuleType, mode: switch.Mode, directory: Path, rank: int = 0) -> PersistSession:
+    """A persistence session over vLLM's cache folders, logging into `lines`, as a worker's would be."""
+    sess = PersistSession(CachesOnly(vllm_caches.resolvers()), mode, directory, rank, 2)
+    lines: list[str] = []
+    sess.log = lambda message, *args: lines.append(message % args)  # type: ignore[method-assign]
+    sess.lines = lines  # type: ignore[attr-defined]
+    return sess
 
 
 def test_vllm_save_carries_and_load_restores_the_caches(vllm_caches: types.ModuleType, tmp_path: Path) -> None:
-    saving = FakeSession(tmp_path / "archive")
-    vllm_caches.resolve(saving)
+    saving = session(vllm_caches, switch.Mode.SAVE, tmp_path / "archive")
     saving.caches = make_cache(tmp_path / "warm")
-    carry: Callable[[], dict[str, bytes]] = lambda: vllm_caches.carry(saving)  # noqa: E731 (as the worker passes it)
+    carry: Callable[[], dict[str, bytes]] = saving.carry_caches  # as the session passes it to the Saver
     root = shared_archive(saving.directory, carry())
     assert any(line.startswith("carrying JIT caches") and "triton 3 files" in line for line in saving.lines)
-    vllm_caches.report_late(saving)
+    saving.report_late()
     assert not any("after the archive was written" in line for line in saving.lines)
     late = saving.caches["flashinfer"] / "0.6.14" / "90a" / "cached_ops" / "norm" / "norm.so"
     late.parent.mkdir(parents=True)
     late.write_bytes(b"built by the warm-up after the capture")
-    vllm_caches.report_late(saving)
+    saving.report_late()
     assert saving.lines[-1].startswith("1 JIT cache file(s) were compiled after the archive was written"), saving.lines
     assert "flashinfer/0.6.14/90a/cached_ops/norm/norm.so" in saving.lines[-1]
-    vllm_caches.report_late(FakeSession(tmp_path / "rank1"))  # the other ranks carried nothing: nothing to report
+    session(vllm_caches, switch.Mode.SAVE, tmp_path / "rank1", rank=1).report_late()  # carried nothing: no report
 
-    loading = FakeSession(root)
+    loading = session(vllm_caches, switch.Mode.LOAD, root)
     loading.caches = {"triton": tmp_path / "fresh" / "triton", "flashinfer": tmp_path / "fresh" / "fi"}
-    vllm_caches.restore(loading)
+    loading.restore_caches()
     assert "jitcache" in loading.timings
     assert (tmp_path / "fresh" / "fi" / "0.6.14" / "90a" / "cached_ops" / "sampling" / "sampling.so").exists()
     assert "JIT caches restored" in loading.lines[-1] and "triton 3 files" in loading.lines[-1]
 
-    old = FakeSession(write_archive(tmp_path / "old"))
-    vllm_caches.restore(old)
+    old = session(vllm_caches, switch.Mode.LOAD, write_archive(tmp_path / "old"))
+    old.restore_caches()
     assert "carries no JIT caches" in old.lines[-1] and "jitcache" not in old.timings
 
     (root / jitcache.SHARED_NAME).write_bytes(bytes(len((root / jitcache.SHARED_NAME).read_bytes())))
     with pytest.raises(PersistError, match=r"cannot LOAD .*corrupted file jitcache\.tar"):
-        vllm_caches.restore(FakeSession(root))
+        session(vllm_caches, switch.Mode.LOAD, root).restore_caches()
 
 
 def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_in_the_workers(
@@ -482,9 +489,9 @@ def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_
     shutil.rmtree(root)
     shutil.rmtree(saved["triton"])
 
-    stats = vllm_caches.restore_before_engine(archive)
-    assert stats.written == [str(root / "modelinfos" / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json")]
+    written = vllm_caches.restore_before_engine(archive)
+    assert written == [str(root / "modelinfos" / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json")]
     assert not saved["triton"].exists()  # the workers' business, in their own processes
     old = write_archive(tmp_path / "old")  # saved before archives carried the caches
-    assert vllm_caches.restore_before_engine(old) is None
-    assert vllm_caches.restore_before_engine(tmp_path / "nowhere") is None  # the workers refuse it, naming why
+    assert vllm_caches.restore_before_engine(old) == []
+    assert vllm_caches.restore_before_engine(tmp_path / "nowhere") == []  # the workers refuse it, naming why

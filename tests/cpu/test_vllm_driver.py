@@ -19,6 +19,9 @@ driver = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(driver)
 
 
+PLUGIN = {"GRAPHPERSIST_PLUGINS": "gpdiag.vllm"}  # every diagnosis switch needs the observer that reads it
+
+
 def exported(tmp_path: Path, *flags: str) -> dict[str, str]:
     result = tmp_path / "run" / "result.json"
     a = driver.build_parser().parse_args(["--run", "r", "--mode", "load", "--result", str(result), *flags])
@@ -32,17 +35,21 @@ def test_no_diagnosis_option_exports_nothing(tmp_path: Path) -> None:
 
 
 def test_cprofile_profiles_into_the_runs_folder(tmp_path: Path) -> None:
-    assert exported(tmp_path, "--diag-cprofile") == {"GP_DIAG_CPROFILE": str((tmp_path / "run").resolve())}
+    assert exported(tmp_path, "--diag-cprofile") == {"GP_DIAG_CPROFILE": str((tmp_path / "run").resolve()), **PLUGIN}
 
 
 def test_the_runner_state_dump_goes_into_the_runs_folder_too(tmp_path: Path) -> None:
     folder = str((tmp_path / "run").resolve())
-    assert exported(tmp_path, "--diag", "--diag-cprofile") == {"GP_DIAG_DUMP": folder, "GP_DIAG_CPROFILE": folder}
+    assert exported(tmp_path, "--diag", "--diag-cprofile") == {
+        "GP_DIAG_DUMP": folder,
+        "GP_DIAG_CPROFILE": folder,
+        **PLUGIN,
+    }
 
 
 @pytest.mark.parametrize("how", ["full", "small", "lean"])
 def test_the_load_profile_variant_is_passed_as_given(tmp_path: Path, how: str) -> None:
-    assert exported(tmp_path, "--diag-load-profile", how) == {"GP_DIAG_LOAD_PROFILE": how}
+    assert exported(tmp_path, "--diag-load-profile", how) == {"GP_DIAG_LOAD_PROFILE": how, **PLUGIN}
 
 
 def test_an_unknown_load_profile_variant_is_misuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

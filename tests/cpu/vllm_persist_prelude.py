@@ -18,17 +18,17 @@ import torch
 from vllm import graphpersist_capture as capture
 from vllm import graphpersist_customar as customar
 from vllm import graphpersist_facts as facts
-from vllm import graphpersist_session as gps
 from vllm import graphpersist_switch as gswitch
 from vllm.compilation.cuda_graph import CUDAGraphEntry, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.forward_context import BatchDescriptor
+from vllm.graphpersist_adapter import VllmAdapter
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu import cudagraph_utils
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, ModelCudaGraphManager
 
-from graphpersist import switch
+from graphpersist import engine, switch
 from graphpersist.archive import ArchiveWriter
 from graphpersist.liveenv import collect_live, merge, world_facts
 
@@ -89,9 +89,18 @@ def piece_wrappers(cfg: VllmConfig, count: int) -> list[CUDAGraphWrapper]:
     return [CUDAGraphWrapper(r, cfg, CUDAGraphMode.PIECEWISE) for r in runnables]
 
 
-def open_session(mode: str, directory: str | Path = "/nonexistent-archive", saver: Any = None) -> gps.Session:
-    """The worker's session (rank 0 of 1), opened as PersistWorker opens it; `saver` replaces the real Saver."""
-    sess = gps.open_session(switch.Mode(mode), Path(directory), rank=0, world_size=1)
+def open_session(
+    mode: str,
+    directory: str | Path = "/nonexistent-archive",
+    saver: Any = None,
+    cfg: VllmConfig | None = None,
+    world_size: int = 1,
+) -> engine.PersistSession:
+    """The worker's session (rank 0), opened as PersistWorker opens it, over a stand-in worker that holds `cfg`
+    (default: the tiny model's); `saver` replaces the real Saver."""
+    worker = types.SimpleNamespace(vllm_config=cfg if cfg is not None else engine_config())
+    resolved = switch.Switch(switch.Mode(mode), Path(directory), "test", "test")
+    sess = engine.PersistSession.open(VllmAdapter(worker), resolved, rank=0, world_size=world_size)
     if saver is not None:
         sess.saver = saver
     return sess
@@ -155,7 +164,7 @@ def record_save(manager: ModelCudaGraphManager, wrappers: list[CUDAGraphWrapper]
             entry = CUDAGraphEntry(batch_descriptor=BatchDescriptor(num_tokens=desc.num_tokens), cudagraph=FakeGraph())
             capture.captured_piece(wrapper, entry, (torch.zeros(desc.num_tokens), 7), torch.ones(desc.num_tokens))
     notes = json.loads(json.dumps(sess.notes))
-    gps._session = None  # SAVE's process ends here; LOAD is another process with its own session
+    sess.deactivate()  # SAVE's process ends here; LOAD is another process with its own session
     return notes, saver
 
 

@@ -13,6 +13,7 @@ COMMANDS = (
     "gptools.worktree",
     "gptools.rebase",
     "gptools.hooks",
+    "gptools.importgraph",
     "gptools.pyfloor",
     "gptools.bundle",
     "gptools.prove",

@@ -16,12 +16,10 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gptools import proofkit
-
-if TYPE_CHECKING:
-    from gptools.prove import Recipe, RunSpec
+from gptools.proofrecipe import Recipe, RunSpec
 
 PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
 LOG_TAIL_LINES = 20

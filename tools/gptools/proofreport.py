@@ -16,13 +16,11 @@ import socket
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gptools import proofcheck
 from gptools.proofcheck import Check, RunData
-
-if TYPE_CHECKING:
-    from gptools.prove import Recipe
+from gptools.proofrecipe import Recipe
 
 ALL_PASSED = "all checks passed"
 SHOWN_LOG_LINES = 8

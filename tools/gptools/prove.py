@@ -44,12 +44,12 @@ import time
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gptools import proofcheck, proofkit, proofreport
+from gptools.proofrecipe import Recipe, RunSpec, Target
 
 TOOLS_DIR = Path(__file__).resolve().parents[1]  # put first on drivers' PYTHONPATH for gptools.proofkit
 TERM_GRACE_S = 10.0  # SIGTERM to SIGKILL
@@ -66,51 +66,6 @@ RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED
 
 class ProofConfigError(ValueError):
     """proof.toml says something the runner cannot do; the message names the key."""
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One [[run]] of proof.toml."""
-
-    name: str
-    mode: str
-    archive: str | None
-    cache: str
-    args: tuple[str, ...]
-    compare_outputs: bool
-    expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
-    env: tuple[tuple[str, str], ...] = ()  # variables this run's driver gets on top of the runner's environment
-
-
-@dataclass(frozen=True)
-class Target:
-    """One [[target]]: `num` (/ `den`) must lie within [min, max]; stated in the report, never a check."""
-
-    name: str
-    num: str
-    den: str | None
-    min: float | None
-    max: float | None
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A parsed proof.toml."""
-
-    dir: Path
-    title: str
-    driver: tuple[str, ...]
-    timeout_s: float
-    archive_dir: str
-    cache_env: tuple[str, ...]
-    runs: tuple[RunSpec, ...]
-    targets: tuple[Target, ...]
-    error_patterns: tuple[str, ...]
-    ignore_patterns: tuple[str, ...]
-
-    def archive_path(self, out: Path, name: str) -> Path:
-        """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""
-        return (out / self.archive_dir / name).resolve()
 
 
 # ------------------------------------------------------------------------------------------- proof.toml

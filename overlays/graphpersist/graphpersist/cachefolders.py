@@ -1,6 +1,6 @@
 """The JIT caches both engines share (Inductor, Triton, FlashInfer), and a session's carrying and restoring of them.
 
-Each engine's `graphpersist_caches` names its folders (its own plus these) as resolvers; this module resolves them,
+Each engine's adapter names its folders (its own plus these) as resolvers; this module resolves them,
 packs them at SAVE and puts back at LOAD what the host lacks (`graphpersist.jitcache` does the packing). A resolver
 answers None where its library is not installed; one that raises leaves its folder out, never fails the start.
 """
@@ -73,13 +73,6 @@ def resolve_all(resolvers: Mapping[str, Resolver]) -> tuple[dict[str, Path], dic
         else:
             found[name] = Path(os.path.abspath(folder))
     return found, left_out
-
-
-def record(sess: Any, resolvers: Mapping[str, Resolver]) -> None:
-    """Records the process's cache folders on the session (`sess.caches`), at start, and logs what is left out."""
-    sess.caches, left_out = resolve_all(resolvers)
-    if left_out:
-        sess.log("JIT caches not carried: %s", "; ".join(f"{n} ({why})" for n, why in left_out.items()))
 
 
 def carry(sess: Any) -> dict[str, bytes]:

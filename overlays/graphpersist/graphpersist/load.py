@@ -7,11 +7,9 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +35,11 @@ from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
 from graphpersist.graphset import GraphSet
 from graphpersist.liveenv import collect_live
-from graphpersist.tensors import bytes_at, tensor_at
+from graphpersist.tensors import tensor_at
 from graphpersist.validate import LoadRefused, check_or_refuse, evaluate
 
 # Diagnosis only, never set in production: see _diag_fill.
-DIAG_FILL_ENV = "GP_DIAG_FILL_RESTORED"
+MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
 
 
 @dataclass
@@ -144,7 +142,9 @@ class LoadResult:
             g.close()
 
 
-def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[str], layout.Pending | None]:
+def _restore_memory(
+    archive: Any, rank: int, pointers: list[int], on_memory_restored: MemoryHook | None = None
+) -> tuple[list[str], layout.Pending | None]:
     """Proves setup matches SAVE phase by phase, maps what capture and skipped phases left live at SAVE, and
     checks every graph address lies in memory at its saved address with its saved size. Addresses in memory of
     post-capture phases (re-run by the engine after load()) are checked when those phases end. Returns the
@@ -161,7 +161,8 @@ def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[
         skipped = phases.compare_setup(saved, saved_evs, layout.recorder().phases, live_evs)
         to_map = phases.restore_ranges(saved, saved_evs, live_evs, skipped)
         region.restore(to_map, len(live_evs), post[0].start if post else rec.region.final_offset)
-        _diag_fill(to_map)
+        if on_memory_restored is not None:
+            on_memory_restored(to_map)
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
@@ -171,30 +172,6 @@ def _restore_memory(archive: Any, rank: int, pointers: list[int]) -> tuple[list[
     states = [state.StateRecord.from_json(r) for r in rec.extra.get("state", [])]
     pending = layout.Pending(archive, rank, saved, saved_evs, later, states) if post or states else None
     return skipped, pending
-
-
-def _diag_fill(ranges: list[tuple[int, int]]) -> None:
-    """Diagnosis only (GP_DIAG_FILL_RESTORED=BYTE[:FIRST-LAST]): fill the memory LOAD mapped afresh (or the ranges
-    FIRST..LAST of it, by index in address order, to bisect) with one byte value, to test whether a graph reads
-    restored memory before writing it (its output then changes with the value). GP_DIAG_DUMP=DIR also lists the
-    ranges in DIR/restored-ranges.json."""
-    if where := os.environ.get("GP_DIAG_DUMP"):
-        listing = Path(where) / f"restored-ranges.pid{os.getpid()}.json"
-        listing.write_text(json.dumps([[i, a, s] for i, (a, s) in enumerate(sorted(ranges))]))
-    value = os.environ.get(DIAG_FILL_ENV)
-    if not value:
-        return
-    byte_text, _, span = value.partition(":")
-    byte = int(byte_text, 0) & 0xFF
-    chosen = sorted(ranges)
-    if span:
-        first, _, last = span.partition("-")
-        chosen = chosen[int(first) : int(last or first) + 1]
-    for addr, size in chosen:
-        bytes_at(addr, size).fill_(byte)
-    torch.cuda.synchronize()
-    print(f"graphpersist: {DIAG_FILL_ENV}={value}: filled {len(chosen)} of {len(ranges)} restored ranges "
-          f"({sum(s for _, s in chosen) >> 20} MiB) with {byte:#04x}", flush=True)  # fmt: skip
 
 
 def check_before_setup(directory: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
@@ -225,6 +202,7 @@ def load(
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
     verify_topology: bool = False,
+    on_memory_restored: MemoryHook | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
@@ -234,13 +212,25 @@ def load(
     Every graph's node counts are checked against its record and kernel table; `verify_topology=True` (and the
     reference path, `native=False`) also parses every kernel node and recomputes each graph's topology
     fingerprint, which costs about as much as the rest of LOAD for engine-sized archives (recipes/runtime-scale).
+    `on_memory_restored(ranges)` sees the memory LOAD mapped afresh, before anything writes it (observers).
     """
     par = parallel_layout(parallel)
     coll = collective(par, rank, gather)
     try:
         with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
             result = _load_rank(
-                root, engine, model, sizes, modes, rank, par, flags, native, setup_tensors, verify_topology
+                root,
+                engine,
+                model,
+                sizes,
+                modes,
+                rank,
+                par,
+                flags,
+                native,
+                setup_tensors,
+                verify_topology,
+                on_memory_restored,
             )
     except Exception as exc:
         if coll.world_size > 1:
@@ -270,6 +260,7 @@ def _load_rank(
     native: bool,
     setup_tensors: Mapping[str, torch.Tensor] | None,
     verify_topology: bool,
+    on_memory_restored: MemoryHook | None,
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
@@ -302,7 +293,7 @@ def _load_rank(
     setup.check_pointer_blocks(rec.extra.get("torch_blocks", []))
     t_validate = time.perf_counter()
 
-    skipped, pending = _restore_memory(archive, rank, pointers)
+    skipped, pending = _restore_memory(archive, rank, pointers, on_memory_restored)
     t_memory = time.perf_counter()
 
     loaded = images.LoadedImages()

@@ -28,7 +28,7 @@ The archive is written at the end of the capture, so SAVE runs the V2 runner's k
 FlashInfer's sampling module and the sampler's Triton kernels) once before it (`graphpersist_worker`); whatever is
 still compiled after the archive was written (by vLLM's own warm-up, or the first requests) is carried only when the
 SAVE host's caches already held it from an earlier run. SAVE names such files once its warm-up is done
-(`report_late`).
+(the session's `report_late`).
 
 Artifacts that embed absolute paths (FlashInfer's ninja files name their build folder) are reused only where the
 folders have the same paths as on the SAVE host; elsewhere the engine compiles them again, as it would without this.
@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from graphpersist import cachefolders, jitcache
-from graphpersist.archive import ArchiveError, read_shared
+from graphpersist import engine
 
 
 def _vllm_root() -> Path:
@@ -56,65 +54,23 @@ def _vllm_sub(variable: str, sub: str) -> Path:
     return Path(value).expanduser() if value else _vllm_root() / sub
 
 
-RESOLVERS: dict[str, cachefolders.Resolver] = {
-    "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
-    "vllm_modelinfos": lambda: _vllm_root() / "modelinfos",
-    "vllm_flashinfer_autotune": lambda: _vllm_sub("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"),
-    "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
-    "inductor": cachefolders.inductor,
-    "triton": cachefolders.triton,
-    "flashinfer": cachefolders.flashinfer,
-    "flashinfer_cubins": cachefolders.flashinfer_cubins,
-}
-
-
-def cache_dirs() -> tuple[dict[str, Path], dict[str, str]]:
-    """(name -> absolute folder, name -> why it is left out) for this process, as its environment stands now."""
-    return cachefolders.resolve_all(RESOLVERS)
-
-
-def resolve(sess: Any) -> None:
-    """Records the worker's cache folders on the session: at start, before vLLM's compile redirects Inductor's
-    and Triton's caches into its own folder (process-wide, through their environment variables)."""
-    cachefolders.record(sess, RESOLVERS)
-
-
-def carry(sess: Any) -> dict[str, bytes]:
-    """SAVE, rank 0: the archive's shared JIT-cache file; what it carries is kept for `report_late`."""
-    shared = cachefolders.carry(sess)
-    sess.carried = jitcache.listing(sess.caches)
-    return shared
-
-
-def report_late(sess: Any) -> None:
-    """SAVE, rank 0, once the engine's warm-up is done: names what it compiled after the archive was written (the
-    V2 runner warms its kernels after the capture), which a LOAD on a fresh host would compile again."""
-    if sess.carried is None:
-        return
-    late = sorted(jitcache.listing(sess.caches) - sess.carried)
-    if late:
-        sess.log("%d JIT cache file(s) were compiled after the archive was written, so it lacks them (e.g. %s): a "
-                 "LOAD on a fresh host compiles them again. SAVE once more on this host (its caches hold them now) "
-                 "to carry them", len(late), ", ".join(late[:3]))  # fmt: skip
+def resolvers() -> dict[str, engine.Resolver]:
+    """vLLM's cache folders and the ones every engine shares, by name (the session resolves them at start)."""
+    return {
+        "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
+        "vllm_modelinfos": lambda: _vllm_root() / "modelinfos",
+        "vllm_flashinfer_autotune": lambda: _vllm_sub(
+            "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"
+        ),
+        "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
+        **engine.cache_folders(),
+    }
 
 
 BEFORE_ENGINE = ("vllm_modelinfos",)  # read by the process that builds the configuration, before any worker
 
 
-def restore_before_engine(directory: Path) -> jitcache.CacheStats | None:
-    """LOAD, in the process that resolves the switch: puts back the caches vLLM reads before it starts a worker.
-    None when the archive carries no JIT caches or cannot be read: the workers check the archive before anything
-    else and refuse the LOAD naming why, so this early restore only saves time, never decides."""
-    try:
-        blob = read_shared(directory, jitcache.SHARED_NAME)
-    except ArchiveError:
-        return None
-    if blob is None:
-        return None
-    found, _left_out = cache_dirs()
-    return jitcache.restore(blob, {name: found[name] for name in BEFORE_ENGINE if name in found})
-
-
-def restore(sess: Any) -> None:
-    """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-    cachefolders.restore(sess)
+def restore_before_engine(directory: Path) -> list[str]:
+    """LOAD, in the process that resolves the switch: puts back the caches vLLM reads before it starts a worker
+    (BEFORE_ENGINE); returns the files written. The workers restore everything else."""
+    return engine.restore_caches_early(directory, resolvers(), BEFORE_ENGINE)

@@ -17,19 +17,15 @@ import dataclasses
 from typing import Any
 
 import torch
-from vllm import graphpersist_session as gps
 
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError
 
 
 def new_graph() -> torch.cuda.CUDAGraph:
     """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
-    sess = gps.current()
-    if sess is not None and sess.saving:
-        from graphpersist import api
-
-        return api.PersistentCUDAGraph()
-    return torch.cuda.CUDAGraph()
+    sess = engine.current()
+    return sess.new_graph() if sess is not None else torch.cuda.CUDAGraph()
 
 
 def full_name(desc: Any) -> str:
@@ -52,42 +48,35 @@ def piece_index(wrapper: Any) -> int:
 
 def captured_full(manager: Any, desc: Any, graph: Any) -> None:
     """SAVE: a FULL graph was captured; its output is the manager's hidden_states buffer."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
-    assert sess.saver is not None
     if not getattr(manager, "is_last_pp_rank", True) or getattr(manager, "use_aux_hidden_state_outputs", False):
         raise PersistError("graphpersist: FULL graphs of a non-last pipeline stage or with auxiliary hidden "
                                "states are not persisted (refused)")  # fmt: skip
-    graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
     name = full_name(desc)
     fields = dataclasses.asdict(desc)
     fields["cg_mode"] = desc.cg_mode.name
     sess.notes["full"][name] = fields
-    sess.saver.add(name, graph, [], manager.hidden_states, capture_size=desc.num_tokens, mode="full")
-    sess.captured += 1
+    sess.add_graph(name, graph, [], manager.hidden_states, size=desc.num_tokens, mode="full")
 
 
 def captured_piece(wrapper: Any, entry: Any, args: tuple[Any, ...], output: Any) -> None:
     """SAVE: one piece of a PIECEWISE forward was captured for `entry.batch_descriptor`."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
-    assert sess.saver is not None
-    entry.cudagraph.instantiate()
     name = piece_name(entry.batch_descriptor, piece_index(wrapper))
     sess.notes["pieces"][name] = dataclasses.asdict(entry.batch_descriptor)
     inputs = [x for x in args if isinstance(x, torch.Tensor)]
-    sess.saver.add(name, entry.cudagraph, inputs, output, capture_size=entry.batch_descriptor.num_tokens,
-                   mode="piecewise")  # fmt: skip
-    sess.captured += 1
+    sess.add_graph(name, entry.cudagraph, inputs, output, size=entry.batch_descriptor.num_tokens, mode="piecewise")
 
 
-def expected_inventory(manager: Any) -> tuple[list[int], list[str]]:
+def expected_inventory(manager: Any) -> engine.Inventory:
     """The capture sizes and modes this live configuration would capture (what LOAD must find saved)."""
     sizes = sorted({d.num_tokens for descs in manager._capture_descs.values() for d in descs})
     modes = sorted({m.name.lower() for m in manager._capture_descs})
-    return sizes, modes
+    return engine.Inventory(sizes, modes)
 
 
 def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:

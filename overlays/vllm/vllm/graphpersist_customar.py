@@ -17,9 +17,9 @@ import struct
 from typing import Any
 
 import torch
-from vllm import graphpersist_session as gps
 
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError
 
 PHASE = "custom_all_reduce"
 STATE = "custom_all_reduce.rank_data"
@@ -52,19 +52,17 @@ def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple
 
 def register_graph_buffers(ca: Any) -> None:
     """Called where upstream calls `ca.register_graph_buffers()` at the end of capture."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         ca.register_graph_buffers()
         return
     from vllm import _custom_ops as ops
 
-    from graphpersist import api
-
-    with api.phase(PHASE):
+    with sess.phase(PHASE):
         _, offsets = ops.get_graph_buffer_ipc_meta(ca._ptr)  # what upstream's call below exports, counted
         ca.register_graph_buffers()
     torch.cuda.synchronize()
-    api.declare_state(STATE, ca.rank_data, how="bytes")
+    sess.declare_state(STATE, ca.rank_data, how="bytes")
     sess.notes[PHASE] = {"own_pointers": _own_pointers(ca, len(offsets)), "world_size": ca.world_size}
 
 
@@ -89,37 +87,41 @@ def active() -> Any:
     return ca if ca is not None and not ca.disabled else None
 
 
-def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
-    """LOAD: re-open the peers' graph buffers at SAVE's addresses and declare the saved rows."""
-    ca = active()
-    saved = notes.get(PHASE)
-    if ca is None and saved is None:
-        return
-    if ca is None or saved is None:
-        live = "on" if ca is not None else "off"
-        raise PersistError(
-            f"graphpersist: custom all-reduce is {live} in this LOAD but was "
-            f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
-        )
-    from cuda.bindings import driver as drv
+class CustomAllReduce(engine.Communicator):
+    """vLLM's custom all-reduce as the session sees it: SAVE registers inside upstream's capture
+    (`register_graph_buffers`), LOAD re-opens the peers' graph buffers at SAVE's addresses."""
 
-    from graphpersist import api
+    name = PHASE
 
-    own = [int(p) for p in saved["own_pointers"]]
-    with api.phase(PHASE):
-        mine = [_export(drv, _range_start(drv, ptr)) for ptr in own]  # one export call per buffer, as C++ does
-        everyone = _gather(ca, mine)
-        opened: dict[bytes, int] = {}
-        for i in range(len(own)):
-            for peer in range(ca.world_size):
-                if peer == ca.rank:
-                    continue
-                handle = everyone[peer][i]
-                if handle not in opened:
-                    opened[handle] = _open(drv, handle)
-        sess.kept.append(opened)
-    api.declare_state(STATE, ca.rank_data, how="bytes")
-    sess.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))
+    def restore(self, session: engine.PersistSession, notes: Any) -> None:
+        """LOAD: re-open the peers' graph buffers at SAVE's addresses and declare the saved rows."""
+        ca = active()
+        saved = notes.get(PHASE)
+        if ca is None and saved is None:
+            return
+        if ca is None or saved is None:
+            live = "on" if ca is not None else "off"
+            raise PersistError(
+                f"graphpersist: custom all-reduce is {live} in this LOAD but was "
+                f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
+            )
+        from cuda.bindings import driver as drv
+
+        own = [int(p) for p in saved["own_pointers"]]
+        with session.phase(PHASE):
+            mine = [_export(drv, _range_start(drv, ptr)) for ptr in own]  # one export call per buffer, as C++ does
+            everyone = _gather(ca, mine)
+            opened: dict[bytes, int] = {}
+            for i in range(len(own)):
+                for peer in range(ca.world_size):
+                    if peer == ca.rank:
+                        continue
+                    handle = everyone[peer][i]
+                    if handle not in opened:
+                        opened[handle] = _open(drv, handle)
+            session.kept.append(opened)
+        session.declare_state(STATE, ca.rank_data, how="bytes")
+        session.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))
 
 
 def _gather(ca: Any, mine: list[bytes]) -> list[list[bytes]]:

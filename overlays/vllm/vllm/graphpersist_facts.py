@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from graphpersist import api, ranks
-from graphpersist.liveenv import collect_live
+from graphpersist import engine
+from graphpersist.engine import PersistError
 
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
@@ -23,8 +23,8 @@ SUPPORTED = (
 )
 
 
-def _refuse(what: str, instead: str) -> api.PersistError:
-    return api.PersistError(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
+def _refuse(what: str, instead: str) -> engine.Refused:
+    return engine.Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
 
 
 def refuse_unsupported(cfg: Any) -> None:
@@ -102,50 +102,39 @@ def config_flags(cfg: Any) -> dict[str, Any]:
     }
 
 
-def flags(worker: Any) -> dict[str, Any]:
+def flags(worker: Any, kv_bytes: int | None) -> dict[str, Any]:
     """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
     from vllm import graphpersist_customar as customar
-    from vllm import graphpersist_session as gps
 
     cfg = worker.vllm_config
     runner = worker.model_runner
-    sess = gps.current()
     backends = sorted({g.backend.get_name() for groups in runner.attn_groups for g in groups})
     return {
         **config_flags(cfg),
         "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
         "cudagraph_capture_sizes": sorted(cfg.compilation_config.cudagraph_capture_sizes or []),
         "attention_backends": backends,
-        "kv_available_bytes": None if sess is None else sess.kv_bytes,
+        "kv_available_bytes": kv_bytes,
         "kv_num_blocks": worker.cache_config.num_gpu_blocks,
         "custom_all_reduce": customar.active() is not None,
         "vllm_config_hash": cfg.compute_hash(),
     }
 
 
-def early_check(sess: Any, cfg: Any) -> None:
-    """LOAD, right after the region exists: versions, GPU, layout, model and configuration flags, by name."""
-    live = collect_live(
-        device=torch.cuda.current_device(),
-        engine=engine_facts(),
-        model=sess.model,
-        parallel=parallel(cfg),
-        flags=config_flags(cfg),
-    )
-    archive = api.check_before_setup(sess.directory, live, sess.rank)
-    saved = archive.manifest.world.flags.get("kv_available_bytes")
+def saved_kv_bytes(directory: Any, saved_flags: dict[str, Any]) -> int:
+    """LOAD: the KV-cache size SAVE used (flags.kv_available_bytes); refuses an archive without one."""
+    saved = saved_flags.get("kv_available_bytes")
     if not isinstance(saved, int) or saved <= 0:
-        raise api.PersistError(f"graphpersist: {sess.directory} records no KV-cache size (flags.kv_available_bytes "
-                               f"= {saved!r}). Re-run with mode=save.")  # fmt: skip
-    sess.kv_bytes = saved
-    sess.saved_notes = archive.rank_facts(sess.rank).engine_notes()
+        raise PersistError(f"graphpersist: {directory} records no KV-cache size (flags.kv_available_bytes "
+                           f"= {saved!r}). Re-run with mode=save.")  # fmt: skip
+    return saved
 
 
 def check_free_memory(kv_bytes: int) -> None:
     """LOAD reuses SAVE's KV size instead of profiling: refuse when this GPU cannot hold it now."""
     free, total = torch.cuda.mem_get_info()
     if free < kv_bytes:
-        raise api.PersistError(
+        raise PersistError(
             f"graphpersist: the archive's KV cache needs {kv_bytes / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB "
             f"of {total / 2**30:.2f} GiB are free on this GPU: free the GPU (other processes?) or re-run with "
             "mode=save on this host"
@@ -164,29 +153,28 @@ def kv_budget(profiled: list[int]) -> int:
     """
     smallest = int(min(profiled))
     if smallest < KV_GRANULE:
-        raise api.PersistError(
+        raise PersistError(
             f"graphpersist: the memory profile leaves {smallest // 2**20} MiB for the KV cache, less than the "
             f"{KV_GRANULE >> 30} GiB SAVE needs: raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
         )
     return smallest - smallest % KV_GRANULE
 
 
-def agree_kv_bytes(sess: Any, mine: int) -> int:
-    """SAVE: every rank returns the same budget (kv_budget over all ranks' profiles) and records it for LOAD."""
-    values = cpu_gather()(mine) if sess.world_size > 1 else [mine]
-    sess.kv_bytes = kv_budget(values)
-    return sess.kv_bytes
+def agree_kv_bytes(world_size: int, mine: int) -> int:
+    """SAVE: every rank returns the same budget (kv_budget over all ranks' profiles), which it records for LOAD."""
+    values = cpu_gather()(mine) if world_size > 1 else [mine]
+    return kv_budget(values)
 
 
-def cpu_gather() -> ranks.Gather:
+def cpu_gather() -> Any:
     """Rank agreement over vLLM's CPU (gloo) world group: nothing touches the GPU or NCCL."""
     from vllm.distributed.parallel_state import get_world_group
 
-    return ranks.torch_gather(get_world_group().cpu_group)
+    return engine.torch_gather(get_world_group().cpu_group)
 
 
-LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"  # diagnosis: which forward LOAD's profile phase runs (compile_forward)
-LOAD_PROFILES = ("lean", "full", "small")  # the first is LOAD's
+LOAD_PROFILE_OPTION = "load_profile"  # the session option naming which forward LOAD's profile phase runs
+LOAD_PROFILES = ("lean", "full", "small")  # the first is LOAD's; observers may choose another (diagnosis)
 
 
 def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float]:
@@ -197,12 +185,13 @@ def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float
     sampler's shape in the profile run; measured at TP=1 (recipes/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the
     profile run's max_num_batched_tokens forward, first request as fast.
 
-    Variants (diagnosis, GP_DIAG_LOAD_PROFILE): `full` runs upstream's profile run (max_num_batched_tokens and the
-    sampler), `small` a one-token forward without the sampler (loading the compiled model alone). Returns the parts
+    Variants (diagnosis: an observer sets the session option `load_profile`): `full` runs upstream's profile run
+    (max_num_batched_tokens and the sampler), `small` a one-token forward without the sampler (loading the compiled
+    model alone). Returns the parts
     in seconds: `compile` (what vLLM's torch.compile monitor counted: loading the compiled model, and the first forward
     through it), `sampler` and `forward` (the rest)."""
     if how not in LOAD_PROFILES:
-        raise api.PersistError(f"graphpersist: {LOAD_PROFILE_ENV}={how!r}: use one of {', '.join(LOAD_PROFILES)}")
+        raise PersistError(f"graphpersist: LOAD profile {how!r}: use one of {', '.join(LOAD_PROFILES)}")
     comp = runner.vllm_config.compilation_config
     compiled_before = float(comp.compilation_time)
     sampler_s = 0.0

@@ -15,7 +15,8 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from graphpersist import region, switch
+from graphpersist import engine
+from graphpersist.engine import switch
 
 logger = init_logger(__name__)
 
@@ -71,11 +72,11 @@ def _restore_caches_before_engine(resolved: switch.Switch) -> None:
     from vllm import graphpersist_caches as caches
 
     assert resolved.directory is not None
-    stats = caches.restore_before_engine(resolved.directory)
-    if stats is not None and stats.written:
-        restored_before_engine.extend(stats.written)
-        logger.info("graphpersist: %d cache file(s) restored before the engine starts (%s)", len(stats.written),
-                    ", ".join(sorted(stats.files)))  # fmt: skip
+    written = caches.restore_before_engine(resolved.directory)
+    if written:
+        restored_before_engine.extend(written)
+        logger.info("graphpersist: %d cache file(s) restored before the engine starts (%s)", len(written),
+                    ", ".join(caches.BEFORE_ENGINE))  # fmt: skip
 
 
 restored_before_engine: list[str] = []  # what this process restored (not compiled here: the proof tells them apart)
@@ -83,12 +84,7 @@ restored_before_engine: list[str] = []  # what this process restored (not compil
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
     """What the engine core and worker processes need to find the switch and run under the runtime."""
-    environ[switch.MODE_ENV] = resolved.mode.value
-    environ[switch.DIR_ENV] = str(resolved.directory)
-    preload = region.preload_env(env=dict(environ))
-    for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
-        if name in preload:
-            environ[name] = preload[name]
+    engine.export_environment(resolved, environ)
 
 
 _spawn_logged = False
@@ -105,7 +101,7 @@ def start_method(upstream: str) -> str:
     (about 20 s at TP=2 on the reference host). With persistence off this returns vLLM's choice unchanged.
     """
     global _spawn_logged
-    if upstream == "spawn" or not switch.resolve().enabled or region.loaded():
+    if upstream == "spawn" or not switch.resolve().enabled or engine.interposer_loaded():
         return upstream
     if not _spawn_logged:
         _spawn_logged = True

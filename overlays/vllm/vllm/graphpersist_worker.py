@@ -30,35 +30,22 @@ same archive); LOAD never profiles: it reuses that budget, checked against the G
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import Any
 
 import torch
-from vllm import graphpersist_caches as caches
-from vllm import graphpersist_capture as capture
-from vllm import graphpersist_customar as customar
-from vllm import graphpersist_diag as diag
 from vllm import graphpersist_facts as facts
-from vllm import graphpersist_session as gps
-from vllm import graphpersist_startprofile as startprofile
+from vllm.graphpersist_adapter import VllmAdapter
 from vllm.v1.worker.gpu_worker import Worker
 
-from graphpersist import api, breakdown, kernelchoice, rankstats, region, switch
+from graphpersist import engine
+from graphpersist.engine import PersistError
 
 # Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
 # code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
 PROFILE_SPAN = 96 << 30
 WARMUP_SPAN = 48 << 30
-
-
-def _pin_kernel_choices(sess: gps.Session) -> None:
-    """Inductor's timed launch configs (graphpersist.kernelchoice): SAVE records them in the rank's notes, LOAD
-    launches the archive's."""
-    saved = sess.saved_notes.get(kernelchoice.NOTES_KEY) if sess.loading else None
-    sess.kernel_choices = kernelchoice.install(loading=sess.loading, saved=saved, log=lambda m: sess.log("%s", m))
-    if not sess.loading:
-        sess.notes[kernelchoice.NOTES_KEY] = sess.kernel_choices.used  # filled as kernels first launch
+WARM_AT_LOAD = "warm_kernels_at_load"  # session option (diagnosis): LOAD runs the kernel warm-up SAVE runs
 
 
 def _release_cached() -> None:
@@ -72,101 +59,100 @@ class PersistWorker(Worker):
     """vLLM's GPU worker with CUDA-graph persistence (mode save or load)."""
 
     _graphs_done: float | None = None
+    _persist: engine.PersistSession | None = None
+
+    @property
+    def persist(self) -> engine.PersistSession:
+        assert self._persist is not None, "PersistWorker without a persistence session"
+        return self._persist
+
+    @property
+    def adapter(self) -> VllmAdapter:
+        adapter = self.persist.adapter
+        assert isinstance(adapter, VllmAdapter)
+        return adapter
 
     def init_device(self) -> None:
-        startprofile.start()  # diagnosis only (GP_DIAG_CPROFILE)
-        resolved = switch.resolve()
+        started = time.perf_counter()
+        resolved = engine.switch.resolve()
         facts.refuse_unsupported(self.vllm_config)
-        if not region.loaded():
-            raise api.PersistError(
+        if not engine.interposer_loaded():
+            raise PersistError(
                 "graphpersist: this worker runs without the runtime's interposer (LD_PRELOAD); start vLLM through "
                 "an entry point that resolves --graph-persist (LLM, vllm serve) so worker processes inherit it"
             )
-        assert resolved.directory is not None
-        started = time.perf_counter()
-        sess = gps.open_session(resolved.mode, resolved.directory, self.rank, self.parallel_config.world_size)
-        sess.timings["process_start"] = rankstats.seconds_since_process_start()
-        sess.model = facts.model_facts(self.vllm_config)
-        caches.resolve(sess)  # before vLLM's compile redirects Inductor's and Triton's caches
-        torch.cuda.set_device(facts.device_index(self))  # the region belongs to this rank's GPU
-        info = api.start_region()
-        diag.start_history()
-        if sess.loading:
-            facts.early_check(sess, self.vllm_config)
-            caches.restore(sess)  # before anything compiles
-            api.use_layout(sess.directory, rank=self.rank)
-        _pin_kernel_choices(sess)
-        sess.log("%s, region %#x + %d GiB", resolved.describe(), info.base, info.size >> 30)
+        adapter = VllmAdapter(self)
+        sess = self._persist = engine.PersistSession.open(adapter, resolved, self.rank,
+                                                          self.parallel_config.world_size)  # fmt: skip
+        sess.start()  # before vLLM's compile redirects Inductor's and Triton's caches, and before distributed init
+        sess.pin_kernel_choices()
         super().init_device()
         facts.refuse_unsupported_runner(self)
         sess.timed("init_device", started)
 
     def determine_available_memory(self) -> int:
-        sess = _session()
+        sess, adapter = self.persist, self.adapter
         started = time.perf_counter()
-        with api.phase("profile", exact=False, span=PROFILE_SPAN):
+        with sess.phase("profile", exact=False, span=PROFILE_SPAN):
             if sess.loading:
-                assert sess.kv_bytes is not None  # early_check read it
-                available = sess.kv_bytes
+                assert adapter.kv_bytes is not None  # read_saved read it
+                available = adapter.kv_bytes
                 facts.check_free_memory(available)
-                how = os.environ.get(facts.LOAD_PROFILE_ENV, facts.LOAD_PROFILES[0])
+                how = sess.options.get(facts.LOAD_PROFILE_OPTION, facts.LOAD_PROFILES[0])
                 parts = facts.compile_forward(self.model_runner, how)
                 sess.timings.update({f"profile_{name}": seconds for name, seconds in parts.items()})
             else:
                 available = super().determine_available_memory()
             _release_cached()
         if not sess.loading:
-            available = facts.agree_kv_bytes(sess, available)
+            available = adapter.kv_bytes = facts.agree_kv_bytes(sess.world_size, available)
         sess.timed("profile", started)
         return available
 
     def initialize_from_config(self, kv_cache_config: Any) -> None:
-        started = time.perf_counter()
-        with api.phase("kv_cache"):
+        sess = self.persist
+        with sess.phase("kv_cache", timed="kv_cache"):
             super().initialize_from_config(kv_cache_config)
-        _session().timed("kv_cache", started)
-        api.begin_phase("warmup", exact=False, span=WARMUP_SPAN)  # ends where the capture starts (capture_model below)
+        sess.begin_phase("warmup", exact=False, span=WARMUP_SPAN)  # ends where the capture starts (below)
         self._warmup_started = time.perf_counter()
         upstream_capture = self.model_runner.capture_model
         self.model_runner.capture_model = lambda: self._capture_or_restore(upstream_capture)
 
     def compile_or_warm_up_model(self) -> Any:
-        sess = _session()
+        sess = self.persist
         try:
             compiled = super().compile_or_warm_up_model()
-            caches.report_late(sess)  # SAVE: what the warm-up after the capture compiled is not in the archive
-            diag.dump_runner_state(self.model_runner, self.rank, saving=not sess.loading)
+            sess.report_late()  # SAVE: what the warm-up after the capture compiled is not in the archive
+            sess.emit("ready", worker=self)
             return compiled
         finally:
             if self._graphs_done is not None:  # vLLM's own warm-up after the graphs (kernel warm-up, sampler)
                 sess.timed("after_graphs", self._graphs_done)
             sess.write_stats()
-            startprofile.stop(self.rank)
+            sess.emit("stopped", worker=self)
 
     def _capture_or_restore(self, upstream_capture: Any) -> int:
-        sess = _session()
-        if not sess.loading or diag.extra_warmup():
+        sess = self.persist
+        if not sess.loading or sess.options.get(WARM_AT_LOAD):
             self._warm_kernels_before_save()
         _release_cached()  # inside the variable phase: what the warm-ups cached differs between SAVE and LOAD
-        api.end_phase()
+        sess.end_phase()
         sess.timed("warmup", self._warmup_started)
-        runner = self.model_runner
-        manager = runner.cudagraph_manager
+        manager = self.model_runner.cudagraph_manager
         if manager is None or not manager.needs_capture():
-            raise api.PersistError(
+            raise PersistError(
                 "graphpersist: this configuration captures no CUDA graphs (enforce_eager or cudagraph_mode NONE): "
                 "there is nothing to persist; turn persistence off"
             )
-        api.mark_setup(facts.setup_tensors(runner))
+        sess.mark_setup()
         started = time.perf_counter()
         if not sess.loading:
             graph_bytes = upstream_capture()
             sess.timed("capture", started)
-            self._save()
+            sess.save(before_write=lambda: None)  # vLLM's kernel warm-up ran before the capture (above)
         else:
             graph_bytes = 0
-            self._restore(manager)
-            sess.timed("restore", started)
+            sess.restore()
         self._graphs_done = time.perf_counter()
         return graph_bytes
 
@@ -180,57 +166,4 @@ class PersistWorker(Worker):
         started = time.perf_counter()
         warmup_kernels(self.model_runner, self.execute_model, self.sample_tokens)
         torch.cuda.synchronize()
-        _session().timed("kernel_warmup_before_save", started)
-
-    def _save(self) -> None:
-        sess = _session()
-        assert sess.saver is not None
-        started = time.perf_counter()
-        summary = sess.saver.save(
-            sess.directory,
-            engine=facts.engine_facts(),
-            model=sess.model,
-            rank=self.rank,
-            parallel=facts.parallel(self.vllm_config),
-            flags=facts.flags(self),
-            overwrite=True,
-            gather=facts.cpu_gather(),
-            notes=sess.notes,
-            shared=(lambda: caches.carry(sess)) if self.rank == 0 else None,  # the ranks share the host's caches
-        )
-        sess.done = True
-        took = sess.timed("save", started)
-        diag.dump_dots({n: e.graph.raw_cuda_graph() for n, e in sess.saver.entries.items()}, saving=True)
-        sess.log(
-            "saved %d graphs to %s in %.2f s (%s)", sess.captured, sess.directory, took, breakdown.of_save(summary)
-        )
-
-    def _restore(self, manager: Any) -> None:
-        sess = _session()
-        sizes, modes = capture.expected_inventory(manager)
-        result = api.load(
-            sess.directory,
-            engine=facts.engine_facts(),
-            model=sess.model,
-            sizes=sizes,
-            modes=modes,
-            rank=self.rank,
-            parallel=facts.parallel(self.vllm_config),
-            flags=facts.flags(self),
-            setup_tensors=facts.setup_tensors(self.model_runner),
-            gather=facts.cpu_gather(),
-        )
-        sess.kept.append(result)
-        diag.dump_dots({n: g.graph for n, g in result.graphs.items()}, saving=False)
-        sess.restored = capture.install(manager, result, result.notes)
-        customar.restore_registration(sess, result.notes)
-        api.verify_state()
-        sess.done = True
-        sess.log("restored %d graphs from %s in %.2f s (%s)", sess.restored, sess.directory,
-                 result.timings["total_s"], breakdown.of_load(result.timings))  # fmt: skip
-
-
-def _session() -> gps.Session:
-    sess = gps.current()
-    assert sess is not None, "PersistWorker without a persistence session"
-    return sess
+        self.persist.timed(engine.KERNEL_WARMUP, started)

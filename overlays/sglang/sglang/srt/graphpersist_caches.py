@@ -32,9 +32,8 @@ import getpass
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from graphpersist import cachefolders
+from graphpersist import engine
 
 
 def _env_or(variable: str, default: str) -> Path:
@@ -47,32 +46,15 @@ def _cute_dsl() -> Path:
     return Path(value) if value else Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
 
 
-RESOLVERS: dict[str, cachefolders.Resolver] = {
-    "tvm_ffi": lambda: _env_or("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
-    "sglang": lambda: _env_or("SGLANG_CACHE_DIR", "~/.cache/sglang"),
-    "flashinfer": cachefolders.flashinfer,
-    "flashinfer_cubins": cachefolders.flashinfer_cubins,
-    "triton": cachefolders.triton,
-    "inductor": cachefolders.inductor,
-    "cute_dsl": _cute_dsl,
-}
-
-
-def cache_dirs() -> tuple[dict[str, Path], dict[str, str]]:
-    """(name -> absolute folder, name -> why it is left out) for this process, as its environment stands now."""
-    return cachefolders.resolve_all(RESOLVERS)
-
-
-def resolve(sess: Any) -> None:
-    """Records the process's cache folders on the session, at start."""
-    cachefolders.record(sess, RESOLVERS)
-
-
-def carry(sess: Any) -> dict[str, bytes]:
-    """SAVE, rank 0: the archive's shared JIT-cache file."""
-    return cachefolders.carry(sess)
-
-
-def restore(sess: Any) -> None:
-    """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-    cachefolders.restore(sess)
+def resolvers() -> dict[str, engine.Resolver]:
+    """SGLang's cache folders and the ones every engine shares, by name (the session resolves them at start)."""
+    shared = engine.cache_folders()
+    return {
+        "tvm_ffi": lambda: _env_or("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
+        "sglang": lambda: _env_or("SGLANG_CACHE_DIR", "~/.cache/sglang"),
+        "flashinfer": shared["flashinfer"],
+        "flashinfer_cubins": shared["flashinfer_cubins"],
+        "triton": shared["triton"],
+        "inductor": shared["inductor"],
+        "cute_dsl": _cute_dsl,
+    }

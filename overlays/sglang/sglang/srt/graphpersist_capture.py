@@ -17,21 +17,17 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from sglang.srt import graphpersist_session as gps
-
-from graphpersist import structure
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError, structure
 
 
 def new_graph() -> Any:
     """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
+    sess = engine.current()
+    if sess is not None:
+        return sess.new_graph()
     import torch
 
-    sess = gps.current()
-    if sess is not None and sess.saving:
-        from graphpersist import api
-
-        return api.PersistentCUDAGraph()
     return torch.cuda.CUDAGraph()
 
 
@@ -39,10 +35,10 @@ def defer(runner: Any) -> bool:
     """Called where a graph runner's __init__ would capture. With persistence on the capture waits until every
     runner has allocated its buffers (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before
     `mark_setup`; returns False (capture now, as upstream) when persistence is off."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None:
         return False
-    sess.deferred.append(runner)
+    sess.adapter.deferred.append(runner)
     return True
 
 
@@ -51,9 +47,7 @@ def _tensor_leaf(x: Any) -> dict[str, Any] | None:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor):
         return None
-    from graphpersist.tensors import tensor_spec
-
-    return tensor_spec(x)
+    return engine.tensor_spec(x)
 
 
 def _key_name(phase: str, key: Any) -> str:
@@ -67,21 +61,18 @@ def _key_name(phase: str, key: Any) -> str:
 
 def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     """SAVE: one decode graph was captured for `key`; its output is the structure the forward returned."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
-    assert sess.saver is not None
-    phase = sess.capturing
+    phase = sess.adapter.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
-    graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
     name = _key_name(phase, key)
     try:
-        sess.saver.add(name, graph, [], out, capture_size=key.size, mode="decode")
+        sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
     except PersistError as exc:
         raise PersistError(f"graphpersist: {exc}") from None
     sess.notes["decode"][name] = {"size": key.size}
-    sess.captured += 1
 
 
 # A break that is a registered torch operator (SGLang's attention op `torch.ops.sglang.unified_attention_with_output`)
@@ -136,13 +127,13 @@ def callable_name(fn: Any) -> str:
 
 def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
     """SAVE: the breakable capture ran `inner(*args, **kwargs)` eagerly between two segments (replayed so)."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
     name = callable_name(inner)
     where = f"break {name}"
     try:
-        sess.breaks.append(
+        sess.adapter.breaks.append(
             {
                 "fn": name,
                 "args": structure.encode(tuple(args), _tensor_leaf, f"{where} args"),
@@ -156,42 +147,39 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
 
 def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
     """SAVE: one prefill graph (segments and breaks) was captured for `key`; `stored` is what replay returns."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
-    assert sess.saver is not None
-    phase = sess.capturing
+    adapter = sess.adapter
+    phase = adapter.capturing
     if phase != "prefill":
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the prefill runner ({phase}): "
                            "refused (use the 'full' decode backend)")  # fmt: skip
     base = _key_name(phase, key)
     segments = list(graph._segments)
-    breaks, sess.breaks = sess.breaks, []
+    breaks, adapter.breaks = adapter.breaks, []
     if len(breaks) != len(graph._break_fns) or len(segments) != len(breaks) + 1:
         raise PersistError(
             f"graphpersist: {base}: {len(segments)} segments, {len(graph._break_fns)} breaks, {len(breaks)} recorded: "
             "the breakable graph's structure is not what persistence expects: SAVE refused"
         )
     for i, seg in enumerate(segments):
-        seg.instantiate()
         last = i == len(segments) - 1
         try:
-            sess.saver.add(f"{base}/{i:03d}", seg, [], stored if last else None, capture_size=key.size,
-                           mode="prefill")  # fmt: skip
+            sess.add_graph(f"{base}/{i:03d}", seg, [], stored if last else None, size=key.size, mode="prefill")
         except PersistError as exc:
             raise PersistError(f"graphpersist: {exc}") from None
     sess.notes["prefill"][base] = {"size": key.size, "segments": len(segments), "breaks": breaks}
-    sess.captured += len(segments)
 
 
-def expected_inventory(runners: dict[str, Any]) -> dict[str, list[int]]:
+def expected_inventory(runners: dict[str, Any]) -> engine.Inventory:
     """The capture sizes this live configuration would capture, per phase (what LOAD must find saved)."""
     out: dict[str, list[int]] = {}
     if runners.get("decode") is not None:
         out["decode"] = sorted(runners["decode"].capture_bs)
     if runners.get("prefill") is not None:
         out["prefill"] = sorted(runners["prefill"].capture_num_tokens)
-    return out
+    return engine.Inventory(sorted({n for values in out.values() for n in values}), sorted(out), out)
 
 
 def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
@@ -204,9 +192,7 @@ def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
 
 
 def _view(spec: dict[str, Any]) -> Any:
-    from graphpersist.tensors import tensor_at
-
-    return tensor_at(spec)
+    return engine.tensor_at(spec)
 
 
 def _break_fn(record: dict[str, Any], where: str) -> Any:

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.srt import graphpersist_session as gps
-
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError
 
 PHASE = "custom_all_reduce"
 GROUPS = ("tp", "pp", "dcp", "attn_tp", "moe_ep", "moe_tp")
@@ -33,7 +32,7 @@ GROUPS = ("tp", "pp", "dcp", "attn_tp", "moe_ep", "moe_tp")
 def register_graph_inputs(ca: Any) -> None:
     """Called where upstream registers at the end of `CustomAllReduceV2.capture()`: with persistence on (SAVE) the
     registration waits for `register_after_capture`; LOAD never captures, so never reaches here with inputs."""
-    if gps.current() is None:
+    if engine.current() is None:
         ca._register_graph_inputs()
 
 
@@ -67,30 +66,6 @@ def _state_rows(ca: Any, first: int, count: int) -> Any:
     return ca.graph_params[first : first + count]
 
 
-def register_after_capture(sess: gps.Session) -> None:
-    """SAVE, after the last capture: each communicator's pending graph inputs registered by upstream's code, in one
-    post-capture phase; their rows declared as state and the inputs recorded in the notes."""
-    from graphpersist import api
-
-    record: dict[str, Any] = {}
-    with api.phase(PHASE):
-        for name, ca in live():
-            _check_v2(name, ca)
-            inputs = [(int(p), int(n)) for p, n in ca._graph_inputs]
-            first = int(ca._graph_counter)
-            if inputs:
-                ca._register_graph_inputs()
-            record[name] = {"first_row": first, "inputs": inputs}
-    for name, ca in live():
-        rows = record[name]
-        if rows["inputs"]:
-            api.declare_state(f"{PHASE}.{name}.graph_params", _state_rows(ca, rows["first_row"], len(rows["inputs"])),
-                              how="recreated")  # fmt: skip
-    sess.notes[PHASE] = record
-    total = sum(len(r["inputs"]) for r in record.values())
-    sess.log("custom all-reduce: %d graph inputs registered (%s)", total, ", ".join(record) or "none")
-
-
 def _check_v2(name: str, ca: Any) -> None:
     if not hasattr(ca, "_graph_inputs") or not hasattr(ca, "_register_graph_inputs"):
         raise PersistError(
@@ -99,36 +74,62 @@ def _check_v2(name: str, ca: Any) -> None:
         )
 
 
-def restore_registration(sess: gps.Session, notes: dict[str, Any]) -> None:
-    """LOAD: re-run each communicator's registration with SAVE's inputs, in the same phase; declare its rows."""
-    saved: dict[str, Any] = notes.get(PHASE) or {}
-    found = dict(live())
-    if set(saved) != set(found):
-        raise PersistError(
-            "graphpersist: custom all-reduce differs: SAVE registered graph inputs for groups "
-            f"{sorted(saved) or 'none'}, this LOAD has communicators for {sorted(found) or 'none'}. Re-run with "
-            "mode=save for this configuration."
-        )
-    from graphpersist import api
+class CustomAllReduceV2(engine.Communicator):
+    """SGLang's custom all-reduce v2 as the session sees it: SAVE registers every runner's graph inputs once, after
+    the last capture; LOAD runs the same registration with SAVE's inputs, in the same post-capture phase."""
 
-    with api.phase(PHASE):
+    name = PHASE
+
+    def after_capture(self, session: engine.PersistSession) -> None:
+        """SAVE, after the last capture: each communicator's pending graph inputs registered by upstream's code, in
+        one post-capture phase; their rows declared as state and the inputs recorded in the notes."""
+        record: dict[str, Any] = {}
+        with session.phase(PHASE):
+            for name, ca in live():
+                _check_v2(name, ca)
+                inputs = [(int(p), int(n)) for p, n in ca._graph_inputs]
+                first = int(ca._graph_counter)
+                if inputs:
+                    ca._register_graph_inputs()
+                record[name] = {"first_row": first, "inputs": inputs}
+        for name, ca in live():
+            rows = record[name]
+            if rows["inputs"]:
+                session.declare_state(f"{PHASE}.{name}.graph_params",
+                                      _state_rows(ca, rows["first_row"], len(rows["inputs"])),
+                                      how="recreated")  # fmt: skip
+        session.notes[PHASE] = record
+        total = sum(len(r["inputs"]) for r in record.values())
+        session.log("custom all-reduce: %d graph inputs registered (%s)", total, ", ".join(record) or "none")
+
+    def restore(self, session: engine.PersistSession, notes: Any) -> None:
+        """LOAD: re-run each communicator's registration with SAVE's inputs, in the same phase; declare its rows."""
+        saved: dict[str, Any] = notes.get(PHASE) or {}
+        found = dict(live())
+        if set(saved) != set(found):
+            raise PersistError(
+                "graphpersist: custom all-reduce differs: SAVE registered graph inputs for groups "
+                f"{sorted(saved) or 'none'}, this LOAD has communicators for {sorted(found) or 'none'}. Re-run with "
+                "mode=save for this configuration."
+            )
+        with session.phase(PHASE):
+            for name, rec in saved.items():
+                ca = found[name]
+                _check_v2(name, ca)
+                if ca._graph_inputs or ca._graph_counter:
+                    raise PersistError(f"graphpersist: the {name} custom all-reduce already holds graph inputs at "
+                                       "LOAD (something captured): refused")  # fmt: skip
+                inputs = [(int(p), int(n)) for p, n in rec["inputs"]]
+                if not inputs:
+                    continue
+                ca._graph_counter = int(rec["first_row"])
+                ca._graph_inputs = list(inputs)
+                ca._register_graph_inputs()
+        total = 0
         for name, rec in saved.items():
-            ca = found[name]
-            _check_v2(name, ca)
-            if ca._graph_inputs or ca._graph_counter:
-                raise PersistError(f"graphpersist: the {name} custom all-reduce already holds graph inputs at LOAD "
-                                   "(something captured): refused")  # fmt: skip
-            inputs = [(int(p), int(n)) for p, n in rec["inputs"]]
-            if not inputs:
-                continue
-            ca._graph_counter = int(rec["first_row"])
-            ca._graph_inputs = list(inputs)
-            ca._register_graph_inputs()
-    total = 0
-    for name, rec in saved.items():
-        if rec["inputs"]:
-            total += len(rec["inputs"])
-            api.declare_state(f"{PHASE}.{name}.graph_params",
-                              _state_rows(found[name], int(rec["first_row"]), len(rec["inputs"])),
-                              how="recreated")  # fmt: skip
-    sess.log("custom all-reduce: %d graph inputs registered again (%s)", total, ", ".join(saved) or "none")
+            if rec["inputs"]:
+                total += len(rec["inputs"])
+                session.declare_state(f"{PHASE}.{name}.graph_params",
+                                      _state_rows(found[name], int(rec["first_row"]), len(rec["inputs"])),
+                                      how="recreated")  # fmt: skip
+        session.log("custom all-reduce: %d graph inputs registered again (%s)", total, ", ".join(saved) or "none")

@@ -1,6 +1,7 @@
 """The scheduler (TP worker) process's side of CUDA-graph persistence: the seams the patches call, in start-up order.
 
-SGLang starts one scheduler process per TP rank with `spawn`; each inherits the runtime's interposer through
+The runtime's `PersistSession` owns the lifecycle; `graphpersist_adapter.SglangAdapter` answers its questions. SGLang
+starts one scheduler process per TP rank with `spawn`; each inherits the runtime's interposer through
 `LD_PRELOAD`, which the switch exports before SGLang launches them (`graphpersist_switch`). The seams:
 
 * `ModelRunner.init_torch_distributed`, first (`before_distributed`): refusals, the session, the address region;
@@ -12,8 +13,8 @@ SGLang starts one scheduler process per TP rank with `spawn`; each inherits the 
 * `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
   (so state a layer creates on its first forward exists in setup); the exact phase `attn_shapes` prepares the attention
   backend's per-shape capture metadata; `mark_setup`; SAVE runs the deferred captures and custom all-reduce's
-  registration (post-capture phase `custom_all_reduce`); LOAD runs `api.load`, installs the graphs in the runners,
-  re-runs the registration and verifies the state.
+  registration (post-capture phase `custom_all_reduce`); LOAD runs the session's `restore`, which installs the
+  graphs in the runners, re-runs the registration and verifies the state.
 * the end of `ModelRunner.init_cuda_graphs` (`after_graphs`), once SGLang holds its graph runners and a batch can
   run: SAVE writes the archive, running SGLang's first requests (`graphpersist_warmup`) after the archive's content
   is fixed and before rank 0 packs the JIT caches, so the kernels they compile travel with it; LOAD does nothing.
@@ -21,7 +22,7 @@ SGLang starts one scheduler process per TP rank with `spawn`; each inherits the 
 Everything up to `mark_setup` is exact: LOAD's allocations must land at SAVE's addresses, event by event. The
 captures are deferred until every runner has allocated its buffers (upstream captures prefill graphs before the
 decode runner allocates), so SAVE and LOAD run the same setup. Per-rank timings and counts go to
-`GRAPHPERSIST_STATS_DIR` (`graphpersist_session.write_stats`).
+`GRAPHPERSIST_STATS_DIR` (the session's `write_stats`).
 """
 
 from __future__ import annotations
@@ -29,75 +30,62 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sglang.srt import graphpersist_caches as caches
-from sglang.srt import graphpersist_capture as capture
-from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
-from sglang.srt import graphpersist_session as gps
-from sglang.srt import graphpersist_warmup as warmup
+from sglang.srt.graphpersist_adapter import SglangAdapter
 
-from graphpersist import breakdown, rankstats, switch
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError
+
+
+def _adapter(sess: engine.PersistSession) -> SglangAdapter:
+    adapter = sess.adapter
+    assert isinstance(adapter, SglangAdapter)
+    return adapter
 
 
 def before_distributed(model_runner: Any) -> None:
     """First thing of `ModelRunner.init_torch_distributed`: with persistence off, nothing."""
-    resolved = switch.resolve()
+    resolved = engine.switch.resolve()
     if not resolved.enabled:
         return
-    import torch
-
-    from graphpersist import api, region
-
     started = time.perf_counter()
-    sa = model_runner.server_args
-    facts.refuse_unsupported(sa)
+    facts.refuse_unsupported(model_runner.server_args)
     if model_runner.is_draft_worker:
-        raise facts.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+        raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
     facts.refuse_unsupported_model(model_runner)
-    if not region.loaded():
+    if not engine.interposer_loaded():
         raise PersistError(
             "graphpersist: this scheduler process runs without the runtime's interposer (LD_PRELOAD); start SGLang "
             "through an entry point that resolves --graph-persist (sglang.Engine, launch_server, sglang serve) so "
             "its processes inherit it, or under `python -m graphpersist exec`"
         )
-    assert resolved.directory is not None
     ps = model_runner.ps
-    sess = gps.open_session(resolved.mode, resolved.directory, ps.tp_rank, ps.tp_size)
-    sess.timings["process_start"] = rankstats.seconds_since_process_start()
-    sess.model = facts.model_facts(sa, model_runner.model_config)
-    caches.resolve(sess)
-    torch.cuda.set_device(model_runner.gpu_id)  # the region belongs to this rank's GPU
-    info = api.start_region()
-    if sess.loading:
-        facts.early_check(sess, sa)
-        caches.restore(sess)  # before anything compiles
-        api.use_layout(sess.directory, rank=sess.rank)
-    sess.log("%s, region %#x + %d GiB", resolved.describe(), info.base, info.size >> 30)
+    adapter = SglangAdapter(model_runner)
+    sess = engine.PersistSession.open(adapter, resolved, ps.tp_rank, ps.tp_size)
+    sess.start()
     sess.timed("start", started)
-    sess.setup_started = time.perf_counter()
+    adapter.setup_started = time.perf_counter()
 
 
 def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     """Replaces `KVCacheConfigurator._resolve_memory_pool_config` in `configure`: upstream's with persistence off."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None:
         return configurator._resolve_memory_pool_config(pre_model_load_memory)
     import torch
     from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
-    from graphpersist import api
-
-    sess.timed("setup", sess.setup_started)
-    sess.kv_started = time.perf_counter()
-    api.begin_phase("kv_cache")
+    adapter = _adapter(sess)
+    sess.timed("setup", adapter.setup_started)
+    adapter.kv_started = time.perf_counter()
+    sess.begin_phase("kv_cache")
     if sess.loading:
-        assert sess.pool is not None  # early_check read it
+        assert adapter.pool is not None  # read_saved read it
         free, total = torch.cuda.mem_get_info()
-        facts.check_free_memory(int(sess.pool["budget_bytes"]), free, total)
-        config = MemoryPoolConfig(**sess.pool["config"])
+        facts.check_free_memory(int(adapter.pool["budget_bytes"]), free, total)
+        config = MemoryPoolConfig(**adapter.pool["config"])
         sess.log("memory pool from the archive: %d tokens (budget %.2f GiB, not profiled)",
-                 config.max_total_num_tokens, sess.pool["budget_bytes"] / 2**30)  # fmt: skip
+                 config.max_total_num_tokens, adapter.pool["budget_bytes"] / 2**30)  # fmt: skip
         return config
     # KVCacheConfigurator has __slots__: its profile is wrapped on the class, for this one call (one thread).
     cls = type(configurator)
@@ -116,18 +104,18 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     if len(budget) != 1:
         raise PersistError(f"graphpersist: SGLang profiled the memory pool {len(budget)} times (once expected): the "
                            "sizing changed upstream; SAVE refused")  # fmt: skip
-    sess.pool = facts.pool_record(config, budget[0])
+    adapter.pool = facts.pool_record(config, budget[0])
     sess.log("memory pool: %d tokens (budget %.2f GiB, rounded down to 1 GiB)", config.max_total_num_tokens,
              budget[0] / 2**30)  # fmt: skip
     return config
 
 
-def _runners(sess: gps.Session) -> dict[str, Any]:
+def _runners(adapter: SglangAdapter) -> dict[str, Any]:
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 
     found: dict[str, Any] = {}
-    for runner in sess.deferred:
+    for runner in adapter.deferred:
         phase = "decode" if isinstance(runner, DecodeCudaGraphRunner) else None
         phase = "prefill" if isinstance(runner, PrefillCudaGraphRunner) else phase
         if phase is None or phase in found:
@@ -135,8 +123,8 @@ def _runners(sess: gps.Session) -> dict[str, Any]:
         found[phase] = runner
     prefill = found.get("prefill")
     if prefill is not None and prefill.attn_metadata_buffers is not None:
-        raise facts.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
-                            "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
+        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
+                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
     return found
 
 
@@ -212,9 +200,9 @@ def _release_cached(torch: Any) -> None:
     torch.cuda.empty_cache()
 
 
-def _capture(sess: gps.Session, phase: str, runner: Any) -> None:
+def _capture(adapter: SglangAdapter, phase: str, runner: Any) -> None:
     """SAVE: the capture upstream's runner __init__ would have run, as it runs it."""
-    sess.capturing = phase
+    adapter.capturing = phase
     try:
         if phase == "decode":
             from sglang.srt.model_executor.runner_backend_utils import CUDA_GRAPH_CAPTURE_FAILED_MSG
@@ -228,55 +216,50 @@ def _capture(sess: gps.Session, phase: str, runner: Any) -> None:
         else:
             runner.capture()
     finally:
-        sess.capturing = None
+        adapter.capturing = None
 
 
 def graphs(model_runner: Any) -> None:
     """In `capture_cuda_graphs`, after the graph runners exist: SAVE captures (and writes in `after_graphs`), LOAD
     restores."""
-    sess = gps.current()
+    sess = engine.current()
     if sess is None:
         return
     import torch
 
-    from graphpersist import api
-
-    runners = _runners(sess)
+    adapter = _adapter(sess)
+    runners = _runners(adapter)
     if "decode" not in runners:
-        raise facts.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
-                            "persist; turn persistence off")  # fmt: skip
-    sess.timed("kv_cache", sess.kv_started)  # pool, attention backends, runners' buffers
-    started = time.perf_counter()
-    with api.phase("warmup", exact=False, span=WARMUP_SPAN):
+        raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
+                             "persist; turn persistence off")  # fmt: skip
+    sess.timed("kv_cache", adapter.kv_started)  # pool, attention backends, runners' buffers
+    with sess.phase("warmup", exact=False, span=WARMUP_SPAN, timed="warmup"):
         _warm_forward(runners["decode"])
         _release_cached(torch)
-    sess.timed("warmup", started)
     started = time.perf_counter()
-    with api.phase("attn_shapes"):
+    with sess.phase("attn_shapes"):
         _prepare_attention_shapes(runners["decode"])
         _release_cached(torch)  # so what the captures allocate never lands in a setup segment's free space
     prepared = _attention_state(runners["decode"])
-    api.mark_setup(facts.setup_tensors(model_runner))
+    sess.mark_setup()
     sess.timed("attn_shapes", started)
-    sess.runners = runners
+    adapter.runners = runners
     if sess.loading:
-        _restore(sess, model_runner, runners, capture.expected_inventory(runners), prepared)
+        _restore(sess, prepared)
         sess.write_stats()
     else:
-        _capture_all(sess, runners, prepared)  # the archive is written by after_graphs, once a batch can run
+        _capture_all(sess, adapter, prepared)  # the archive is written by after_graphs, once a batch can run
 
 
-def _capture_all(sess: gps.Session, runners: dict[str, Any], prepared: dict[str, list[Any]]) -> None:
-    """SAVE: every deferred capture, in upstream's order, then custom all-reduce's registration."""
-    assert sess.saver is not None
+def _capture_all(sess: engine.PersistSession, adapter: SglangAdapter, prepared: dict[str, list[Any]]) -> None:
+    """SAVE: every deferred capture, in upstream's order, then the communicators' registration."""
     started = time.perf_counter()
     for phase in ("prefill", "decode"):  # upstream's order
-        if phase in runners:
-            _capture(sess, phase, runners[phase])
-    customar.register_after_capture(sess)
-    after = _attention_state(runners["decode"])
-    changed = sorted(p for p in set(prepared) | set(after) if prepared.get(p) != after.get(p))
-    if changed:
+        if phase in adapter.runners:
+            _capture(adapter, phase, adapter.runners[phase])
+    sess.after_capture()
+    after = _attention_state(adapter.runners["decode"])
+    if changed := _differences(prepared, after):
         raise PersistError(
             f"graphpersist: the attention backend's per-shape state changed during the capture ({changed[0]}: "
             f"prepared {prepared.get(changed[0])}, captured {after.get(changed[0])}; {len(changed)} in all), so "
@@ -286,108 +269,34 @@ def _capture_all(sess: gps.Session, runners: dict[str, Any], prepared: dict[str,
     sess.timed("capture", started)
 
 
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The paths whose attention state differs between `a` and `b` (present in one only, or not equal)."""
+    return sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+
+
 def after_graphs(model_runner: Any) -> None:
-    """End of `ModelRunner.init_cuda_graphs`: SAVE writes the archive (LOAD restored in `graphs`, nothing to do)."""
-    sess = gps.current()
+    """End of `ModelRunner.init_cuda_graphs`: SAVE writes the archive (LOAD restored in `graphs`, nothing to do),
+    running SGLang's first requests once its content is fixed (the adapter's `warm_kernels_before_save`)."""
+    sess = engine.current()
     if sess is None or not sess.saving:
         return
-    if not sess.runners:
+    if not _adapter(sess).runners:
         raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
                            "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
-    _save(sess, model_runner)
+    sess.save()
     sess.write_stats()
 
 
-KERNEL_WARMUP = "kernel_warmup_before_save"  # the per-rank stats phase, as vLLM's worker names it
-FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
+def _restore(sess: engine.PersistSession, prepared: dict[str, list[Any]]) -> None:
+    """LOAD: the session restores and installs the graphs, once the attention state matches SAVE's."""
 
+    def same_attention_state(result: Any) -> None:
+        saved_state = result.notes.get("attn_shapes", {})
+        if changed := _differences(prepared, saved_state):
+            raise PersistError(
+                f"graphpersist: the attention backend's per-shape state differs from SAVE's ({changed[0]}: saved "
+                f"{saved_state.get(changed[0])}, live {prepared.get(changed[0])}; {len(changed)} in all): LOAD "
+                "refused. Re-run with mode=save for this configuration."
+            )
 
-def _save(sess: gps.Session, mr: Any) -> None:
-    assert sess.saver is not None
-    started = time.perf_counter()
-    summary = sess.saver.save(
-        sess.directory,
-        engine=facts.engine_facts(),
-        model=sess.model,
-        rank=sess.rank,
-        parallel=facts.parallel(mr.server_args),
-        flags=facts.flags(sess, mr, capture.expected_inventory(sess.runners)),
-        overwrite=True,
-        gather=facts.cpu_gather(),
-        notes=sess.notes,
-        shared=(lambda: caches.carry(sess)) if sess.rank == 0 else None,  # the ranks share the host's caches
-        before_write=lambda: _warm_kernels_before_save(sess, mr),
-    )
-    sess.done = True
-    took = time.perf_counter() - started
-    sess.timings["save"] = round(took - sess.timings.get(KERNEL_WARMUP, 0.0), 4)
-    sess.log("saved %d graphs to %s in %.2f s (kernel warm-up %.2f s; %s)", sess.captured, sess.directory, took,
-             sess.timings.get(KERNEL_WARMUP, 0.0), breakdown.of_save(summary))  # fmt: skip
-
-
-def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
-    """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's first
-    requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the archive and a
-    LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added (none on a warm host)."""
-    import torch
-
-    from graphpersist import jitcache
-
-    started = time.perf_counter()
-    before = jitcache.listing(sess.caches) if sess.rank == 0 else set()
-    outcome = warmup.run(mr, sess.runners, sess.log)
-    torch.cuda.synchronize()
-    added = sorted(jitcache.listing(sess.caches) - before) if sess.rank == 0 else []
-    took = sess.timed(KERNEL_WARMUP, started)
-    sess.kernel_warmup = {
-        "batches": outcome.batches,
-        "left_out": outcome.left_out,
-        "graph_forwards": outcome.graph_forwards,
-        "eager_forwards": outcome.eager_forwards,
-        "new_cache_files": len(added) if sess.rank == 0 else None,
-        "files": added[:FILES_LISTED],
-    }
-    sess.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
-             len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
-             f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
-
-
-def _restore(sess: gps.Session, mr: Any, runners: dict[str, Any], inventory: dict[str, list[int]],
-             prepared: dict[str, list[Any]]) -> None:  # fmt: skip
-    from graphpersist import api
-
-    started = time.perf_counter()
-    sizes = sorted({n for values in inventory.values() for n in values})
-    result = api.load(
-        sess.directory,
-        engine=facts.engine_facts(),
-        model=sess.model,
-        sizes=sizes,
-        modes=sorted(inventory),
-        rank=sess.rank,
-        parallel=facts.parallel(mr.server_args),
-        flags=facts.flags(sess, mr, inventory),
-        setup_tensors=facts.setup_tensors(mr),
-        gather=facts.cpu_gather(),
-    )
-    sess.kept.append(result)
-    saved_state = result.notes.get("attn_shapes", {})
-    changed = sorted(p for p in set(prepared) | set(saved_state) if prepared.get(p) != saved_state.get(p))
-    if changed:
-        raise PersistError(
-            f"graphpersist: the attention backend's per-shape state differs from SAVE's ({changed[0]}: saved "
-            f"{saved_state.get(changed[0])}, live {prepared.get(changed[0])}; {len(changed)} in all): LOAD refused. "
-            "Re-run with mode=save for this configuration."
-        )
-    sess.restored = capture.install(runners, result, result.notes)
-    customar.restore_registration(sess, result.notes)
-    api.verify_state()
-    sess.done = True
-    took = sess.timed("restore", started)
-    sess.log(
-        "restored %d graphs from %s in %.2f s (%s)",
-        sess.restored,
-        sess.directory,
-        took,
-        breakdown.of_load(result.timings),
-    )
+    sess.restore(check=same_attention_state)

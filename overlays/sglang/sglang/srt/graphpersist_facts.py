@@ -2,9 +2,9 @@
 
 Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
 LOAD: a configuration that captures different graphs, or sizes its memory pool differently, is refused naming the
-field, the saved and the live value. `early_check` compares what is known before setup (in the scheduler process,
-before distributed init), so a wrong TP size or model is refused at start-up with those names rather than as an
-allocation that landed elsewhere.
+field, the saved and the live value. The session compares what is known before setup (in the scheduler process,
+before distributed init: the session's `start`), so a wrong TP size or model is refused at start-up with those
+names rather than as an allocation that landed elsewhere.
 
 Nothing here imports SGLang or torch at module level: the CPU tests run these functions against stand-ins.
 """
@@ -15,7 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from graphpersist.errors import PersistError
+from graphpersist import engine
+from graphpersist.engine import PersistError, Refused
 
 SUPPORTED = (
     "supported with persistence: dense decoder models, tensor parallelism on one node (custom all-reduce "
@@ -39,10 +40,6 @@ ENV_REFUSED = {
     ),
 }
 ENV_TRUE = ("1", "true", "yes", "on")
-
-
-class Refused(PersistError):
-    """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
 
 
 def _refuse(what: str, instead: str) -> Refused:
@@ -186,7 +183,7 @@ def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str,
     }
 
 
-def flags(sess: Any, model_runner: Any, inventory: Mapping[str, list[int]]) -> dict[str, Any]:
+def flags(pool: dict[str, Any] | None, model_runner: Any, inventory: Mapping[str, list[int]]) -> dict[str, Any]:
     """Every flag SAVE records and LOAD compares, once the memory pool, backends and graph runners exist."""
     from sglang.srt import graphpersist_customar as customar
 
@@ -196,7 +193,7 @@ def flags(sess: Any, model_runner: Any, inventory: Mapping[str, list[int]]) -> d
         "attention_backend_decode_live": str(model_runner.decode_attention_backend_str),
         "decode_batch_sizes": list(inventory.get("decode", [])),
         "prefill_token_sizes": list(inventory.get("prefill", [])),
-        "memory_pool": dict(sess.pool or {}),
+        "memory_pool": dict(pool or {}),
         "max_total_num_tokens": int(model_runner.max_total_num_tokens),
         "custom_all_reduce": customar.describe_live(),
         "torch_symm_mem": torch_symm_mem_live(),
@@ -213,24 +210,6 @@ def torch_symm_mem_live() -> list[str]:
         f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}"
         for name, comm in customar.group_communicators("torch_symm_mem_comm")
     ]
-
-
-def early_check(sess: Any, sa: Any) -> None:
-    """LOAD, right after the region exists: versions, GPU, layout, model and configuration flags, by name."""
-    import torch
-
-    from graphpersist import api
-    from graphpersist.liveenv import collect_live
-
-    live = collect_live(
-        device=torch.cuda.current_device(),
-        engine=engine_facts(),
-        model=sess.model,
-        parallel=parallel(sa),
-        flags=config_flags(sa),
-    )
-    archive = api.check_before_setup(sess.directory, live, sess.rank)
-    sess.pool = saved_pool(archive.manifest.world.flags.get("memory_pool"), sess.directory)
 
 
 POOL_FIELDS = (
@@ -298,9 +277,7 @@ def cpu_gather() -> Any:
     """Rank agreement over SGLang's CPU (gloo) world group: nothing touches the GPU or NCCL."""
     from sglang.srt.distributed import get_world_group
 
-    from graphpersist import ranks
-
-    return ranks.torch_gather(get_world_group().cpu_group)
+    return engine.torch_gather(get_world_group().cpu_group)
 
 
 def setup_tensors(model_runner: Any) -> dict[str, Any]:

@@ -21,7 +21,8 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from graphpersist import region, switch
+from graphpersist import engine
+from graphpersist.engine import switch
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def resolve_server_args(server_args: Any) -> switch.Switch:
 # Pins every persisted multi-rank start needs, set where the user left them unset (a value the user set is kept, and
 # a multi-rank SAVE refuses a multicast one, naming it): NVLink multicast objects are not placed in the region, and
 # NCCL must connect (and allocate) every channel at init, in setup, not at its first collective inside a capture.
-PINS = {**region.MULTICAST_OFF, "NCCL_RUNTIME_CONNECT": "0"}
+PINS = {**engine.MULTICAST_OFF, "NCCL_RUNTIME_CONNECT": "0"}
 
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> list[str]:
@@ -66,10 +67,5 @@ def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str
     set_here = [f"{k}={v}" for k, v in PINS.items() if k not in environ]
     for name, value in PINS.items():
         environ.setdefault(name, value)
-    environ[switch.MODE_ENV] = resolved.mode.value
-    environ[switch.DIR_ENV] = str(resolved.directory)
-    preload = region.preload_env(env=dict(environ))
-    for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
-        if name in preload:
-            environ[name] = preload[name]
+    engine.export_environment(resolved, environ)
     return set_here

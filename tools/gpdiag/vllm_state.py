@@ -15,7 +15,7 @@ write the bytes of every live region allocation except weights and KV cache (`PR
 the graphs whose names start with PREFIX (`cuGraphDebugDotPrint`, verbose: each kernel's name, launch dimensions,
 shared memory and attributes, and the edges) into `DIR/dot-save/` or `DIR/dot-load/`, to compare a captured graph
 with its rebuild. The functions a driver runs in the worker through `LLM.collective_rpc` are in
-`vllm/graphpersist_diag_rpc.py`.
+`gpdiag/vllm_rpc.py`.
 """
 
 from __future__ import annotations
@@ -153,11 +153,6 @@ def dump_dots(graphs: dict[str, Any], saving: bool) -> None:
         if err != drv.CUresult.CUDA_SUCCESS:
             print(f"graphpersist: GP_DIAG_DOT: {name}: {err!r}", flush=True)
     print(f"graphpersist: GP_DIAG_DOT: {len(chosen)} graph(s) starting with {prefix!r} -> {out}", flush=True)
-
-
-def extra_warmup() -> bool:
-    """GP_DIAG_EXTRA_WARMUP=1: a LOAD runs the kernel warm-up SAVE runs before its capture (a diagnosis A/B)."""
-    return os.environ.get("GP_DIAG_EXTRA_WARMUP") == "1"
 
 
 def start_history() -> None:

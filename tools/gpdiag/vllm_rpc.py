@@ -1,6 +1,6 @@
 """Diagnosis only: what a driver runs in a worker through `LLM.collective_rpc` (recipes/vllm-qwen3-8b-tp1-bisect).
 
-`bisect_setup` / `bisect_apply` / `bisect_peek`: put SAVE's bytes (`GP_DIAG_SAVE_BYTES`, vllm/graphpersist_diag.py)
+`bisect_setup` / `bisect_apply` / `bisect_peek`: put SAVE's bytes (`GP_DIAG_SAVE_BYTES`, gpdiag/vllm_state.py)
 back into chosen windows of the memory a LOAD mapped afresh, one trial request at a time, after putting every such
 range back as it was when serving started. `probe_install` / `probe_collect`: record what each sampling step read.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from vllm.graphpersist_diag import DUMP_ENV
+
+from gpdiag.vllm_state import DUMP_ENV
 
 
 class _Trials:

@@ -1,0 +1,118 @@
+"""The engine interface: everything an engine's glue may use of the runtime, in one import.
+
+An engine integrates by implementing an `EngineAdapter` (its facts, graphs, communicators, caches) and calling a
+`PersistSession` at its seams (graphpersist.engine.session says which, in start-up order). Glue code imports
+`graphpersist.engine` and nothing else of the runtime (`make check` holds it to that), so the runtime's modules
+can move without touching any engine.
+
+Cheap at import (no torch, no CUDA): the engines import their glue while they parse arguments, persistence off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from graphpersist import structure, switch
+from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView
+from graphpersist.engine.session import KERNEL_WARMUP, PLUGINS_ENV, PersistSession, current
+from graphpersist.errors import PersistError
+from graphpersist.region import MULTICAST_OFF
+
+__all__ = [
+    "KERNEL_WARMUP",
+    "MULTICAST_OFF",
+    "PLUGINS_ENV",
+    "Communicator",
+    "EngineAdapter",
+    "Inventory",
+    "PersistError",
+    "PersistSession",
+    "Refused",
+    "Resolver",
+    "SessionView",
+    "cache_folders",
+    "current",
+    "export_environment",
+    "interposer_loaded",
+    "restore_caches_early",
+    "structure",
+    "switch",
+    "tensor_at",
+    "tensor_spec",
+    "torch_gather",
+]
+
+
+class Refused(PersistError):
+    """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
+
+
+def interposer_loaded() -> bool:
+    """Whether this process runs under the runtime's interposer (LD_PRELOAD), which every model process needs."""
+    from graphpersist import region
+
+    return region.loaded()
+
+
+def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
+    """What every engine process a persisting start launches needs: the resolved switch and the interposer."""
+    from graphpersist import region
+
+    environ[switch.MODE_ENV] = resolved.mode.value
+    environ[switch.DIR_ENV] = str(resolved.directory)
+    preload = region.preload_env(env=dict(environ))
+    for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
+        if name in preload:
+            environ[name] = preload[name]
+
+
+def cache_folders() -> dict[str, Resolver]:
+    """The cache folders every engine shares (Inductor, Triton, FlashInfer), by name: add the engine's own."""
+    from graphpersist import cachefolders
+
+    return {
+        "inductor": cachefolders.inductor,
+        "triton": cachefolders.triton,
+        "flashinfer": cachefolders.flashinfer,
+        "flashinfer_cubins": cachefolders.flashinfer_cubins,
+    }
+
+
+def restore_caches_early(directory: Path, resolvers: Mapping[str, Resolver], names: tuple[str, ...]) -> list[str]:
+    """LOAD, in a process that starts no model (the one that builds the engine's configuration): puts back the named
+    cache folders the archive carries; returns the files written. Nothing when the archive carries none or cannot
+    be read: the model processes check the archive first and refuse naming why, so this only saves time."""
+    from graphpersist import cachefolders, jitcache
+    from graphpersist.archive import ArchiveError, read_shared
+
+    try:
+        blob = read_shared(directory, jitcache.SHARED_NAME)
+    except ArchiveError:
+        return []
+    if blob is None:
+        return []
+    found, _left_out = cachefolders.resolve_all({name: resolvers[name] for name in names if name in resolvers})
+    return jitcache.restore(blob, found).written
+
+
+def torch_gather(group: Any = None) -> Callable[[Any], list[Any]]:
+    """Rank agreement over a torch.distributed CPU (gloo) group."""
+    from graphpersist import ranks
+
+    return ranks.torch_gather(group)
+
+
+def tensor_spec(t: Any) -> dict[str, Any]:
+    """A tensor's address, dtype, shape and strides, as archives record it."""
+    from graphpersist.tensors import tensor_spec as spec
+
+    return spec(t)
+
+
+def tensor_at(spec: Mapping[str, Any]) -> Any:
+    """The tensor a spec names, at its recorded address (LOAD: the memory exists again there)."""
+    from graphpersist.tensors import tensor_at as at
+
+    return at(spec)

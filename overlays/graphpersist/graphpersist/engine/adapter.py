@@ -1,0 +1,151 @@
+"""What an engine must tell the runtime: the `EngineAdapter` interface, and the communicators it hands over.
+
+The runtime owns the SAVE/LOAD lifecycle (`graphpersist.engine.session.PersistSession`); an engine only answers the
+questions below, each about its own objects (its configuration, where its graphs live, its communicators, its
+caches). A new engine (TensorRT-LLM, say) implements one adapter and calls the session at a few seams; it never
+re-implements phases, facts, caches, capture bookkeeping or the archive.
+
+Nothing here imports torch: engines build their adapter while they parse arguments, before CUDA exists.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from graphpersist.load import LoadResult
+    from graphpersist.ranks import Gather
+
+Resolver = Callable[[], "Path | None"]
+UnusedBytes = Callable[[str, list[tuple[int, int]]], list[tuple[int, int]]]
+
+
+class SessionView(Protocol):
+    """What an adapter or a communicator may use of the session it serves (implemented by
+    graphpersist.engine.session.PersistSession): the run's identity and bookkeeping, its log and timings, and the
+    runtime's phases and declared state."""
+
+    rank: int
+    world_size: int
+    directory: Path
+    notes: dict[str, Any]
+    saved_flags: dict[str, Any]
+    stats_extra: dict[str, Any]
+    kept: list[Any]
+
+    @property
+    def loading(self) -> bool: ...
+
+    def log(self, message: str, *args: Any) -> None: ...
+
+    def timed(self, name: str, started: float) -> float: ...
+
+    def phase(
+        self, name: str, *, exact: bool = True, span: int | None = None, timed: str | None = None
+    ) -> AbstractContextManager[None]: ...
+
+    def declare_state(self, name: str, what: Any, how: str = "bytes") -> None: ...
+
+    def cache_listing(self) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The graphs a live configuration would capture: capture sizes and modes (what LOAD must find saved)."""
+
+    sizes: list[int]
+    modes: list[str]
+    by_mode: dict[str, list[int]] = field(default_factory=dict)
+
+
+class Communicator(abc.ABC):
+    """A communicator whose state the captured graphs read and which LOAD must set up again after the restore
+    (custom all-reduce's registered graph buffers today; DeepEP's buffers later). Its SAVE side runs inside the
+    runtime's post-capture phase; its LOAD side re-creates the same mappings in the same phase."""
+
+    name: str = "communicator"
+
+    def after_capture(self, session: SessionView) -> None:  # noqa: B027 (most communicators register in upstream's capture)
+        """SAVE, once every graph is captured: register what the graphs read, record it in `session.notes`."""
+
+    @abc.abstractmethod
+    def restore(self, session: SessionView, notes: Mapping[str, Any]) -> None:
+        """LOAD, once the graphs are restored: re-create the registration SAVE recorded in `notes`."""
+
+
+class EngineAdapter(abc.ABC):
+    """The questions only an engine can answer. One instance per engine process, built by the engine's glue around
+    its live objects (worker, model runner, configuration); the session asks, the adapter never drives."""
+
+    #: the engine's name as archives record it ("vllm", "sglang")
+    name: str = "engine"
+    #: where the engine keeps its graphs, by mode, for the rank's notes ({"full": {}, "pieces": {}})
+    note_sections: tuple[str, ...] = ()
+
+    # -- facts (the archive's manifest; LOAD compares them field by field) --------------------------------------------
+    @abc.abstractmethod
+    def engine_facts(self) -> dict[str, str]:
+        """name, version and commit of the engine."""
+
+    @abc.abstractmethod
+    def model_facts(self) -> dict[str, str]:
+        """dtype and a fingerprint of the model's configuration, known before the weights."""
+
+    @abc.abstractmethod
+    def parallel(self) -> dict[str, int]:
+        """world_size, tp_size, pp_size, ep_size."""
+
+    @abc.abstractmethod
+    def config_flags(self) -> dict[str, Any]:
+        """Flags known from the configuration alone (compared before setup, and again at LOAD)."""
+
+    @abc.abstractmethod
+    def flags(self, session: SessionView) -> dict[str, Any]:
+        """Every flag SAVE records and LOAD compares, once the engine's memory and graph runners exist."""
+
+    @abc.abstractmethod
+    def device_index(self) -> int:
+        """The CUDA device this rank uses: its address region belongs to that GPU."""
+
+    @abc.abstractmethod
+    def cpu_gather(self) -> Gather:
+        """Rank agreement over the engine's CPU group (never the GPU or NCCL)."""
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def setup_tensors(self) -> dict[str, Any]:
+        """The setup tensors the graphs read, by name (weights, buffers, KV cache): LOAD proves their place."""
+
+    def read_saved(self, session: SessionView, archive: Any) -> None:  # noqa: B027 (optional)
+        """LOAD, before setup: what the engine reuses from SAVE instead of measuring again (KV-cache size)."""
+
+    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Byte ranges of `kernel`'s parameters it never reads, which SAVE writes as zeros (see Saver)."""
+        return []
+
+    # -- graphs ---------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def inventory(self) -> Inventory:
+        """The capture sizes and modes this live configuration would capture."""
+
+    @abc.abstractmethod
+    def install(self, session: SessionView, result: LoadResult) -> int:
+        """LOAD: put every restored graph where the engine replays it; refuse a saved inventory that differs."""
+
+    def communicators(self) -> list[Communicator]:
+        """The communicators whose post-capture registration LOAD must repeat, in a fixed order."""
+        return []
+
+    # -- caches and warm-up ---------------------------------------------------------------------------------------
+    def cache_resolvers(self) -> Mapping[str, Resolver]:
+        """The JIT and compile cache folders the engine reads, by name (carried by SAVE, put back by LOAD)."""
+        return {}
+
+    def warm_kernels_before_save(self, session: SessionView) -> None:  # noqa: B027 (optional)
+        """SAVE, once the archive's content is fixed: run what compiles kernels only at serving time, so the caches
+        the archive carries hold them and a LOAD on a fresh host compiles nothing."""

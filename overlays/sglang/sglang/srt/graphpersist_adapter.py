@@ -1,0 +1,109 @@
+"""SGLang as the runtime's persistence session sees it: the answers only SGLang's model runner can give.
+
+The session (graphpersist.engine.PersistSession) owns the SAVE/LOAD lifecycle; this adapter answers its questions
+from one scheduler (TP worker) process's `ModelRunner`: the facts an archive records (`graphpersist_facts`), where
+the graphs live and how LOAD puts them back (`graphpersist_capture`), custom all-reduce v2
+(`graphpersist_customar`), the cache folders (`graphpersist_caches`) and the first requests a SAVE runs before it
+packs the caches (`graphpersist_warmup`). It also holds SGLang's own bookkeeping of the run: the graph runners
+whose capture waits, the memory pool SAVE sized, the breaks of the prefill graph being captured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt import graphpersist_caches as caches
+from sglang.srt import graphpersist_capture as capture
+from sglang.srt import graphpersist_customar as customar
+from sglang.srt import graphpersist_facts as facts
+from sglang.srt import graphpersist_warmup as warmup
+
+from graphpersist import engine
+
+FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
+
+
+@dataclass
+class SglangAdapter(engine.EngineAdapter):
+    """One SGLang scheduler process's `ModelRunner`, as the persistence session asks about it."""
+
+    model_runner: Any
+    pool: dict[str, Any] | None = None  # the memory pool SAVE sized (MemoryPoolConfig fields + budget); LOAD reuses it
+    deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
+    runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
+    capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
+    breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
+    setup_started: float = 0.0  # when distributed init began (timing of the setup phase)
+    kv_started: float = 0.0  # when the memory pool's sizing began
+
+    name = "sglang"
+    note_sections = ("decode", "prefill")
+
+    @property
+    def server_args(self) -> Any:
+        return self.model_runner.server_args
+
+    def engine_facts(self) -> dict[str, str]:
+        return facts.engine_facts()
+
+    def model_facts(self) -> dict[str, str]:
+        return facts.model_facts(self.server_args, self.model_runner.model_config)
+
+    def parallel(self) -> dict[str, int]:
+        return facts.parallel(self.server_args)
+
+    def config_flags(self) -> dict[str, Any]:
+        return facts.config_flags(self.server_args)
+
+    def flags(self, session: engine.PersistSession) -> dict[str, Any]:
+        return facts.flags(self.pool, self.model_runner, self.inventory().by_mode)
+
+    def device_index(self) -> int:
+        return int(self.model_runner.gpu_id)
+
+    def cpu_gather(self) -> Any:
+        return facts.cpu_gather()
+
+    def setup_tensors(self) -> dict[str, Any]:
+        return facts.setup_tensors(self.model_runner)
+
+    def read_saved(self, session: engine.PersistSession, archive: Any) -> None:
+        self.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
+
+    def inventory(self) -> engine.Inventory:
+        return capture.expected_inventory(self.runners)
+
+    def install(self, session: engine.PersistSession, result: Any) -> int:
+        return capture.install(self.runners, result, result.notes)
+
+    def communicators(self) -> list[engine.Communicator]:
+        return [customar.CustomAllReduceV2()]
+
+    def cache_resolvers(self) -> dict[str, engine.Resolver]:
+        return caches.resolvers()
+
+    def warm_kernels_before_save(self, session: engine.PersistSession) -> None:
+        """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
+        first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
+        archive and a LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added."""
+        import torch
+
+        started = time.perf_counter()
+        before = session.cache_listing() if session.rank == 0 else set()
+        outcome = warmup.run(self.model_runner, self.runners, session.log)
+        torch.cuda.synchronize()
+        added = sorted(session.cache_listing() - before) if session.rank == 0 else []
+        took = session.timed(engine.KERNEL_WARMUP, started)
+        session.stats_extra["kernel_warmup"] = {
+            "batches": outcome.batches,
+            "left_out": outcome.left_out,
+            "graph_forwards": outcome.graph_forwards,
+            "eager_forwards": outcome.eager_forwards,
+            "new_cache_files": len(added) if session.rank == 0 else None,
+            "files": added[:FILES_LISTED],
+        }
+        session.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
+                    len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
+                    f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip

@@ -1,0 +1,93 @@
+"""vLLM as the runtime's persistence session sees it: the answers only vLLM's worker can give (`VllmAdapter`).
+
+The session (graphpersist.engine.PersistSession) owns the SAVE/LOAD lifecycle; this adapter answers its questions
+from one GPU worker: the facts an archive records (`graphpersist_facts`), where the graphs live and how LOAD puts
+them back (`graphpersist_capture`), custom all-reduce (`graphpersist_customar`), the cache folders
+(`graphpersist_caches`) and the kernel parameter bytes vLLM's kernels never read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from vllm import graphpersist_caches as caches
+from vllm import graphpersist_capture as capture
+from vllm import graphpersist_customar as customar
+from vllm import graphpersist_facts as facts
+
+from graphpersist import engine
+
+# vllm-flash-attn's FA3 split-KV combine, `device_kernel<FlashAttnFwdCombine<...>>(Params)`: its Params open with
+# `int batch_size`, a pointer, a shape of five int32 and a stride of int64 (vllm-project/flash-attention
+# hopper/flash_fwd_combine_kernel.h), so bytes 4-7 and 36-39 are alignment padding the launcher never sets. Pairs of
+# TP=1 SAVEs on the reference host (2026-12-01) held 0 and 0x5003 there: first in bytes 4-7, and once those were
+# zeroed in bytes 36-39, each time forming the in-region word 0x500300000001 with the int32 of value 1 before it.
+_FA3_COMBINE = re.compile(r"FlashAttnFwdCombine")
+_FA3_COMBINE_PADDING = ((4, 8), (36, 40))
+
+
+def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of `kernel`'s parameters it never reads, which SAVE writes as zeros so two SAVEs are
+    byte-identical: the custom all-reduce's unused peer slots and the FA3 combine's padding."""
+    if _FA3_COMBINE.search(kernel) and layout and layout[0][1] >= _FA3_COMBINE_PADDING[-1][1]:
+        start = layout[0][0]
+        return [(start + begin, start + end) for begin, end in _FA3_COMBINE_PADDING]
+    return customar.unused_param_bytes(kernel, layout)
+
+
+class VllmAdapter(engine.EngineAdapter):
+    """One vLLM GPU worker (`vllm.v1.worker.gpu_worker.Worker`), as the persistence session asks about it."""
+
+    name = "vllm"
+    note_sections = ("full", "pieces")
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.kv_bytes: int | None = None  # the KV-cache size SAVE used (smallest rank's profile); LOAD reuses it
+
+    @property
+    def config(self) -> Any:
+        return self.worker.vllm_config
+
+    def engine_facts(self) -> dict[str, str]:
+        return facts.engine_facts()
+
+    def model_facts(self) -> dict[str, str]:
+        return facts.model_facts(self.config)
+
+    def parallel(self) -> dict[str, int]:
+        return facts.parallel(self.config)
+
+    def config_flags(self) -> dict[str, Any]:
+        return facts.config_flags(self.config)
+
+    def flags(self, session: engine.PersistSession) -> dict[str, Any]:
+        return facts.flags(self.worker, self.kv_bytes)
+
+    def device_index(self) -> int:
+        return facts.device_index(self.worker)
+
+    def cpu_gather(self) -> Any:
+        return facts.cpu_gather()
+
+    def setup_tensors(self) -> dict[str, Any]:
+        return facts.setup_tensors(self.worker.model_runner)
+
+    def read_saved(self, session: engine.PersistSession, archive: Any) -> None:
+        self.kv_bytes = facts.saved_kv_bytes(session.directory, session.saved_flags)
+
+    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return unused_param_bytes(kernel, layout)
+
+    def inventory(self) -> engine.Inventory:
+        return capture.expected_inventory(self.worker.model_runner.cudagraph_manager)
+
+    def install(self, session: engine.PersistSession, result: Any) -> int:
+        return capture.install(self.worker.model_runner.cudagraph_manager, result, result.notes)
+
+    def communicators(self) -> list[engine.Communicator]:
+        return [customar.CustomAllReduce()]
+
+    def cache_resolvers(self) -> dict[str, engine.Resolver]:
+        return caches.resolvers()

@@ -1,0 +1,167 @@
+"""The import graph of the project's own Python: which module imports which, and the loops in it.
+
+`make check` refuses an import loop anywhere in the product (the runtime and the engine glue) or the tools, type-only
+imports (`if TYPE_CHECKING:`) and imports inside functions included: a loop means two modules that cannot be read,
+tested or moved apart. It also holds each engine's glue to the engine interface: the glue may import the runtime
+only through `graphpersist.engine` (plus the package itself, to name it). AST only: nothing is imported.
+
+    python -m gptools imports [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Each root: (folder whose children are top-level packages, glob of the module files under it).
+ROOTS = (
+    ("overlays/graphpersist", "graphpersist/**/*.py"),
+    ("overlays/vllm", "vllm/graphpersist_*.py"),
+    ("overlays/sglang", "sglang/srt/graphpersist_*.py"),
+    ("overlays/deep_ep", "deep_ep/graphpersist_*.py"),
+    ("tools", "gptools/**/*.py"),
+    ("tools", "gpdiag/**/*.py"),
+    ("build", "gpdist/**/*.py"),
+)
+GLUE_PREFIXES = ("vllm.graphpersist_", "sglang.srt.graphpersist_", "deep_ep.graphpersist_")
+GLUE_MAY_IMPORT = ("graphpersist", "graphpersist.engine")  # the runtime, as engine glue may see it
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules(repo: Path = REPO) -> dict[str, Path]:
+    """Every module of the project by dotted name (as it is imported once installed)."""
+    found: dict[str, Path] = {}
+    for root, pattern in ROOTS:
+        for path in sorted((repo / root).glob(pattern)):
+            found[module_name(repo / root, path)] = path
+    return found
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for one import statement; relative imports resolved."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, []
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if is_package else module.split(".")[:-1]
+            package = package[: len(package) - node.level + 1]
+            base = ".".join([*package, base] if base else package)
+        yield base, [a.name for a in node.names]
+
+
+def edges(modules: dict[str, Path]) -> list[Edge]:
+    """Every import of one project module by another: `from pkg import mod` counts as importing pkg.mod."""
+    found: list[Edge] = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            for target, names in _imported(node, name, path.name == "__init__.py"):
+                hits = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+                if not hits and target in modules:
+                    hits = [target]
+                found += [Edge(name, hit, node.lineno) for hit in hits if hit != name]
+    return found
+
+
+def cycles(modules: Iterable[str], graph: list[Edge]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    succ: dict[str, set[str]] = {m: set() for m in modules}
+    for e in graph:
+        succ.setdefault(e.source, set()).add(e.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(succ.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(succ):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def glue_violations(modules: dict[str, Path], graph: list[Edge]) -> list[str]:
+    """Engine glue importing a runtime module other than the engine interface, as `path:line: message`."""
+    bad = []
+    for e in graph:
+        runtime = e.target.startswith("graphpersist") and e.target not in GLUE_MAY_IMPORT
+        if e.source.startswith(GLUE_PREFIXES) and runtime:
+            path = modules[e.source]
+            where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+            bad.append(f"{where}:{e.line}: engine glue imports {e.target}; use graphpersist.engine")
+    return bad
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `imports` subcommand to `python -m gptools`."""
+    p = subparsers.add_parser(
+        "imports",
+        help="refuse import loops in the product and tools, and engine glue that bypasses graphpersist.engine",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    modules = project_modules()
+    graph = edges(modules)
+    loops = cycles(modules, graph)
+    glue = glue_violations(modules, graph)
+    if args.json:
+        print(json.dumps({"modules": len(modules), "imports": len(graph), "loops": loops, "glue": glue}, indent=1))
+    else:
+        print(f"imports: {len(modules)} modules, {len(graph)} imports between them")
+        for loop in loops:
+            print(f"imports: loop: {' <-> '.join(loop)}")
+        for line in glue:
+            print(f"imports: {line}")
+        if loops or glue:
+            print("imports: break each loop (move what both need into a module of its own) and import the runtime "
+                  "from engine glue only through graphpersist.engine")  # fmt: skip
+        else:
+            print("imports: no loops; engine glue uses only graphpersist.engine")
+    return 1 if loops or glue else 0

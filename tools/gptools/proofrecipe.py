@@ -1,0 +1,54 @@
+"""A recipe's proof as the runner reads it from proof.toml: its runs and targets (parsed by `gptools.prove`).
+
+Its own module so that the runner, the checks and the report share the types without importing one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One [[run]] of proof.toml."""
+
+    name: str
+    mode: str
+    archive: str | None
+    cache: str
+    args: tuple[str, ...]
+    compare_outputs: bool
+    expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
+    env: tuple[tuple[str, str], ...] = ()  # variables this run's driver gets on top of the runner's environment
+
+
+@dataclass(frozen=True)
+class Target:
+    """One [[target]]: `num` (/ `den`) must lie within [min, max]; stated in the report, never a check."""
+
+    name: str
+    num: str
+    den: str | None
+    min: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed proof.toml."""
+
+    dir: Path
+    title: str
+    driver: tuple[str, ...]
+    timeout_s: float
+    archive_dir: str
+    cache_env: tuple[str, ...]
+    runs: tuple[RunSpec, ...]
+    targets: tuple[Target, ...]
+    error_patterns: tuple[str, ...]
+    ignore_patterns: tuple[str, ...]
+
+    def archive_path(self, out: Path, name: str) -> Path:
+        """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""
+        return (out / self.archive_dir / name).resolve()
