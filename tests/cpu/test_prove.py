@@ -727,9 +727,17 @@ def test_the_command_has_help_both_ways(command: list[str]) -> None:
     assert "--check-only" in proc.stdout and "--keep-going" in proc.stdout
 
 
-@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (REPO / "recipes").glob("*/proof.toml")))
+COMMITTED_RECIPES = sorted(
+    str(p.parent.relative_to(REPO / "recipes"))
+    for pattern in ("*/proof.toml", "diagnosis/*/proof.toml")
+    for p in (REPO / "recipes").glob(pattern)
+)
+
+
+@pytest.mark.parametrize("recipe", COMMITTED_RECIPES)
 def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> None:
-    """Every committed engine recipe parses and its driver file exists (a typo fails here, not on a GPU host)."""
+    """Every committed engine recipe, validated configuration or diagnosis record, parses and its driver file exists
+    (a typo fails here, not on a GPU host)."""
     from gptools import prove
 
     parsed = prove.parse_recipe(REPO / "recipes" / recipe)
