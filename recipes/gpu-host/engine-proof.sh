@@ -54,7 +54,7 @@ echo "engine-proof: $(date -u +%FT%TZ) recipe $RECIPE runs ${RUNS:-all} -> $PROO
 timeout "${LIMIT:-580}" python3 -m gptools.prove "recipes/$RECIPE" --out "$PROOF_OUT" ${RUNS:+--runs "$RUNS"} --keep-going
 rc=$?
 mkdir -p "$OUT/proof"
-cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
+cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json.gz "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
 (cd "$PROOF_OUT" && tar czf "$OUT/proof/logs.tgz" --exclude='*/cache' --exclude='archives' --exclude='cache-warm*' \
   ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt ./*/dot-* ./*/cprofile.* 2>/dev/null)
 [[ -n ${GP_STACKS_DIR:-} ]] && tar czf "$OUT/proof/stacks.tgz" -C "$GP_STACKS_DIR" .

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gptools import proofcheck, proofkit, prove
+from gptools import jsonfile, proofcheck, proofkit, prove
 from gptools.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def prove_cli(recipe: Path, out: Path, *extra: str) -> int:
 
 def report(out: Path) -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
     text = (out / "REPORT.md").read_text()
-    data = json.loads((out / "report.json").read_text())
+    data = jsonfile.load(out / "report.json")  # report.json.gz since reports are gzipped; either reads
     return text, data, {c["name"]: c for c in data["checks"]}
 
 
@@ -237,6 +237,7 @@ def test_phases_chart_or_a_note_without_matplotlib(tmp_path: Path) -> None:
     prove_cli(recipe, out, "--report", str(tmp_path / "copy" / "REPORT.md"))
     text, data, _ = report(out)
     assert (tmp_path / "copy" / "REPORT.md").read_text() == text
+    assert jsonfile.load(tmp_path / "copy" / "report.json.gz") == data  # the recipe's folder gets the JSON too
     if importlib.util.find_spec("matplotlib") is None:
         assert "no chart: matplotlib is not importable" in text
         assert not (out / "phases.png").exists() and data["chart"] is None
