@@ -63,3 +63,10 @@ def test_each_committed_report_json_matches_its_report_md() -> None:
         assert md.is_file(), f"{gz.relative_to(REPO)} has no REPORT.md beside it"
         assert jsonfile.load(gz)["headline"] == md.read_text().splitlines()[0], gz.relative_to(REPO)
 
+
+def test_recipes_readme_lists_every_recipe_and_diagnosis_record() -> None:
+    """recipes/README.md is the index a user reads first: every folder is named there, validated or diagnosis."""
+    text = (RECIPES / "README.md").read_text()
+    missing = [n for n in VALIDATED if f"`{n}`" not in text and f"({n}/" not in text]
+    missing += [f"diagnosis/{n}" for n in DIAGNOSIS if f"diagnosis/{n}" not in text]
+    assert missing == []
