@@ -63,3 +63,17 @@ def test_the_checker_finds_a_broken_link_and_path(tmp_path: Path) -> None:
 def test_the_top_level_readme_is_short() -> None:
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= TOP_LEVEL_MAX_LINES, f"README.md has {lines} lines: move detail into the folder it describes"
+
+
+def test_the_support_matrix_links_only_passing_reports_with_their_dates() -> None:
+    """A row of the top-level README that links a REPORT.md calls it proven: that report's first line must be `all
+    checks passed`, and the row must show the report's date (its `- date:` line), so the matrix cannot drift from
+    the reports it cites."""
+    rows = [line for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines() if "REPORT.md)" in line]
+    assert rows, "the support matrix links no report"
+    for row in rows:
+        for target in re.findall(r"\]\(([^)]*REPORT\.md)\)", row):
+            lines = (REPO / target).read_text(encoding="utf-8").splitlines()
+            assert lines[0] == "all checks passed", f"{target}: {lines[0][:80]}"
+            date = next(line.split(":", 1)[1].strip()[:10] for line in lines if line.startswith("- date:"))
+            assert f"proven {date}" in row or f" {date}: [report]({target})" in row, f"{target} is dated {date}: {row}"
