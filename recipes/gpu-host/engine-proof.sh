@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs an engine recipe's proof ON the GPU host, from the repository copy the device tool provides.
 #   RECIPE=vllm-qwen3-8b-tp2 RUNS=save,load bash recipes/gpu-host/engine-proof.sh
-# The engine is the recipe name's first word (vllm-..., sglang-...; ENGINE= overrides it). Installs that engine's
+#   RECIPE=diagnosis/vllm-qwen3-8b-tp1-startup bash recipes/gpu-host/engine-proof.sh   (a diagnosis record)
+# The engine is the first word of the recipe folder's name (vllm-..., sglang-...; ENGINE= overrides it). Installs that engine's
 # bundle from $BUNDLE_DIR (default /root/gpbundle-<engine>, every part appended there by earlier calls) into $SITE
 # (default /root/gpsite-<engine>: a vLLM and an SGLang install live side by side on one warm host) once, then runs
 # `python -m gptools.prove` into $PROOF_OUT (kept on the host between chained calls, so a later call can run the
@@ -13,14 +14,16 @@
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail
 RECIPE=${RECIPE:?set RECIPE (a folder under recipes/)}
-ENGINE=${ENGINE:-${RECIPE%%-*}}
+NAME=${RECIPE%/}
+NAME=${NAME##*/}  # the folder's own name: diagnosis/vllm-qwen3-8b-tp1-race -> vllm-qwen3-8b-tp1-race
+ENGINE=${ENGINE:-${NAME%%-*}}
 case $ENGINE in
   vllm | sglang) ;;
   *) echo "engine-proof: cannot tell the engine of recipe $RECIPE (got '$ENGINE'): set ENGINE=vllm or ENGINE=sglang" >&2; exit 2 ;;
 esac
 SITE=${SITE:-/root/gpsite-$ENGINE}
 BUNDLE_DIR=${BUNDLE_DIR:-/root/gpbundle-$ENGINE}
-PROOF_OUT=${PROOF_OUT:-/root/proof-$RECIPE}
+PROOF_OUT=${PROOF_OUT:-/root/proof-$NAME}
 OUT=${OUT:-/tmp/engine-proof}
 if [[ ! -d $SITE/graphpersist || ! -d $SITE/$ENGINE ]]; then
   echo "engine-proof: installing the $ENGINE bundle from $BUNDLE_DIR into $SITE"
@@ -51,7 +54,7 @@ echo "engine-proof: $(date -u +%FT%TZ) recipe $RECIPE runs ${RUNS:-all} -> $PROO
 timeout "${LIMIT:-580}" python3 -m gptools.prove "recipes/$RECIPE" --out "$PROOF_OUT" ${RUNS:+--runs "$RUNS"} --keep-going
 rc=$?
 mkdir -p "$OUT/proof"
-cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
+cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json.gz "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null
 (cd "$PROOF_OUT" && tar czf "$OUT/proof/logs.tgz" --exclude='*/cache' --exclude='archives' --exclude='cache-warm*' \
   ./*/log.txt ./*/result.json ./*/stats ./*/run.json ./*/runner-state.*.json ./*/restored-ranges.*.json ./*/region-sums.*.json ./*/memory-owners.*.json.gz ./archives-*.diff.txt ./*/dot-* ./*/cprofile.* 2>/dev/null)
 [[ -n ${GP_STACKS_DIR:-} ]] && tar czf "$OUT/proof/stacks.tgz" -C "$GP_STACKS_DIR" .

@@ -2,7 +2,7 @@
 that must hold SAVE's contents for the LOAD's outputs to equal SAVE's, found by trial requests in one process.
 
 Each trial puts every restored range back as it was when serving started, writes SAVE's bytes into the chosen
-windows (`vllm/graphpersist_diag.py`, through `LLM.collective_rpc`), and runs the probe requests. When SAVE's bytes
+windows (`tools/gpdiag/vllm_rpc.py`, through `LLM.collective_rpc`), and runs the probe requests. When SAVE's bytes
 everywhere do not give SAVE's outputs, it looks instead for the windows whose 0xff fill changes LOAD's outputs (memory
 the probes read before writing). The windows found are named by the SAVE's allocation history when it was recorded.
 """
@@ -91,7 +91,7 @@ def owners(history: Path, windows: Windows) -> list[dict[str, Any]]:
 
 def run(llm: Any, generate: Callable[..., list[list[int]]], probes: list[list[list[int]]], expected: list[list[int]],
         prefix: str, history: Path, limit_s: float = 240, max_trials: int = 90) -> dict[str, Any]:  # fmt: skip
-    from vllm import graphpersist_diag_rpc as diag
+    from gpdiag import vllm_rpc as diag
 
     started = time.monotonic()
     info = llm.collective_rpc(diag.bisect_setup, args=(prefix,))[0]

@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--executor", choices=["default", "mp", "uni"], default="default",
                     help="vLLM's distributed_executor_backend (default: vLLM's choice, 'uni' at TP=1)")  # fmt: skip
     ap.add_argument("--replay-timing", action="store_true",
-                    help="last, time graph replays in the worker (vllm/graphpersist_replaytime.py)")  # fmt: skip
+                    help="last, time graph replays in the worker (tools/gpdiag/vllm_replaytime.py)")  # fmt: skip
     ap.add_argument(
         "--diag",
         action="store_true",

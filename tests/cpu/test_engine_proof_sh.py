@@ -63,6 +63,18 @@ def test_an_sglang_recipe_installs_the_sglang_bundle_and_proves_the_recipe(tmp_p
     assert pythonpath.split(os.pathsep)[:2] == [str(tmp_path / "site"), str(REPO / "tools")]
 
 
+def test_a_diagnosis_record_is_proved_from_its_folder_under_diagnosis(tmp_path: Path) -> None:
+    """recipes/diagnosis/<name>: the engine and the default --out come from the folder's own name."""
+    proc = run_script(tmp_path, "diagnosis/vllm-qwen3-8b-tp1-startup", bundle_engine="vllm", PROOF_OUT="")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"installing the vllm bundle from {tmp_path / 'bundle'} into {tmp_path / 'site'}" in proc.stdout
+    command = (tmp_path / "rec").read_text().splitlines()[0]
+    assert command == (
+        "-m gptools.prove recipes/diagnosis/vllm-qwen3-8b-tp1-startup --out /root/proof-vllm-qwen3-8b-tp1-startup "
+        "--keep-going"
+    )
+
+
 def test_an_installed_site_is_not_installed_again(tmp_path: Path) -> None:
     assert run_script(tmp_path, "sglang-qwen3-8b-tp2").returncode == 0
     proc = run_script(tmp_path, "sglang-qwen3-8b-tp2-symm")

@@ -3,7 +3,7 @@
 Driver-level allocations of setup replay exactly at LOAD, but torch sub-allocates its segments: a tensor SAVE's
 setup kept that LOAD's setup does not recreate leaves its block free, and another tensor may take it while the
 graphs still read it. (Suspected for TP=1's wrong first token and ruled out on the GPU host, where all 406 such
-blocks were live again: recipes/vllm-qwen3-8b-tp1-blocks/; the check stays as a guard.)
+blocks were live again: recipes/diagnosis/vllm-qwen3-8b-tp1-blocks/; the check stays as a guard.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gptools import proofcheck, proofkit, prove
+from gptools import jsonfile, proofcheck, proofkit, prove
 from gptools.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def prove_cli(recipe: Path, out: Path, *extra: str) -> int:
 
 def report(out: Path) -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
     text = (out / "REPORT.md").read_text()
-    data = json.loads((out / "report.json").read_text())
+    data = jsonfile.load(out / "report.json")  # report.json.gz since reports are gzipped; either reads
     return text, data, {c["name"]: c for c in data["checks"]}
 
 
@@ -237,6 +237,7 @@ def test_phases_chart_or_a_note_without_matplotlib(tmp_path: Path) -> None:
     prove_cli(recipe, out, "--report", str(tmp_path / "copy" / "REPORT.md"))
     text, data, _ = report(out)
     assert (tmp_path / "copy" / "REPORT.md").read_text() == text
+    assert jsonfile.load(tmp_path / "copy" / "report.json.gz") == data  # the recipe's folder gets the JSON too
     if importlib.util.find_spec("matplotlib") is None:
         assert "no chart: matplotlib is not importable" in text
         assert not (out / "phases.png").exists() and data["chart"] is None
@@ -727,9 +728,17 @@ def test_the_command_has_help_both_ways(command: list[str]) -> None:
     assert "--check-only" in proc.stdout and "--keep-going" in proc.stdout
 
 
-@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (REPO / "recipes").glob("*/proof.toml")))
+COMMITTED_RECIPES = sorted(
+    str(p.parent.relative_to(REPO / "recipes"))
+    for pattern in ("*/proof.toml", "diagnosis/*/proof.toml")
+    for p in (REPO / "recipes").glob(pattern)
+)
+
+
+@pytest.mark.parametrize("recipe", COMMITTED_RECIPES)
 def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> None:
-    """Every committed engine recipe parses and its driver file exists (a typo fails here, not on a GPU host)."""
+    """Every committed engine recipe, validated configuration or diagnosis record, parses and its driver file exists
+    (a typo fails here, not on a GPU host)."""
     from gptools import prove
 
     parsed = prove.parse_recipe(REPO / "recipes" / recipe)

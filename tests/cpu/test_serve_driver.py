@@ -30,7 +30,7 @@ sys.path.insert(0, str(RECIPE))
 
 import serve_driver  # noqa: E402
 
-from gptools import openai_http, serveproof  # noqa: E402
+from gptools import jsonfile, openai_http, serveproof  # noqa: E402
 
 REFUSED = next(r for r in tomllib.loads((RECIPE / "proof.toml").read_text())["run"] if r["name"] == "serve_refused")
 
@@ -309,7 +309,7 @@ def proof(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         env.setenv("PYTHONPATH", os.pathsep.join(str(REPO / p) for p in ("overlays/graphpersist", "tools")))
         env.delenv("FAKE_SERVE", raising=False)
         code = gptools_main(["prove", str(recipe), "--out", str(tmp / "out")])
-    report = json.loads((tmp / "out" / "report.json").read_text())
+    report = jsonfile.load(tmp / "out" / "report.json.gz")
     assert code == 0, [c for c in report["checks"] if c["status"] != "pass"]
     return tmp / "out", report
 

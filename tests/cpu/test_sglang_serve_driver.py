@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gptools import proofkit, serveproof
+from gptools import jsonfile, proofkit, serveproof
 from gptools.__main__ import main as gptools_main
 from graphpersist.validate import LoadRefused, Mismatch
 
@@ -350,7 +350,7 @@ def proof(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         for name in ("FAKE_SERVE", "SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION"):
             env.delenv(name, raising=False)
         code = gptools_main(["prove", str(recipe), "--out", str(tmp / "out")])
-    report = json.loads((tmp / "out" / "report.json").read_text())
+    report = jsonfile.load(tmp / "out" / "report.json.gz")
     assert code == 0, [c for c in report["checks"] if c["status"] != "pass"]
     return tmp / "out", report
 

@@ -1,7 +1,7 @@
 """The GPU host's stack sampler (recipes/gpu-host/stacksample, diagnosis only) samples every process but a LOAD's.
 
-A sampled LOAD refused its setup phase on the GPU host (recipes/vllm-qwen3-8b-tp1-startup/README.md): the sampler's
-frame references kept a temporary alive. These tests run real interpreters with the sampler on their path.
+A sampled LOAD refused its setup phase on the GPU host (recipes/diagnosis/vllm-qwen3-8b-tp1-startup/README.md): the
+sampler's frame references kept a temporary alive. These tests run real interpreters with the sampler on their path.
 """
 
 from __future__ import annotations

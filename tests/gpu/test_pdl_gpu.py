@@ -3,7 +3,7 @@
 cuBLASLt launches its split-K reduction with programmatic stream serialization, so stream capture records a
 programmatic edge from the GEMM to it. Rebuilt with that edge data, a graph of split-K GEMMs with a torch
 elementwise kernel between them gave other results than the captured graph, even in the capturing process
-(recipes/runtime-single-gpu/SPLITK.md); the rebuild now adds every edge as a full dependency (graphbuild).
+(recipes/diagnosis/runtime-probes/SPLITK.md); the rebuild now adds every edge as a full dependency (graphbuild).
 
 - `save`: four bf16 [8, 4096] x [4096, 4096] matmuls with a relu between each (cuBLAS picks split-K at M=8 on an
   H200), captured and saved; the captured graph replayed three times, and rebuilt in the same process from its

@@ -5,7 +5,7 @@
 pstats`) and `DIR/cprofile.rank<N>.txt` (the functions with the most cumulative and the most own time). It profiles
 the worker's thread only. Unlike a stack sampler it keeps no frame alive, so the frees inside the exact phases
 happen where they happen unprofiled (a sampler holding a frame for a moment kept a temporary's memory alive and made
-a LOAD refuse its setup phase: recipes/vllm-qwen3-8b-tp1-startup/README.md). It slows Python-heavy steps: its
+a LOAD refuse its setup phase: recipes/diagnosis/vllm-qwen3-8b-tp1-startup/README.md). It slows Python-heavy steps: its
 timings say where, not how long.
 """
 

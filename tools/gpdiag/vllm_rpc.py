@@ -1,4 +1,6 @@
-"""Diagnosis only: what a driver runs in a worker through `LLM.collective_rpc` (recipes/vllm-qwen3-8b-tp1-bisect).
+"""Diagnosis only: what a driver runs in a worker through `LLM.collective_rpc`.
+
+Used by recipes/diagnosis/vllm-qwen3-8b-tp1-bisect.
 
 `bisect_setup` / `bisect_apply` / `bisect_peek`: put SAVE's bytes (`GP_DIAG_SAVE_BYTES`, gpdiag/vllm_state.py)
 back into chosen windows of the memory a LOAD mapped afresh, one trial request at a time, after putting every such

@@ -6,7 +6,7 @@ request states, block tables, graph-manager buffers), with a hash of its bytes a
 `DIR/region-sums.rank<N>.json`: every live allocation of the region with the sum of its 32-bit words. Comparing a
 SAVE's files with a LOAD's names the buffers and allocations whose contents differ when serving starts.
 
-More switches for the TP=1 diagnosis (`recipes/vllm-qwen3-8b-tp1-bisect/`), all acting at the same point:
+More switches for the TP=1 diagnosis (`recipes/diagnosis/vllm-qwen3-8b-tp1-bisect/`), all acting at the same point:
 `GP_DIAG_HISTORY=1` records torch's allocation history from init_device on and writes
 `DIR/memory-owners.rank<N>.json.gz` (who allocated what, with Python stacks); `GP_DIAG_SAVE_BYTES=PREFIX` makes a SAVE
 write the bytes of every live region allocation except weights and KV cache (`PREFIX.rank<N>.bin`, index `.json`);

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptools import proofkit
+from gptools import jsonfile, proofkit
 from gptools.proofrecipe import Recipe, RunSpec
 
 PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
@@ -72,7 +72,7 @@ class RunData:
 def load_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """result.json, or None and why it cannot be used."""
     try:
-        data = json.loads(path.read_text())
+        data = jsonfile.load(path)
     except FileNotFoundError:
         return None, "the driver wrote no result.json"
     except (OSError, ValueError) as exc:
@@ -88,7 +88,7 @@ def load_run(spec: RunSpec, out: Path, recipe_dir: Path | None = None) -> RunDat
     other's outputs. A recipe is known by its folder's name: the same recipe in another checkout is the same."""
     run_dir = out / spec.name
     try:
-        record = json.loads((run_dir / "run.json").read_text())
+        record = jsonfile.load(run_dir / "run.json")
     except (OSError, ValueError):
         record = None
     owner = record.get("recipe") if isinstance(record, dict) else None

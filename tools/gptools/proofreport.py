@@ -18,13 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gptools import proofcheck
+from gptools import jsonfile, proofcheck
 from gptools.proofcheck import Check, RunData
 from gptools.proofrecipe import Recipe
 
 ALL_PASSED = "all checks passed"
 SHOWN_LOG_LINES = 8
 CHART = "phases.png"
+REPORT_JSON = "report.json.gz"  # read it with gptools.jsonfile.load (or zcat)
 # Run with --python: the versions the engines saw (torch is optional: a CPU test host has none).
 VERSION_PROBE = """
 import json, platform
@@ -260,7 +261,8 @@ def _log_note(data: RunData) -> str:
 def write(
     recipe: Recipe, out: Path, runs: dict[str, RunData], checks: list[Check], report: Path, *, command: str, python: str
 ) -> str:
-    """Writes <out>/REPORT.md, <out>/report.json, <out>/phases.png (and REPORT.md + chart at `report`)."""
+    """Writes <out>/REPORT.md, <out>/report.json.gz, <out>/phases.png, and the same three next to `report` (the
+    recipe's folder, for committing) when it is elsewhere. The JSON is gzipped: an engine run's is up to 1 MB."""
     phases = _keys(runs, "phases")
     chart_rows = [(n, _section(d.result, "phases")) for n, d in runs.items() if d.ran and _section(d.result, "phases")]
     (out / CHART).unlink(missing_ok=True)
@@ -284,10 +286,13 @@ def write(
     }
     text = render(recipe, runs, checks, data, chart)
     (out / "REPORT.md").write_text(text)
-    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    written = jsonfile.dump_gz(out / REPORT_JSON, data)
     if report != out / "REPORT.md":
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(text)
+        if report.parent.resolve() != out.resolve():
+            shutil.copyfile(written, report.parent / REPORT_JSON)
+            (report.parent / REPORT_JSON.removesuffix(jsonfile.GZ)).unlink(missing_ok=True)
         if not chart:
             shutil.copyfile(out / CHART, report.parent / CHART)
     return data["headline"]

@@ -5,7 +5,7 @@ stream capture records where a library launched a kernel with programmatic strea
 split-K reduction after its GEMM). The archive keeps the edge data as captured; only the rebuild drops it, because
 on the reference host (driver 580.159.04, CUDA 13.0) an explicitly added programmatic edge does not behave like the
 captured one: the graph runs faster than the captured graph and kernels after the programmatic target read its
-output before it is complete (recipes/runtime-single-gpu/SPLITK.md: a split-K GEMM, a torch elementwise kernel, a
+output before it is complete (recipes/diagnosis/runtime-probes/SPLITK.md: a split-K GEMM, a torch elementwise kernel, a
 second split-K GEMM; wrong in the process that captured it, at every replay). Rebuilt with plain edges the same
 graph is bit-identical to the captured one and as fast (481.7 µs captured, 476.1 µs plain, 36 such links).
 """

@@ -8,7 +8,8 @@ compiled piece that contains it), and in a cold process each of them is timed on
 measured on one H200 (2026-12-02), a cold SAVE timed 24 times for 14 kernel sources. Each timing can pick another
 config, and upstream's autotune cache (the `.best_config` file next to the kernel's source, which later starts read)
 keeps whichever winner was written last. So a cold start may capture, in one piece, another config than the one every
-later start loads: the tenth session's flip (`recipes/vllm-qwen3-8b-tp1/kernel-choice-flip/`, the final norm's
+later start loads: the tenth session's flip
+(`recipes/diagnosis/vllm-qwen3-8b-tp1-kernel-choice/kernel-choice-flip/`, the final norm's
 `triton_red_fused_fused_add_rms_norm_2`, compiled with R0_BLOCK 4096 and 2048, differing in piece 036 only).
 
 SAVE: the first object of a kernel source is timed as upstream does (`counts["timed"]`); every later object of that

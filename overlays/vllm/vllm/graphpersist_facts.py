@@ -182,8 +182,8 @@ def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float
     model as SAVE's profile run compiled it, and the sampler on its output, which compiles the sampler kernels the
     first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
     the reference host). `lean` (LOAD's): one token per request of the largest batch (max_num_seqs tokens), the
-    sampler's shape in the profile run; measured at TP=1 (recipes/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the
-    profile run's max_num_batched_tokens forward, first request as fast.
+    sampler's shape in the profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter
+    than the profile run's max_num_batched_tokens forward, first request as fast.
 
     Variants (diagnosis: an observer sets the session option `load_profile`): `full` runs upstream's profile run
     (max_num_batched_tokens and the sampler), `small` a one-token forward without the sampler (loading the compiled

@@ -10,8 +10,8 @@ The period is GP_STACKS_PERIOD_MS (default 20). Sampling slows pure-Python work:
 A LOAD's processes are not sampled (GRAPHPERSIST_MODE=load in their environment; GP_STACKS_LOAD=1 samples them
 anyway): holding a thread's frames for a moment keeps their locals alive past the function's return, so torch's
 allocator can map a segment where SAVE reused a freed block, and LOAD then refuses its exact setup phase (measured
-2026-12-01: recipes/vllm-qwen3-8b-tp1-startup/README.md). For LOAD use the worker's cProfile (`GP_DIAG_CPROFILE`,
-vllm/graphpersist_startprofile.py). The sampler drops every frame reference before it sleeps.
+2026-12-01: recipes/diagnosis/vllm-qwen3-8b-tp1-startup/README.md). For LOAD use the worker's cProfile
+(`GP_DIAG_CPROFILE`, tools/gpdiag/startprofile.py). The sampler drops every frame reference before it sleeps.
 """
 
 from __future__ import annotations
