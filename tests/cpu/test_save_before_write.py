@@ -89,11 +89,11 @@ def recorded_saver(save: ModuleType, events: list[str], rank: int) -> Any:
     """A Saver whose preparation and rank files are stand-ins that record when they ran."""
     saver = save.Saver()
 
-    def prepare(*args: Any) -> dict[str, Any]:
+    def prepare(*args: Any) -> Any:
         events.append(f"prepare {rank}")
-        return {"world": world(), "t0": 0.0}
+        return SimpleNamespace(world=world(), t0=0.0)  # the two fields of save._Prepared that save() reads
 
-    def write(w: Any, r: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
+    def write(w: Any, r: int, prep: Any, notes: dict[str, Any]) -> dict[str, Any]:
         events.append(f"write {r}")
         write_rank(w, r, gpu=r, shared_image=SHARED_IMAGE)  # as SAVE adds kernel images (save.Saver._write)
         return {}

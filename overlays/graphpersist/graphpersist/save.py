@@ -28,6 +28,7 @@ from graphpersist import (
     ranks,
     region,
     setup,
+    state,
     structure,
     world,
 )
@@ -95,6 +96,29 @@ def _instantiate_flags(drv: Any, name: str, graph: Any) -> int:
 
 
 @dataclass
+@dataclass
+class _Prepared:
+    """One rank's SAVE once every refusal has passed: what `_write` puts into the archive."""
+
+    t0: float  # when the preparation began (after the device synchronised)
+    serialize_s: float
+    info: region.RegionInfo
+    evs: list[region.Event]  # the region's allocation events
+    saved: dict[str, graphwalk.SavedGraph]  # every graph, serialized
+    used: dict[str, tuple[region.ImageLoad, set[str]]]  # kernel image sha256 -> (its load, the entries graphs use)
+    exec_flags: dict[str, int]  # each graph's instantiate flags
+    pointers: list[int]  # every graph address, sorted
+    inv_fp: str  # their fingerprint
+    world: dict[str, Any]  # the facts every rank must agree on
+    mark: setup.SetupMark
+    phases: list[phases.Phase]
+    states: list[tuple[state.StateRecord, bytes]]  # declared state and its bytes
+    numbers: set[int]  # kernel-parameter words that lie in the region but are numbers (setup.param_values)
+    pointer_phases: dict[str, int]  # graph addresses per phase that made their memory
+    variable_pointers: list[list[int]]  # the first 64 in variable phases LOAD runs again
+    torch_blocks: list[tuple[int, int]]  # setup.pointer_blocks
+
+
 class Saver:
     """Collects captured graphs with their static tensors, then writes one archive.
 
@@ -181,8 +205,8 @@ class Saver:
             assert prep is not None
             if before_write is not None:
                 run_on_every_rank(coll, before_write, "SAVE")
-            coll.same_world(prep["world"], "SAVE")
-            w = coll.writer(root, prep["world"], overwrite=overwrite)
+            coll.same_world(prep.world, "SAVE")
+            w = coll.writer(root, prep.world, overwrite=overwrite)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
         t_write = time.perf_counter()
@@ -204,15 +228,15 @@ class Saver:
             raise PersistError(str(exc)) from None
         region.freeze()
         end = time.perf_counter()
-        summary["total_s"] = end - prep["t0"]
+        summary["total_s"] = end - prep.t0
         # where SAVE's time went (before_write's own work included in the part before writing)
-        summary["split_s"] = {"prepare": t_write - prep["t0"], "write": t_shared - t_write,
+        summary["split_s"] = {"prepare": t_write - prep.t0, "write": t_shared - t_write,
                               "shared": t_commit - t_shared, "commit": end - t_commit}  # fmt: skip
         return summary
 
     def _prepare(
         self, engine: Mapping[str, str], model: Mapping[str, str], par: dict[str, int], flags: Any
-    ) -> dict[str, Any]:
+    ) -> _Prepared:
         """This rank's part of SAVE up to writing: every refusal happens here, before any file exists."""
         from cuda.bindings import driver as drv
 
@@ -323,17 +347,17 @@ class Saver:
             if rng is None or r.addr + r.nbytes > rng[0] + rng[1]:
                 raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
                                    "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
-        return {
-            "t0": t0, "serialize_s": serialize_s, "info": info, "evs": evs, "saved": saved, "used": used,
-            "exec_flags": exec_flags, "pointers": pointers, "inv_fp": inv_fp, "world": world_facts(live), "mark": mark,
-            "phases": rec_phases, "states": states, "numbers": in_region_numbers, "pointer_phases": by_phase,
-            "variable_pointers": [[a, n] for a, n in risky[:64]], "torch_blocks": blocks,
-        }  # fmt: skip
+        return _Prepared(
+            t0=t0, serialize_s=serialize_s, info=info, evs=evs, saved=saved, used=used, exec_flags=exec_flags,
+            pointers=pointers, inv_fp=inv_fp, world=world_facts(live), mark=mark, phases=rec_phases, states=states,
+            numbers=in_region_numbers, pointer_phases=by_phase, variable_pointers=[[a, n] for a, n in risky[:64]],
+            torch_blocks=blocks,
+        )  # fmt: skip
 
-    def _write(self, w: ArchiveWriter, rank: int, prep: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
+    def _write(self, w: ArchiveWriter, rank: int, prep: _Prepared, notes: dict[str, Any]) -> dict[str, Any]:
         """Writes this rank's files and rank record into the (shared) staging folder."""
-        info, evs, saved, used = prep["info"], prep["evs"], prep["saved"], prep["used"]
-        pointers, inv_fp, mark = prep["pointers"], prep["inv_fp"], prep["mark"]
+        info, evs, saved, used = prep.info, prep.evs, prep.saved, prep.used
+        pointers, inv_fp, mark = prep.pointers, prep.inv_fp, prep.mark
         lo, hi = info.base, info.base + info.size
         image_records = []
         for sha, (load, names) in sorted(used.items()):
@@ -361,14 +385,14 @@ class Saver:
                     "images": sorted({nd["image"] for nd in sg.desc["nodes"] if nd["type"] == "kernel"}),
                     "capture_size": e.capture_size,
                     "mode": e.mode,
-                    "instantiate_flags": prep["exec_flags"][name],
+                    "instantiate_flags": prep.exec_flags[name],
                 }
             )
             content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi, topology_fp)
         w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
         w.add_json(rank, "pointers.json", pointers)
         w.add_json(rank, "setup_tensors.json", mark.tensors)
-        for r, data in prep["states"]:
+        for r, data in prep.states:
             if r.how == "bytes":
                 w.add_file(rank, r.file, data)
         w.add_file(rank, graphpack.PACK_NAME, pack.data())
@@ -387,26 +411,26 @@ class Saver:
                     "setup_cursor": mark.cursor,
                     "address_fingerprints": content_fps,
                     "granularity": info.granularity,
-                    "phases": [p.to_json() for p in prep["phases"]],
-                    "state": [r.to_json() for r, _ in prep["states"]],
+                    "phases": [p.to_json() for p in prep.phases],
+                    "state": [r.to_json() for r, _ in prep.states],
                     "engine_notes": notes,
-                    "pointer_phases": prep["pointer_phases"],  # graph addresses per phase that made their memory
-                    "variable_pointers": prep["variable_pointers"],  # the first 64 in variable phases LOAD runs
-                    "torch_blocks": [list(b) for b in prep["torch_blocks"]],  # setup.pointer_blocks
+                    "pointer_phases": prep.pointer_phases,  # graph addresses per phase that made their memory
+                    "variable_pointers": prep.variable_pointers,  # the first 64 in variable phases LOAD runs
+                    "torch_blocks": [list(b) for b in prep.torch_blocks],  # setup.pointer_blocks
                 },
             },
         )
         return {
-            "serialize_s": prep["serialize_s"],
+            "serialize_s": prep.serialize_s,
             "final_offset": info.cursor,
             "pointer_fingerprint": inv_fp,
             "pointers": len(pointers),
-            "in_region_numbers": len(prep["numbers"]),  # kernel-parameter words read as numbers (setup.param_values)
-            "pointer_phases": prep["pointer_phases"],
-            "torch_blocks": len(prep["torch_blocks"]),
+            "in_region_numbers": len(prep.numbers),  # kernel-parameter words read as numbers (setup.param_values)
+            "pointer_phases": prep.pointer_phases,
+            "torch_blocks": len(prep.torch_blocks),
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
-            "phases": [(p.name, p.start, p.end, p.limit) for p in prep["phases"]],
-            "state": [r.name for r, _ in prep["states"]],
+            "phases": [(p.name, p.start, p.end, p.limit) for p in prep.phases],
+            "state": [r.name for r, _ in prep.states],
         }
