@@ -51,7 +51,7 @@ check: setup ## ruff, series lint, Python floor, zero-fuzz dry run on pinned ups
 lint: check ## the same as make check
 
 rebase: setup ## make rebase ENGINE=vllm VERSION=0.33.0 [FINISH=1]: re-apply the series on a new upstream, report
-	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang> VERSION=<new upstream version> [FINISH=1]"; exit 2; }
+	@test -n "$(VERSION)" || { echo "usage: make rebase ENGINE=<vllm|sglang|deep_ep> VERSION=<new upstream version> [FINISH=1]"; exit 2; }
 	$(PY) -m gptools rebase --engine $(ENGINE) --version $(VERSION) $(if $(FINISH),--finish) $(REBASE_ARGS)
 
 edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git work tree to edit

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from gpdist import pins as pins_mod
-from gpdist.engine import BuildError, build_engine
+from gpdist.engine import BuildError, build_engine_wheels
 from gpdist.fetch import FetchError, fetch
 from gpdist.report import write_report
 from gpdist.runtime import build_runtime
@@ -26,7 +26,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Remove only what a build of ours writes: --out may be a folder that holds other wheels too.
-    ours = [pins.runtime_name, *(e.project for e in pins.engines.values())]
+    ours = [pins.runtime_name, *(e.dist_name for e in pins.engines.values())]
     for stale in [*out.glob("*.partial"), out / "BUILD-REPORT.md", out / "build-report.json"]:
         stale.unlink(missing_ok=True)
     for project in ours:
@@ -34,7 +34,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             stale.unlink()
     start = time.monotonic()
     runtime = build_runtime(pins, out)
-    builds = [build_engine(pins, engine, out, offline=args.offline) for engine in _engines(pins, args.engine)]
+    builds = [b for e in _engines(pins, args.engine) for b in build_engine_wheels(pins, e, out, offline=args.offline)]
     _, md_path = write_report(pins, builds, runtime, out)
     print(f"gpdist: built {len(builds) + 1} wheel(s) in {time.monotonic() - start:.1f} s; report: {md_path}")
     for wheel in sorted(out.glob("*.whl")):
@@ -45,7 +45,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     pins = pins_mod.load()
     for engine in _engines(pins, args.engine):
-        artifacts = [engine.wheel] + ([engine.sdist] if args.sdist and engine.sdist else [])
+        artifacts = [*engine.wheels] + ([engine.sdist] if args.sdist and engine.sdist else [])
         for artifact in artifacts:
             print(fetch(artifact, offline=args.offline))
     return 0

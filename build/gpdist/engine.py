@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpdist.fetch import fetch, sha256_file
-from gpdist.pins import EnginePin, Pins
-from gpdist.unpack import MARKER, WORK_DIR, tree_files, upstream_tree
-from gpdist.wheelmeta import WheelName, hex_to_record_digest, parse_record, render_record, stamp_metadata
+from gpdist.pins import Artifact, EnginePin, Pins
+from gpdist.unpack import MARKER, WORK_DIR, tree_files, tree_name, upstream_tree
+from gpdist.wheelmeta import WheelName, hex_to_record_digest, parse_record, render_record, requires, stamp_metadata
 from gpdist.wheelzip import ReproducibleZip, read_raw
 
 NATIVE_SUFFIXES = (".so", ".a", ".cubin", ".fatbin", ".ptx")
@@ -79,13 +79,22 @@ def _copy_overlay(tree: Path, overlay: Path) -> list[str]:
     return added
 
 
-def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = False) -> EngineBuild:
-    log = lambda msg: print(f"gpdist[{engine.name}]: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    src_wheel = fetch(engine.wheel, offline=offline)  # verified once here; unpacking uses this same copy
-    pristine = upstream_tree(engine, offline=offline, wheel=src_wheel)
+def build_engine_wheels(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = False) -> list[EngineBuild]:
+    """Every pinned wheel of the engine (one per Python for deep_ep), each with the same series and overlay."""
+    return [build_engine(pins, engine, out_dir, offline=offline, artifact=a) for a in engine.wheels]
 
-    stage = WORK_DIR / "build" / engine.name
-    log(f"staging a copy of {engine.wheel.filename}")
+
+def build_engine(
+    pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = False, artifact: Artifact | None = None
+) -> EngineBuild:
+    """One patched wheel from one of the engine's pinned wheels (default: the primary)."""
+    artifact = artifact or engine.wheel
+    log = lambda msg: print(f"gpdist[{engine.name}]: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    src_wheel = fetch(artifact, offline=offline)  # verified once here; unpacking uses this same copy
+    pristine = upstream_tree(engine, offline=offline, wheel=src_wheel, artifact=artifact)
+
+    stage = WORK_DIR / "build" / (engine.name if artifact == engine.wheel else tree_name(engine, artifact))
+    log(f"staging a copy of {artifact.filename}")
     shutil.rmtree(stage, ignore_errors=True)
     shutil.copytree(pristine, stage, ignore=shutil.ignore_patterns(MARKER))
 
@@ -95,20 +104,29 @@ def build_engine(pins: Pins, engine: EnginePin, out_dir: Path, offline: bool = F
     overlay_files = _copy_overlay(stage, engine.overlay_dir)
     log(f"copied {len(overlay_files)} overlay file(s) from overlays/{engine.name}/")
 
-    old_name = WheelName.parse(engine.wheel.filename)
+    old_name = WheelName.parse(artifact.filename)
     new_version = pins.dist_version(engine.version)
-    new_name = old_name.with_version(new_version)
+    new_name = pins.dist_wheel(engine, artifact)
     old_info, new_info = old_name.dist_info, new_name.dist_info
     if not (stage / old_info).is_dir():
-        raise BuildError(f"{engine.wheel.filename} has no {old_info}/")
+        raise BuildError(f"{artifact.filename} has no {old_info}/")
     (stage / old_info).rename(stage / new_info)
     metadata_path = stage / new_info / "METADATA"
-    requirement = f"{pins.runtime_name}=={pins.runtime_version}"
-    metadata_path.write_text(stamp_metadata(metadata_path.read_text(), new_version, requirement))
-    log(f"stamped version {new_version}, added Requires-Dist: {requirement}")
+    metadata = metadata_path.read_text()
+    # Every wheel we build requires the runtime, and the torch its native code is built against: upstream declares
+    # that for the engines; deep_ep declares nothing (its extension links against torch 2.11.0's libraries).
+    added = [f"{pins.runtime_name}=={pins.runtime_version}"]
+    if not requires(metadata, "torch"):
+        added.append(f"torch=={engine.requires_torch}")
+    renamed = new_name.distribution if new_name.distribution != old_name.distribution else None
+    metadata_path.write_text(stamp_metadata(metadata, new_version, added, name=renamed))
+    log(
+        f"stamped version {new_version}{f', name {renamed}' if renamed else ''}, added "
+        + ", ".join(f"Requires-Dist: {r}" for r in added)
+    )
 
     upstream_record = parse_record((pristine / old_info / "RECORD").read_text())
-    result = EngineBuild(engine.name, engine.wheel.filename, engine.wheel.sha256, out_dir / new_name.filename)
+    result = EngineBuild(engine.name, artifact.filename, artifact.sha256, out_dir / new_name.filename)
     result.patches = applied
 
     files = [f for f in tree_files(stage) if f != f"{new_info}/RECORD"]

@@ -31,10 +31,11 @@ def write_report(pins: Pins, builds: list[EngineBuild], runtime_wheel: Path, out
     for b in builds:
         lines.append(f"| {b.wheel.name} | `{b.wheel_sha256}` |")
     lines.append(f"| {runtime_wheel.name} | `{data['runtime']['sha256']}` |")
+    several = {b.engine for b in builds if sum(c.engine == b.engine for c in builds) > 1}
     for b in builds:
         lines += [
             "",
-            f"## {b.engine}",
+            f"## {b.engine}" + (f": {b.wheel.name}" if b.engine in several else ""),
             "",
             f"- upstream: `{b.upstream_wheel}` sha256 `{b.upstream_sha256}`",
             f"- patches applied (zero fuzz): {', '.join(b.patches) or 'none'}",

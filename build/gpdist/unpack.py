@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gpdist import REPO_ROOT
 from gpdist.fetch import fetch
-from gpdist.pins import EnginePin
+from gpdist.pins import Artifact, EnginePin
+from gpdist.wheelmeta import WheelName
 
 WORK_DIR = REPO_ROOT / ".work"
 MARKER = ".gpdist-unpacked"
@@ -57,18 +58,29 @@ def unpack_wheel(wheel: Path, dest: Path, marker: str = "") -> Path:
     return dest
 
 
-def upstream_tree(engine: EnginePin, offline: bool = False, wheel: Path | None = None) -> Path:
-    """A pristine unpacked copy of the engine's pinned wheel (do not modify it: copy first).
+def tree_name(engine: EnginePin, artifact: Artifact | None = None) -> str:
+    """`<engine>-<version>` for the primary wheel; the other wheels of a release add their Python tag."""
+    if artifact is None or artifact == engine.wheel:
+        return f"{engine.name}-{engine.version}"
+    return f"{engine.name}-{engine.version}-{WheelName.parse(artifact.filename).tags.split('-')[0]}"
+
+
+def upstream_tree(
+    engine: EnginePin, offline: bool = False, wheel: Path | None = None, artifact: Artifact | None = None
+) -> Path:
+    """A pristine unpacked copy of one of the engine's pinned wheels (default: the primary; do not modify it: copy
+    first).
 
     `wheel`: the copy fetch() just returned (verified), so that a build hashes the wheel once; else it is fetched.
     """
-    dest = WORK_DIR / "upstream" / f"{engine.name}-{engine.version}"
+    artifact = artifact or engine.wheel
+    dest = WORK_DIR / "upstream" / tree_name(engine, artifact)
     marker = dest / MARKER
-    if marker.exists() and marker.read_text() == engine.wheel.sha256:
+    if marker.exists() and marker.read_text() == artifact.sha256:
         return dest
-    wheel = wheel if wheel is not None else fetch(engine.wheel, offline=offline)
+    wheel = wheel if wheel is not None else fetch(artifact, offline=offline)
     print(f"gpdist: unpacking {wheel.name}", file=sys.stderr)
-    return unpack_wheel(wheel, dest, marker=engine.wheel.sha256)
+    return unpack_wheel(wheel, dest, marker=artifact.sha256)
 
 
 def tree_files(tree: Path) -> list[str]:

@@ -61,19 +61,40 @@ def render_record(rows: list[tuple[str, str, str]]) -> bytes:
     return buf.getvalue().encode()
 
 
-def stamp_metadata(metadata: str, version: str, requirement: str | None) -> str:
-    """Set the Version header and add one Requires-Dist after the existing ones (headers end at the first blank)."""
+def requires(metadata: str, project: str) -> bool:
+    """Whether METADATA's headers already declare a requirement on `project` (any version, any marker)."""
+    head = metadata.partition("\n\n")[0]
+    want = _canonical(project)
+    return any(
+        line.startswith("Requires-Dist: ") and _canonical(re.split(r"[=<>!~ ;\[(]", line[15:], maxsplit=1)[0]) == want
+        for line in head.split("\n")
+    )
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def stamp_metadata(metadata: str, version: str, requirement: str | list[str] | None, *, name: str | None = None) -> str:
+    """Set the Version header (and the Name header when `name` is given: a renamed distribution) and add the
+    Requires-Dist lines after the existing ones (headers end at the first blank line)."""
     head, sep, body = metadata.partition("\n\n")
+    if not sep:  # headers only, no blank line after them
+        head, sep = head.rstrip("\n"), "\n"
     lines = head.split("\n")
-    version_lines = [i for i, line in enumerate(lines) if line.startswith("Version: ")]
-    if len(version_lines) != 1:
-        raise ValueError("METADATA must have exactly one Version header")
-    lines[version_lines[0]] = f"Version: {version}"
-    if requirement:
-        name = re.split(r"[=<>!~ ;\[]", requirement, maxsplit=1)[0].lower()
-        if any(line.lower().startswith(f"requires-dist: {name}") for line in lines):
-            raise ValueError(f"METADATA already requires {name}")
+    for header, value in (("Version", version), ("Name", name)):
+        if value is None:
+            continue
+        found = [i for i, line in enumerate(lines) if line.startswith(f"{header}: ")]
+        if len(found) != 1:
+            raise ValueError(f"METADATA must have exactly one {header} header")
+        lines[found[0]] = f"{header}: {value}"
+    wanted = [requirement] if isinstance(requirement, str) else list(requirement or [])
+    for req in wanted:
+        project = re.split(r"[=<>!~ ;\[]", req, maxsplit=1)[0]
+        if requires("\n".join(lines), project):
+            raise ValueError(f"METADATA already requires {project.lower()}")
         req_lines = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist: ")]
         at = (req_lines[-1] + 1) if req_lines else len(lines)
-        lines.insert(at, f"Requires-Dist: {requirement}")
+        lines.insert(at, f"Requires-Dist: {req}")
     return "\n".join(lines) + sep + body

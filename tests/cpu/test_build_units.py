@@ -252,7 +252,7 @@ def test_gpdist_help_explains_engine_offline_and_the_cache(command: str, repo_ro
     )
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
-    assert "--engine {all,vllm,sglang} " in text and "one of vllm, sglang, or all (default)" in text
+    assert "--engine {all,vllm,sglang,deep_ep} " in text and "one of vllm, sglang, deep_ep, or all (default)" in text
     assert "GP_CACHE_DIR" in text and "~/.cache/graphpersist-dist" in text and "GP_INDEX_URL" in text
     assert "never download" in text
 

@@ -24,16 +24,16 @@ pytestmark = pytest.mark.network
 
 
 def engine_wheel(dist_dir: Path, pins: Pins, engine: str) -> Path:
-    pin = pins.engine(engine)
-    name = WheelName.parse(pin.wheel.filename).with_version(pins.dist_version(pin.version)).filename
+    name = pins.dist_wheel(pins.engine(engine)).filename
     path = dist_dir / name
     assert path.is_file(), f"{name} missing from {dist_dir}: {sorted(p.name for p in dist_dir.iterdir())}"
     return path
 
 
-def test_dist_holds_exactly_the_three_wheels(runtime_wheel: Path, dist_dir: Path, pins: Pins) -> None:
-    expected = {engine_wheel(dist_dir, pins, e).name for e in pins.engines} | {runtime_wheel.name}
-    assert {p.name for p in dist_dir.glob("*.whl")} == expected
+def test_dist_holds_exactly_our_wheels(runtime_wheel: Path, dist_dir: Path, pins: Pins) -> None:
+    """One wheel per pinned upstream wheel (deep_ep has one per Python; tests/cpu/test_deep_ep_wheel.py) + runtime."""
+    expected = {pins.dist_wheel(e, a).filename for e in pins.engines.values() for a in e.wheels}
+    assert {p.name for p in dist_dir.glob("*.whl")} == expected | {runtime_wheel.name}
     assert "vllm-0.26.0+gp.1-cp38-abi3-manylinux_2_28_x86_64.whl" in expected
     assert "sglang-0.5.17+gp.1-cp312-cp312-manylinux_2_34_x86_64.whl" in expected
     assert (dist_dir / "BUILD-REPORT.md").is_file() and (dist_dir / "build-report.json").is_file()

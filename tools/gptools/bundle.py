@@ -28,13 +28,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from gpdist.pins import engine_names
 from gpdist.pins import load as load_pins
 from gptools import bundle_archive as ba
 from gptools import bundle_closure as bc
-from gptools.series import engines_arg
 
 RUNTIME = load_pins().runtime_name
+# The serving engines: a library such as deep_ep is patched and built like them but gets no bundle of its own.
+SERVING = load_pins().serving_engines
 
 DEFAULT_PART_SIZE = "52MiB"  # a call carries 64 MiB with the working tree (6.2 MiB on 2026-12-01) and install.sh
 DEFAULT_OUT = ".bundle"
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dist", type=Path, default=Path("dist"), help="folder with our built wheels (default: dist)")
     p.add_argument(
         "--engine",
-        choices=[*engine_names(), "all"],
+        choices=[*SERVING, "all"],
         default="vllm",
         help="which engine to bundle; 'all' writes one self-contained bundle per engine (default: vllm)",
     )
@@ -491,7 +491,7 @@ def _run(args: argparse.Namespace) -> int:
     target = bc.Target(python_version=".".join(parts[:2]), python_full_version=full, glibc=args.glibc)
     if args.engine_wheel is not None and args.engine == "all":
         raise UsageError("--engine-wheel needs one --engine")
-    engines = engines_arg(args.engine)
+    engines = list(SERVING) if args.engine == "all" else [args.engine]
     results = [build_one(e, args, host, target) for e in engines]
     if args.json:
         print(json.dumps(results, indent=2, default=str))

@@ -248,6 +248,23 @@ def fetch_new_wheel(pin: pins_mod.EnginePin, version: str) -> NewWheel:
     return NewWheel(filename, path, sha, path.stat().st_size)
 
 
+def fetch_other_wheels(pin: pins_mod.EnginePin, version: str) -> list[NewWheel]:
+    """The new release's wheels for the pin's other Pythons (deep_ep has one per Python), same tags as pinned; a
+    Python the new release lacks is a RebaseError naming it."""
+    if not pin.other_wheels:
+        return []
+    from gpdist.fetch import fetch_unpinned
+
+    listing = list_index(pin.project)
+    out = []
+    for art in pin.other_wheels:
+        filename = pick_wheel(art.filename, version, listing)
+        print(f"rebase: fetching {filename}", file=sys.stderr)
+        path, sha = fetch_unpinned(pin.project, filename)
+        out.append(NewWheel(filename, path, sha, path.stat().st_size))
+    return out
+
+
 def wheel_facts(tree: Path, package: str) -> tuple[str, str]:
     """(commit from <pkg>/_version.py without the leading 'g', torch pin from METADATA), '' when absent."""
     commit = ""
@@ -265,9 +282,23 @@ def wheel_facts(tree: Path, package: str) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------- pins.toml
 
 
-def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, commit: str, torch: str) -> str:
+def _wheel_table(wheel: NewWheel) -> str:
+    return f'{{ filename = "{wheel.filename}", size = {wheel.size}, sha256 = "{wheel.sha256}" }}'
+
+
+def update_pins_text(
+    text: str,
+    engine: str,
+    *,
+    version: str,
+    wheel: NewWheel,
+    commit: str,
+    torch: str,
+    other_wheels: list[NewWheel] | None = None,
+) -> str:
     """Re-pin one engine in pins.toml by editing its lines (comments elsewhere stay). The sdist is dropped: rebase
-    only knows the wheel, and a stale sdist pin would name the wrong release."""
+    only knows the wheel, and a stale sdist pin would name the wrong release. `other_wheels` (the release's wheels
+    for the other Pythons) replaces a pinned `other_wheels` array; an engine that pins other wheels must get them."""
     lines = text.splitlines(keepends=True)
     header = f"[engines.{engine}]"
     try:
@@ -278,15 +309,25 @@ def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, c
     section = lines[start + 1 : end]
     replacements = {
         "version": f'version = "{version}"\n',
-        "wheel": f'wheel = {{ filename = "{wheel.filename}", size = {wheel.size}, sha256 = "{wheel.sha256}" }}\n',
+        "wheel": f"wheel = {_wheel_table(wheel)}\n",
         "commit_wheel": f'commit_wheel = "{commit}"\n',
     }
     if torch:
         replacements["requires_torch"] = f'requires_torch = "{torch}"\n'
+    if other_wheels is not None:
+        replacements["other_wheels"] = "other_wheels = [\n" + "".join(f"  {_wheel_table(w)},\n" for w in other_wheels)
+        replacements["other_wheels"] += "]\n"
     out: list[str] = []
     found = set()
+    skip_to_bracket = False
     for line in section:
+        if skip_to_bracket:  # the rest of a multi-line array being replaced
+            skip_to_bracket = not line.strip().startswith("]")
+            continue
         key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else ""
+        if key == "other_wheels" and key in replacements:
+            value = line.split("=", 1)[1].split("#", 1)[0].strip()
+            skip_to_bracket = value.startswith("[") and not value.endswith("]")
         if key in ("sdist", "commit_sdist"):
             while out and out[-1].lstrip().startswith("#"):
                 out.pop()  # the comment described the dropped sdist
@@ -299,6 +340,8 @@ def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, c
             continue
         out.append(line)
     missing = {"version", "wheel"} - found
+    if other_wheels is not None and "other_wheels" not in found:
+        missing.add("other_wheels")
     if missing:
         raise RebaseError(f"{header} lacks {', '.join(sorted(missing))}; edit pins.toml by hand")
     if "commit_wheel" not in found:
@@ -309,16 +352,31 @@ def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, c
     return "".join(lines[: start + 1] + out + lines[end:])
 
 
-def update_pins(path: Path, engine: str, *, version: str, wheel: NewWheel, commit: str, torch: str) -> None:
+def update_pins(
+    path: Path,
+    engine: str,
+    *,
+    version: str,
+    wheel: NewWheel,
+    commit: str,
+    torch: str,
+    other_wheels: list[NewWheel] | None = None,
+) -> None:
     """Edit, re-load through gpdist.pins to prove the result is valid and says what we meant, then replace."""
-    new_text = update_pins_text(path.read_text(), engine, version=version, wheel=wheel, commit=commit, torch=torch)
+    if other_wheels is None and pins_mod.load(path).engine(engine).other_wheels:
+        raise RebaseError(f"{engine} pins wheels for other Pythons too: re-pin them with the new release")
+    new_text = update_pins_text(
+        path.read_text(), engine, version=version, wheel=wheel, commit=commit, torch=torch, other_wheels=other_wheels
+    )
     tmp = path.with_name(path.name + ".rebase.tmp")
     tmp.write_text(new_text)
     try:
         pin = pins_mod.load(tmp).engine(engine)
+        others = [(w.filename, w.sha256, w.size) for w in other_wheels or []]
+        pinned_others = [(a.filename, a.sha256, a.size) for a in pin.other_wheels]
         if (pin.version, pin.wheel.filename, pin.wheel.sha256, pin.wheel.size, pin.commit_wheel) != (
             version, wheel.filename, wheel.sha256, wheel.size, commit,
-        ):  # fmt: skip
+        ) or (other_wheels is not None and pinned_others != others):  # fmt: skip
             raise RebaseError(f"re-loading the edited pins gave {pin}; not writing {path}")
         tmp.replace(path)
     finally:
@@ -534,10 +592,17 @@ def rebase(
         say(f"checking the hooked upstream functions ({hooks_file.name}) in {pin.project} {version}")
         report.hook_findings = check_hooks(new_tree, hooks_file)
     if report.repinnable and update:
-        say(f"every patch is clean: re-pinning {engine} to {version} in {pins_path}")
-        update_pins(pins_path, engine, version=version, wheel=new_wheel, commit=commit, torch=torch)
-        report.pins_updated = True
-        report.pins_note = f"{engine} now pins {new_wheel.filename}"
+        try:
+            others = fetch_other_wheels(pin, version) if pin.other_wheels else None
+        except RebaseError as exc:
+            others, report.pins_note = None, f"left at the old pin: {exc}"
+        if others is not None or not pin.other_wheels:
+            say(f"every patch is clean: re-pinning {engine} to {version} in {pins_path}")
+            update_pins(
+                pins_path, engine, version=version, wheel=new_wheel, commit=commit, torch=torch, other_wheels=others
+            )
+            report.pins_updated = True
+            report.pins_note = f"{engine} now pins {', '.join(w.filename for w in [new_wheel, *(others or [])])}"
     elif report.repinnable:
         report.pins_note = "every patch is clean; pins left alone as asked (--no-update-pins)"
     elif report.clean:
@@ -608,7 +673,8 @@ def finish(
     pin = pins_mod.load(pins_path).engine(engine)
     commit, torch = wheel_facts(new_tree, pin.project.replace("-", "_"))
     wheel = NewWheel(data["wheel"], Path(data["wheel"]), data["sha256"], int(data["wheel_size"]))
-    update_pins(pins_path, engine, version=version, wheel=wheel, commit=commit, torch=torch)
+    others = fetch_other_wheels(pin, version) if pin.other_wheels else None
+    update_pins(pins_path, engine, version=version, wheel=wheel, commit=commit, torch=torch, other_wheels=others)
     print(f"rebase: {engine} re-pinned to {version} in {pins_path}", file=sys.stderr)
     return [r.name for r in applied]
 
@@ -618,7 +684,7 @@ def finish(
 
 def _cmd_rebase(args: argparse.Namespace) -> int:
     if args.engine == "all":
-        print("gptools rebase: pick one engine (--engine vllm|sglang)", file=sys.stderr)
+        print(f"gptools rebase: pick one engine (--engine {'|'.join(pins_mod.engine_names())})", file=sys.stderr)
         return 2
     pins_path = Path(args.pins) if args.pins else pins_mod.PINS_PATH
     if args.finish:
@@ -672,7 +738,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "build/pins.toml is updated only when every patch is clean and every hook in hooks.toml matches. "
         "Exit 1 when something needs work.",
     )
-    p.add_argument("--engine", required=True, help="vllm or sglang")
+    p.add_argument("--engine", required=True, help=f"one of {', '.join(pins_mod.engine_names())}")
     p.add_argument("--version", required=True, help="the new upstream version, e.g. 0.33.0")
     p.add_argument("--pins", help=f"pins file to read and update (default {pins_mod.PINS_PATH})")
     p.add_argument("--wheel", help="use this local wheel instead of fetching one from the index")

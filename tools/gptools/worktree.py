@@ -369,7 +369,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     from gptools.series import patches_dir_for
 
     if args.engine == "all":
-        print("gptools edit: pick one engine (--engine vllm|sglang)", file=sys.stderr)
+        print("gptools edit: pick one engine (--engine vllm|sglang|deep_ep)", file=sys.stderr)
         return 2
     loaded = pins.load()
     pin = loaded.engine(args.engine)
@@ -440,7 +440,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Create a git work tree (default .work/edit/<engine>): the pinned upstream's text files as "
         f"the base commit (tag {BASE_TAG}) and one commit per patch. Edit with git, then `gptools export`.",
     )
-    p.add_argument("--engine", required=True, help="vllm or sglang")
+    p.add_argument("--engine", required=True, help="vllm, sglang or deep_ep (build/pins.toml)")
     p.add_argument("--dir", help="where to create the work tree (default .work/edit/<engine>)")
     p.add_argument("--patches-dir", help="series folder to read (default patches/<engine>/)")
     p.add_argument("--force", action="store_true", help="replace an existing work tree (its edits are lost)")
