@@ -69,9 +69,9 @@ def persistence_mode(environ: Mapping[str, str] | None = None) -> str:
     value = (os.environ if environ is None else environ).get(MODE_ENV, "")
     if value in ("", "off"):  # an empty variable counts as unset, as in graphpersist.switch
         return "off"
-    from graphpersist.switch import parse_mode
+    from graphpersist.engine import switch
 
-    return parse_mode(value, MODE_ENV).value
+    return switch.parse_mode(value, MODE_ENV).value
 
 
 def refusals(*, num_rdma_bytes: int, low_latency_mode: bool, mode: str) -> list[str]:
