@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist.archive import ArchiveWriter
-from graphpersist.liveenv import PINNED_ENV, set_field
-from graphpersist.manifest import FORMAT_VERSION
+from graphpersist.archive.liveenv import PINNED_ENV, set_field
+from graphpersist.archive.manifest import FORMAT_VERSION
 
 REGION_BASE = 0x7E0000000000
 REGION_SIZE = 64 << 30

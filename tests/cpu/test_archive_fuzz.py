@@ -42,7 +42,7 @@ from archive_fixtures import live_for, write_archive
 
 from graphpersist import cli
 from graphpersist.archive import ArchiveError, open_archive
-from graphpersist.validate import evaluate
+from graphpersist.archive.validate import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 20261130

@@ -100,7 +100,7 @@ def test_runtime_wheel_record_is_valid(runtime_wheel: Path) -> None:
 def test_runtime_wheel_carries_the_interposer_for_these_sources(runtime_wheel: Path, tmp_path: Path) -> None:
     """A serving host needs only pip: the platform wheel holds the compiled interposer, built from exactly the
     sources it ships (their digest), needing nothing newer than glibc 2.28 (its manylinux_2_28 tag)."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     with zipfile.ZipFile(runtime_wheel) as zf:
         names = set(zf.namelist())
@@ -161,7 +161,7 @@ def test_wheels_install_with_no_deps_into_a_fresh_venv(
     assert version.startswith(f"graphpersist {pins.runtime_version} (archive format "), version
     assert "usage" in subprocess.run([cli, "--help"], capture_output=True, text=True, check=True).stdout.lower()
     # The installed runtime uses its prebuilt interposer: no compiler on PATH, nothing built.
-    where = "from graphpersist import region; print(region.interposer_path())"
+    where = "from graphpersist.memory import region; print(region.interposer_path())"
     lib = subprocess.run([py, "-c", where], capture_output=True, text=True, check=True, env={**clean, "PATH": ""})
     assert lib.stdout.strip() == str(
         env_dir

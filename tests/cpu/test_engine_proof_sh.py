@@ -125,7 +125,7 @@ def test_refresh_copies_the_engines_overlay_tree_and_the_runtime(tmp_path: Path)
     for overlay in (REPO / "overlays" / "sglang" / "sglang").rglob("*.py"):
         copied = tmp_path / "site" / "sglang" / overlay.relative_to(REPO / "overlays" / "sglang" / "sglang")
         assert copied.read_bytes() == overlay.read_bytes()
-    assert (tmp_path / "site" / "graphpersist" / "region.py").is_file()
+    assert (tmp_path / "site" / "graphpersist" / "memory" / "region.py").is_file()
 
 
 def test_the_hosts_missing_bytecode_is_written_once_per_host(tmp_path: Path) -> None:

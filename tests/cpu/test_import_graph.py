@@ -48,13 +48,13 @@ def test_glue_that_imports_a_runtime_module_directly_is_named_with_its_line(tmp_
         tmp_path,
         {
             "vllm.graphpersist_ok": "from graphpersist import engine\nfrom graphpersist.engine import switch\n",
-            "vllm.graphpersist_bad": "import os\n\nfrom graphpersist import region\n",
+            "vllm.graphpersist_bad": "import os\n\nfrom graphpersist.memory import region\n",
             "graphpersist.engine": "",
-            "graphpersist.region": "",
+            "graphpersist.memory.region": "",
         },
     )
     bad = importgraph.glue_violations(modules, importgraph.edges(modules))
     assert [line.split(": ", 1)[1] for line in bad] == [
-        "engine glue imports graphpersist.region; use graphpersist.engine"
+        "engine glue imports graphpersist.memory.region; use graphpersist.engine"
     ]
     assert bad[0].split(":")[1] == "3"

@@ -1,5 +1,5 @@
-"""The JIT caches an archive carries (graphpersist.jitcache), the shared archive file that holds them, and the vLLM
-worker's cache folders (overlays/vllm/vllm/graphpersist_caches.py, loaded without vLLM).
+"""The JIT caches an archive carries (graphpersist.archive.jitcache), the shared archive file that holds them, and the
+vLLM worker's cache folders (overlays/vllm/vllm/graphpersist_caches.py, loaded without vLLM).
 
 What LOAD on a fresh host relies on: a collect is deterministic and carries every regular file with its executable
 bit and its exact modification time (ninja compares them); a restore writes only what the live folders lack, in
@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from archive_fixtures import world, write_archive, write_rank
 
-from graphpersist import cachefolders, jitcache, switch
-from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, read_shared
+from graphpersist import cachefolders, switch
+from graphpersist.archive import ArchiveError, ArchiveWriter, jitcache, open_archive, read_shared
+from graphpersist.archive.jitcache import collect, restore
 from graphpersist.engine import EngineAdapter, PersistSession
 from graphpersist.errors import JitCacheError, PersistError
-from graphpersist.jitcache import collect, restore
 
 REPO = Path(__file__).resolve().parents[2]
 MTIME_NS = 1_700_000_000_123_456_789  # nanoseconds that a float would round
@@ -192,7 +192,7 @@ CONCURRENT = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {overlay!r})
-from graphpersist import jitcache
+from graphpersist.archive import jitcache
 blob = Path({blob!r}).read_bytes()
 while not Path({go!r}).exists():
     time.sleep(0.001)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from graphpersist import graphformat, region
+from graphpersist.graph import format as graphformat
+from graphpersist.memory import region
 
 NATIVE = region.NATIVE_DIR
 CUDA_H = Path("/usr/local/cuda-13.0/include/cuda.h")  # what gp_cuda.h's declarations were taken from
@@ -301,7 +302,7 @@ def test_reexec_keeps_the_interpreter_command_line_and_stops_a_loop(tmp_path: Pa
     import sys
 
     code = (
-        "import os, sys\nfrom graphpersist import region\nregion.reexec_with_interposer()\n"
+        "import os, sys\nfrom graphpersist.memory import region\nregion.reexec_with_interposer()\n"
         "print('loaded', region.loaded(), os.environ.get('GP_REEXECED'), sys.argv)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(NATIVE.parents[1]), "GP_NATIVE_DIR": str(tmp_path)}

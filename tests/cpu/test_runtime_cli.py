@@ -13,9 +13,9 @@ from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, fake_nvidia_smi, wr
 
 from graphpersist import cli
 from graphpersist.archive import open_archive
-from graphpersist.liveenv import PINNED_ENV, collect_live
-from graphpersist.manifest import FORMAT_VERSION
-from graphpersist.validate import LoadRefused, evaluate, flatten
+from graphpersist.archive.liveenv import PINNED_ENV, collect_live
+from graphpersist.archive.manifest import FORMAT_VERSION
+from graphpersist.archive.validate import LoadRefused, evaluate, flatten
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "1"}
@@ -336,7 +336,7 @@ def test_a_hostile_manifest_is_exit_2_with_its_problem(tmp_path: Path, old: str,
 
 def test_exec_runs_the_program_under_the_interposer_and_passes_its_exit_code():
     probe = (
-        "import os, sys; from graphpersist import region; "
+        "import os, sys; from graphpersist.memory import region; "
         "print(region.loaded(), os.environ['GP_REGION_BASE'], os.environ['LD_PRELOAD'].split(':')[0]); sys.exit(7)"
     )
     ran = graphpersist("exec", "--", sys.executable, "-c", probe)

@@ -27,7 +27,7 @@ def fill(session: Any, ranges: list[tuple[int, int]]) -> None:
         return
     import torch
 
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     byte_text, _, span = value.partition(":")
     byte = int(byte_text, 0) & 0xFF

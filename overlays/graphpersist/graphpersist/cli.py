@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphpersist import __version__, safejson
-from graphpersist.manifest import FORMAT_VERSION
+from graphpersist import __version__
+from graphpersist.archive import safejson
+from graphpersist.archive.manifest import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
@@ -229,8 +230,8 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
 
 def _run_check(args: argparse.Namespace) -> int:
     from graphpersist.archive import open_archive
-    from graphpersist.liveenv import collect_live, set_field
-    from graphpersist.validate import MISSING, evaluate, mismatch_report, saved_facts
+    from graphpersist.archive.liveenv import collect_live, set_field
+    from graphpersist.archive.validate import MISSING, evaluate, mismatch_report, saved_facts
 
     archive = open_archive(args.archive, verify_checksums=not args.no_verify)
     rank = args.rank
@@ -310,8 +311,7 @@ def _configure_diff(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from graphpersist import diff
-    from graphpersist.archive import open_archive
+    from graphpersist.archive import diff, open_archive
     from graphpersist.errors import PersistError
 
     a, b = open_archive(args.a), open_archive(args.b)
@@ -339,7 +339,7 @@ def _run_exec(args: argparse.Namespace) -> int:
     if not argv:
         print("graphpersist exec: name the program to run, e.g. `graphpersist exec python app.py`", file=sys.stderr)
         return EXIT_MISUSE
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env()
     print(f"graphpersist: running {shlex.join(argv)} under the interposer ({env['LD_PRELOAD']})", file=sys.stderr)

@@ -17,26 +17,19 @@ from typing import Any
 
 import torch
 
-from graphpersist import (
-    graphbuild,
-    graphpack,
-    images,
-    layout,
-    phases,
-    ranks,
-    region,
-    setup,
-    state,
-    structure,
-)
+from graphpersist import ranks
 from graphpersist.archive import Archive, ArchiveError, open_archive
+from graphpersist.archive.liveenv import collect_live
+from graphpersist.archive.validate import LoadRefused, check_or_refuse, evaluate
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
-from graphpersist.graphset import GraphSet
-from graphpersist.liveenv import collect_live
-from graphpersist.tensors import tensor_at
-from graphpersist.validate import LoadRefused, check_or_refuse, evaluate
+from graphpersist.graph import build as graphbuild
+from graphpersist.graph import images, structure
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph.graphset import GraphSet
+from graphpersist.memory import layout, phases, region, setup, state
+from graphpersist.memory.tensors import tensor_at
 
 # Diagnosis only, never set in production: see _diag_fill.
 MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
@@ -47,7 +40,7 @@ class LoadedGraph:
     """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses.
 
     `outputs` has the structure the captured function returned at SAVE (tensor, tuple, list, dict, dataclass,
-    None and plain values; see graphpersist.structure), with each tensor at its saved address. `events[i]` is the
+    None and plain values; see graphpersist.graph.structure), with each tensor at its saved address. `events[i]` is the
     live CUevent (cuda-bindings) standing for event index i of the saved graph (distinct events numbered in order
     of first appearance at SAVE). The graph's event record/wait nodes use these fresh events, not the ones
     captured in the SAVE process: an engine that records or waits on those events outside the graph must use

@@ -20,7 +20,7 @@ The archive also carries the host's JIT and compile caches (`vllm/graphpersist_c
 SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
 `jitcache`, inside init_device).
 
-Inductor's timed launch configs (`graphpersist.kernelchoice`): SAVE makes one choice per kernel source and records
+Inductor's timed launch configs (`graphpersist.graph.kernelchoice`): SAVE makes one choice per kernel source and records
 it in the rank's notes; LOAD launches the archive's choices instead of timing again.
 
 SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the

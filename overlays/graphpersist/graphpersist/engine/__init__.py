@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from graphpersist import structure, switch
+from graphpersist import switch
 from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView
 from graphpersist.engine.session import KERNEL_WARMUP, PLUGINS_ENV, PersistSession, current
 from graphpersist.errors import PersistError
-from graphpersist.region import MULTICAST_OFF
+from graphpersist.graph import structure
+from graphpersist.memory.region import MULTICAST_OFF
 
 __all__ = [
     "KERNEL_WARMUP",
@@ -51,14 +52,14 @@ class Refused(PersistError):
 
 def interposer_loaded() -> bool:
     """Whether this process runs under the runtime's interposer (LD_PRELOAD), which every model process needs."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     return region.loaded()
 
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
     """What every engine process a persisting start launches needs: the resolved switch and the interposer."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     environ[switch.MODE_ENV] = resolved.mode.value
     environ[switch.DIR_ENV] = str(resolved.directory)
@@ -84,8 +85,8 @@ def restore_caches_early(directory: Path, resolvers: Mapping[str, Resolver], nam
     """LOAD, in a process that starts no model (the one that builds the engine's configuration): puts back the named
     cache folders the archive carries; returns the files written. Nothing when the archive carries none or cannot
     be read: the model processes check the archive first and refuse naming why, so this only saves time."""
-    from graphpersist import cachefolders, jitcache
-    from graphpersist.archive import ArchiveError, read_shared
+    from graphpersist import cachefolders
+    from graphpersist.archive import ArchiveError, jitcache, read_shared
 
     try:
         blob = read_shared(directory, jitcache.SHARED_NAME)
@@ -106,13 +107,13 @@ def torch_gather(group: Any = None) -> Callable[[Any], list[Any]]:
 
 def tensor_spec(t: Any) -> dict[str, Any]:
     """A tensor's address, dtype, shape and strides, as archives record it."""
-    from graphpersist.tensors import tensor_spec as spec
+    from graphpersist.memory.tensors import tensor_spec as spec
 
     return spec(t)
 
 
 def tensor_at(spec: Mapping[str, Any]) -> Any:
     """The tensor a spec names, at its recorded address (LOAD: the memory exists again there)."""
-    from graphpersist.tensors import tensor_at as at
+    from graphpersist.memory.tensors import tensor_at as at
 
     return at(spec)

@@ -73,7 +73,7 @@ class PersistSession:
     restored_files: list[str] = field(default_factory=list)  # LOAD: JIT cache files put back from the archive
     caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name
     carried: set[str] | None = None  # SAVE, rank 0: the cache files the archive carries
-    kernel_choices: Any = None  # graphpersist.kernelchoice.Choices when the engine pins Inductor's choices
+    kernel_choices: Any = None  # graphpersist.graph.kernelchoice.Choices when the engine pins Inductor's choices
     done: bool = False
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
     _listeners: dict[str, list[Callable[..., None]]] = field(default_factory=dict, repr=False)
@@ -188,7 +188,7 @@ class PersistSession:
         import torch
 
         from graphpersist import api
-        from graphpersist.liveenv import collect_live
+        from graphpersist.archive.liveenv import collect_live
 
         live = collect_live(
             device=torch.cuda.current_device(),
@@ -203,9 +203,9 @@ class PersistSession:
         self.adapter.read_saved(self, archive)
 
     def pin_kernel_choices(self) -> None:
-        """Inductor's timed launch configs (graphpersist.kernelchoice): SAVE records its choices in the rank's notes,
-        LOAD launches the archive's instead of timing again."""
-        from graphpersist import kernelchoice
+        """Inductor's timed launch configs (graphpersist.graph.kernelchoice): SAVE records its choices in the rank's
+        notes, LOAD launches the archive's instead of timing again."""
+        from graphpersist.graph import kernelchoice
 
         saved = self.saved_notes.get(kernelchoice.NOTES_KEY) if self.loading else None
         self.kernel_choices = kernelchoice.install(loading=self.loading, saved=saved, log=lambda m: self.log("%s", m))
@@ -217,7 +217,7 @@ class PersistSession:
     def phase(
         self, name: str, *, exact: bool = True, span: int | None = None, timed: str | None = None
     ) -> Iterator[None]:
-        """A setup phase, anchored at SAVE's offset at LOAD (graphpersist.layout); `timed` names its timing."""
+        """A setup phase, anchored at SAVE's offset at LOAD (graphpersist.memory.layout); `timed` names its timing."""
         from graphpersist import api
 
         started = time.perf_counter()
@@ -363,7 +363,8 @@ class PersistSession:
 
     def carry_caches(self) -> dict[str, bytes]:
         """SAVE, rank 0: the archive's shared JIT-cache file; what it carries is kept for `report_late`."""
-        from graphpersist import cachefolders, jitcache
+        from graphpersist import cachefolders
+        from graphpersist.archive import jitcache
 
         shared = cachefolders.carry(self)
         self.carried = jitcache.listing(self.caches)
@@ -377,7 +378,7 @@ class PersistSession:
 
     def cache_listing(self) -> set[str]:
         """The cache files this process's folders hold now (what a warm-up added is the difference)."""
-        from graphpersist import jitcache
+        from graphpersist.archive import jitcache
 
         return jitcache.listing(self.caches)
 

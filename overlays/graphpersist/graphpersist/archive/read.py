@@ -1,7 +1,7 @@
 """Reading an archive: total (any folder gives an Archive or an ArchiveError naming each problem) and verified.
 
 The reader accepts a folder only if the manifest parses and every file matches it, with no file missing or
-extra; JSON goes through graphpersist.safejson.
+extra; JSON goes through graphpersist.archive.safejson.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from graphpersist import safejson
-from graphpersist.archive_base import (
+from graphpersist.archive import safejson
+from graphpersist.archive.base import (
     ADVICE_OLDER_FORMAT,
     ADVICE_OTHER_FORMAT,
     MAX_RECORD_BYTES,
@@ -27,8 +27,7 @@ from graphpersist.archive_base import (
     _reference_problems,
     archive_path,
 )
-from graphpersist.archive_side import _missing_root
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     IMAGES_DIR,
     MANIFEST_NAME,
     RANK_DIR,
@@ -40,6 +39,7 @@ from graphpersist.manifest import (
     UnsupportedFormat,
     rank_dir,
 )
+from graphpersist.archive.side import _missing_root
 
 
 class Archive:

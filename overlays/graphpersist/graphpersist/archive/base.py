@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     RANK_DIR,
