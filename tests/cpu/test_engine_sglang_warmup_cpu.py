@@ -525,6 +525,7 @@ def test_save_writes_once_the_graph_runners_are_set_running_the_first_requests_b
     assert sess.done and not sess.saving
     assert list(sess.timings) == ["kernel_warmup_before_save", "save"]
     stats = json.loads((tmp_path / "stats" / "rank_0.json").read_text())
+    assert "kernel_choices" not in stats  # SGLang pins no Inductor choices: the proof's check must not expect them
     assert stats["kernel_warmup"] == {
         "batches": ["first"],
         "left_out": [],

@@ -396,8 +396,7 @@ class PersistSession:
     # -- stats ----------------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """The per-rank stats file's keys (the proof runner and the recipe drivers read them)."""
-        counts = dict(self.kernel_choices.counts) if self.kernel_choices is not None else None
-        return {
+        stats: dict[str, Any] = {
             "rank": self.rank,
             "mode": self.mode.value,
             "captured": self.captured,
@@ -405,9 +404,10 @@ class PersistSession:
             "capture_calls": self.capture_calls,
             "phases": self.timings,
             "jitcache_restored": self.restored_files,
-            "kernel_choices": counts,
-            **self.stats_extra,
         }
+        if self.kernel_choices is not None:  # only an engine that pins Inductor's choices counts them (vLLM)
+            stats["kernel_choices"] = dict(self.kernel_choices.counts)
+        return {**stats, **self.stats_extra}
 
     def write_stats(self) -> None:
         """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set)."""
