@@ -3,9 +3,15 @@
 `patches/<engine>/hooks.toml` declares each upstream function, class, attribute and module-level name that a patch
 edits or that the engine's glue (`overlays/<engine>/**/*.py`) reads, writes, calls, wraps or subclasses. A new
 upstream release can rename a method, drop a parameter or an attribute without making any patch fail to apply
-(when only the glue uses it); `python -m gptools hooks` (run by `make check`) checks the declarations against an
-unpacked upstream tree (default: the pristine pinned one), by AST, importing nothing, so it runs on CPU for every
-engine (SGLang's wheel is CPython 3.12 only). `make rebase` runs the same check against the new release.
+(when only the glue uses it); `python -m gptools hooks` catches that, in two parts, both run by `make check`:
+
+1. the declarations against an unpacked upstream tree (default: the pristine pinned one), by AST, importing
+   nothing, so it runs on CPU for every engine (SGLang's wheel is CPython 3.12 only); `make rebase` runs the same
+   check against the new release and reports every declared name it removed or renamed;
+2. the glue against the declarations (`gptools.gluelint`): a name the glue touches on upstream code that
+   hooks.toml does not declare fails the check. Its rule is in gluelint's docstring;
+   `python -m gptools hooks --engine vllm --undeclared` lists what is missing, with the upstream classes that
+   define each name.
 
 hooks.toml format::
 
@@ -29,7 +35,8 @@ hooks.toml format::
     used_by = "vllm/graphpersist_worker.py"
     why = "the worker reads its runner and rank"
 
-Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once.
+A method the glue calls with keywords is best declared as a [[hook]] with its params: the lint then checks the
+keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gptools import gluelint
 from gptools.contract import (
     HOOKS_FILE,
     KINDS,
@@ -292,9 +300,15 @@ def default_hooks_file(engine: str) -> Path:
     return REPO_ROOT / "patches" / engine / HOOKS_FILE
 
 
+def default_glue(engine: str) -> Path:
+    from gpdist import REPO_ROOT
+
+    return REPO_ROOT / "overlays" / engine
+
+
 @dataclass
 class Report:
-    """What one engine's check found: the declarations against a tree."""
+    """What one engine's check found: the declarations against a tree, and the glue against the declarations."""
 
     engine: str
     tree: Path | None
@@ -302,46 +316,61 @@ class Report:
     checked: int = 0  # hook points
     declared: int = 0  # declared attribute and module names
     changes: list[Finding] = field(default_factory=list)
+    lint: gluelint.LintReport | None = None  # when the glue was linted
 
     @property
     def findings(self) -> list[str]:
-        return [f.message for f in self.changes]
+        lines = [f.message for f in self.changes]
+        if self.lint is not None:
+            lines += [u.text() for u in self.lint.undeclared]
+        return lines
 
 
 def run(
     engine: str,
     tree: Path | None = None,
     hooks_file: Path | None = None,
+    *,
+    glue: Path | None = None,
+    check_tree: bool = True,
+    lint: bool = True,
 ) -> Report:
-    """Check one engine's declarations against `tree` (default: the pristine pinned upstream)."""
+    """Check one engine: the declarations against `tree` (default: the pristine pinned upstream), then the glue
+    (default: overlays/<engine>) against the declarations."""
     hooks_file = hooks_file if hooks_file is not None else default_hooks_file(engine)
     contract = load_contract(hooks_file)
-    if tree is None:
+    if check_tree and tree is None:
         tree = default_tree(engine)
     report = Report(engine, tree, hooks_file, len(contract.hooks), sum(len(a.all_names) for a in contract.attrs))
-    if tree is not None:
+    if check_tree and tree is not None:
         report.changes = check_contract(tree, contract)
+    if lint:
+        report.lint = gluelint.lint(engine, contract, glue if glue is not None else default_glue(engine))
     return report
 
 
-def _print_human(r: Report) -> None:
+def _print_human(r: Report, *, show_tree: bool) -> None:
     total = r.checked + r.declared
     what = f"{r.checked} hook points, {r.declared} attributes and module names"
-    if r.tree is None:
-        print(f"{r.engine}: no pinned upstream tree: its {total} declared names ({what}) are not checked against "
-              "one (--tree DIR checks them)")  # fmt: skip
-    elif r.changes:
-        print(f"{r.engine}: {len(r.changes)} of {total} declared upstream names ({what}) changed in {r.tree}")
-        for f in r.changes:
-            print(f"  {f.message}")
-    else:
-        print(f"{r.engine}: all {total} declared upstream names match ({what}; {r.tree})")
+    if show_tree:
+        if r.tree is None:
+            print(f"{r.engine}: no pinned upstream tree: its {total} declared names ({what}) are not checked against "
+                  "one (--tree DIR checks them)")  # fmt: skip
+        elif r.changes:
+            print(f"{r.engine}: {len(r.changes)} of {total} declared upstream names ({what}) changed in {r.tree}")
+            for f in r.changes:
+                print(f"  {f.message}")
+        else:
+            print(f"{r.engine}: all {total} declared upstream names match ({what}; {r.tree})")
+    if r.lint is not None:
+        for line in r.lint.lines():
+            print(line)
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
     engines = engine_choices() if args.engine == "all" else [args.engine]
-    if (args.tree or args.hooks_file) and len(engines) > 1:
-        print("gptools hooks: --tree/--hooks-file need a single --engine", file=sys.stderr)
+    if (args.tree or args.hooks_file or args.glue) and len(engines) > 1:
+        print("gptools hooks: --tree/--hooks-file/--glue need a single --engine", file=sys.stderr)
         return 2
     reports: list[Report] = []
     for engine in engines:
@@ -350,10 +379,15 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
                 engine,
                 Path(args.tree) if args.tree else None,
                 Path(args.hooks_file) if args.hooks_file else None,
+                glue=Path(args.glue) if args.glue else None,
+                check_tree=not (args.lint_only or args.undeclared),
+                lint=not args.no_lint,
             )
         except HooksFileError as err:
             print(f"gptools hooks: {err}", file=sys.stderr)
             return 2
+        if args.undeclared and report.lint is not None:
+            report.lint.suggest(Path(args.tree) if args.tree else default_tree(engine))
         reports.append(report)
     if args.json:
         out = []
@@ -366,11 +400,13 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
                 "findings": r.findings,
                 "changes": [asdict(f) for f in r.changes],
             }
+            if r.lint is not None:
+                entry["lint"] = r.lint.to_json()
             out.append(entry)
         print(json.dumps(out, indent=2))
     else:
         for r in reports:
-            _print_human(r)
+            _print_human(r, show_tree=not (args.lint_only or args.undeclared))
     return 1 if any(r.findings for r in reports) else 0
 
 
@@ -378,14 +414,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `hooks` subcommand to `python -m gptools`."""
     p = subparsers.add_parser(
         "hooks",
-        help="check the upstream contract: every declared function, class, attribute and module name still exists",
+        help="check the upstream contract: declared names exist upstream, the glue touches only declared ones",
         description="Read patches/<engine>/hooks.toml; check each declared function, class, attribute and module "
-        "name against an unpacked tree by AST (nothing is imported; default tree: the pristine pinned upstream). "
-        "Exit 1 on a finding.",
+        "name against an unpacked tree by AST (nothing is imported; default tree: the pristine pinned upstream), "
+        "then lint the engine's glue (overlays/<engine>) for upstream names it touches that hooks.toml does not "
+        "declare. Exit 1 on a finding.",
     )
     p.add_argument("--engine", default="all", choices=(*engine_choices(), "all"), help="engine name or `all`")
     p.add_argument("--tree", help="unpacked tree to check instead of the pristine pinned upstream")
     p.add_argument("--hooks-file", help="hooks declaration to use instead of patches/<engine>/hooks.toml")
+    p.add_argument("--glue", help="overlay folder to lint instead of overlays/<engine>")
+    p.add_argument("--lint-only", action="store_true", help="only the glue lint (no upstream tree needed)")
+    p.add_argument("--no-lint", action="store_true", help="only the declarations against the tree")
+    p.add_argument(
+        "--undeclared",
+        action="store_true",
+        help="list the upstream names the glue touches that hooks.toml does not declare, each with the upstream "
+        "classes that define it (reads the pristine tree) and a [[attrs]] line to start from",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_hooks)
 
