@@ -59,7 +59,7 @@ def test_renamed_method_is_reported(upstream_tree: Callable[[str], Path], repo_r
     hooks_file.write_text('[[hook]]\ntarget = "vllm.engine.arg_utils:EngineArgs.add_cli_args"\nparams = ["parser"]\n')
     assert hooks.check_hooks(tmp_path, hooks_file) == [
         "vllm.engine.arg_utils:EngineArgs.add_cli_args: not found: EngineArgs has no definition named "
-        "'add_cli_args' (vllm/engine/arg_utils.py)"
+        "'add_cli_args' (vllm/engine/arg_utils.py); similar names here: add_engine_cli_args, from_cli_args"
     ]
 
 

@@ -31,13 +31,14 @@ NEW_WHEEL = "fakepkg-1.1.0-py3-none-any.whl"
 
 
 class Setup:
-    def __init__(self, tmp: Path, new_files: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, new_files: dict[str, str], old_files: dict[str, str] | None = None) -> None:
         self.patches = make_series(tmp, upstream_files(), standard_changes()).patches_dir
         self.names = read_series(self.patches).names
-        old_sha, old_size = make_wheel(tmp / OLD_WHEEL, upstream_files(), version="1.0.0", commit="1111111")
+        old_files = old_files if old_files is not None else upstream_files()
+        old_sha, old_size = make_wheel(tmp / OLD_WHEEL, old_files, version="1.0.0", commit="1111111")
         self.pins = write_pins(tmp / "pins.toml", OLD_WHEEL, old_size, old_sha)
         self.pins_before = self.pins.read_text()
-        self.old_tree = write_tree(tmp / "old-tree", dict(upstream_files()))
+        self.old_tree = write_tree(tmp / "old-tree", dict(old_files))
         sha, size = make_wheel(tmp / NEW_WHEEL, new_files, version="1.1.0", commit="abcdef1234")
         self.wheel = NewWheel(NEW_WHEEL, tmp / NEW_WHEEL, sha, size)
         self.work = tmp / "rebase"
@@ -278,14 +279,14 @@ def test_clean_series_with_a_changed_hooked_function_is_reported_and_not_repinne
     assert len(report.hook_findings) == 1 and "utils_2" in report.hook_findings[0]
     assert not report.pins_updated and s.pins.read_text() == s.pins_before
     md = (s.work / "fakepkg-1.1.0/report.md").read_text()
-    assert md.splitlines()[0].endswith("but 1 hooked upstream function(s) changed")
-    assert "## Hook points that changed" in md
+    assert md.splitlines()[0].endswith("but 1 declared upstream name(s) changed")
+    assert "## Declared upstream names that changed (patches/fakepkg/hooks.toml)" in md
     assert md.rstrip().endswith(
-        "update patches/fakepkg/hooks.toml and the overlays that call them, then run "
+        "update patches/fakepkg/hooks.toml and the glue that uses them (overlays/fakepkg), then run "
         f'`make rebase ENGINE=fakepkg VERSION=1.1.0 FINISH=1 REBASE_ARGS="--work-root {s.work} --pins {s.pins}"` '
         "from the repository root."
     )
-    with pytest.raises(RebaseError, match="hooked upstream functions changed"):
+    with pytest.raises(RebaseError, match="declared upstream names changed"):
         finish("fakepkg", "1.1.0", pins_path=s.pins, work_root=s.work)
     assert s.pins.read_text() == s.pins_before
     hooks = (s.patches / "hooks.toml").read_text()
@@ -306,3 +307,71 @@ def test_finish_refuses_when_a_patch_was_lost_from_the_rebased_tree(tmp_path: Pa
     assert s.pins.read_text() == s.pins_before
     assert (s.patches / "series").read_text() == series_before
     assert all((s.patches / name).is_file() for name in s.names)
+
+
+RUNNER = """\
+class Runner:
+    def __init__(self):
+        self.model_runner = None
+        self.kv_caches = []
+
+    def capture(self, size):
+        return size
+"""
+CONTRACT = """\
+[[hook]]
+target = "fakepkg.runner:Runner.capture"
+params = ["self", "size"]
+used_by = "glue"
+why = "the glue wraps it"
+
+[[attrs]]
+target = "fakepkg.runner:Runner"
+names = ["model_runner", "kv_caches"]
+used_by = "glue"
+why = "the glue reads them"
+"""
+
+
+def with_runner(**edits: str) -> dict[str, str]:
+    files = upstream_files()
+    text = RUNNER
+    for old, new in edits.items():
+        text = text.replace(old, new)
+    files["fakepkg/runner.py"] = text
+    return files
+
+
+def test_a_declared_attribute_the_new_release_renamed_is_reported_and_blocks_the_pin(tmp_path: Path) -> None:
+    new = with_runner(**{"self.model_runner = None": "self.runner_v2 = None"})
+    s = Setup(tmp_path, new, old_files=with_runner())
+    (s.patches / "hooks.toml").write_text(CONTRACT)
+    report = s.run()
+    assert report.clean and not report.pins_updated
+    assert report.hook_findings == [
+        "fakepkg.runner:Runner.model_runner: attribute not found (searched fakepkg.runner:Runner); renamed to "
+        "runner_v2?"
+    ]
+    data = json.loads((s.work / "fakepkg-1.1.0/report.json").read_text())
+    assert data["contract"] == [
+        {
+            "target": "fakepkg.runner:Runner",
+            "name": "model_runner",
+            "kind": "attribute",
+            "change": "removed",
+            "message": report.hook_findings[0],
+            "renamed_to": ["runner_v2"],
+            "declared": "fakepkg.runner:Runner.model_runner",
+        }
+    ]
+    md = (s.work / "fakepkg-1.1.0/report.md").read_text()
+    assert md.splitlines()[0].endswith("but 1 declared upstream name(s) changed")
+    assert "| `fakepkg.runner:Runner.model_runner` | attribute | removed | `runner_v2` |" in md
+
+
+def test_the_same_release_as_a_control_reports_no_declared_name_changed(tmp_path: Path) -> None:
+    s = Setup(tmp_path, with_runner(), old_files=with_runner())
+    (s.patches / "hooks.toml").write_text(CONTRACT)
+    report = s.run()
+    assert report.hook_findings == [] and report.contract == []
+    assert "- upstream contract (hooks.toml): every declared name matches" in report.markdown()

@@ -1,131 +1,101 @@
-"""Check that the upstream functions our patches and overlays hook still exist with the parameters we expect.
+"""The upstream contract: every upstream name our patches and glue rely on is declared, and still there.
 
-`patches/<engine>/hooks.toml` declares every hook point (a patch edits it, an overlay calls or wraps it, or a
-later runtime seam will). A new upstream release can rename a method or drop a parameter without making any
-patch fail to apply, e.g. when the seam is only called from an overlay; this check catches that. It reads the
-tree with `ast` and imports nothing, so it runs on CPU for both engines (SGLang's wheel is CPython 3.12 only).
+`patches/<engine>/hooks.toml` declares each upstream function, class, attribute and module-level name that a patch
+edits or that the engine's glue (`overlays/<engine>/**/*.py`) reads, writes, calls, wraps or subclasses. A new
+upstream release can rename a method, drop a parameter or an attribute without making any patch fail to apply
+(when only the glue uses it); `python -m gptools hooks` catches that, in two parts, both run by `make check`:
 
-hooks.toml format, one table per hook point::
+1. the declarations against an unpacked upstream tree (default: the pristine pinned one), by AST, importing
+   nothing, so it runs on CPU for every engine (SGLang's wheel is CPython 3.12 only); `make rebase` runs the same
+   check against the new release and reports every declared name it removed or renamed;
+2. the glue against the declarations (`gptools.gluelint`): a name the glue touches on upstream code that
+   hooks.toml does not declare fails the check. Its rule is in gluelint's docstring;
+   `python -m gptools hooks --engine vllm --undeclared` lists what is missing, with the upstream classes that
+   define each name.
 
-    [[hook]]
+hooks.toml format::
+
+    [[hook]]                         # an upstream function or class
     target = "vllm.engine.arg_utils:EngineArgs.add_cli_args"   # module:qualified.name
     kind = "function"                # optional: "function" or "class"
     params = ["parser"]              # optional: every parameter, in order ("*args", "**kw", "*", "/" markers)
     requires = ["model", "**kwargs"] # optional: parameters that must be present (any order, others allowed)
     used_by = "0001-add-graph-persistence-switch.patch"
     why = "the patch adds the flags at the end"
+
+    [[attrs]]                        # names the glue touches on an upstream class, or on a module
+    target = "vllm.v1.worker.gpu_worker:Worker"   # "module:Class", or "module" for module-level names
+    names = ["model_runner", "rank"] # must exist: the class (or a base class in the tree) defines each in its
+                                     # body (method, property, class variable, dataclass field, enum member,
+                                     # __slots__) or assigns self.<name> in a method; a module binds each
+                                     # (def, class, assignment, import or re-export)
+    optional = ["__commit_id__"]     # optional: read with a fallback (getattr default); need not exist
+    computed_in = ["sglang/srt/graphpersist_customar.py:group_communicators"]
+                                     # optional: glue functions that reach these names by a computed getattr
+    used_by = "vllm/graphpersist_worker.py"
+    why = "the worker reads its runner and rank"
+
+A method the glue calls with keywords is best declared as a [[hook]] with its params: the lint then checks the
+keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import json
 import sys
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HOOKS_FILE = "hooks.toml"
-KINDS = ("function", "class")
-_Def = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+from gptools import gluelint
+from gptools.contract import (
+    HOOKS_FILE,
+    KINDS,
+    Attrs,
+    Contract,
+    Hook,
+    HooksFileError,
+    load_contract,
+    load_hooks,
+)
+from gptools.treeast import Tree
 
-
-class HooksFileError(Exception):
-    """hooks.toml itself is unreadable or malformed (misuse, not a finding about the tree)."""
+__all__ = [
+    "HOOKS_FILE",
+    "KINDS",
+    "Attrs",
+    "Finding",
+    "Hook",
+    "HooksFileError",
+    "check_contract",
+    "check_hooks",
+    "load_contract",
+    "load_hooks",
+    "signature",
+]
 
 
 @dataclass(frozen=True)
-class Hook:
-    """One declared hook point."""
+class Finding:
+    """One declared name that does not match a tree: what was declared, what changed, and where it may have gone."""
 
-    target: str
-    kind: str | None = None
-    params: tuple[str, ...] | None = None
-    requires: tuple[str, ...] = ()
-    used_by: str = ""
-    why: str = ""
-
-    @property
-    def module(self) -> str:
-        return self.target.split(":", 1)[0]
+    target: str  # the declaration's target ("module:Qual" or "module")
+    name: str  # the declared attribute or module name ("" for a hook's own target)
+    kind: str  # "function", "class", "attribute", "module name"
+    change: str  # "removed", "parameters", "kind"
+    message: str  # the line a person reads
+    renamed_to: tuple[str, ...] = ()  # names new in that release that look like it
 
     @property
-    def qualname(self) -> str:
-        return self.target.split(":", 1)[1]
+    def declared(self) -> str:
+        if not self.name:
+            return self.target
+        return f"{self.target}{'.' if ':' in self.target else ':'}{self.name}"
 
-
-@dataclass
-class Report:
-    """What one check found: how many hooks were looked at and one line per problem."""
-
-    engine: str
-    tree: Path
-    checked: int = 0
-    findings: list[str] = field(default_factory=list)
-
-
-def load_hooks(hooks_file: Path) -> list[Hook]:
-    """Parse and validate hooks.toml; raise HooksFileError naming the entry on any malformed field."""
-    try:
-        data = tomllib.loads(hooks_file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise HooksFileError(f"{hooks_file}: {err}") from err
-    entries = data.get("hook", [])
-    if not isinstance(entries, list) or not entries:
-        raise HooksFileError(f"{hooks_file}: no [[hook]] tables")
-    hooks: list[Hook] = []
-    for i, entry in enumerate(entries, 1):
-        where = f"{hooks_file}: hook #{i}"
-        target = entry.get("target")
-        if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-            raise HooksFileError(f"{where}: target must be 'package.module:Qualified.name', got {target!r}")
-        kind = entry.get("kind")
-        if kind is not None and kind not in KINDS:
-            raise HooksFileError(f"{where} ({target}): kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        params, requires = entry.get("params"), entry.get("requires", [])
-        for name, value in (("params", params), ("requires", requires)):
-            if value is not None and (not isinstance(value, list) or not all(isinstance(p, str) for p in value)):
-                raise HooksFileError(f"{where} ({target}): {name} must be a list of strings")
-        unknown = set(entry) - {"target", "kind", "params", "requires", "used_by", "why"}
-        if unknown:
-            raise HooksFileError(f"{where} ({target}): unknown keys {', '.join(sorted(unknown))}")
-        hooks.append(
-            Hook(
-                target=target,
-                kind=kind,
-                params=tuple(params) if params is not None else None,
-                requires=tuple(requires),
-                used_by=str(entry.get("used_by", "")),
-                why=str(entry.get("why", "")),
-            )
-        )
-    return hooks
-
-
-def module_file(tree: Path, module: str) -> Path | None:
-    """The source file of a dotted module inside an unpacked wheel tree, or None."""
-    base = tree.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _definitions(body: list[ast.stmt]) -> dict[str, _Def]:
-    """Names defined by def/class in a body, looking through if/try/with blocks; the last definition wins,
-    as it does when Python runs the module."""
-    found: dict[str, _Def] = {}
-    for node in body:
-        if isinstance(node, _Def):
-            found[node.name] = node
-        elif isinstance(node, ast.If | ast.With | ast.AsyncWith):
-            found.update(_definitions(node.body))
-            found.update(_definitions(getattr(node, "orelse", [])))
-        elif isinstance(node, ast.Try):
-            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
-                found.update(_definitions(block))
-    return found
+    def __str__(self) -> str:
+        return self.message
 
 
 def signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -145,123 +115,298 @@ def signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return out
 
 
-def find(tree: Path, hook: Hook) -> tuple[_Def | None, str]:
-    """Locate a hook's definition; on failure return None and a reason that names what is missing."""
-    path = module_file(tree, hook.module)
-    if path is None:
-        return None, f"module {hook.module} not found (no {hook.module.replace('.', '/')}.py in the tree)"
-    try:
-        module = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError) as err:
-        return None, f"cannot parse {path.relative_to(tree).as_posix()}: {err}"
-    scope: list[ast.stmt] = module.body
-    node: _Def | None = None
-    walked: list[str] = []
-    for part in hook.qualname.split("."):
-        node = _definitions(scope).get(part)
+def _similar(name: str, pool: set[str]) -> tuple[str, ...]:
+    """Names that look like `name`: close spellings first, then names that contain it or that it contains
+    (`setup` -> `setup_buffers`)."""
+    close = difflib.get_close_matches(name, sorted(pool), n=3, cutoff=0.6)
+    bare = name.strip("_").lower()
+
+    def contains(p: str) -> bool:
+        other = p.strip("_").lower()
+        return bare in other or (len(other) >= 3 and other in bare)
+
+    within = sorted(p for p in pool if len(bare) >= 3 and p not in close and contains(p))
+    return tuple([*close, *within][:3])
+
+
+class _Checker:
+    """Checks declarations against a tree; with the previous release's tree, a removed name's likely new name is one
+    that is new in this release and looks like it."""
+
+    def __init__(self, tree: Path, old_tree: Path | None = None) -> None:
+        self.tree = Tree(tree)
+        self.old = Tree(old_tree) if old_tree is not None else None
+
+    def _renamed(self, name: str, new: set[str], old: set[str] | None) -> tuple[str, ...]:
+        """Names new in this release that look like `name`; when none looks like it but only a few are new in its
+        scope, those few (a rename can change a name entirely)."""
+        if old is None:
+            return _similar(name, new - {name})
+        added = new - old
+        return _similar(name, added) or (tuple(sorted(added)) if len(added) <= 3 else ())
+
+    def _hint(self, renamed: tuple[str, ...]) -> str:
+        """With the previous release at hand, a similar name new in this one is a likely rename; without it, the
+        similar names are only that."""
+        if not renamed:
+            return ""
+        if self.old is not None:
+            return f"; renamed to {' or '.join(renamed)}?"
+        return f"; similar names here: {', '.join(renamed)}"
+
+    def _moved_module(self, module: str) -> tuple[str, ...]:
+        """Modules of the same file name that are new in this release (a module that moved)."""
+        base = module.rsplit(".", 1)[-1]
+        found = []
+        for path in sorted(self.tree.root.rglob(f"{base}.py")):
+            rel = path.relative_to(self.tree.root).with_suffix("")
+            dotted = ".".join(rel.parts)
+            if dotted != module and (self.old is None or self.old.module_file(dotted) is None):
+                found.append(dotted)
+        return tuple(found[:3])
+
+    def _missing_def(self, hook_target: str, module: str, qualname: str, reason: str, kind: str) -> Finding:
+        name = qualname.rsplit(".", 1)[-1]
+        if self.tree.module_file(module) is None:
+            renamed = self._moved_module(module) if self.old is not None else ()
+        else:
+            new = self.tree.scope_names(module, qualname)
+            old = self.old.scope_names(module, qualname) if self.old is not None else None
+            renamed = self._renamed(name, new, old)
+        hint = self._hint(renamed)
+        return Finding(hook_target, "", kind, "removed", f"{hook_target}: not found: {reason}{hint}", renamed)
+
+    def hook(self, hook: Hook) -> list[Finding]:
+        node, _, reason = self.tree.find(hook.module, hook.qualname)
         if node is None:
-            owner = ".".join(walked) or f"module {hook.module}"
-            return None, f"{owner} has no definition named {part!r} ({path.relative_to(tree).as_posix()})"
-        walked.append(part)
-        scope = node.body
-    return node, ""
-
-
-def check_hook(tree: Path, hook: Hook) -> list[str]:
-    """Findings for one hook point (empty when it matches)."""
-    node, reason = find(tree, hook)
-    if node is None:
-        return [f"{hook.target}: not found: {reason}"]
-    is_class = isinstance(node, ast.ClassDef)
-    kind = "class" if is_class else "function"
-    findings: list[str] = []
-    if hook.kind is not None and hook.kind != kind:
-        findings.append(f"{hook.target}: expected a {hook.kind}, found a {kind} (line {node.lineno})")
-    if is_class:
-        if hook.params is not None or hook.requires:
-            findings.append(f"{hook.target}: is a class; declare params on its methods instead")
+            return [self._missing_def(hook.target, hook.module, hook.qualname, reason, hook.kind or "function")]
+        is_class = isinstance(node, ast.ClassDef)
+        kind = "class" if is_class else "function"
+        findings: list[Finding] = []
+        if hook.kind is not None and hook.kind != kind:
+            message = f"{hook.target}: expected a {hook.kind}, found a {kind} (line {node.lineno})"
+            findings.append(Finding(hook.target, "", hook.kind, "kind", message))
+        if is_class:
+            if hook.params is not None or hook.requires:
+                message = f"{hook.target}: is a class; declare params on its methods instead"
+                findings.append(Finding(hook.target, "", "class", "parameters", message))
+            return findings
+        assert not isinstance(node, ast.ClassDef)
+        found = signature(node)
+        if hook.params is not None and tuple(found) != hook.params:
+            findings.append(Finding(hook.target, "", "function", "parameters",
+                                    f"{hook.target}: parameters changed: expected ({', '.join(hook.params)}), "
+                                    f"found ({', '.join(found)}) at line {node.lineno}"))  # fmt: skip
+        missing = [p for p in hook.requires if p not in found]
+        if missing:
+            findings.append(Finding(hook.target, "", "function", "parameters",
+                                    f"{hook.target}: missing parameter(s) {', '.join(missing)}; found "
+                                    f"({', '.join(found)}) at line {node.lineno}"))  # fmt: skip
         return findings
-    found = signature(node)
-    if hook.params is not None and tuple(found) != hook.params:
-        findings.append(
-            f"{hook.target}: parameters changed: expected ({', '.join(hook.params)}), "
-            f"found ({', '.join(found)}) at line {node.lineno}"
-        )
-    missing = [p for p in hook.requires if p not in found]
-    if missing:
-        findings.append(
-            f"{hook.target}: missing parameter(s) {', '.join(missing)}; found ({', '.join(found)}) "
-            f"at line {node.lineno}"
-        )
+
+    def attrs(self, entry: Attrs) -> list[Finding]:
+        return self._module_names(entry) if entry.is_module else self._class_attrs(entry)
+
+    def _module_names(self, entry: Attrs) -> list[Finding]:
+        findings = []
+        for name in entry.names:
+            ok, reason = self.tree.has_name(entry.module, name)
+            if ok:
+                continue
+            old_names: set[str] | None = None
+            if self.old is not None:
+                info = self.old.module(entry.module)
+                old_names = set(info.bindings) if not isinstance(info, str) else set()
+            info = self.tree.module(entry.module)
+            new_names = set(info.bindings) if not isinstance(info, str) else set()
+            renamed = self._renamed(name, new_names, old_names)
+            hint = self._hint(renamed)
+            findings.append(Finding(entry.target, name, "module name", "removed",
+                                    f"{entry.module}:{name}: not found: {reason}{hint}", renamed))  # fmt: skip
+        return findings
+
+    def _class_attrs(self, entry: Attrs) -> list[Finding]:
+        module, qualname = entry.target.split(":", 1)
+        found, reason = self.tree.class_attributes(module, qualname)
+        if found is None:
+            missing = self._missing_def(entry.target, module, qualname, reason, "class")
+            names = ", ".join(entry.names)
+            return [Finding(entry.target, "", "class", "removed", f"{missing.message}; its declared attributes go "
+                            f"with it: {names}", missing.renamed_to)]  # fmt: skip
+        old_names: set[str] | None = None
+        if self.old is not None:
+            old, _ = self.old.class_attributes(module, qualname)
+            old_names = old.names if old is not None else set()
+        findings = []
+        for name in entry.names:
+            if name in found.names:
+                continue
+            renamed = self._renamed(name, found.names, old_names)
+            where = f"searched {', '.join(found.searched)}"
+            if found.outside:
+                where += f"; bases outside the tree: {', '.join(found.outside)}"
+            hint = self._hint(renamed)
+            message = f"{entry.target}.{name}: attribute not found ({where}){hint}"
+            findings.append(Finding(entry.target, name, "attribute", "removed", message, renamed))
+        return findings
+
+
+def check_contract(tree: Path, contract: Contract, old_tree: Path | None = None) -> list[Finding]:
+    """Every declaration of `contract` that `tree` does not match; `old_tree` (the release the declarations were
+    written for) lets a removed name point at its likely new name."""
+    checker = _Checker(tree, old_tree)
+    findings: list[Finding] = []
+    for hook in contract.hooks:
+        findings += checker.hook(hook)
+    for entry in contract.attrs:
+        findings += checker.attrs(entry)
     return findings
 
 
-def check_hooks(tree: Path, hooks_file: Path) -> list[str]:
-    """Every finding for the hooks declared in hooks_file against an unpacked tree; empty means all match."""
-    findings: list[str] = []
-    for hook in load_hooks(hooks_file):
-        findings += check_hook(tree, hook)
-    return findings
+def check_hooks(tree: Path, hooks_file: Path, old_tree: Path | None = None) -> list[str]:
+    """Every finding for the names declared in hooks_file against an unpacked tree, one line each; empty means all
+    match."""
+    return [f.message for f in check_contract(tree, load_contract(hooks_file), old_tree)]
 
 
-def default_tree(engine: str) -> Path:
-    """The pristine pinned upstream tree (unpacked on first use)."""
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def engine_choices() -> list[str]:
+    """Pinned engines, then any other folder under patches/ that declares a contract (hooks.toml)."""
+    from gpdist import REPO_ROOT
+    from gpdist.pins import engine_names
+
+    names = list(engine_names())
+    patches = REPO_ROOT / "patches"
+    names += sorted(p.parent.name for p in patches.glob(f"*/{HOOKS_FILE}") if p.parent.name not in names)
+    return names
+
+
+def default_tree(engine: str) -> Path | None:
+    """The pristine pinned upstream tree (unpacked on first use); None for an engine that is not pinned."""
     from gpdist import pins
     from gpdist.unpack import upstream_tree
 
-    return upstream_tree(pins.load().engine(engine))
+    loaded = pins.load()
+    if engine not in loaded.engines:
+        return None
+    return upstream_tree(loaded.engine(engine))
 
 
 def default_hooks_file(engine: str) -> Path:
-    from gpdist import pins
+    from gpdist import REPO_ROOT
 
-    return pins.load().engine(engine).patches_dir / HOOKS_FILE
+    return REPO_ROOT / "patches" / engine / HOOKS_FILE
 
 
-def run(engine: str, tree: Path | None = None, hooks_file: Path | None = None) -> Report:
-    """Check one engine; tree defaults to the pristine pinned upstream, hooks_file to patches/<engine>/."""
-    tree = tree if tree is not None else default_tree(engine)
+def default_glue(engine: str) -> Path:
+    from gpdist import REPO_ROOT
+
+    return REPO_ROOT / "overlays" / engine
+
+
+@dataclass
+class Report:
+    """What one engine's check found: the declarations against a tree, and the glue against the declarations."""
+
+    engine: str
+    tree: Path | None
+    hooks_file: Path
+    checked: int = 0  # hook points
+    declared: int = 0  # declared attribute and module names
+    changes: list[Finding] = field(default_factory=list)
+    lint: gluelint.LintReport | None = None  # when the glue was linted
+
+    @property
+    def findings(self) -> list[str]:
+        lines = [f.message for f in self.changes]
+        if self.lint is not None:
+            lines += [u.text() for u in self.lint.undeclared]
+        return lines
+
+
+def run(
+    engine: str,
+    tree: Path | None = None,
+    hooks_file: Path | None = None,
+    *,
+    glue: Path | None = None,
+    check_tree: bool = True,
+    lint: bool = True,
+) -> Report:
+    """Check one engine: the declarations against `tree` (default: the pristine pinned upstream), then the glue
+    (default: overlays/<engine>) against the declarations."""
     hooks_file = hooks_file if hooks_file is not None else default_hooks_file(engine)
-    report = Report(engine=engine, tree=tree)
-    report.checked = len(load_hooks(hooks_file))
-    report.findings = check_hooks(tree, hooks_file)
+    contract = load_contract(hooks_file)
+    if check_tree and tree is None:
+        tree = default_tree(engine)
+    report = Report(engine, tree, hooks_file, len(contract.hooks), sum(len(a.all_names) for a in contract.attrs))
+    if check_tree and tree is not None:
+        report.changes = check_contract(tree, contract)
+    if lint:
+        report.lint = gluelint.lint(engine, contract, glue if glue is not None else default_glue(engine))
     return report
 
 
-def _cmd_hooks(args: argparse.Namespace) -> int:
-    from gptools.series import engines_arg
+def _print_human(r: Report, *, show_tree: bool) -> None:
+    total = r.checked + r.declared
+    what = f"{r.checked} hook points, {r.declared} attributes and module names"
+    if show_tree:
+        if r.tree is None:
+            print(f"{r.engine}: no pinned upstream tree: its {total} declared names ({what}) are not checked against "
+                  "one (--tree DIR checks them)")  # fmt: skip
+        elif r.changes:
+            print(f"{r.engine}: {len(r.changes)} of {total} declared upstream names ({what}) changed in {r.tree}")
+            for f in r.changes:
+                print(f"  {f.message}")
+        else:
+            print(f"{r.engine}: all {total} declared upstream names match ({what}; {r.tree})")
+    if r.lint is not None:
+        for line in r.lint.lines():
+            print(line)
 
-    engines = engines_arg(args.engine)
-    if (args.tree or args.hooks_file) and len(engines) > 1:
-        print("gptools hooks: --tree/--hooks-file need a single --engine", file=sys.stderr)
+
+def _cmd_hooks(args: argparse.Namespace) -> int:
+    engines = engine_choices() if args.engine == "all" else [args.engine]
+    if (args.tree or args.hooks_file or args.glue) and len(engines) > 1:
+        print("gptools hooks: --tree/--hooks-file/--glue need a single --engine", file=sys.stderr)
         return 2
     reports: list[Report] = []
     for engine in engines:
         try:
-            reports.append(
-                run(engine, Path(args.tree) if args.tree else None, Path(args.hooks_file) if args.hooks_file else None)
+            report = run(
+                engine,
+                Path(args.tree) if args.tree else None,
+                Path(args.hooks_file) if args.hooks_file else None,
+                glue=Path(args.glue) if args.glue else None,
+                check_tree=not (args.lint_only or args.undeclared),
+                lint=not args.no_lint,
             )
         except HooksFileError as err:
             print(f"gptools hooks: {err}", file=sys.stderr)
             return 2
+        if args.undeclared and report.lint is not None:
+            report.lint.suggest(Path(args.tree) if args.tree else default_tree(engine))
+        reports.append(report)
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {"engine": r.engine, "tree": str(r.tree), "checked": r.checked, "findings": r.findings}
-                    for r in reports
-                ],
-                indent=2,
-            )
-        )
+        out = []
+        for r in reports:
+            entry = {
+                "engine": r.engine,
+                "tree": str(r.tree) if r.tree else None,
+                "checked": r.checked,
+                "declared": r.declared,
+                "findings": r.findings,
+                "changes": [asdict(f) for f in r.changes],
+            }
+            if r.lint is not None:
+                entry["lint"] = r.lint.to_json()
+            out.append(entry)
+        print(json.dumps(out, indent=2))
     else:
         for r in reports:
-            if r.findings:
-                print(f"{r.engine}: {len(r.findings)} of {r.checked} hook points changed in {r.tree}")
-                for line in r.findings:
-                    print(f"  {line}")
-            else:
-                print(f"{r.engine}: all {r.checked} hook points match ({r.tree})")
+            _print_human(r, show_tree=not (args.lint_only or args.undeclared))
     return 1 if any(r.findings for r in reports) else 0
 
 
@@ -269,15 +414,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `hooks` subcommand to `python -m gptools`."""
     p = subparsers.add_parser(
         "hooks",
-        help="check that hooked upstream functions still exist with the expected parameters",
-        description="Read patches/<engine>/hooks.toml and check each declared function/class against an unpacked "
-        "tree by AST (nothing is imported). Default tree: the pristine pinned upstream. Exit 1 on a finding.",
+        help="check the upstream contract: declared names exist upstream, the glue touches only declared ones",
+        description="Read patches/<engine>/hooks.toml; check each declared function, class, attribute and module "
+        "name against an unpacked tree by AST (nothing is imported; default tree: the pristine pinned upstream), "
+        "then lint the engine's glue (overlays/<engine>) for upstream names it touches that hooks.toml does not "
+        "declare. Exit 1 on a finding.",
     )
-    from gpdist.pins import engine_names
-
-    p.add_argument("--engine", default="all", choices=(*engine_names(), "all"), help="engine name or `all` (default)")
+    p.add_argument("--engine", default="all", choices=(*engine_choices(), "all"), help="engine name or `all`")
     p.add_argument("--tree", help="unpacked tree to check instead of the pristine pinned upstream")
     p.add_argument("--hooks-file", help="hooks declaration to use instead of patches/<engine>/hooks.toml")
+    p.add_argument("--glue", help="overlay folder to lint instead of overlays/<engine>")
+    p.add_argument("--lint-only", action="store_true", help="only the glue lint (no upstream tree needed)")
+    p.add_argument("--no-lint", action="store_true", help="only the declarations against the tree")
+    p.add_argument(
+        "--undeclared",
+        action="store_true",
+        help="list the upstream names the glue touches that hooks.toml does not declare, each with the upstream "
+        "classes that define it (reads the pristine tree) and a [[attrs]] line to start from",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_hooks)
 

@@ -10,8 +10,10 @@ one (tag `gp-base`), so git knows the common base for 3-way merges. Each patch i
 
 Finally the series is cherry-picked onto `gp-base` on branch `rebased`; git stops at the first conflict and
 leaves the markers in the tree, ready to be resolved (`git cherry-pick --continue` carries on with the rest) and
-exported (`make rebase ENGINE=... VERSION=... FINISH=1`). build/pins.toml is updated only when every patch is
-clean and every hooked upstream function (patches/<engine>/hooks.toml) still matches.
+exported (`make rebase ENGINE=... VERSION=... FINISH=1`). The upstream contract (patches/<engine>/hooks.toml: every
+function, class, attribute and module name the patches and the glue rely on) is checked against the new release; the
+report names each declared name it removed or renamed (with the names new in that release that look like it).
+build/pins.toml is updated only when every patch is clean and every declared name still matches.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class RebaseReport:
     pins_updated: bool = False
     pins_path: str = ""
     pins_note: str = ""
-    hook_findings: list[str] = field(default_factory=list)  # hooked upstream functions that moved or changed
+    hook_findings: list[str] = field(default_factory=list)  # declared upstream names that changed, one line each
+    contract: list[dict] = field(default_factory=list)  # the same, structured (gptools.hooks.Finding fields)
     work_root: str = ""  # the --work-root given (empty: the default), so the finish command can name it
 
     def count(self, status: str) -> int:
@@ -105,7 +108,7 @@ class RebaseReport:
 
     @property
     def repinnable(self) -> bool:
-        """Re-pin only when the series applies cleanly AND every hooked upstream function is where we expect it."""
+        """Re-pin only when the series applies cleanly AND every declared upstream name is where we expect it."""
         return self.clean and not self.hook_findings
 
     def finish_command(self) -> str:
@@ -128,7 +131,7 @@ class RebaseReport:
         if not bad:
             first = f"all {n} patches apply cleanly to {self.project} {self.new_version}"
             if self.hook_findings:
-                first += f", but {len(self.hook_findings)} hooked upstream function(s) changed"
+                first += f", but {len(self.hook_findings)} declared upstream name(s) changed"
         else:
             first = f"{len(bad)} of {n} patches need work on {self.project} {self.new_version}: " + ", ".join(
                 f"{p.name} ({p.status})" for p in bad
@@ -143,7 +146,9 @@ class RebaseReport:
             f"- counts: {self.count(CLEAN)} clean, {self.count(FUZZY)} fuzzy, {self.count(CONFLICT)} conflicting",
             f"- work tree: {self.worktree}",
             f"- pins: {'updated' if self.pins_updated else 'NOT updated'} ({self.pins_path}): {self.pins_note}",
-            f"- hook points: {len(self.hook_findings)} changed" if self.hook_findings else "- hook points: all match",
+            f"- upstream contract (hooks.toml): {len(self.hook_findings)} declared name(s) changed"
+            if self.hook_findings
+            else "- upstream contract (hooks.toml): every declared name matches",
             "",
             "| # | patch | status | hunks not exact | 3-way merge |",
             "|---|---|---|---|---|",
@@ -162,7 +167,13 @@ class RebaseReport:
                 if p.note:
                     out.append(f"- note: {p.note}")
         if self.hook_findings:
-            out += ["", "## Hook points that changed (patches/<engine>/hooks.toml)", ""]
+            out += ["", f"## Declared upstream names that changed (patches/{self.engine}/hooks.toml)", ""]
+            if self.contract:
+                out += ["| declared | kind | change | maybe renamed to |", "|---|---|---|---|"]
+                for c in self.contract:
+                    renamed = ", ".join(f"`{r}`" for r in c.get("renamed_to", ())) or "-"
+                    out.append(f"| `{c['declared']}` | {c['kind']} | {c['change']} | {renamed} |")
+                out.append("")
             out += [f"- {f}" for f in self.hook_findings]
         out += ["", "## Next steps", ""]
         finish = f"`{self.finish_command()}`"
@@ -184,9 +195,9 @@ class RebaseReport:
             )
         elif self.hook_findings:
             out.append(
-                "The series applies cleanly, but hooked upstream functions changed: update "
-                f"patches/{self.engine}/hooks.toml and the overlays that call them, then run {finish} from the "
-                "repository root."
+                "The series applies cleanly, but declared upstream names changed: update "
+                f"patches/{self.engine}/hooks.toml and the glue that uses them (overlays/{self.engine}), then run "
+                f"{finish} from the repository root."
             )
         else:
             out.append(
@@ -485,7 +496,7 @@ def rebase(
     update: bool = True,
 ) -> RebaseReport:
     """Replay the series onto `version`, classify every patch, leave an editable tree, write report.md/.json,
-    and re-pin only if every patch is clean and every hooked upstream function still matches.
+    and re-pin only if every patch is clean and every declared upstream name still matches.
     Injectable paths keep tests away from the real pins and downloads."""
     from gpdist.unpack import unpack_wheel, upstream_tree
 
@@ -585,12 +596,14 @@ def rebase(
             report.stopped_at = patches[min(done, len(patches) - 1)].name
             report.conflict_markers = _marker_files(repo) or _conflict_files(repo)
 
-    from gptools.hooks import HOOKS_FILE, check_hooks
+    from gptools.hooks import HOOKS_FILE, check_contract, load_contract
 
     hooks_file = patches_dir / HOOKS_FILE
     if hooks_file.is_file():
-        say(f"checking the hooked upstream functions ({hooks_file.name}) in {pin.project} {version}")
-        report.hook_findings = check_hooks(new_tree, hooks_file)
+        say(f"checking the declared upstream names ({hooks_file.name}) in {pin.project} {version}")
+        changes = check_contract(new_tree, load_contract(hooks_file), old_tree)
+        report.hook_findings = [c.message for c in changes]
+        report.contract = [{**asdict(c), "declared": c.declared} for c in changes]
     if report.repinnable and update:
         try:
             others = fetch_other_wheels(pin, version) if pin.other_wheels else None
@@ -606,7 +619,7 @@ def rebase(
     elif report.repinnable:
         report.pins_note = "every patch is clean; pins left alone as asked (--no-update-pins)"
     elif report.clean:
-        report.pins_note = "every patch is clean, but hooked upstream functions changed: fix hooks.toml, overlays"
+        report.pins_note = "every patch is clean, but declared upstream names changed: fix hooks.toml and the glue"
     else:
         report.pins_note = "left at the old pin because not every patch is clean"
     (work / "report.md").write_text(report.markdown())
@@ -661,8 +674,8 @@ def finish(
             moved = check_hooks(work / "upstream-new", pdir / HOOKS_FILE)
             if moved:
                 raise RebaseError(
-                    f"hooked upstream functions changed in {engine} {version}; update {pdir / HOOKS_FILE} and the "
-                    "overlays that call them, then --finish again:\n  " + "\n  ".join(moved)
+                    f"declared upstream names changed in {engine} {version}; update {pdir / HOOKS_FILE} and the "
+                    "glue that uses them, then --finish again:\n  " + "\n  ".join(moved)
                 )
         print(f"rebase: exporting {repo} to {pdir}", file=sys.stderr)
         export(repo, pdir)
@@ -735,7 +748,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Fetch the new upstream wheel (same python/ABI/platform tags as the pinned one), replay the "
         "series with 3-way merges, classify each patch clean / fuzzy / conflict with per-hunk detail, leave an "
         "editable tree in .work/rebase/<engine>-<version>/tree and write report.md/.json next to it. "
-        "build/pins.toml is updated only when every patch is clean and every hook in hooks.toml matches. "
+        "build/pins.toml is updated only when every patch is clean and every name hooks.toml declares matches. "
         "Exit 1 when something needs work.",
     )
     p.add_argument("--engine", required=True, help=f"one of {', '.join(pins_mod.engine_names())}")
