@@ -1071,3 +1071,13 @@ def test_the_diagnosis_observer_wires_its_switches_to_the_worker(vllm: WarmPytho
     ).ok()
     assert got["options"] == {"warm_kernels_at_load": True, "load_profile": "full"}
     assert got["events"] == ["memory_restored", "ready", "restored", "saved", "started", "stopped"]
+
+
+def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:
+    """engine.commit is compared at LOAD: it is the pinned wheel's (vllm/_version.py), never empty."""
+    from gpdist import pins
+
+    got = vllm.run("result = facts.engine_facts()").ok()
+    pinned = pins.load().engine("vllm").commit_wheel
+    assert got["name"] == "vllm" and got["version"] == "0.26.0"
+    assert got["commit"].removeprefix("g") == pinned

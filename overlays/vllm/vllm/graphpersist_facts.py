@@ -71,8 +71,9 @@ def device_index(worker: Any) -> int:
 
 def engine_facts() -> dict[str, str]:
     import vllm
+    from vllm import _version
 
-    return {"name": "vllm", "version": vllm.__version__, "commit": str(getattr(vllm, "__commit_id__", "") or "")}
+    return {"name": "vllm", "version": vllm.__version__, "commit": str(_version.__commit_id__ or "")}
 
 
 def model_facts(cfg: Any) -> dict[str, str]:

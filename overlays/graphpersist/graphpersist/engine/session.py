@@ -317,10 +317,10 @@ class PersistSession:
         return summary
 
     # -- LOAD -----------------------------------------------------------------------------------------------------
-    def restore(self, *, check: Callable[[Any], None] | None = None) -> Any:
+    def restore(self, *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
         """Validates the archive against this process, restores memory, images and graphs, installs them where the
-        engine replays them, repeats the communicators' registration and proves the declared state. `check(result)`
-        runs the engine's own comparisons before anything is installed."""
+        engine replays them, repeats the communicators' registration and proves the declared state. `check(notes)`
+        runs the engine's own comparisons against the rank's saved notes before anything is installed."""
         from graphpersist import api, breakdown
 
         started = time.perf_counter()
@@ -340,7 +340,7 @@ class PersistSession:
         )
         self.kept.append(result)
         if check is not None:
-            check(result)
+            check(result.notes)
         self.restored = self.adapter.install(self, result)
         for comm in self.adapter.communicators():
             comm.restore(self, result.notes)

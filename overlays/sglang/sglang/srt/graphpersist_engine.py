@@ -290,8 +290,8 @@ def after_graphs(model_runner: Any) -> None:
 def _restore(sess: engine.PersistSession, prepared: dict[str, list[Any]]) -> None:
     """LOAD: the session restores and installs the graphs, once the attention state matches SAVE's."""
 
-    def same_attention_state(result: Any) -> None:
-        saved_state = result.notes.get("attn_shapes", {})
+    def same_attention_state(notes: dict[str, Any]) -> None:
+        saved_state = notes.get("attn_shapes", {})
         if changed := _differences(prepared, saved_state):
             raise PersistError(
                 f"graphpersist: the attention backend's per-shape state differs from SAVE's ({changed[0]}: saved "
