@@ -1012,7 +1012,7 @@ def test_two_sessions_in_one_process_share_nothing(vllm: WarmPython, tmp_path: P
             inside = engine.current() is save
         result = {{
             "second": second,
-            "load": [load.notes, load.timings.keys() - {{"process_start"}}, load.captured, load.saver is None],
+            "load": [load.notes, sorted(load.timings.keys() - {{"process_start"}}), load.captured, load.saver is None],
             "save": [sorted(save.notes["full"]), "capture" in save.timings, save.captured],
             "active": [inside, engine.current() is load],
         }}

@@ -88,7 +88,6 @@ def _instantiate_flags(drv: Any, name: str, graph: Any) -> int:
 
 
 @dataclass
-@dataclass
 class _Prepared:
     """One rank's SAVE once every refusal has passed: what `_write` puts into the archive."""
 
@@ -111,6 +110,7 @@ class _Prepared:
     torch_blocks: list[tuple[int, int]]  # setup.pointer_blocks
 
 
+@dataclass
 class Saver:
     """Collects captured graphs with their static tensors, then writes one archive.
 
