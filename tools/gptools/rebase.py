@@ -25,6 +25,7 @@ import shlex
 import shutil
 import socket
 import sys
+import tomllib
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -266,8 +267,9 @@ def wheel_facts(tree: Path, package: str) -> tuple[str, str]:
 
 
 def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, commit: str, torch: str) -> str:
-    """Re-pin one engine in pins.toml by editing its lines (comments elsewhere stay). The sdist is dropped: rebase
-    only knows the wheel, and a stale sdist pin would name the wrong release."""
+    """Re-pin one engine in pins.toml by editing its lines (comments elsewhere stay). On a new version the sdist is
+    dropped: rebase only knows the wheel, and a stale sdist pin would name the wrong release. On the pinned version
+    (a rebase onto the same release, run as a control) the sdist still names that release and stays."""
     lines = text.splitlines(keepends=True)
     header = f"[engines.{engine}]"
     try:
@@ -283,11 +285,12 @@ def update_pins_text(text: str, engine: str, *, version: str, wheel: NewWheel, c
     }
     if torch:
         replacements["requires_torch"] = f'requires_torch = "{torch}"\n'
+    same_release = tomllib.loads(text).get("engines", {}).get(engine, {}).get("version") == version
     out: list[str] = []
     found = set()
     for line in section:
         key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else ""
-        if key in ("sdist", "commit_sdist"):
+        if key in ("sdist", "commit_sdist") and not same_release:
             while out and out[-1].lstrip().startswith("#"):
                 out.pop()  # the comment described the dropped sdist
             if key == "sdist":
