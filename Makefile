@@ -11,12 +11,13 @@ export PYTHONDONTWRITEBYTECODE := 1
 ENGINE ?= all
 VERSION ?=
 DIST ?= dist
+INSTALL_VENV ?= .venv-dist
 PYTEST_ARGS ?=
 OFFLINE ?=
 FINISH ?=
 REBASE_ARGS ?=
 
-.PHONY: help setup build test test-fast check lint rebase edit export bundle gpu-test prove clean
+.PHONY: help setup build install test test-fast check lint rebase edit export bundle gpu-test prove clean
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +33,11 @@ setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-c
 
 build: setup ## fetch + verify pinned upstream, patch, overlay, stamp, write dist/ (OFFLINE=1: cache only)
 	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST) $(if $(filter 1,$(OFFLINE)),--offline)
+
+# Not `install: build`: it installs what dist/ holds (and says `make build` when that is nothing), so that a test can
+# run it against wheels other workers read at the same time.
+install: setup ## dist/'s runtime wheel into INSTALL_VENV=.venv-dist: the `graphpersist` command (ENGINE=vllm: + vLLM)
+	$(PY) -m gptools install --dist $(DIST) --venv $(INSTALL_VENV) --python $(PYTHON) $(if $(filter-out all,$(ENGINE)),--engine $(ENGINE))
 
 test: build ## build, then run the CPU test-suite (what CI runs)
 	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest $(PYTEST_ARGS)

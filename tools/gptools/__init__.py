@@ -15,5 +15,6 @@ COMMANDS = (
     "gptools.hooks",
     "gptools.pyfloor",
     "gptools.bundle",
+    "gptools.install",
     "gptools.prove",
 )
