@@ -13,6 +13,9 @@ VERSION ?=
 DIST ?= dist
 INSTALL_VENV ?= .venv-dist
 PYTEST_ARGS ?=
+# pytest-xdist workers (`-n`): one per core, at least 4 (many tests wait on subprocesses, so more workers than
+# cores keep the cores busy); JOBS=0 runs in one process.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 4); echo $$(( n > 4 ? n : 4 )))
 OFFLINE ?=
 FINISH ?=
 REBASE_ARGS ?=
@@ -20,7 +23,7 @@ REBASE_ARGS ?=
 .PHONY: help setup build install test test-fast check lint rebase edit export bundle gpu-test prove clean
 
 help: ## list the verbs
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 $(VENV)/.ready: requirements-dev.txt
 	@echo "setup: creating $(VENV) with the pinned developer tools"
@@ -39,14 +42,16 @@ build: setup ## fetch + verify pinned upstream, patch, overlay, stamp, write dis
 install: setup ## dist/'s runtime wheel into INSTALL_VENV=.venv-dist: the `graphpersist` command (ENGINE=vllm: + vLLM)
 	$(PY) -m gptools install --dist $(DIST) --venv $(INSTALL_VENV) --python $(PYTHON) $(if $(filter-out all,$(ENGINE)),--engine $(ENGINE))
 
+# --dist loadfile: a file's tests share one worker, so a module's fixtures (a warm vLLM interpreter, a fake server)
+# are set up once, not once per worker.
 test: build ## build, then run the CPU test-suite (what CI runs)
-	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest $(PYTEST_ARGS)
+	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
 # says how many ("N deselected"). The index URL points nowhere so that a fetch that slipped through fails at once.
 test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
 	GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
-	  -p no:cacheprovider $(PYTEST_ARGS)
+	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 check: setup ## ruff, series lint, runtime Python floor, zero-fuzz dry run on pinned upstream, hooked functions
 	$(VENV)/bin/pre-commit run --all-files
