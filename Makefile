@@ -20,7 +20,7 @@ OFFLINE ?=
 FINISH ?=
 REBASE_ARGS ?=
 
-.PHONY: help setup build install test test-fast check lint rebase edit export bundle gpu-test prove clean
+.PHONY: help setup build install test test-fast test-upstream check lint rebase edit export bundle gpu-test prove clean
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -44,8 +44,11 @@ install: setup ## dist/'s runtime wheel into INSTALL_VENV=.venv-dist: the `graph
 
 # --dist loadfile: a file's tests share one worker, so a module's fixtures (a warm vLLM interpreter, a fake server)
 # are set up once, not once per worker.
-test: build ## build, then run the CPU test-suite (what CI runs)
+test: build ## build, then run the CPU test-suite (what CI runs; it includes test-upstream)
 	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+
+test-upstream: build ## vLLM's own tests of what we patch: same outcomes on our wheel (persistence off) and upstream's
+	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest tests/cpu/test_upstream_vllm.py -rA $(PYTEST_ARGS)
 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
 # says how many ("N deselected"). The index URL points nowhere so that a fetch that slipped through fails at once.
