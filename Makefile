@@ -11,15 +11,19 @@ export PYTHONDONTWRITEBYTECODE := 1
 ENGINE ?= all
 VERSION ?=
 DIST ?= dist
+INSTALL_VENV ?= .venv-dist
 PYTEST_ARGS ?=
+# pytest-xdist workers (`-n`): one per core, at least 4 (many tests wait on subprocesses, so more workers than
+# cores keep the cores busy); JOBS=0 runs in one process.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 4); echo $$(( n > 4 ? n : 4 )))
 OFFLINE ?=
 FINISH ?=
 REBASE_ARGS ?=
 
-.PHONY: help setup build test test-fast check lint rebase edit export bundle gpu-test prove clean
+.PHONY: help setup build install test test-fast test-upstream check lint rebase edit export bundle gpu-test prove clean
 
 help: ## list the verbs
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 $(VENV)/.ready: requirements-dev.txt
 	@echo "setup: creating $(VENV) with the pinned developer tools"
@@ -33,14 +37,24 @@ setup: $(VENV)/.ready ## create .venv with the pinned tools (pytest, ruff, pre-c
 build: setup ## fetch + verify pinned upstream, patch, overlay, stamp, write dist/ (OFFLINE=1: cache only)
 	$(PY) -m gpdist build --engine $(ENGINE) --out $(DIST) $(if $(filter 1,$(OFFLINE)),--offline)
 
-test: build ## build, then run the CPU test-suite (what CI runs)
-	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest $(PYTEST_ARGS)
+# Not `install: build`: it installs what dist/ holds (and says `make build` when that is nothing), so that a test can
+# run it against wheels other workers read at the same time.
+install: setup ## dist/'s runtime wheel into INSTALL_VENV=.venv-dist: the `graphpersist` command (ENGINE=vllm: + vLLM)
+	$(PY) -m gptools install --dist $(DIST) --venv $(INSTALL_VENV) --python $(PYTHON) $(if $(filter-out all,$(ENGINE)),--engine $(ENGINE))
+
+# --dist loadfile: a file's tests share one worker, so a module's fixtures (a warm vLLM interpreter, a fake server)
+# are set up once, not once per worker.
+test: build ## build, then run the CPU test-suite (what CI runs; it includes test-upstream)
+	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+
+test-upstream: build ## vLLM's own tests of what we patch: same outcomes on our wheel (persistence off) and upstream's
+	GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest tests/cpu/test_upstream_vllm.py -rA $(PYTEST_ARGS)
 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
 # says how many ("N deselected"). The index URL points nowhere so that a fetch that slipped through fails at once.
 test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
 	GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
-	  -p no:cacheprovider $(PYTEST_ARGS)
+	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 check: setup ## ruff, series lint, Python floor, zero-fuzz dry run on pinned upstream, hooked functions, import loops
 	$(VENV)/bin/pre-commit run --all-files

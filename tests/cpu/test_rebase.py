@@ -43,10 +43,10 @@ class Setup:
         self.wheel = NewWheel(NEW_WHEEL, tmp / NEW_WHEEL, sha, size)
         self.work = tmp / "rebase"
 
-    def run(self):
+    def run(self, version: str = "1.1.0"):
         return rebase(
             "fakepkg",
-            "1.1.0",
+            version,
             pins_path=self.pins,
             work_root=self.work,
             patches_dir=self.patches,
@@ -121,6 +121,34 @@ def test_clean_series_updates_the_pins_copy(tmp_path: Path) -> None:
     other = pins_mod.load(s.pins).engine("other")
     assert other.version == "9.9"  # other engines untouched
     assert (s.work / "fakepkg-1.1.0/report.md").read_text().startswith("all 2 patches apply cleanly to fakepkg 1.1.0")
+
+
+def test_a_rebase_onto_the_pinned_release_keeps_its_sdist_pin(tmp_path: Path) -> None:
+    """The same-version control (`make rebase VERSION=<the pinned one>`) re-pins the same release: its sdist pin
+    still names that release and must survive, with its comment and commit."""
+    s = Setup(tmp_path, upstream_files())
+    before = pins_mod.load(s.pins).engine("fakepkg")
+    s.wheel = NewWheel(OLD_WHEEL, tmp_path / OLD_WHEEL, before.wheel.sha256, before.wheel.size)
+    report = s.run("1.0.0")
+    assert report.clean and report.pins_updated
+    after = pins_mod.load(s.pins).engine("fakepkg")
+    assert after.sdist == before.sdist and after.sdist is not None
+    assert after.commit_sdist == before.commit_sdist == "bbbbbbb"
+    assert (after.version, after.wheel) == (before.version, before.wheel)
+    assert after.commit_wheel == "1111111"  # what the wheel's _version.py says
+    assert "# The sdist of the same release.\nsdist = " in s.pins.read_text()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_update_pins_text_onto_the_pinned_release_changes_nothing(repo_root: Path, engine: str) -> None:
+    """On the real pins, re-pinning an engine to exactly what it pins is byte-for-byte a no-op."""
+    real = (repo_root / "build/pins.toml").read_text()
+    pin = pins_mod.load(repo_root / "build/pins.toml").engine(engine)
+    wheel = NewWheel(pin.wheel.filename, Path(pin.wheel.filename), pin.wheel.sha256, pin.wheel.size)
+    same = update_pins_text(
+        real, engine, version=pin.version, wheel=wheel, commit=pin.commit_wheel, torch=pin.requires_torch
+    )
+    assert same == real
 
 
 def test_hunk_placed_with_fuzz_where_the_merge_conflicts_is_reported_as_a_conflict(tmp_path: Path) -> None:

@@ -16,5 +16,6 @@ COMMANDS = (
     "gptools.importgraph",
     "gptools.pyfloor",
     "gptools.bundle",
+    "gptools.install",
     "gptools.prove",
 )

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import socket
 import sys
+import tomllib
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -307,9 +308,11 @@ def update_pins_text(
     torch: str,
     other_wheels: list[NewWheel] | None = None,
 ) -> str:
-    """Re-pin one engine in pins.toml by editing its lines (comments elsewhere stay). The sdist is dropped: rebase
-    only knows the wheel, and a stale sdist pin would name the wrong release. `other_wheels` (the release's wheels
-    for the other Pythons) replaces a pinned `other_wheels` array; an engine that pins other wheels must get them."""
+    """Re-pin one engine in pins.toml by editing its lines (comments elsewhere stay). On a new version the sdist is
+    dropped: rebase only knows the wheel, and a stale sdist pin would name the wrong release. On the pinned version
+    (a rebase onto the same release, run as a control) the sdist still names that release and stays.
+    `other_wheels` (the release's wheels for the other Pythons) replaces a pinned `other_wheels` array; an engine
+    that pins other wheels must get them."""
     lines = text.splitlines(keepends=True)
     header = f"[engines.{engine}]"
     try:
@@ -328,6 +331,7 @@ def update_pins_text(
     if other_wheels is not None:
         replacements["other_wheels"] = "other_wheels = [\n" + "".join(f"  {_wheel_table(w)},\n" for w in other_wheels)
         replacements["other_wheels"] += "]\n"
+    same_release = tomllib.loads(text).get("engines", {}).get(engine, {}).get("version") == version
     out: list[str] = []
     found = set()
     skip_to_bracket = False
@@ -339,7 +343,7 @@ def update_pins_text(
         if key == "other_wheels" and key in replacements:
             value = line.split("=", 1)[1].split("#", 1)[0].strip()
             skip_to_bracket = value.startswith("[") and not value.endswith("]")
-        if key in ("sdist", "commit_sdist"):
+        if key in ("sdist", "commit_sdist") and not same_release:
             while out and out[-1].lstrip().startswith("#"):
                 out.pop()  # the comment described the dropped sdist
             if key == "sdist":
