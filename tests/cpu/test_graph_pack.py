@@ -289,8 +289,17 @@ def test_archive_without_index_names_the_old_layout(tmp_path: Path) -> None:
         root = w.commit()
     with pytest.raises(
         ArchiveError, match=r"no rank_0/graphs/index\.json: written by a graphpersist release that stored"
-    ):
+    ) as info:
         graphpack.read_graphs(open_archive(root), 0, ["g"])
+    assert str(info.value).endswith("Re-run with mode=save to write a fresh archive."), "a new SAVE fixes an old layout"
+
+
+def test_an_index_of_an_older_format_advises_a_new_save(tmp_path: Path) -> None:
+    pack, _ = _packed()
+    root = _write(tmp_path / "a", pack, _damaged(pack.index(), "format") | {"format": 1})
+    with pytest.raises(ArchiveError, match=r"graph index format 1 is not 2 \(written by another release\)") as info:
+        graphpack.read_graphs(open_archive(root), 0, list(GRAPHS))
+    assert str(info.value).endswith("Re-run with mode=save to write a fresh archive.")
 
 
 # --------------------------------------------------------------------------------------------- hash once

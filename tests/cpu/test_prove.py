@@ -448,7 +448,7 @@ def test_archives_differing_in_one_field_name_its_path(tmp_path: Path) -> None:
         '1 field(s) differ: world.nccl.version: "2.27.3" vs "2.27.5"; graph by graph: archives-a-b.diff.txt'
     )
     diff = (out / "archives-a-b.diff.txt").read_text()  # the stand-in archives hold no graph pack to compare
-    assert "it has no file rank_0/pointers.json" in diff and diff.endswith("graphpersist diff failed (exit 2)\n")
+    assert "it has no rank_0/graphs/index.json" in diff and diff.endswith("graphpersist diff failed (exit 2)\n")
 
 
 def test_archive_projection_compares_phase_anchors_and_ignores_creation() -> None:

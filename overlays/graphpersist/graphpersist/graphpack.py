@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphpersist import graphformat, safejson
-from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive import ADVICE, Archive, ArchiveError, archive_path
 from graphpersist.errors import PersistError
 from graphpersist.manifest import GraphRecord
 from graphpersist.shown import shown
@@ -357,16 +357,20 @@ def read_graphs(archive: Archive, rank: int, names: list[str]) -> GraphPack:
     Raises ArchiveError naming every problem (a missing, malformed or inconsistent index).
     """
     index_rel = archive_path(rank, INDEX_NAME)
-    if index_rel not in archive.manifest.files:
+    if index_rel not in archive.manifest.files:  # an older layout: a new SAVE writes the current one
         raise ArchiveError(
-            archive.root, f"it has no {index_rel}: written by a graphpersist release that stored one file per graph"
+            archive.root,
+            f"it has no {index_rel}: written by a graphpersist release that stored one file per graph",
+            advice=ADVICE,
         )
     index = archive.read_json(rank, INDEX_NAME)
     pack = archive.read(rank, PACK_NAME)
     try:
         graphs = parse_index(index, len(pack))
     except PackError as exc:
-        raise ArchiveError(archive.root, [f"{index_rel}: {p}" for p in exc.problems]) from None
+        older = isinstance(index, dict) and type(index.get("format")) is int and index["format"] < PACK_FORMAT
+        problems = [f"{index_rel}: {p}" for p in exc.problems]
+        raise ArchiveError(archive.root, problems, advice=ADVICE if older else None) from None
     listed = [g.name for g in graphs]
     if listed != names:
         raise ArchiveError(

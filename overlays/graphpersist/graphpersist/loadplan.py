@@ -165,7 +165,7 @@ def _events(log: Any, rel: str) -> list[Event]:
         if type(row) is not list or len(row) != 4:
             raise _Refusal(rel, f"event {i}", f"must be [kind, address, size, requested size], got {_kind(row)}")
         kind, addr, size, req = row
-        if kind not in _EVENT_KINDS and not (isinstance(kind, str) and kind.isdigit()):  # a kind region.py lacks
+        if not isinstance(kind, str) or (kind not in _EVENT_KINDS and not kind.isdigit()):  # digits: a new kind
             raise _Refusal(rel, f"event {i}", f"unknown kind {_kind(kind)}")
         for name, value in (("address", addr), ("size", size), ("requested size", req)):
             _uint_at(value, rel, f"event {i} {name}")
