@@ -34,7 +34,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def record_digest(record: Mapping[str, Any]) -> str:
-    """sha256 of a rank record (as RankRecord.to_dict() gives it) in canonical JSON, without extra.digests.record."""
+    """sha256 of a rank record in canonical JSON, without extra.digests.record: of RankRecord.to_dict() when it is
+    written, of the JSON object read back when it is checked (the same object: the writer writes to_dict())."""
     data = dict(record)
     extra = dict(data.get("extra") or {})
     digests = extra.get(KEY)
@@ -65,11 +66,15 @@ def committed(record: RankRecord, files: Mapping[str, str]) -> RankRecord:
 
 
 def problems(
-    records: Mapping[int, RankRecord], files: Mapping[str, FileEntry], check: set[int] | None = None
+    records: Mapping[int, RankRecord],
+    files: Mapping[str, FileEntry],
+    check: set[int] | None = None,
+    docs: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """Why the records' commitments do not hold for this file table ([] when they do, or when no record has any).
 
-    `check` limits which records are verified (a rank's LOAD needs its own and rank 0's, for the shared files)."""
+    `check` limits which records are verified (a rank's LOAD needs its own and rank 0's, for the shared files);
+    `docs` are the records' JSON objects as read (hashed as they are; else each record's to_dict())."""
     out: list[str] = []
     trusted: dict[int, dict[str, str]] = {}
     for rank, record in sorted(records.items()):
@@ -83,7 +88,8 @@ def problems(
         if shape:
             out.append(f"{where}: extra.{KEY} {shape}")
             continue
-        if record_digest(record.to_dict()) != digests["record"]:
+        doc = docs[rank] if docs is not None and rank in docs else record.to_dict()
+        if record_digest(doc) != digests["record"]:
             out.append(
                 f"{where} does not hash to its extra.{KEY}.record: it was changed after SAVE wrote it (and the file "
                 f"table regenerated to match)"

@@ -11,7 +11,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,25 @@ class Archive:
 
 
 _WORKERS = min(8, os.cpu_count() or 1)  # threads that read and hash an archive's files
+_INLINE_BYTES = 4 << 20  # below this an archive is checked in the calling thread
+
+
+class _Inline:
+    """An executor that runs each task when it is submitted, in the calling thread."""
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
@@ -182,10 +201,14 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
     record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
     kept: dict[str, bytes] = {}
     records: dict[int, RankRecord] = {}
+    docs: dict[int, dict[str, Any]] = {}  # the records as read: what their digests cover
     record_problems: list[str] = []
     # Every listed file is checked in a thread pool (reading and hashing release the GIL), biggest first, while
-    # this thread parses the rank records as soon as their own files are verified.
-    with ThreadPoolExecutor(max_workers=max(1, min(_WORKERS, len(manifest.files)))) as pool:
+    # this thread parses the rank records as soon as their own files are verified; a small archive in this thread
+    # (starting threads would cost more than its hashing).
+    small = sum(min(e.size, MAX_RECORD_BYTES) for e in manifest.files.values()) < _INLINE_BYTES
+    workers = 1 if small else max(1, min(_WORKERS, len(manifest.files)))
+    with _Inline() if small else ThreadPoolExecutor(max_workers=workers) as pool:
         checks = {}
         for rel, entry in sorted(manifest.files.items(), key=lambda kv: -kv[1].size):
             is_record = rel in record_files and entry.size <= MAX_RECORD_BYTES  # a record is always hashed
@@ -207,7 +230,7 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
             if problem is not None:
                 continue  # named with the file problems
             try:
-                record = RankRecord.from_json(data)
+                record, docs[rank] = RankRecord.parsed(data)
             except ManifestError as exc:
                 record_problems.append(f"{rel}: {exc}")
                 continue
@@ -227,7 +250,7 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
     problems += record_problems
     problems += _reference_problems(records, manifest.files)
     # A rank's LOAD relies on its own record and on rank 0's (which commits to the shared files).
-    problems += archive_digests.problems(records, manifest.files, None if keep_rank is None else {keep_rank, 0})
+    problems += archive_digests.problems(records, manifest.files, None if keep_rank is None else {keep_rank, 0}, docs)
     if problems:
         raise ArchiveError(root, problems)
     return Archive(root, manifest, records, kept, identity)
@@ -253,11 +276,11 @@ def read_shared(root: Path | str, name: str) -> bytes | None:
     record_entry = manifest.files.get(record_rel)
     if record_entry is not None and record_entry.size <= MAX_RECORD_BYTES:
         try:
-            record = RankRecord.from_json(_verified_bytes(root, record_rel, record_entry))
+            record, doc = RankRecord.parsed(_verified_bytes(root, record_rel, record_entry))
         except ManifestError as exc:
             raise ArchiveError(root, f"{record_rel}: {exc}") from None
-        found = archive_digests.problems({0: record}, {k: v for k, v in manifest.files.items()
-                                                       if archive_digests.owned(k, 0)})  # fmt: skip
+        owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
+        found = archive_digests.problems({0: record}, owned, docs={0: doc})
         if found:
             raise ArchiveError(root, found)
     return _verified_bytes(root, rel, entry)

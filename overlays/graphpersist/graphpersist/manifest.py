@@ -280,7 +280,13 @@ class RankRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RankRecord:
-        return cls.from_dict(_loads(text, RANK_RECORD_NAME))
+        return cls.parsed(text)[0]
+
+    @classmethod
+    def parsed(cls, text: str | bytes) -> tuple[RankRecord, dict[str, Any]]:
+        """The record and the JSON object it was read from (what graphpersist.archive_digests hashes)."""
+        doc = _loads(text, RANK_RECORD_NAME)
+        return cls.from_dict(doc), doc
 
 
 # ---------------------------------------------------------------------------------------------------------
