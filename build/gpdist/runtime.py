@@ -70,7 +70,7 @@ def build_interposer() -> tuple[bytes, str]:
     prebuilt library only when the sources beside it still have that digest)."""
     sys.path.insert(0, str(SOURCE))
     try:
-        from graphpersist import region
+        from graphpersist.memory import region
     finally:
         sys.path.remove(str(SOURCE))
     with tempfile.TemporaryDirectory(prefix="gpdist-native-") as tmp:

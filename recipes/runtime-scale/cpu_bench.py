@@ -30,13 +30,19 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
 
-from graphpersist import graphformat, graphpack, safejson  # noqa: E402
-from graphpersist.archive import ArchiveWriter, archive_path, open_archive  # noqa: E402
-from graphpersist.archive_read import _read_manifest  # noqa: E402
+from graphpersist.archive import (  # noqa: E402
+    ArchiveWriter,
+    archive_path,
+    open_archive,
+    safejson,
+)
+from graphpersist.archive.liveenv import PINNED_ENV  # noqa: E402
+from graphpersist.archive.manifest import RankRecord  # noqa: E402
+from graphpersist.archive.read import _read_manifest  # noqa: E402
+from graphpersist.archive.validate import check_or_refuse, flatten  # noqa: E402
 from graphpersist.gcpause import paused_gc  # noqa: E402
-from graphpersist.liveenv import PINNED_ENV  # noqa: E402
-from graphpersist.manifest import RankRecord  # noqa: E402
-from graphpersist.validate import check_or_refuse, flatten  # noqa: E402
+from graphpersist.graph import format as graphformat  # noqa: E402
+from graphpersist.graph import pack as graphpack  # noqa: E402
 
 SIZES = (1, 2, 4, *range(8, 8 * 49, 8))  # as model.py
 FULL_LAYERS, PIECES, PIECE_LAYERS, HIDDEN = 500, 37, 5, 256

@@ -155,8 +155,9 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import PIECES, SIZES, FullOutput
 
-    from graphpersist import graphformat, graphpack
     from graphpersist.archive import open_archive
+    from graphpersist.graph import format as graphformat
+    from graphpersist.graph import pack as graphpack
 
     t_setup = time.perf_counter()
     res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
@@ -280,7 +281,7 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
 
 
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env(base=BASE)
     env.update(PINNED_ENV)
@@ -317,7 +318,7 @@ def _versions() -> dict[str, str]:
 
 
 def prove(out: Path, report: Path) -> int:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     out.mkdir(parents=True, exist_ok=True)
     region.build_interposer()
@@ -468,7 +469,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.step == "prove":
         return prove(Path(a.out), Path(a.report))
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     steps = {"save": step_save, "load": step_load, "profile": step_profile, "profile-save": step_profile_save}

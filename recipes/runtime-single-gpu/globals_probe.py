@@ -55,7 +55,7 @@ def _objects(data: bytes) -> list[str]:
 
 
 def global_bytes(drv: Any, module: Any, name: str) -> bytes | None:
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     err, ptr, size = drv.cuModuleGetGlobal(module, name.encode())
     if int(err) != 0:
@@ -69,7 +69,7 @@ def main() -> int:
     a = arguments(__doc__, ap)
     c = capture(a.m, a.k, a.n)
     drv = c.drv
-    from graphpersist import images
+    from graphpersist.graph import images
 
     table = images.ImageTable.current()
     found: list[dict[str, Any]] = []

@@ -34,7 +34,7 @@ def main() -> int:
     a = arguments(__doc__)
     c = capture(a.m, a.k, a.n)
     drv = c.drv
-    from graphpersist.graphwalk import _param_layout, _read_params
+    from graphpersist.graph.walk import _param_layout, _read_params
 
     attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS
     print("pageable memory access:", drv.cuDeviceGetAttribute(attr, 0)[1])

@@ -29,7 +29,7 @@ def arguments(doc: str, parser: argparse.ArgumentParser | None = None) -> argpar
 class Captured:
     torch: Any
     drv: Any
-    info: Any  # the region (graphpersist.region.RegionInfo)
+    info: Any  # the region (graphpersist.memory.region.RegionInfo)
     x: Any
     w: Any
     o: Any
@@ -54,9 +54,9 @@ def kernel_nodes(graph: Any) -> Iterator[tuple[Any, Any, str]]:
 
 
 def fresh_images(table: Any, desc: dict[str, Any]) -> Any:
-    """Freshly loaded copies (graphpersist.images.LoadedImages) of every image a serialized graph's kernels come
+    """Freshly loaded copies (graphpersist.graph.images.LoadedImages) of every image a serialized graph's kernels come
     from, as LOAD loads them; `table` is the capturing process's ImageTable."""
-    from graphpersist import images
+    from graphpersist.graph import images
 
     fresh = images.LoadedImages()
     for sha in {f[0] for f in desc["funcs"]}:
@@ -66,7 +66,7 @@ def fresh_images(table: Any, desc: dict[str, Any]) -> Any:
 
 def capture(m: int, k: int, n: int) -> Captured:
     """Re-executes under the interposer, then sets up, warms up and captures `o = x @ w` ([m, k] x [k, n], bf16)."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     import torch

@@ -36,10 +36,10 @@ def hidden_addresses(params: bytes, lo: int, hi: int) -> list[tuple[int, str, in
 def main() -> int:
     a = arguments(__doc__)
     c = capture(a.m, a.k, a.n)
-    from graphpersist import region, setup
-    from graphpersist.graphwalk import _param_layout, _read_params
-    from graphpersist.phases import find_range
-    from graphpersist.tensors import bytes_at
+    from graphpersist.graph.walk import _param_layout, _read_params
+    from graphpersist.memory import region, setup
+    from graphpersist.memory.phases import find_range
+    from graphpersist.memory.tensors import bytes_at
 
     lo, hi = c.info.base, c.info.base + c.info.size
     mark = setup.current()

@@ -50,7 +50,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import SIZES, inputs_for
 
-    from graphpersist import region
+    from graphpersist.memory import region
 
     t_setup = time.perf_counter()
     api.mark_setup(model.named_tensors())
@@ -87,7 +87,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     summary = saver.save(archive, engine=ENGINE, model=model.facts())
     t_saved = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_SAVE_FILL"):  # diagnosis: capture-time memory overwritten before the replays
-        from graphpersist.tensors import bytes_at
+        from graphpersist.memory.tensors import bytes_at
 
         fill = int(os.environ["RUNTIME_PROOF_SAVE_FILL"], 0)
         for addr, size in region.live_ranges(region.events()):
@@ -132,7 +132,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import SIZES, inputs_for
 
-    from graphpersist import region
+    from graphpersist.memory import region
 
     t_setup = time.perf_counter()
     res = api.load(
@@ -290,7 +290,7 @@ def step_drift_setup(archive: Path) -> dict[str, Any]:
 
 
 def _child(args: list[str], out: Path, name: str, base: int, timeout: int = 300) -> dict[str, Any]:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env(base=base)
     env.update(PINNED_ENV)
@@ -341,7 +341,7 @@ def _raw_param_diff(a: Path, b: Path, ra: dict[str, Any]) -> dict[str, Any]:
     nodes = differ = 0
     kernels: dict[str, int] = {}
     region_words_differ = 0
-    from graphpersist import graphpack
+    from graphpersist.graph import pack as graphpack
 
     def packed(root: Path) -> tuple[bytes, dict[str, graphpack.PackedGraph]]:
         pack = (root / "rank_0" / graphpack.PACK_NAME).read_bytes()
@@ -389,7 +389,7 @@ def _versions() -> dict[str, str]:
 
 
 def prove(out: Path, report: Path) -> int:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     out.mkdir(parents=True, exist_ok=True)
     region.build_interposer()
@@ -510,7 +510,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.step == "prove":
         return prove(Path(a.out), Path(a.report))
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     fn = {

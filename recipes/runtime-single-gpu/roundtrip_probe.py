@@ -24,7 +24,9 @@ def main() -> int:
     a = arguments(__doc__)
     c = capture(a.m, a.k, a.n)
     torch, drv, x, w, o, g = c.torch, c.drv, c.x, c.w, c.o, c.g
-    from graphpersist import graphbuild, graphwalk, images
+    from graphpersist.graph import build as graphbuild
+    from graphpersist.graph import images
+    from graphpersist.graph import walk as graphwalk
 
     o.zero_()
     g.replay()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "graphpersist"))
-from graphpersist.images import check as _ck  # the runtime's cuda-bindings result check
+from graphpersist.graph.images import check as _ck  # the runtime's cuda-bindings result check
 
 
 def main() -> int:

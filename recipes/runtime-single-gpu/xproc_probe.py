@@ -34,7 +34,7 @@ KEEP = 4 << 20  # bytes kept per buffer for an element-wise comparison
 def _setup(m: int, k: int, n: int, chain: int = 1) -> tuple[Any, Any, dict[str, Any]]:
     """Region, then the weights, input and output from a fixed generator: the same in both processes. Links after
     the first multiply by [n, n] weights."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     import torch
@@ -60,9 +60,9 @@ def _facts(a: argparse.Namespace) -> dict[str, str]:
 def _kernel_pointers(graph: Any) -> list[dict[str, Any]]:
     """Per kernel node: its name, parameter bytes (hex) and the aligned in-region words with the live range
     behind each."""
-    from graphpersist import region
-    from graphpersist.graphwalk import _param_layout, _read_params
-    from graphpersist.phases import find_range
+    from graphpersist.graph.walk import _param_layout, _read_params
+    from graphpersist.memory import region
+    from graphpersist.memory.phases import find_range
 
     info = region.info()
     lo, hi = info.base, info.base + info.size
@@ -83,7 +83,7 @@ def _kernel_pointers(graph: Any) -> list[dict[str, Any]]:
 
 def _buffers(torch: Any, kernels: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """The bytes behind each distinct pointer, to the end of its live range: hash and the first KEEP bytes."""
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     torch.cuda.synchronize()
     out = {}
@@ -146,7 +146,10 @@ def _roundtrip(torch: Any, graph: Any, t: dict[str, Any], outs: list[Any], want:
 
     from cuda.bindings import driver as drv
 
-    from graphpersist import graphbuild, graphwalk, images, region
+    from graphpersist.graph import build as graphbuild
+    from graphpersist.graph import images
+    from graphpersist.graph import walk as graphwalk
+    from graphpersist.memory import region
 
     info = region.info()
     table = images.ImageTable.current()

@@ -134,8 +134,8 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
     res["outputs"] = outs
     res["captures"] = captures["n"]
     if a.mode == "load":  # no warm-up/JIT: the only module loads are the archive's own module images
-        from graphpersist import region
         from graphpersist.archive import open_archive
+        from graphpersist.memory import region
 
         res["module_loads"] = sum(1 for m in region.image_loads() if m.kind != "library")
         rec = open_archive(a.archive).rank_facts(a.rank)
@@ -155,7 +155,7 @@ def rank_entry(argv: list[str]) -> int:
     ap.add_argument("--result", required=True)
     a = ap.parse_args(argv)
     if a.mode != "baseline":
-        from graphpersist import region
+        from graphpersist.memory import region
 
         region.reexec_with_interposer()
     try:
@@ -181,7 +181,7 @@ def _free_port() -> int:
 def run_group(name: str, out: Path, variant: str, mode: str, archive: Path, world: int = 2, swap: bool = False,
               env_extra: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Starts `world` rank processes, waits for all (killing them at the timeout), returns their results."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     base_env = region.preload_env() if mode != "baseline" else dict(os.environ)
     base_env.update(PINNED_ENV)
@@ -239,7 +239,7 @@ def compare_archives(a: Path, b: Path, world: int) -> dict[str, bool]:
 
 
 def prove(out: Path, report: Path, variants: tuple[str, ...] = VARIANTS, drift: bool = True) -> int:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     out.mkdir(parents=True, exist_ok=True)
     region.build_interposer()

@@ -324,7 +324,7 @@ def main() -> NoReturn:
     if a.symm_mem_no_multicast:  # before anything starts: SGLang's schedulers inherit the environment
         os.environ[SYMM_MEM_NO_MULTICAST_ENV] = "1"
     if a.mode != "off":  # as for vLLM: the engine's processes start where the interposer is already loaded
-        from graphpersist import region
+        from graphpersist.memory import region
 
         region.reexec_with_interposer()
     flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast") if getattr(a, f)) or "-"

@@ -382,7 +382,7 @@ def main() -> NoReturn:
     a = build_parser().parse_args()
     export_options(a)
     if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
-        from graphpersist import region
+        from graphpersist.memory import region
 
         region.reexec_with_interposer()
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}", flush=True)

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graphpersist import graphformat, graphpack
 from graphpersist.archive import ArchiveWriter, archive_path
-from graphpersist.graphformat import MEMCPY_FIELDS
-from graphpersist.liveenv import PINNED_ENV, set_field
-from graphpersist.manifest import FORMAT_VERSION, RANK_DIR, ManifestError, RankRecord
+from graphpersist.archive.liveenv import PINNED_ENV, set_field
+from graphpersist.archive.manifest import FORMAT_VERSION, RANK_DIR, ManifestError, RankRecord
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph.format import MEMCPY_FIELDS
 
 REGION_BASE = 0x7E0000000000
 REGION_SIZE = 64 << 30
@@ -194,7 +195,7 @@ def redigest(doc: Any) -> Any:
     """A rank record's JSON with extra.digests.record recomputed (as the writer computes it); as it is when it has no
     digests or is not a record the reader would parse."""
     try:
-        from graphpersist import archive_digests
+        from graphpersist.archive import digests as archive_digests
     except ImportError:  # a release before the records' commitments
         return doc
     digests = doc.get("extra", {}).get(archive_digests.KEY) if isinstance(doc, dict) else None
@@ -215,7 +216,7 @@ def forge(root: Path, rel: str, data: bytes) -> None:
     (root / rel).write_bytes(data)
     changed = [rel]
     try:
-        from graphpersist import archive_digests
+        from graphpersist.archive import digests as archive_digests
     except ImportError:  # a release before the records' commitments: the table is all there is to match
         _retable(root, changed)
         return

@@ -10,7 +10,7 @@ pipe; only when every rank is ready does the main process log "Engine startup ti
 /generate) has returned, /v1/models answers at once; access-log lines are uvicorn's as SGLang formats them.
 
 A LOAD whose --context-length differs from the archive's is refused in every scheduler with graphpersist's own
-message (graphpersist.validate.LoadRefused): "Scheduler hit an exception: <traceback>", then SIGQUIT to the main
+message (graphpersist.archive.validate.LoadRefused): "Scheduler hit an exception: <traceback>", then SIGQUIT to the main
 process, whose handler SIGKILLs every child and then itself (SGLang's launch-phase handler), so the server ends
 killed by SIGKILL. With SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION=1 the scheduler also SIGKILLs its own process group,
 as SGLang's opt-in does. SIGTERM: "Draining requests and shutting down...", then the same SIGKILL of the tree.
@@ -76,7 +76,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def refuse(a: argparse.Namespace, saved: int, prefix: str) -> None:
     """What SGLang's run_scheduler_process does with an exception in Scheduler(...): log it, SIGQUIT the parent."""
-    from graphpersist.validate import LoadRefused, Mismatch
+    from graphpersist.archive.validate import LoadRefused, Mismatch
 
     try:
         raise LoadRefused(

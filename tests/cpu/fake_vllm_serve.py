@@ -5,7 +5,7 @@ It logs like vLLM (process prefixes, the engine's "init engine ... took" line, g
 lines, uvicorn's access log), then answers /health, /version, /v1/models, /v1/completions (also streamed) and
 /v1/chat/completions with greedy-looking tokens computed from the request, the same every time. SAVE writes a tiny
 archive with its max_model_len; a LOAD whose max_model_len differs is refused with graphpersist's own message
-(graphpersist.validate.LoadRefused) and exits 1, as vLLM does when its engine fails to start. Stats files go to
+(graphpersist.archive.validate.LoadRefused) and exits 1, as vLLM does when its engine fails to start. Stats files go to
 GRAPHPERSIST_STATS_DIR like the real engine's.
 
 FAKE_SERVE (JSON) makes it misbehave: `answer_before_ready` (serve before the engine's line), `stream_differs`,
@@ -128,12 +128,12 @@ def write_stats(mode: str, tp: int) -> None:
 
 
 def refuse(archive: Path, saved: int, live: int, tp: int) -> None:
-    from graphpersist.validate import LoadRefused, Mismatch
+    from graphpersist.archive.validate import LoadRefused, Mismatch
 
     for rank in range(tp):
         reason = LoadRefused(archive, [Mismatch("flags.max_model_len", saved, live)], rank)
         say(f"(Worker_TP{rank} pid={PID}) ERROR 11-30 12:00:01 [multiproc_executor.py:901] WorkerProc failed to start.")
-        for line in f"graphpersist.validate.LoadRefused: {reason}".splitlines():
+        for line in f"graphpersist.archive.validate.LoadRefused: {reason}".splitlines():
             say(f"(Worker_TP{rank} pid={PID}) {line}")
     say(f"(APIServer pid={PID}) RuntimeError: Engine core initialization failed. See root cause above.")
     if BEHAVIOUR.get("refuse_and_hang"):

@@ -1,7 +1,7 @@
 """Runs once in the vLLM CPU venv before the snippets of test_kernelchoice.py (see warm_python.py).
 
 It imports torch's real Inductor runtime (CachingAutotuner, whose autotune_to_one_config the runtime wraps) and
-graphpersist.kernelchoice, and holds a stand-in for what a CPU host cannot make: a compiled Triton kernel with its
+graphpersist.graph.kernelchoice, and holds a stand-in for what a CPU host cannot make: a compiled Triton kernel with its
 launchers. The tuner is a real CachingAutotuner object; only its GPU timing (benchmark_all_configs) is replaced by
 given timings, counted. Not a test module: it needs the venv's torch.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-from graphpersist import kernelchoice  # noqa: F401 (the snippets use it)
+from graphpersist.graph import kernelchoice  # noqa: F401 (the snippets use it)
 
 UPSTREAM = CachingAutotuner.autotune_to_one_config
 

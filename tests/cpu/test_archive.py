@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, forge, world, write_archive, write_rank
 
-from graphpersist import archive_side, archive_write
-from graphpersist import world as world_mod
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, remove_stale_partials
-from graphpersist.archive_base import ADVICE_DAMAGED, ADVICE_MISSING
-from graphpersist.manifest import FORMAT_VERSION, DeviceFacts, RankRecord
+from graphpersist.archive import side as archive_side
+from graphpersist.archive import world as world_mod
+from graphpersist.archive import write as archive_write
+from graphpersist.archive.base import ADVICE_DAMAGED, ADVICE_MISSING
+from graphpersist.archive.manifest import FORMAT_VERSION, DeviceFacts, RankRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -673,7 +674,7 @@ KILLED_SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, "tests/cpu")
     from archive_fixtures import world, write_rank
-    from graphpersist import archive_write as archive_mod
+    from graphpersist.archive import write as archive_mod
     from graphpersist.archive import ArchiveWriter
 
     root, where, overwrite = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"

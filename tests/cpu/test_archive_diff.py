@@ -12,8 +12,9 @@ from pathlib import Path
 
 from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
 
-from graphpersist import graphformat, graphpack
 from graphpersist.archive import ArchiveWriter
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import pack as graphpack
 
 REPO = Path(__file__).resolve().parents[2]
 BUF = REGION_BASE + (1 << 30)  # an address in the region

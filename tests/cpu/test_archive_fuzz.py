@@ -15,7 +15,7 @@ families, and what each models:
 * escape-laden: terminal control sequences, newlines and bidi overrides in every kind of archive string;
 * file-system oddities: deletions, unlisted files, links, FIFOs, non-UTF-8 names, deep folders;
 * forged: a mutation whose file table *and* rank-record commitments were recomputed, as a forger would (the
-  archive is not signed: see graphpersist.archive_digests). These reach the parsers behind the digests.
+  archive is not signed: see graphpersist.archive.digests). These reach the parsers behind the digests.
 
 Each case goes through what LOAD does on CPU, rank by rank, up to its first GPU call (open_archive(keep_rank=r), the
 fact check against the live facts SAVE recorded, use_layout's read, loadplan.read_plan), through `graphpersist check`
@@ -64,10 +64,11 @@ from typing import Any
 import pytest
 from archive_fixtures import forge, live_for, redigest, smi_rows, write_loadable_archive
 
-from graphpersist import cli, layout, liveenv, safejson
-from graphpersist.archive import ArchiveError, open_archive, read_shared
+from graphpersist import cli
+from graphpersist.archive import ArchiveError, liveenv, open_archive, read_shared, safejson
+from graphpersist.archive.validate import evaluate
 from graphpersist.loadplan import LoadPlan, read_plan
-from graphpersist.validate import evaluate
+from graphpersist.memory import layout
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("GP_FUZZ_SEED", "20261203"))

@@ -34,9 +34,10 @@ from typing import Any
 import pytest
 from archive_fixtures import forge, write_archive, write_loadable_archive
 
-from graphpersist import archive_read, layout
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
-from graphpersist.validate import LoadRefused, evaluate
+from graphpersist.archive import read as archive_read
+from graphpersist.archive.validate import LoadRefused, evaluate
+from graphpersist.memory import layout
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROL = ("\x1b", "\r", "\x07", "\x9b", "\u202e")  # ESC, CR, BEL, CSI (C1), right-to-left override

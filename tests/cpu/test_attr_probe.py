@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from graphpersist import graphwalk
+from graphpersist.graph import walk as graphwalk
 
 
 class RecordingDriver:

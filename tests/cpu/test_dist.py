@@ -100,7 +100,7 @@ def test_runtime_wheel_record_is_valid(runtime_wheel: Path) -> None:
 def test_runtime_wheel_carries_the_interposer_for_these_sources(runtime_wheel: Path, tmp_path: Path) -> None:
     """A serving host needs only pip: the platform wheel holds the compiled interposer, built from exactly the
     sources it ships (their digest), needing nothing newer than glibc 2.28 (its manylinux_2_28 tag)."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     with zipfile.ZipFile(runtime_wheel) as zf:
         names = set(zf.namelist())

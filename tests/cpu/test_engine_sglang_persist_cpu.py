@@ -28,8 +28,8 @@ from archive_fixtures import live_for, write_archive
 
 from graphpersist import switch
 from graphpersist.archive import open_archive
+from graphpersist.archive.validate import evaluate
 from graphpersist.errors import PersistError
-from graphpersist.validate import evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"

@@ -57,7 +57,7 @@ def vllm(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def test_save_selects_the_persisting_worker_and_prepares_every_process(vllm: WarmPython, tmp_path: Path) -> None:
     got = vllm.run(
         f"""
-        from graphpersist import region
+        from graphpersist.memory import region
         from vllm.utils.import_utils import resolve_obj_by_qualname
         from vllm.v1.worker.gpu_worker import Worker
 
@@ -150,7 +150,7 @@ def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
     """get_mp_context (patch 0004) asks graphpersist_switch.start_method; vLLM's own context follows the answer."""
     outcome = vllm.run(
         f"""
-        from graphpersist import region
+        from graphpersist.memory import region
         from vllm.utils.system_utils import get_mp_context
         region.loaded = lambda: {interposer!r}  # CPU: no LD_PRELOAD in this interpreter
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = {upstream!r}
@@ -174,7 +174,7 @@ def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_sta
     outcome = vllm.run(
         f"""
         import io, tarfile
-        from graphpersist import jitcache
+        from graphpersist.archive import jitcache
         from vllm import graphpersist_switch
         root = Path({str(tmp_path)!r})
         os.environ["VLLM_CACHE_ROOT"] = str(root / "fresh-host")  # vLLM reads it when asked
@@ -449,7 +449,7 @@ result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sample
 @pytest.mark.parametrize("mode", ["save", "load"])
 def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(vllm: WarmPython, mode: str) -> None:
     """SAVE's choices go into the rank's notes (the same table, filled as kernels are timed); LOAD's come from the
-    notes early_check read; the stats the proof reads count them (graphpersist.kernelchoice)."""
+    notes early_check read; the stats the proof reads count them (graphpersist.graph.kernelchoice)."""
     got = vllm.run(
         f"""
 from vllm import graphpersist_worker as worker
@@ -466,7 +466,7 @@ result = {{
 }}
 """
     ).ok()
-    assert got["wrapped"] == "graphpersist.kernelchoice"
+    assert got["wrapped"] == "graphpersist.graph.kernelchoice"
     assert got["stats"] == {"pinned": 2}
     assert got["in_notes"] is (mode == "save")
     assert got["saved"] == ({"cabc": {"kernel": "k", "candidates": ["a"], "chosen": "a"}} if mode == "load" else {})
@@ -971,7 +971,8 @@ def test_custom_all_reduce_peer_slots_past_the_world_size_are_written_as_zeros(v
         f"""
         from vllm import graphpersist_customar as customar
         from vllm import graphpersist_session as gps
-        from graphpersist import graphwalk, switch
+        from graphpersist import switch
+        from graphpersist.graph import walk as graphwalk
         layout = [tuple(x) for x in {layout!r}]
         eight = {kernel!r}.replace("Li2EE", "Li8EE")
         try:
@@ -1008,7 +1009,8 @@ def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
     got = vllm.run(
         f"""
         from vllm import graphpersist_session as gps
-        from graphpersist import graphwalk, switch
+        from graphpersist import switch
+        from graphpersist.graph import walk as graphwalk
         sess = gps.open_session(switch.Mode.SAVE, Path("."), 0, 1)
         unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
         raw = bytearray(range(64))

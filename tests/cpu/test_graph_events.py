@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from graphpersist import graphbuild, graphformat
+from graphpersist.graph import build as graphbuild
+from graphpersist.graph import format as graphformat
 
 LO, HI = 0x500000000000, 0x500000000000 + (1 << 30)
 

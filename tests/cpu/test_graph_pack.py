@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
 
-from graphpersist import graphformat, graphpack, structure
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
-from graphpersist.archive_base import ADVICE_DAMAGED
+from graphpersist.archive.base import ADVICE_DAMAGED
+from graphpersist.archive.manifest import GraphRecord
 from graphpersist.errors import PersistError
-from graphpersist.graphset import DuplicateGraph, GraphNotFound, GraphSet
-from graphpersist.manifest import GraphRecord
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph import structure
+from graphpersist.graph.graphset import DuplicateGraph, GraphNotFound, GraphSet
 
 # --------------------------------------------------------------------------------------------- pack round trip
 

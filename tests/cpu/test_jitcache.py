@@ -1,4 +1,4 @@
-"""The JIT caches an archive carries (graphpersist.jitcache), the shared archive file that holds them, and the vLLM
+"""The JIT caches an archive carries (graphpersist.archive.jitcache), the shared archive file that holds them, and the vLLM
 worker's cache folders (overlays/vllm/vllm/graphpersist_caches.py, loaded without vLLM).
 
 What LOAD on a fresh host relies on: a collect is deterministic and carries every regular file with its executable
@@ -26,10 +26,9 @@ from typing import Any
 import pytest
 from archive_fixtures import world, write_archive, write_rank
 
-from graphpersist import jitcache
-from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, read_shared
+from graphpersist.archive import ArchiveError, ArchiveWriter, jitcache, open_archive, read_shared
+from graphpersist.archive.jitcache import collect, restore
 from graphpersist.errors import JitCacheError, PersistError
-from graphpersist.jitcache import collect, restore
 
 REPO = Path(__file__).resolve().parents[2]
 MTIME_NS = 1_700_000_000_123_456_789  # nanoseconds that a float would round
@@ -191,7 +190,7 @@ CONCURRENT = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {overlay!r})
-from graphpersist import jitcache
+from graphpersist.archive import jitcache
 blob = Path({blob!r}).read_bytes()
 while not Path({go!r}).exists():
     time.sleep(0.001)

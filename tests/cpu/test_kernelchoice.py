@@ -1,4 +1,4 @@
-"""Inductor's timed kernel choices (graphpersist.kernelchoice), against torch's real CachingAutotuner.
+"""Inductor's timed kernel choices (graphpersist.graph.kernelchoice), against torch's real CachingAutotuner.
 
 SAVE times the first autotuner object of each kernel source as upstream does and has every later object of that
 source launch the same winner; LOAD launches the archive's choice without timing. What a CPU host cannot run (the

@@ -1,4 +1,4 @@
-"""graphpersist.layout (begin_phase / phase / use_layout / declare_state / verify_state) driven end to end on CPU.
+"""graphpersist.memory.layout (begin_phase / phase / use_layout / declare_state / verify_state) driven end to end on CPU.
 
 The interposer is hardware-facing, so a Python bump allocator stands in for its control surface (events, region
 info, the locked cursor move, freeze) and for device memory reads and writes; the archive is a real one
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from archive_fixtures import device, world
 
-from graphpersist import layout, phases, region
 from graphpersist.archive import ArchiveWriter
 from graphpersist.errors import PersistError
+from graphpersist.memory import layout, phases, region
 
 BASE = 0x500000000000
 GRAN = 2 << 20

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from archive_fixtures import REGION_BASE, forge, write_loadable_archive
 
-from graphpersist import graphformat
 from graphpersist.archive import ArchiveError, open_archive
+from graphpersist.graph import format as graphformat
 from graphpersist.loadplan import read_graphs, read_plan
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from archive_fixtures import world
 
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     Creation,
     DeviceFacts,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from graphpersist import graphformat, region
+from graphpersist.graph import format as graphformat
+from graphpersist.memory import region
 
 NATIVE = region.NATIVE_DIR
 CUDA_H = Path("/usr/local/cuda-13.0/include/cuda.h")  # what gp_cuda.h's declarations were taken from

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from graphpersist import region
+from graphpersist.memory import region
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))

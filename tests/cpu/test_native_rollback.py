@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from graphpersist import region
+from graphpersist.memory import region
 
 HERE = Path(__file__).resolve().parent / "native"
 BASE = 0x500000000000
@@ -382,7 +382,7 @@ def test_saves_attribute_reader_reads_every_attribute_of_a_node_in_one_native_ca
     out = run(
         libs,
         """
-        from graphpersist import graphwalk
+        from graphpersist.graph import walk as graphwalk
         class Attr(int):
             name = ""
         attrs = [Attr(i) for i in (1, 2, 3, 4, 6, 7)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphpersist import phases
+from graphpersist.memory import phases
 
 SEG = [(0x1000_0000, 0x20_0000), (0x2000_0000, 0x20_0000)]
 SAVE_BLOCKS = [(0x1000_0000, 0x1000), (0x1000_1000, 0x800), (0x2000_0000, 0x4000)]

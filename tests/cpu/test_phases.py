@@ -1,4 +1,4 @@
-"""Phase-anchored layout and declared state (graphpersist.phases, graphpersist.state) on synthetic event logs.
+"""Phase-anchored layout and declared state (graphpersist.memory.phases, graphpersist.memory.state) on synthetic event logs.
 
 A small bump allocator stands in for the interposer: it places allocations at a cursor and logs `region.Event`
 records exactly as the native log does, and the recorder moves its cursor where the runtime would move the
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from graphpersist import phases, region, state
-from graphpersist.phases import Phase, PhaseError, Recorder
-from graphpersist.region import Event
+from graphpersist.memory import phases, region, state
+from graphpersist.memory.phases import Phase, PhaseError, Recorder
+from graphpersist.memory.region import Event
 
 BASE = 0x500000000000
 GRAN = 2 << 20

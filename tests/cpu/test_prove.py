@@ -381,7 +381,7 @@ def test_the_report_tables_the_kernel_choices_of_the_runs_that_count_them(tmp_pa
     out = tmp_path / "out"
     prove_cli(recipe, out)
     lines = report(out)[0].splitlines()
-    at = lines.index("## Inductor kernel choices (graphpersist.kernelchoice, per rank)")
+    at = lines.index("## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)")
     assert lines[at + 2 : at + 8] == [
         "| run | rank | timed | reused | overruled | pinned |",
         "|---|---|---|---|---|---|",

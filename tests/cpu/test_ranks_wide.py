@@ -33,14 +33,14 @@ from archive_fixtures import (
 )
 from test_ranks import run_world
 
-from graphpersist import liveenv, ranks
-from graphpersist.archive import open_archive
+from graphpersist import ranks
+from graphpersist.archive import liveenv, open_archive
+from graphpersist.archive.liveenv import PINNED_ENV, collect_live, world_facts
+from graphpersist.archive.manifest import MANIFEST_NAME
+from graphpersist.archive.validate import check_or_refuse, flatten
+from graphpersist.archive.world import RankInfo, WorldError, parallel_facts
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
-from graphpersist.liveenv import PINNED_ENV, collect_live, world_facts
-from graphpersist.manifest import MANIFEST_NAME
-from graphpersist.validate import check_or_refuse, flatten
-from graphpersist.world import RankInfo, WorldError, parallel_facts
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_GPUS = 8

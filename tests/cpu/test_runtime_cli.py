@@ -21,9 +21,9 @@ from archive_fixtures import (
 
 from graphpersist import cli
 from graphpersist.archive import open_archive
-from graphpersist.liveenv import PINNED_ENV, collect_live
-from graphpersist.manifest import FORMAT_VERSION
-from graphpersist.validate import LoadRefused, evaluate, flatten
+from graphpersist.archive.liveenv import PINNED_ENV, collect_live
+from graphpersist.archive.manifest import FORMAT_VERSION
+from graphpersist.archive.validate import LoadRefused, evaluate, flatten
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "1"}

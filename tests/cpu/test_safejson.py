@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from graphpersist.safejson import INT_MAX, INT_MIN, MAX_DEPTH, JsonError, loads
+from graphpersist.archive.safejson import INT_MAX, INT_MIN, MAX_DEPTH, JsonError, loads
 
 
 def test_plain_json_reads_the_same_as_the_json_module():

@@ -19,11 +19,11 @@ import pytest
 from archive_fixtures import smi_rows, world, write_rank
 from test_ranks import run_ranks, run_world
 
-from graphpersist import liveenv, ranks
-from graphpersist.archive import open_archive, read_shared
+from graphpersist import ranks
+from graphpersist.archive import liveenv, open_archive, read_shared
+from graphpersist.archive.liveenv import PINNED_ENV
 from graphpersist.collective import run_on_every_rank
 from graphpersist.errors import PersistError
-from graphpersist.liveenv import PINNED_ENV
 
 TP2 = {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 1}
 SHARED_IMAGE = b"a kernel image both ranks load" * 100

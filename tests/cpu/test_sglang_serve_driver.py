@@ -26,7 +26,7 @@ import pytest
 
 from gptools import proofkit, serveproof
 from gptools.__main__ import main as gptools_main
-from graphpersist.validate import LoadRefused, Mismatch
+from graphpersist.archive.validate import LoadRefused, Mismatch
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "sglang-qwen3-8b-tp2-serve"
@@ -251,7 +251,7 @@ def test_a_refused_load_ends_the_server_by_sigkill_and_the_driver_records_it(
     refusal = result["refusal"]
     assert (refusal["exit_code"], refusal["exit"]) == (-9, "killed by SIGKILL") and refusal["exited_s"] > 0
     assert refusal["matched"] == "  flags.context_length: saved 4096, live 2048"
-    assert refusal["first_line"].startswith("graphpersist.validate.LoadRefused: graphpersist: cannot LOAD ")
+    assert refusal["first_line"].startswith("graphpersist.archive.validate.LoadRefused: graphpersist: cannot LOAD ")
     assert "Scheduler hit an exception: Traceback" in printed
     if not killpg:  # the opt-in group kill may end the main process before its handler runs
         assert "Received sigquit from a child process. It usually means the child failed." in printed

@@ -98,7 +98,7 @@ def test_with_the_opt_in_the_decision_is_logged(
 
 def test_the_archive_pins_the_opt_in() -> None:
     """A LOAD whose start reduces differently from its SAVE is refused: the variable is a pinned environment fact."""
-    from graphpersist.liveenv import PINNED_ENV
+    from graphpersist.archive.liveenv import PINNED_ENV
 
     assert symm.ENV in PINNED_ENV
 

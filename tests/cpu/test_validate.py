@@ -21,9 +21,8 @@ from archive_fixtures import (
     write_archive,
 )
 
-from graphpersist import liveenv
-from graphpersist.archive import Archive, open_archive
-from graphpersist.liveenv import (
+from graphpersist.archive import Archive, liveenv, open_archive
+from graphpersist.archive.liveenv import (
     NCCL_ENV_PINS,
     PINNED_ENV,
     collect_live,
@@ -35,8 +34,8 @@ from graphpersist.liveenv import (
     uuid_from_bytes,
     world_facts,
 )
-from graphpersist.manifest import FORMAT_VERSION, World
-from graphpersist.validate import (
+from graphpersist.archive.manifest import FORMAT_VERSION, World
+from graphpersist.archive.validate import (
     ADVICE,
     MISSING,
     LoadRefused,
@@ -47,7 +46,7 @@ from graphpersist.validate import (
     evaluate,
     flatten,
 )
-from graphpersist.world import (
+from graphpersist.archive.world import (
     RankInfo,
     WorldError,
     current_rank,
@@ -124,7 +123,7 @@ def test_each_drift_class_is_refused_with_its_field_values_and_advice(archive, f
 
 def test_drift_classes_cover_every_saved_fact(archive):
     """A new manifest field without a drift case here would be compared but never proven to be."""
-    from graphpersist.validate import saved_facts
+    from graphpersist.archive.validate import saved_facts
 
     covered = {field for field, _, _ in DRIFT}
     uncovered = {f for f in saved_facts(archive, 0) if f not in covered and not f.startswith(("env.", "flags."))}
@@ -541,7 +540,7 @@ def test_parallel_facts_must_fill_the_world():
 
 def test_importing_the_runtime_modules_needs_no_torch():
     code = (
-        "import sys; import graphpersist.world, graphpersist.liveenv, graphpersist.validate, graphpersist.cli, "
+        "import sys; import graphpersist.archive.world, graphpersist.archive.liveenv, graphpersist.archive.validate, graphpersist.cli, "
         "graphpersist.archive; print('torch' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "overlays" / "graphpersist")}

@@ -30,7 +30,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, ModelCu
 
 from graphpersist import switch
 from graphpersist.archive import ArchiveWriter
-from graphpersist.liveenv import collect_live, merge, world_facts
+from graphpersist.archive.liveenv import collect_live, merge, world_facts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from archive_fixtures import world, write_rank

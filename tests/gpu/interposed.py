@@ -23,7 +23,7 @@ PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", 
 def step_main(run: Callable[[list[str]], Any]) -> int:
     """The child: re-exec under the interposer, run the step with its arguments, write its result as JSON."""
     sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     *args, result = sys.argv[1:]
@@ -33,7 +33,7 @@ def step_main(run: Callable[[list[str]], Any]) -> int:
 
 def run_step(script: str, args: Sequence[str], result: Path, timeout: int = 300) -> tuple[dict[str, Any], str]:
     """Runs `script args... result` under the interposer; its JSON result and the end of its output."""
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env()
     env.update(PINNED_ENV)

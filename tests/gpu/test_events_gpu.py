@@ -52,7 +52,7 @@ def _inputs(torch: Any) -> Any:
 
 
 def _ck(result: Any, what: str) -> Any:
-    from graphpersist.images import check
+    from graphpersist.graph.images import check
 
     return check(result, what)
 
@@ -121,7 +121,7 @@ def _forward(torch: Any, t: dict[str, Any], side: Any, evapi: Any = None, evs: A
 
 def _node_types(drv: Any, graph: Any) -> dict[str, int]:
     """Node count per CUgraphNodeType name, read from the driver (what the graph really holds)."""
-    from graphpersist.graphs import node_type_name
+    from graphpersist.graph import node_type_name
 
     n = _ck(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
     nodes = _ck(drv.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0] if n else []
@@ -166,7 +166,9 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
 
-    from graphpersist import graphs, images, region
+    from graphpersist import graph as graphs
+    from graphpersist.graph import images
+    from graphpersist.memory import region
 
     api.mark_setup(t)
     side = torch.cuda.Stream()
@@ -272,7 +274,7 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
 
 def _saved_desc(archive: Path, name: str) -> dict[str, Any]:
     """A graph's whole description as the archive's graph pack holds it."""
-    from graphpersist import graphpack
+    from graphpersist.graph import pack as graphpack
 
     pack = (archive / "rank_0" / graphpack.PACK_NAME).read_bytes()
     index = json.loads((archive / "rank_0" / graphpack.INDEX_NAME).read_text())

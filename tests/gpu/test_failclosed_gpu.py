@@ -42,7 +42,7 @@ PTX = b"""
 
 
 def _ck(result: Any, what: str) -> Any:
-    from graphpersist.images import check
+    from graphpersist.graph.images import check
 
     return check(result, what)
 
@@ -103,7 +103,8 @@ def step_bypass(tmp: Path) -> dict[str, Any]:
     import torch
     from cuda.bindings import driver as drv
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     api.start_region()
     buf = torch.zeros(1024, device="cuda")
@@ -128,7 +129,8 @@ def step_ownership(tmp: Path) -> dict[str, Any]:
     import torch
     from cuda.bindings import driver as drv
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     info = api.start_region()
     total = torch.cuda.get_device_properties(0).total_memory

@@ -76,7 +76,8 @@ def importer(work: Path) -> dict[str, Any]:
     import torch
     from cuda.bindings import driver as drv
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     sys.path.insert(0, str(REPO / "tests"))
     import seccomp_block
@@ -141,7 +142,7 @@ def importer(work: Path) -> dict[str, Any]:
 
 def main() -> int:
     sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     role, work, result = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -154,7 +155,7 @@ def main() -> int:
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_ipc_ownership_and_lifetimes(tmp_path: Path) -> None:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env()
     env["PYTHONUNBUFFERED"] = "1"

@@ -30,7 +30,7 @@ N = 16 << 20  # int32 elements: 64 MiB
 
 
 def _ck(result: Any, what: str) -> Any:
-    from graphpersist.images import check
+    from graphpersist.graph.images import check
 
     return check(result, what)
 
@@ -38,7 +38,8 @@ def _ck(result: Any, what: str) -> Any:
 def step_torch() -> dict[str, Any]:
     import torch
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     api.start_region()
     region.freeze()  # freed ranges are reused from here on: a late write would land in the next tensor
@@ -73,7 +74,8 @@ def step_driver() -> dict[str, Any]:
     import torch
     from cuda.bindings import driver as drv
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     api.start_region()
     region.freeze()

@@ -70,7 +70,11 @@ def step_save(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
 
-    from graphpersist import graphbuild, graphformat, graphwalk, images, region
+    from graphpersist.graph import build as graphbuild
+    from graphpersist.graph import format as graphformat
+    from graphpersist.graph import images
+    from graphpersist.graph import walk as graphwalk
+    from graphpersist.memory import region
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

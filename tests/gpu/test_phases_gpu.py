@@ -1,4 +1,4 @@
-"""GPU test of phase-anchored layout, post-capture IPC registration and declared state (graphpersist.layout).
+"""GPU test of phase-anchored layout, post-capture IPC registration and declared state (graphpersist.memory.layout).
 
 Each step runs in its own process (or pair of processes) under the interposer:
 - `single` (one GPU): setup in phases "weights" (exact), "profile" (variable: N scratch buffers of 12 MiB, freed),
@@ -43,7 +43,7 @@ PROFILE_HEADROOM = 24 << 20  # two more scratch buffers than SAVE made fit; thre
 
 
 def _ck(result: Any, what: str) -> Any:
-    from graphpersist.images import check
+    from graphpersist.graph.images import check
 
     return check(result, what)
 
@@ -136,7 +136,7 @@ def step_single(mode: str, archive: Path, n_profile: int, bad_state: bool) -> di
 
 
 def _run_single(tmp: Path, mode: str, n_profile: int, bad_state: bool = False) -> dict[str, Any]:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = {**region.preload_env(), **PINNED_ENV, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "0"}
     env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env.get("PYTHONPATH", "")])
@@ -203,7 +203,7 @@ def step_ipc(mode: str, archive: Path, rank: int, port: int, shift_rank: int) ->
 
     from graphpersist import api
     from graphpersist.archive import read_shared
-    from graphpersist.tensors import tensor_at
+    from graphpersist.memory.tensors import tensor_at
 
     kernel_file = archive.parent / f"ipc_kernel_{rank}.py"  # triton.jit needs its source in a file
     kernel_file.write_text(TRITON_SRC)
@@ -290,7 +290,7 @@ def _free_port() -> int:
 
 
 def _run_ipc(tmp: Path, mode: str, shift_rank: int = -1) -> list[dict[str, Any]]:
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = {**region.preload_env(), **PINNED_ENV, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
     env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env.get("PYTHONPATH", "")])
@@ -338,7 +338,7 @@ def test_post_capture_ipc_registration_across_two_ranks(tmp_path: Path) -> None:
 
 def main() -> int:
     sys.path.insert(0, str(OVERLAY))
-    from graphpersist import region
+    from graphpersist.memory import region
 
     region.reexec_with_interposer()
     step, mode, archive, *rest, result = sys.argv[1:]

@@ -455,7 +455,7 @@ def check_no_capture(load: RunData) -> Check:
 
 
 def check_kernel_choices(load: RunData) -> list[Check]:
-    """LOAD launched SAVE's timed kernel configs and timed none itself (graphpersist.kernelchoice), as far as its
+    """LOAD launched SAVE's timed kernel configs and timed none itself (graphpersist.graph.kernelchoice), as far as its
     start went. Only for engines whose stats count the choices (vLLM); SGLang's recipes compile nothing with Inductor.
     """
     name = f"{load.spec.name} timed no kernel choice"

@@ -114,11 +114,16 @@ def timing_rows(runs: dict[str, RunData], phases: list[str]) -> list[list[Any]]:
     return rows
 
 
-CHOICE_COUNTS = ("timed", "reused", "overruled", "pinned")  # graphpersist.kernelchoice's counts, in the report's order
+CHOICE_COUNTS = (
+    "timed",
+    "reused",
+    "overruled",
+    "pinned",
+)  # graphpersist.graph.kernelchoice's counts, in the report's order
 
 
 def kernel_choice_rows(runs: dict[str, RunData]) -> list[list[Any]]:
-    """Per run and rank, what Inductor's kernel choices were (graphpersist.kernelchoice): SAVE's timed / reused /
+    """Per run and rank, what Inductor's kernel choices were (graphpersist.graph.kernelchoice): SAVE's timed / reused /
     overruled, LOAD's pinned and timed. Runs whose stats count no choices (SGLang, mode off) have no row."""
     rows = []
     for name, d in runs.items():
@@ -236,7 +241,7 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     lines += _table(["target", "value", "bound", "result", "from"], targets) if targets else ["none in proof.toml"]
     choices = kernel_choice_rows(runs)
     if choices:
-        lines += ["", "## Inductor kernel choices (graphpersist.kernelchoice, per rank)", ""]
+        lines += ["", "## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)", ""]
         lines += _table(["run", "rank", *CHOICE_COUNTS], choices)
     if data["informational"]:
         lines += ["", "## Outputs of runs not compared (compare_outputs = false)", ""]

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from graphpersist.collective import SINGLE
 from graphpersist.errors import PersistError
-from graphpersist.layout import begin_phase, declare_state, end_phase, phase, use_layout, verify_state
 from graphpersist.load import LoadedGraph, LoadResult, check_before_setup, load
+from graphpersist.memory.layout import begin_phase, declare_state, end_phase, phase, use_layout, verify_state
+from graphpersist.memory.setup import check_ownership, check_setup_tensors, mark_setup, start_region
+from graphpersist.memory.tensors import tensor_at, tensor_spec
 from graphpersist.save import PersistentCUDAGraph, Saver
-from graphpersist.setup import check_ownership, check_setup_tensors, mark_setup, start_region
-from graphpersist.tensors import tensor_at, tensor_spec
 
 __all__ = [
     "SINGLE",

@@ -1,7 +1,7 @@
 """The JIT caches both engines share (Inductor, Triton, FlashInfer), and a session's carrying and restoring of them.
 
 Each engine's `graphpersist_caches` names its folders (its own plus these) as resolvers; this module resolves them,
-packs them at SAVE and puts back at LOAD what the host lacks (`graphpersist.jitcache` does the packing). A resolver
+packs them at SAVE and puts back at LOAD what the host lacks (`graphpersist.archive.jitcache` does the packing). A resolver
 answers None where its library is not installed; one that raises leaves its folder out, never fails the start.
 """
 
@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from graphpersist import jitcache
-from graphpersist.archive import ArchiveError, read_shared
+from graphpersist.archive import ArchiveError, jitcache, read_shared
 from graphpersist.errors import PersistError
 
 Resolver = Callable[[], Path | None]

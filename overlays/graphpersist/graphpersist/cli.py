@@ -4,7 +4,7 @@ Subcommands live in a registry so that other modules (and later releases) add th
 without touching this file's parser code. Exit codes follow the house rules: 0 success, 1 a finding (e.g.
 `check` found mismatches), 2 misuse or an archive that cannot be read; and 3 when `check` could not compare the
 archive with this host at all (no torch, CUDA or GPU here to measure). Everything printed goes through
-graphpersist.shown: an archive's strings never reach the terminal as control characters.
+graphpersist.archive.shown: an archive's strings never reach the terminal as control characters.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graphpersist import __version__, safejson
-from graphpersist.manifest import FORMAT_VERSION
-from graphpersist.shown import shown, terminal_safe
+from graphpersist import __version__
+from graphpersist.archive import safejson
+from graphpersist.archive.manifest import FORMAT_VERSION
+from graphpersist.archive.shown import shown, terminal_safe
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
@@ -270,9 +271,9 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
 
 def _run_check(args: argparse.Namespace) -> int:
     from graphpersist.archive import open_archive
-    from graphpersist.liveenv import collect_live, set_field
+    from graphpersist.archive.liveenv import collect_live, set_field
+    from graphpersist.archive.validate import MISSING, evaluate, mismatch_report, saved_facts
     from graphpersist.loadplan import read_plan
-    from graphpersist.validate import MISSING, evaluate, mismatch_report, saved_facts
 
     archive = open_archive(args.archive, verify_checksums=not args.quick)
     rank = args.rank
@@ -369,7 +370,7 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _unknown_field(field: str, saved: dict[str, Any]) -> str | None:
     """Why `--set field=...` would be ignored (a typo, a fact LOAD does not compare), or None when it is taken."""
-    from graphpersist.validate import OPEN_NAMESPACES
+    from graphpersist.archive.validate import OPEN_NAMESPACES
 
     if field == "device.index" or (field in saved and field != "parallel.rank"):
         return None
@@ -408,8 +409,7 @@ def _configure_diff(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from graphpersist import diff
-    from graphpersist.archive import open_archive
+    from graphpersist.archive import diff, open_archive
     from graphpersist.errors import PersistError
 
     a, b = open_archive(args.a), open_archive(args.b)
@@ -437,7 +437,7 @@ def _run_exec(args: argparse.Namespace) -> int:
     if not argv:
         out("graphpersist exec: name the program to run, e.g. `graphpersist exec python app.py`", err=True)
         return EXIT_MISUSE
-    from graphpersist import region
+    from graphpersist.memory import region
 
     env = region.preload_env()
     print(f"graphpersist: running {shlex.join(argv)} under the interposer ({env['LD_PRELOAD']})", file=sys.stderr)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from graphpersist import ranks
+from graphpersist.archive.world import layout_problems
 from graphpersist.errors import PersistError
-from graphpersist.world import layout_problems
 
 SINGLE = {"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1}
 
@@ -22,7 +22,7 @@ def parallel_layout(parallel: Mapping[str, int] | None) -> dict[str, int]:
     if problems:
         raise PersistError(
             f"inconsistent parallel layout {par}: {'; '.join(problems)}. Pass the engine's layout, e.g. "
-            "graphpersist.world.parallel_facts(current_rank(), tp_size=..., pp_size=...)"
+            "graphpersist.archive.world.parallel_facts(current_rank(), tp_size=..., pp_size=...)"
         )
     return par
 

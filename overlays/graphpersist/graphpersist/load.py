@@ -19,25 +19,19 @@ from typing import Any
 
 import torch
 
-from graphpersist import (
-    graphbuild,
-    images,
-    layout,
-    phases,
-    ranks,
-    region,
-    setup,
-    structure,
-)
+from graphpersist import ranks
 from graphpersist.archive import Archive, ArchiveError, open_archive
+from graphpersist.archive.liveenv import collect_live
+from graphpersist.archive.validate import LoadRefused, check_or_refuse, evaluate
 from graphpersist.collective import collective, parallel_layout
 from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
-from graphpersist.graphset import GraphSet
-from graphpersist.liveenv import collect_live
+from graphpersist.graph import build as graphbuild
+from graphpersist.graph import images, structure
+from graphpersist.graph.graphset import GraphSet
 from graphpersist.loadplan import LoadPlan, read_plan
-from graphpersist.tensors import bytes_at, tensor_at
-from graphpersist.validate import LoadRefused, check_or_refuse, evaluate
+from graphpersist.memory import layout, phases, region, setup
+from graphpersist.memory.tensors import bytes_at, tensor_at
 
 # Diagnosis only, never set in production: see _diag_fill.
 DIAG_FILL_ENV = "GP_DIAG_FILL_RESTORED"
@@ -48,7 +42,7 @@ class LoadedGraph:
     """A rebuilt graph, replayable like torch.cuda.CUDAGraph, with its static tensors at the saved addresses.
 
     `outputs` has the structure the captured function returned at SAVE (tensor, tuple, list, dict, dataclass,
-    None and plain values; see graphpersist.structure), with each tensor at its saved address. `events[i]` is the
+    None and plain values; see graphpersist.graph.structure), with each tensor at its saved address. `events[i]` is the
     live CUevent (cuda-bindings) standing for event index i of the saved graph (distinct events numbered in order
     of first appearance at SAVE). The graph's event record/wait nodes use these fresh events, not the ones
     captured in the SAVE process: an engine that records or waits on those events outside the graph must use

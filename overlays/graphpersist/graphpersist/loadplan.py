@@ -22,12 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import graphformat, graphpack, phases, state, structure
 from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive.manifest import RANK_RECORD_NAME, RankRecord, rank_dir
+from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
-from graphpersist.manifest import RANK_RECORD_NAME, RankRecord, rank_dir
-from graphpersist.region import EVENT_KINDS, Event
-from graphpersist.shown import shown
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph import structure
+from graphpersist.memory import phases, state
+from graphpersist.memory.region import EVENT_KINDS, Event
 
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist.archive import ArchiveWriter
-from graphpersist.validate import flatten, render
+from graphpersist.archive.validate import flatten, render
 
 Gather = Callable[[Any], list[Any]]
 

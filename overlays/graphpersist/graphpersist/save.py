@@ -18,25 +18,18 @@ from typing import Any
 
 import torch
 
-from graphpersist import (
-    graphformat,
-    graphpack,
-    graphwalk,
-    images,
-    layout,
-    phases,
-    ranks,
-    region,
-    setup,
-    structure,
-    world,
-)
-from graphpersist.archive import ArchiveWriter, archive_path
+from graphpersist import ranks
+from graphpersist.archive import ArchiveWriter, archive_path, world
+from graphpersist.archive.liveenv import collect_live, world_facts
 from graphpersist.collective import collective, parallel_layout, run_on_every_rank
 from graphpersist.errors import PersistError
-from graphpersist.graphset import DuplicateGraph, GraphSet
-from graphpersist.liveenv import collect_live, world_facts
-from graphpersist.tensors import tensor_spec
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import images, structure
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph import walk as graphwalk
+from graphpersist.graph.graphset import DuplicateGraph, GraphSet
+from graphpersist.memory import layout, phases, region, setup
+from graphpersist.memory.tensors import tensor_spec
 
 
 def _listed(evs: Sequence[region.Event]) -> str:

@@ -40,8 +40,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from graphpersist import cachefolders, jitcache
-from graphpersist.archive import ArchiveError, read_shared
+from graphpersist import cachefolders
+from graphpersist.archive import ArchiveError, jitcache, read_shared
 
 
 def _vllm_root() -> Path:

@@ -70,8 +70,8 @@ def _walk(obj: Any, prefix: str, depth: int, out: dict[str, Any], seen: set[int]
 def region_sums() -> dict[str, list[int]]:
     """Per live region allocation (address -> [size, sum of its 32-bit words]): SAVE and LOAD ran the same warm-up
     replays before the first request, so an allocation whose sum differs holds something no replay rewrote."""
-    from graphpersist import region
-    from graphpersist.tensors import tensor_at
+    from graphpersist.memory import region
+    from graphpersist.memory.tensors import tensor_at
 
     sums = {}
     for addr, size in region.live_ranges(region.events()):
@@ -96,7 +96,7 @@ def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
     (Path(where) / f"region-sums.rank{rank}.json").write_text(json.dumps(sums, indent=0, sort_keys=True))
     print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors and {len(sums)} region allocations fingerprinted "
           f"into {path.parent}", flush=True)  # fmt: skip
-    from graphpersist import setup
+    from graphpersist.memory import setup
 
     count, gone = setup.graph_blocks_now()
     print(f"graphpersist: {DUMP_ENV}: {count} torch blocks graphs read, {len(gone)} not live now: {gone[:8]}",
@@ -112,7 +112,7 @@ def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
 def _kv_blocks(runner: Any, spec: str, saving: bool) -> None:
     """GP_DIAG_KV_BLOCKS=FILE:FIRST-LAST: SAVE writes KV blocks FIRST..LAST-1 of every layer as they are when serving
     starts; LOAD writes FIRST..LAST-1 of them back at the same point (blocks are the leading dimension)."""
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     path, _, span = spec.rpartition(":")
     first, _, last = span.partition("-")
@@ -222,8 +222,8 @@ def _minus(lo: int, hi: int, spans: list[tuple[int, int]]) -> list[tuple[int, in
 def _write_bytes(runner: Any, prefix: Path) -> None:
     """SAVE: the bytes of every live region allocation except weights and KV cache, as they are when serving
     starts (PREFIX.bin, index PREFIX.json: [address, size, offset in the .bin])."""
-    from graphpersist import region
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory import region
+    from graphpersist.memory.tensors import bytes_at
 
     spans = _excluded(runner)
     windows = [p for a, s in region.live_ranges(region.events()) for p in _minus(a, a + s, spans)]

@@ -40,7 +40,7 @@ def bisect_setup(worker: Any, prefix: str) -> dict[str, Any]:
     """Keep a pinned copy of every range this LOAD mapped afresh (as it is now) and open SAVE's bytes."""
     import numpy as np
 
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     listing = Path(os.environ[DUMP_ENV]) / f"restored-ranges.pid{os.getpid()}.json"
     ranges = [(a, s) for _, a, s in json.loads(listing.read_text())]
@@ -61,7 +61,7 @@ def bisect_setup(worker: Any, prefix: str) -> dict[str, Any]:
 def bisect_apply(worker: Any, windows: list[list[int]], fill: int | None = None) -> int:
     """Put every restored range back as it was when serving started, then SAVE's bytes (or `fill`) into
     `windows` ([start, end) addresses). Returns the bytes written into the windows."""
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     assert _Trials.ready is not None, "bisect_setup first"
     for a, s, at in _Trials.ranges:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from graphpersist import api, ranks
-from graphpersist.liveenv import collect_live
+from graphpersist.archive.liveenv import collect_live
 
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "

@@ -27,7 +27,7 @@ class Session(rankstats.RankSession):
     kv_bytes: int | None = None  # the KV-cache size SAVE used (smallest rank's profile); LOAD reuses it
     carried: set[str] | None = None  # SAVE, rank 0: the cache files the archive carries
     saved_notes: dict[str, Any] = field(default_factory=dict)  # LOAD: the archive's notes of this rank (early_check)
-    kernel_choices: Any = None  # graphpersist.kernelchoice.Choices once the worker installed them
+    kernel_choices: Any = None  # graphpersist.graph.kernelchoice.Choices once the worker installed them
 
     def stats(self) -> dict[str, Any]:
         counts = dict(self.kernel_choices.counts) if self.kernel_choices is not None else None

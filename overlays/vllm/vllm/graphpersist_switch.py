@@ -15,7 +15,8 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from graphpersist import region, switch
+from graphpersist import switch
+from graphpersist.memory import region
 
 logger = init_logger(__name__)
 

@@ -20,7 +20,7 @@ The archive also carries the host's JIT and compile caches (`vllm/graphpersist_c
 SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
 `jitcache`, inside init_device).
 
-Inductor's timed launch configs (`graphpersist.kernelchoice`): SAVE makes one choice per kernel source and records
+Inductor's timed launch configs (`graphpersist.graph.kernelchoice`): SAVE makes one choice per kernel source and records
 it in the rank's notes; LOAD launches the archive's choices instead of timing again.
 
 SAVE sizes the KV cache by the smallest rank's profile rounded down to 1 GiB (so cold and warm SAVEs lay out the
@@ -44,7 +44,9 @@ from vllm import graphpersist_session as gps
 from vllm import graphpersist_startprofile as startprofile
 from vllm.v1.worker.gpu_worker import Worker
 
-from graphpersist import api, breakdown, kernelchoice, rankstats, region, switch
+from graphpersist import api, breakdown, rankstats, switch
+from graphpersist.graph import kernelchoice
+from graphpersist.memory import region
 
 # Address space (not memory) each variable phase owns, so a cold SAVE (compiling) and a warm one (loading compiled
 # code) lay out everything after them identically. A run that needs more is refused at SAVE, naming the phase.
@@ -53,7 +55,7 @@ WARMUP_SPAN = 48 << 30
 
 
 def _pin_kernel_choices(sess: gps.Session) -> None:
-    """Inductor's timed launch configs (graphpersist.kernelchoice): SAVE records them in the rank's notes, LOAD
+    """Inductor's timed launch configs (graphpersist.graph.kernelchoice): SAVE records them in the rank's notes, LOAD
     launches the archive's."""
     saved = sess.saved_notes.get(kernelchoice.NOTES_KEY) if sess.loading else None
     sess.kernel_choices = kernelchoice.install(loading=sess.loading, saved=saved, log=lambda m: sess.log("%s", m))

@@ -16,7 +16,7 @@ again. The archive therefore carries these folders, as the scheduler process res
 
 A folder that cannot be determined (its library is not installed) is left out and logged. Rank 0 packs them at
 SAVE (the ranks of one host share them); every rank of a LOAD puts back what its host lacks, before distributed
-init, and keeps what it has (`graphpersist.jitcache`). Rank 0 packs them after SAVE ran SGLang's first requests
+init, and keeps what it has (`graphpersist.archive.jitcache`). Rank 0 packs them after SAVE ran SGLang's first requests
 (`graphpersist_warmup`), so they hold what SGLang compiles only when it serves (batch preparation, sampling) as well
 as what its start-up and capture compiled.
 

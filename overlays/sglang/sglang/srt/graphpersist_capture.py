@@ -19,8 +19,8 @@ from typing import Any
 
 from sglang.srt import graphpersist_session as gps
 
-from graphpersist import structure
 from graphpersist.errors import PersistError
+from graphpersist.graph import structure
 
 
 def new_graph() -> Any:
@@ -51,7 +51,7 @@ def _tensor_leaf(x: Any) -> dict[str, Any] | None:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor):
         return None
-    from graphpersist.tensors import tensor_spec
+    from graphpersist.memory.tensors import tensor_spec
 
     return tensor_spec(x)
 
@@ -204,7 +204,7 @@ def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
 
 
 def _view(spec: dict[str, Any]) -> Any:
-    from graphpersist.tensors import tensor_at
+    from graphpersist.memory.tensors import tensor_at
 
     return tensor_at(spec)
 

@@ -47,7 +47,8 @@ def before_distributed(model_runner: Any) -> None:
         return
     import torch
 
-    from graphpersist import api, region
+    from graphpersist import api
+    from graphpersist.memory import region
 
     started = time.perf_counter()
     sa = model_runner.server_args
@@ -331,7 +332,7 @@ def _warm_kernels_before_save(sess: gps.Session, mr: Any) -> None:
     LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added (none on a warm host)."""
     import torch
 
-    from graphpersist import jitcache
+    from graphpersist.archive import jitcache
 
     started = time.perf_counter()
     before = jitcache.listing(sess.caches) if sess.rank == 0 else set()

@@ -220,7 +220,7 @@ def early_check(sess: Any, sa: Any) -> None:
     import torch
 
     from graphpersist import api
-    from graphpersist.liveenv import collect_live
+    from graphpersist.archive.liveenv import collect_live
 
     live = collect_live(
         device=torch.cuda.current_device(),

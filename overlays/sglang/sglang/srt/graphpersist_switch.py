@@ -21,7 +21,8 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from graphpersist import region, switch
+from graphpersist import switch
+from graphpersist.memory import region
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from graphpersist.graphformat import (
+from graphpersist.graph.format import (
     ATTR_BYTES,
     KNODE,
     MEMCPY_FIELDS,
@@ -29,7 +29,7 @@ from graphpersist.graphformat import (
     edge_ends,
     verify_blob,
 )
-from graphpersist.images import check
+from graphpersist.graph.images import check
 
 
 def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
@@ -171,7 +171,7 @@ def rebuild_native(
     which refer to node indices, stay right (all as full dependencies: see the module's docstring). `hashed=True` (bytes
     from a verified archive file) skips hashing the blob and the table again; their sizes are still compared.
     """
-    from graphpersist import region
+    from graphpersist.memory import region
 
     verify_blob(name, desc, blob, hashed=hashed)
     _check_event_count(name, desc, events)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from graphpersist import __version__
-from graphpersist.manifest import FORMAT_VERSION, World
+from graphpersist.archive.manifest import FORMAT_VERSION, World
 
 # Variables that change what NCCL, torch symmetric memory, NVSHMEM or the CUDA runtime put into a graph, or which
 # GPU a rank lands on. Recorded at SAVE (unset ones as None) and compared one by one at LOAD.

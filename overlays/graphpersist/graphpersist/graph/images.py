@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import region
+from graphpersist.memory import region
 
 # Function attributes a library may raise on its kernels before launching them (cuFuncSetAttribute); a freshly
 # loaded copy starts from the defaults, so LOAD sets them again: 8 MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -7,7 +7,7 @@ used) and each graph of the same name: its kernel sequence, then what the topolo
 launch shapes, attributes, events, edges with their data), then each kernel node's parameter bytes, 8-byte word by
 word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
 lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one. Last, the
-Inductor launch configs each SAVE chose (graphpersist.kernelchoice, in the rank's notes) where they differ. Before
+Inductor launch configs each SAVE chose (graphpersist.graph.kernelchoice, in the rank's notes) where they differ. Before
 all that, the archives' layouts: ranks one archive has and the other lacks, and world facts that differ (a TP=2
 and a TP=4 archive are never "equal" because their common ranks are). Each rank's graphs are read as `graphpersist
 check` reads them (loadplan, every kernel node checked), and every archive string in the output is shown escaped.
@@ -21,11 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import graphformat, kernelchoice
 from graphpersist.archive import Archive
+from graphpersist.archive.shown import shown
+from graphpersist.archive.validate import flatten
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import kernelchoice
 from graphpersist.loadplan import read_graphs
-from graphpersist.shown import shown
-from graphpersist.validate import flatten
 
 WORD = 8
 
@@ -220,7 +221,7 @@ def _choices(archive: Archive, rank: int) -> dict[str, Any]:
 
 
 def choice_difference(rank: int, a: Archive, b: Archive, limit: int) -> list[str]:
-    """Inductor's launch configs the two SAVEs chose (graphpersist.kernelchoice, the rank's notes) where both chose
+    """Inductor's launch configs the two SAVEs chose (graphpersist.graph.kernelchoice, the rank's notes) where both chose
     and chose differently: why one kernel's image can differ between two SAVEs of one configuration. A kernel only
     one SAVE chose for is no difference: a start that loads the compiled artifact chooses nothing and launches what
     the compiling one recorded."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graphpersist import liveenv
+from graphpersist.archive import liveenv
 
 
 class WorldError(ValueError):

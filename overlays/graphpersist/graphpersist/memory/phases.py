@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from graphpersist.region import Event, live_ranges
+from graphpersist.memory.region import Event, live_ranges
 
 DEFAULT_MIN_HEADROOM = 1 << 30  # virtual address space only: a gap costs no device memory
 IMPLICIT_FIRST = "(setup)"  # events before the first named phase (the whole setup when no phase is named)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from graphpersist import safejson
-from graphpersist.shown import shown
+from graphpersist.archive import safejson
+from graphpersist.archive.shown import shown
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
@@ -284,7 +284,7 @@ class RankRecord:
 
     @classmethod
     def parsed(cls, text: str | bytes) -> tuple[RankRecord, dict[str, Any]]:
-        """The record and the JSON object it was read from (what graphpersist.archive_digests hashes)."""
+        """The record and the JSON object it was read from (what graphpersist.archive.digests hashes)."""
         doc = _loads(text, RANK_RECORD_NAME)
         return cls.from_dict(doc), doc
 
@@ -460,7 +460,7 @@ def _show(value: Any) -> str:
 
 
 def _clip(text: str, limit: int = 60) -> str:
-    """Archive text as messages show it: control characters escaped (graphpersist.shown), clipped."""
+    """Archive text as messages show it: control characters escaped (graphpersist.archive.shown), clipped."""
     return shown(text, limit)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from graphpersist.shown import shown
+from graphpersist.archive.shown import shown
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive

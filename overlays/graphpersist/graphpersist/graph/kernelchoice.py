@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
-from graphpersist.shown import shown
 
 NOTES_KEY = "kernel_choices"  # where the choices go in the rank's engine notes
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from graphpersist import archive_digests, safejson
-from graphpersist.archive_base import (
+from graphpersist.archive import digests as archive_digests
+from graphpersist.archive import safejson
+from graphpersist.archive.base import (
     ADVICE_NO_SPACE,
     ADVICE_READ_ONLY,
     ArchiveError,
@@ -29,8 +30,7 @@ from graphpersist.archive_base import (
     _reference_problems,
     archive_path,
 )
-from graphpersist.archive_side import _side_path, _trash_folders, remove_stale_partials
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     IMAGES_DIR,
     MANIFEST_NAME,
@@ -44,6 +44,7 @@ from graphpersist.manifest import (
     World,
     rank_dir,
 )
+from graphpersist.archive.side import _side_path, _trash_folders, remove_stale_partials
 
 
 class ArchiveWriter:
@@ -201,7 +202,7 @@ class ArchiveWriter:
 
         Only right in the rank's own process (each rank records its own facts), after CUDA is initialised.
         """
-        from graphpersist.world import WorldError, rank_device_facts
+        from graphpersist.archive.world import WorldError, rank_device_facts
 
         try:
             return rank_device_facts(device)

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from graphpersist import layout, region
 from graphpersist.errors import PersistError
-from graphpersist.phases import block_problems, find_range, held_blocks
-from graphpersist.tensors import tensor_key
+from graphpersist.memory import layout, region
+from graphpersist.memory.phases import block_problems, find_range, held_blocks
+from graphpersist.memory.tensors import tensor_key
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from graphpersist.manifest import IMAGES_DIR, MANIFEST_NAME, RANK_DIR, RANK_RECORD_NAME, FileEntry, RankRecord, rank_dir
-from graphpersist.shown import shown
+from graphpersist.archive.manifest import (
+    IMAGES_DIR,
+    MANIFEST_NAME,
+    RANK_DIR,
+    RANK_RECORD_NAME,
+    FileEntry,
+    RankRecord,
+    rank_dir,
+)
+from graphpersist.archive.shown import shown
 
 KEY = "digests"  # the key in a rank record's `extra`
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.graphformat import (
+from graphpersist.graph.format import (
     ATTR_BYTES,
     MEMCPY_FIELDS,
     EventNumbering,
@@ -29,7 +29,7 @@ from graphpersist.graphformat import (
     node_type_name,
     pack_kernel_table,
 )
-from graphpersist.images import ImageTable, check, func_attributes
+from graphpersist.graph.images import ImageTable, check, func_attributes
 
 # Launch attributes whose values are process-local handles: they cannot be persisted.
 _EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
@@ -144,7 +144,7 @@ class _AttrReader:
     node where the interposer is loaded (SAVE always runs under it), else one cuda-bindings call per attribute."""
 
     def __init__(self, attrs: list[Any]) -> None:
-        from graphpersist import region
+        from graphpersist.memory import region
 
         self.attrs = attrs
         self.ids = (ctypes.c_uint32 * max(len(attrs), 1))(*[int(a) for a in attrs])
@@ -161,7 +161,7 @@ class _AttrReader:
                 out.append((a, int(err), ctypes.string_at(v.getPtr(), ATTR_BYTES) if int(err) == 0 else b""))
             return out
         if self.native(ctypes.c_void_p(int(node)), self.ids, len(self.attrs), self.values, self.errs) != 0:
-            from graphpersist import region
+            from graphpersist.memory import region
 
             raise GraphFormatError(f"reading launch attributes: {region.last_error()}")
         raw = self.values.raw

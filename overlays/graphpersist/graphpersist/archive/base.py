@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     RANK_DIR,
@@ -20,7 +20,7 @@ from graphpersist.manifest import (
     RankRecord,
     rank_dir,
 )
-from graphpersist.shown import shown
+from graphpersist.archive.shown import shown
 
 # Advice: one line after the problems, saying what fixes them. A new SAVE fixes only what differs between the
 # archive and this configuration or release (drift, an older format); damage, permissions, a full disk and a

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphpersist import phases, region, state
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
+from graphpersist.memory import phases, region, state
 
 # torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
 
@@ -164,7 +164,7 @@ def declared() -> list[state.Declared]:
 def read_bytes(addr: int, nbytes: int) -> bytes:
     import torch
 
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     torch.cuda.synchronize()
     return bytes_at(addr, nbytes).cpu().numpy().tobytes()
@@ -173,7 +173,7 @@ def read_bytes(addr: int, nbytes: int) -> bytes:
 def write_bytes(addr: int, data: bytes) -> None:
     import torch
 
-    from graphpersist.tensors import bytes_at
+    from graphpersist.memory.tensors import bytes_at
 
     dst = bytes_at(addr, len(data))
     dst.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-NATIVE_DIR = Path(__file__).resolve().parent / "native"
+NATIVE_DIR = Path(__file__).resolve().parents[1] / "native"
 LIB_NAME = "libgpinterpose.so"
 DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR placed libraries over 0x7f0000000000
 DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
@@ -241,7 +241,7 @@ def lib() -> ctypes.CDLL:
         if not loaded():
             raise RegionError(
                 "the graphpersist interposer is not loaded: start the process with "
-                f"LD_PRELOAD={interposer_path()} GP_REGION_BASE=0x... (see graphpersist.region.preload_env)"
+                f"LD_PRELOAD={interposer_path()} GP_REGION_BASE=0x... (see graphpersist.memory.region.preload_env)"
             )
         cdll = ctypes.CDLL(None)
         cdll.gp_region_info.argtypes = [ctypes.POINTER(_Info)]

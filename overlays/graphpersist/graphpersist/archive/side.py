@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpersist.archive_base import ArchiveError, Problem
+from graphpersist.archive.base import ArchiveError, Problem
 
 _SIDE_NAME = re.compile(r"\.(partial|trash)-([0-9]+)-(?:([0-9]+)-([0-9a-f]{8})-)?([0-9a-f]+)")
 

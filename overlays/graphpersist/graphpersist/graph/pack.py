@@ -43,11 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist import graphformat, safejson
-from graphpersist.archive import ADVICE, Archive, ArchiveError, archive_path
+from graphpersist.archive import ADVICE, Archive, ArchiveError, archive_path, safejson
+from graphpersist.archive.manifest import GraphRecord
+from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
-from graphpersist.manifest import GraphRecord
-from graphpersist.shown import shown
+from graphpersist.graph import format as graphformat
 
 PACK_FORMAT = 2  # 2: the kernel nodes' part is zlib-compressed, its JSON size in `kernels_size`
 INDEX_NAME = "graphs/index.json"

@@ -1,7 +1,7 @@
 """Reading an archive: total (any folder gives an Archive or an ArchiveError naming each problem) and verified.
 
 The reader accepts a folder only if the manifest parses and every file matches it, with no file missing or
-extra; JSON goes through graphpersist.safejson.
+extra; JSON goes through graphpersist.archive.safejson.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from graphpersist import archive_digests, safejson
-from graphpersist.archive_base import (
+from graphpersist.archive import digests as archive_digests
+from graphpersist.archive import safejson
+from graphpersist.archive.base import (
     _CHUNK,
     ADVICE_OLDER_FORMAT,
     ADVICE_OTHER_FORMAT,
@@ -30,8 +31,7 @@ from graphpersist.archive_base import (
     _size_problem,
     archive_path,
 )
-from graphpersist.archive_side import _missing_root
-from graphpersist.manifest import (
+from graphpersist.archive.manifest import (
     IMAGES_DIR,
     MANIFEST_NAME,
     RANK_DIR,
@@ -43,6 +43,7 @@ from graphpersist.manifest import (
     UnsupportedFormat,
     rank_dir,
 )
+from graphpersist.archive.side import _missing_root
 
 
 class Archive:
@@ -149,7 +150,7 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
     exactly 0 .. world_size-1, each with its record, whose rank matches its folder) and what the records commit to
-    (graphpersist.archive_digests). verify_checksums=False skips
+    (graphpersist.archive.digests). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
     callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files, the kernel images
     (`images/`, shared by the ranks) and every rank record (other ranks' payloads and the other shared top-level

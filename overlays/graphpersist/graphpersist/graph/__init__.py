@@ -7,8 +7,8 @@ hold the code; this module re-exports what callers use.
 
 from __future__ import annotations
 
-from graphpersist.graphbuild import create_events, instantiate, rebuild, rebuild_native
-from graphpersist.graphformat import (
+from graphpersist.graph.build import create_events, instantiate, rebuild, rebuild_native
+from graphpersist.graph.format import (
     EVENT_DISABLE_TIMING,
     NODE_KINDS,
     EventNumbering,
@@ -24,7 +24,7 @@ from graphpersist.graphformat import (
     topology_fingerprint,
     verify_blob,
 )
-from graphpersist.graphwalk import SavedGraph, serialize
+from graphpersist.graph.walk import SavedGraph, serialize
 
 __all__ = [
     "EVENT_DISABLE_TIMING",

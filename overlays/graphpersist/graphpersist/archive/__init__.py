@@ -5,7 +5,7 @@ bit-rotted archive must therefore never be loadable. The writer stages everythin
 it, writes manifest.json (with every file's sha256 and size) last, and only then renames the folder into place;
 the reader accepts a folder only if the manifest parses and every file matches it, with no file missing or extra.
 Reading is total: whatever the folder holds (hostile JSON, symbolic links, odd names, unreadable files), opening it
-either succeeds or raises ArchiveError naming each problem; JSON goes through graphpersist.safejson.
+either succeeds or raises ArchiveError naming each problem; JSON goes through graphpersist.archive.safejson.
 
 Several processes (one per rank) can write one archive: the owner creates the writer, the other ranks open
 writers on the owner's `staging` folder (`ArchiveWriter(root, world, staging=owner.staging)`), write their
@@ -18,7 +18,7 @@ staging/trash folders next to an archive and their writers' liveness). This modu
 
 from __future__ import annotations
 
-from graphpersist.archive_base import (
+from graphpersist.archive.base import (
     ADVICE,
     ADVICE_OLDER_FORMAT,
     ADVICE_OTHER_FORMAT,
@@ -26,9 +26,9 @@ from graphpersist.archive_base import (
     ArchiveError,
     archive_path,
 )
-from graphpersist.archive_read import Archive, open_archive, read_shared
-from graphpersist.archive_side import remove_stale_partials
-from graphpersist.archive_write import ArchiveWriter
+from graphpersist.archive.read import Archive, open_archive, read_shared
+from graphpersist.archive.side import remove_stale_partials
+from graphpersist.archive.write import ArchiveWriter
 
 __all__ = [
     "ADVICE",
