@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, world, write_archive, write_rank
+from archive_fixtures import GPU_UUIDS, PCI_BUS_IDS, device, forge, world, write_archive, write_rank
 
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive, remove_stale_partials
 from graphpersist.archive import side as archive_side
 from graphpersist.archive import world as world_mod
 from graphpersist.archive import write as archive_write
+from graphpersist.archive.base import ADVICE_DAMAGED, ADVICE_MISSING
 from graphpersist.archive.manifest import FORMAT_VERSION, DeviceFacts, RankRecord
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def test_two_saves_of_the_same_content_have_equal_file_tables(tmp_path: Path):
 def test_missing_directory(tmp_path: Path):
     assert (
         error_of(tmp_path / "nope") == f"graphpersist: cannot open archive {tmp_path / 'nope'}: no such directory\n"
-        "Re-run with mode=save to write a fresh archive."
+        f"{ADVICE_MISSING}"
     )
 
 
@@ -175,7 +176,7 @@ def test_all_problems_are_listed(saved: Path):
     lines = error_of(saved).splitlines()
     assert lines[0] == f"graphpersist: cannot open archive {saved}: 3 problems"
     assert [line.split()[0] for line in lines[1:4]] == ["missing", "truncated", "unexpected"]
-    assert lines[-1] == "Re-run with mode=save to write a fresh archive."
+    assert lines[-1] == ADVICE_DAMAGED, "damage is not fixed by a new SAVE: the advice says how to get it back"
 
 
 def test_read_verifies_the_bytes_it_returns(saved: Path):
@@ -218,11 +219,9 @@ def rewrite_manifest(root: Path, change) -> None:
 
 
 def rewrite_record(root: Path, rel: str, text: str) -> None:
-    """Replaces a listed file and fixes its sha256 and size in the table, so the new text reaches the parser."""
-    (root / rel).write_text(text)
-    data = (root / rel).read_bytes()
-    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    rewrite_manifest(root, lambda m: m["files"].update({rel: entry}))
+    """Replaces a listed file as a forger would (its table entry and the record that commits to it made to match:
+    archive_fixtures.forge), so the new text reaches the parser."""
+    forge(root, rel, text.encode())
 
 
 def raw_manifest(root: Path, old: str, new: str) -> None:
@@ -369,6 +368,60 @@ def test_a_payload_with_invalid_json_is_refused_when_read(saved: Path):
     rewrite_record(saved, "engine.json", "[" * 100_000 + "]" * 100_000)
     with pytest.raises(ArchiveError, match=r"engine\.json is not valid JSON: nested too deeply"):
         open_archive(saved).read_json(None, "engine.json")
+
+
+# --- what each rank record commits to (archive_digests)
+
+
+def test_each_record_commits_to_its_files_and_to_itself(saved: Path):
+    archive = open_archive(saved)
+    for rank in archive.ranks:
+        digests = archive.rank_facts(rank).extra["digests"]
+        own = {
+            rel for rel in archive.manifest.files if rel.startswith(f"rank_{rank}/") and not rel.endswith("rank.json")
+        }
+        shared = {"engine.json"} if rank == 0 else set()
+        assert set(digests["files"]) == own | shared
+        assert all(archive.manifest.files[rel].sha256 == sha for rel, sha in digests["files"].items())
+
+
+def test_a_record_edited_and_its_table_entry_regenerated_is_refused(saved: Path):
+    record = json.loads((saved / "rank_1" / "rank.json").read_bytes())
+    record["device"]["index"] = 0  # "move" rank 1 to another GPU by hand
+    (saved / "rank_1" / "rank.json").write_text(json.dumps(record, indent=2))
+    data = (saved / "rank_1" / "rank.json").read_bytes()
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rewrite_manifest(saved, lambda m: m["files"].update({"rank_1/rank.json": entry}))
+    message = error_of(saved)
+    assert "rank_1/rank.json does not hash to its extra.digests.record: it was changed after SAVE wrote it" in message
+    assert message.splitlines()[-1] == ADVICE_DAMAGED
+
+
+def test_a_shared_file_changed_and_its_table_entry_regenerated_is_refused(saved: Path):
+    (saved / "engine.json").write_text('{"kv_cache_blocks": 8192}')
+    data = (saved / "engine.json").read_bytes()
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    rewrite_manifest(saved, lambda m: m["files"].update({"engine.json": entry}))
+    assert "engine.json: sha256" in error_of(saved) and "in rank_0/rank.json" in error_of(saved)
+
+
+def test_an_archive_written_before_the_commitments_still_opens(saved: Path):
+    for rank in (0, 1):
+        rel = f"rank_{rank}/rank.json"
+        record = json.loads((saved / rel).read_bytes())
+        del record["extra"]["digests"]
+        (saved / rel).write_text(json.dumps(record, indent=2))
+        data = (saved / rel).read_bytes()
+        entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        rewrite_manifest(saved, lambda m, rel=rel, entry=entry: m["files"].update({rel: entry}))
+    assert open_archive(saved).ranks == (0, 1)
+
+
+def test_shared_files_come_before_rank_0s_record(tmp_path: Path):
+    with ArchiveWriter(tmp_path / "a", world()) as writer:
+        write_rank(writer, 0)
+        with pytest.raises(ArchiveError, match=r"shared files must be written before rank 0's record"):
+            writer.add_shared({"late.json": b"{}"})
 
 
 # --- the writer

@@ -18,6 +18,8 @@ from graphpersist.graph import pack as graphpack
 
 REPO = Path(__file__).resolve().parents[2]
 BUF = REGION_BASE + (1 << 30)  # an address in the region
+IMAGE = b"the kernel image both archives load"
+SHA = hashlib.sha256(IMAGE).hexdigest()
 
 
 def _graph(params: list[bytes], shape: dict | None = None) -> tuple[dict, bytes, bytes]:
@@ -27,12 +29,12 @@ def _graph(params: list[bytes], shape: dict | None = None) -> tuple[dict, bytes,
     nodes, blob = [], bytearray()
     for i, p in enumerate(params):
         block = shape.get("blocks", {}).get(i, 32)
-        nodes.append({"type": "kernel", "func": 0, "image": "ab" * 32, "name": f"k{i}", "grid": [1, 1, 1],
+        nodes.append({"type": "kernel", "func": 0, "image": SHA, "name": f"k{i}", "grid": [1, 1, 1],
                       "block": [block, 1, 1], "smem": 0, "layout": [[o, 8] for o in range(0, len(p), 8)],
                       "params": [len(blob), len(p)], "attrs": {}})  # fmt: skip
         blob += p
     edges = shape.get("edges", [[i, i + 1, 0, 0, 0] for i in range(len(params) - 1)])
-    desc = {"format": 1, "nodes": nodes, "edges": edges, "funcs": [["ab" * 32, "k", {}]], "blob_size": len(blob),
+    desc = {"format": 1, "nodes": nodes, "edges": edges, "funcs": [[SHA, "k", {}]], "blob_size": len(blob),
             "blob_sha256": hashlib.sha256(blob).hexdigest()}  # fmt: skip
     table = graphformat.pack_kernel_table(desc)
     desc["table_size"], desc["table_sha256"] = len(table), hashlib.sha256(table).hexdigest()
@@ -47,24 +49,29 @@ def write(
     engine notes."""
     pack = graphpack.PackWriter()
     pointers: set[int] = set()
+    records = []
     for name, params in graphs.items():
         desc, blob, table = _graph(params, (shapes or {}).get(name))
-        pack.add(name, desc, blob, table, inputs=[], outputs=None)
+        pack.add(name, desc, blob, table, inputs=[], outputs={"kind": "value", "value": None})
         pointers |= {v for p in params for (v,) in struct.iter_unpack("<Q", p) if REGION_BASE <= v < BUF * 2}
+        by_type = graphformat.node_types(desc)
+        records.append({"name": name, "file": "rank_0/" + graphpack.INDEX_NAME,
+                        "topology_fingerprint": graphformat.topology_fingerprint(desc),
+                        "node_count": len(desc["nodes"]), "nodes_by_type": by_type,
+                        "kernel_count": by_type["kernel"], "images": [SHA]})  # fmt: skip
     inventory = sorted(pointers)
     with ArchiveWriter(root, world(**{"parallel.world_size": 1, "parallel.tp_size": 1})) as w:
-        rel = w.add_json(0, graphpack.INDEX_NAME, pack.index())
+        image = w.add_image(SHA, IMAGE)
+        w.add_json(0, graphpack.INDEX_NAME, pack.index())
         w.add_file(0, graphpack.PACK_NAME, pack.data())
         w.add_json(0, "pointers.json", inventory)
-        record = {"file": rel, "topology_fingerprint": "00" * 32, "node_count": 1, "nodes_by_type": {"kernel": 1},
-                  "kernel_count": 1, "images": []}  # fmt: skip
         w.set_rank_facts(0, {
             "device": device(0),
             "region": {"base": REGION_BASE, "size": REGION_SIZE, "final_offset": 0},
             "pointers": {"fingerprint": hashlib.sha256(json.dumps(inventory).encode()).hexdigest(),
                          "count": len(inventory)},
-            "graphs": [{"name": n, **record} for n in graphs],
-            "images": [],
+            "graphs": records,
+            "images": [{"sha256": SHA, "file": image, "size": len(IMAGE), "kind": "cubin", "entries": ["k"]}],
             "extra": {"engine_notes": notes or {}},
         })  # fmt: skip
         return w.commit()
@@ -89,7 +96,7 @@ def test_equal_archives_exit_0_saying_so(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == [
         f"graphpersist diff: {a} (A) vs {b} (B), rank(s) 0",
-        "the graphs (nodes, edges, kernel parameters) and pointer inventories are equal",
+        "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal",
     ]
 
 
@@ -194,5 +201,6 @@ def test_a_save_that_chose_nothing_does_not_differ_in_its_choices(tmp_path: Path
     out = graphpersist("diff", str(cold), str(warm))
     assert out.returncode == 0, out.stdout
     assert (
-        out.stdout.splitlines()[1] == "the graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
+        out.stdout.splitlines()[1]
+        == "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
     )

@@ -18,6 +18,7 @@ import pytest
 from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
 
 from graphpersist.archive import ArchiveError, ArchiveWriter, open_archive
+from graphpersist.archive.base import ADVICE_DAMAGED
 from graphpersist.archive.manifest import GraphRecord
 from graphpersist.errors import PersistError
 from graphpersist.graph import format as graphformat
@@ -259,7 +260,7 @@ def _damaged(index: dict[str, Any], how: str) -> dict[str, Any]:
         ("funcs", r"the index has no function table"),
         ("kernels_size", r"kernels_size -1 is not a byte count"),
         ("desc", r"graph 'PIECEWISE/bs1/piece0': desc 5 is not one of the \d+ descriptions"),
-        ("own", r"graph 'PIECEWISE/bs1/piece0': own \{\} does not hold exactly blob_size"),
+        ("own", r"graph 'PIECEWISE/bs1/piece0': own does not hold exactly blob_size"),
         ("descs", r"description 0: malformed description in the pack \(KeyError"),
     ],
 )
@@ -270,7 +271,8 @@ def test_damaged_index_is_refused_naming_the_problem(tmp_path: Path, how: str, m
     names = list(GRAPHS)
     with pytest.raises(ArchiveError, match=message) as info:
         graphpack.read_graphs(archive, 0, names)
-    assert "rank_0/graphs/index.json" in str(info.value) and "Re-run with mode=save" in str(info.value)
+    assert "rank_0/graphs/index.json" in str(info.value)
+    assert str(info.value).endswith(ADVICE_DAMAGED), "a damaged index is not fixed by a new SAVE"
 
 
 def test_index_must_list_the_record_graphs_in_order(tmp_path: Path) -> None:
@@ -289,8 +291,17 @@ def test_archive_without_index_names_the_old_layout(tmp_path: Path) -> None:
         root = w.commit()
     with pytest.raises(
         ArchiveError, match=r"no rank_0/graphs/index\.json: written by a graphpersist release that stored"
-    ):
+    ) as info:
         graphpack.read_graphs(open_archive(root), 0, ["g"])
+    assert str(info.value).endswith("Re-run with mode=save to write a fresh archive."), "a new SAVE fixes an old layout"
+
+
+def test_an_index_of_an_older_format_advises_a_new_save(tmp_path: Path) -> None:
+    pack, _ = _packed()
+    root = _write(tmp_path / "a", pack, _damaged(pack.index(), "format") | {"format": 1})
+    with pytest.raises(ArchiveError, match=r"graph index format 1 is not 2 \(written by another release\)") as info:
+        graphpack.read_graphs(open_archive(root), 0, list(GRAPHS))
+    assert str(info.value).endswith("Re-run with mode=save to write a fresh archive.")
 
 
 # --------------------------------------------------------------------------------------------- hash once

@@ -449,7 +449,16 @@ def test_archives_differing_in_one_field_name_its_path(tmp_path: Path) -> None:
         '1 field(s) differ: world.nccl.version: "2.27.3" vs "2.27.5"; graph by graph: archives-a-b.diff.txt'
     )
     diff = (out / "archives-a-b.diff.txt").read_text()  # the stand-in archives hold no graph pack to compare
-    assert "it has no file rank_0/pointers.json" in diff and diff.endswith("graphpersist diff failed (exit 2)\n")
+    assert "it has no rank_0/graphs/index.json" in diff and diff.endswith("graphpersist diff failed (exit 2)\n")
+
+
+def test_archive_differences_show_an_archives_keys_and_values_escaped() -> None:
+    """A report quotes what differs between two archives: their strings never reach it as control characters."""
+    a = {"env": {"NCCL_\x1b[2JX": "1\x1b[0m", "B\u202e": "x"}}
+    b = {"env": {"NCCL_\x1b[2JX": "2", "B\u202e": "y\r\nforged"}}
+    found = list(proofcheck.differences(a, b))
+    assert found == ['env.NCCL_\\u001b[2JX: "1\\u001b[0m" vs "2"', 'env.B\\u202e: "x" vs "y\\r\\nforged"']
+    assert not [c for line in found for c in line if not c.isprintable()]
 
 
 def test_archive_projection_compares_phase_anchors_and_ignores_creation() -> None:

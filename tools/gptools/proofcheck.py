@@ -274,7 +274,8 @@ def differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
     """Dotted paths where two JSON values differ, with both values (shortened)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*a, *(k for k in b if k not in a)]:
-            sub = f"{path}.{key}" if path else str(key)
+            shown = json.dumps(str(key))[1:-1]  # an archive's key, escaped as JSON escapes it: the report shows it
+            sub = f"{path}.{shown}" if path else shown
             if key not in a or key not in b:
                 yield f"{sub}: only in {'first' if key in a else 'second'}"
             else:

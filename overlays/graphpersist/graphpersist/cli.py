@@ -2,12 +2,15 @@
 
 Subcommands live in a registry so that other modules (and later releases) add theirs with `register()`
 without touching this file's parser code. Exit codes follow the house rules: 0 success, 1 a finding (e.g.
-`check` found mismatches), 2 misuse or an archive that cannot be read.
+`check` found mismatches), 2 misuse or an archive that cannot be read; and 3 when `check` could not compare the
+archive with this host at all (no torch, CUDA or GPU here to measure). Everything printed goes through
+graphpersist.archive.shown: an archive's strings never reach the terminal as control characters.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import shlex
@@ -19,11 +22,19 @@ from typing import TYPE_CHECKING, Any
 from graphpersist import __version__
 from graphpersist.archive import safejson
 from graphpersist.archive.manifest import FORMAT_VERSION
+from graphpersist.archive.shown import shown, terminal_safe
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
 
-EXIT_OK, EXIT_FINDING, EXIT_MISUSE = 0, 1, 2
+EXIT_OK, EXIT_FINDING, EXIT_MISUSE, EXIT_UNCHECKED = 0, 1, 2, 3
+EXIT_CODES = """\
+exit codes:
+  0  success (check: the archive fits this host, as far as it was compared)
+  1  a finding (check: a mismatch; diff: the archives differ)
+  2  misuse, or an archive that cannot be read or trusted (the message names each problem)
+  3  check only: this host could not report the facts to compare (no torch, CUDA or GPU here)
+"""
 # `check` inspects, it does not start an engine: its advice names both ways out (LoadRefused's is for a LOAD).
 CHECK_ADVICE = (
     "This archive does not fit this host/configuration: start the engine on a host/configuration that matches, "
@@ -61,11 +72,23 @@ def version_text() -> str:
     return f"graphpersist {__version__} (archive format {FORMAT_VERSION})"
 
 
+def out(text: str = "", *, err: bool = False) -> None:
+    """Prints one block of output, its archive strings already shown() and the whole made terminal-safe."""
+    print(terminal_safe(text), file=sys.stderr if err else sys.stdout)
+
+
+def out_json(doc: Any) -> None:
+    """Prints JSON with every non-ASCII character escaped (and DEL, the one ASCII control JSON leaves raw)."""
+    print(json.dumps(doc, indent=2, ensure_ascii=True).replace("\x7f", "\\u007f"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphpersist",
         description="Inspect and check graphpersist archives (saved CUDA graphs of vLLM / SGLang); run an engine "
         "under the runtime.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -93,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args._run(args)
     except ArchiveError as exc:
-        print(exc, file=sys.stderr)
+        out(str(exc), err=True)
         return EXIT_MISUSE
     except BrokenPipeError:
         return EXIT_OK
@@ -119,41 +142,42 @@ def _run_inspect(args: argparse.Namespace) -> int:
     ranks = list(archive.ranks) if args.rank is None else [args.rank]
     records = {rank: archive.rank_facts(rank) for rank in ranks}
     if args.json:
-        out = {
+        doc = {
             "archive": str(archive.root),
             "manifest": archive.manifest.to_dict(),
             "ranks": {str(rank): record.to_dict() for rank, record in records.items()},
         }
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        out_json(doc)
     else:
-        print(describe(archive, ranks))
+        out(describe(archive, ranks))
     return EXIT_OK
 
 
 def describe(archive: Archive, ranks: Sequence[int]) -> str:
-    """The human-readable summary `inspect` prints."""
+    """The human-readable summary `inspect` prints; every archive string shown() (escaped, one line each)."""
     m = archive.manifest
     w = m.world
+    s = shown
     total = sum(entry.size for entry in m.files.values())
     env_set = {k: v for k, v in w.env.items() if v is not None}
     env_unset = sorted(k for k, v in w.env.items() if v is None)
     lines = [
-        f"archive     {archive.root}",
-        f"format      {m.format_version}, written {m.created.created_at} on {m.created.host} "
-        f"by graphpersist {m.created.graphpersist_version} (python {m.created.python})",
-        f"engine      {w.engine.name} {w.engine.version} (commit {w.engine.commit})",
-        f"software    distribution {w.distribution.version}, torch {_v(w.torch.version)}, "
+        f"archive     {s(str(archive.root))}",
+        f"format      {m.format_version}, written {s(m.created.created_at)} on {s(m.created.host)} "
+        f"by graphpersist {s(m.created.graphpersist_version)} (python {s(m.created.python)})",
+        f"engine      {s(w.engine.name)} {s(w.engine.version)} (commit {s(w.engine.commit)})",
+        f"software    distribution {s(w.distribution.version)}, torch {_v(w.torch.version)}, "
         f"CUDA runtime {_v(w.cuda.runtime)}, driver {_v(w.cuda.driver)} (CUDA API {_v(w.cuda.driver_api)}), "
         f"NCCL {_v(w.nccl.version)}",
         f"gpu         {_v(w.gpu.model)} (compute capability {_v(w.gpu.compute_capability)})",
         f"parallel    world {w.parallel.world_size}: tp {w.parallel.tp_size}, pp {w.parallel.pp_size}, "
         f"ep {w.parallel.ep_size}",
-        f"model       dtype {w.model.dtype}, config {w.model.config_fingerprint}",
-        f"capture     modes {', '.join(w.capture.modes) or '-'}; {len(w.capture.sizes)} sizes: "
-        f"{' '.join(str(s) for s in w.capture.sizes) or '-'}",
-        "env pins    " + (", ".join(f"{k}={v!r}" for k, v in env_set.items()) or "-"),
-        "  unset     " + (", ".join(env_unset) or "-"),
-        "flags       " + (", ".join(f"{k}={json.dumps(v)}" for k, v in w.flags.items()) or "-"),
+        f"model       dtype {s(w.model.dtype)}, config {s(w.model.config_fingerprint)}",
+        f"capture     modes {', '.join(map(s, w.capture.modes)) or '-'}; {len(w.capture.sizes)} sizes: "
+        f"{' '.join(str(n) for n in w.capture.sizes) or '-'}",
+        "env pins    " + (", ".join(f"{s(k)}={v!r}" for k, v in env_set.items()) or "-"),
+        "  unset     " + (", ".join(map(s, env_unset)) or "-"),
+        "flags       " + (", ".join(f"{s(k)}={json.dumps(v)}" for k, v in w.flags.items()) or "-"),
         f"files       {len(m.files)} files, {_size(total)}",
     ]
     for rank in ranks:
@@ -163,28 +187,29 @@ def describe(archive: Archive, ranks: Sequence[int]) -> str:
         lines += [
             "",
             f"rank {r.rank}",
-            f"  gpu       device {r.device.index}, PCI {r.device.pci_bus_id}, {r.device.uuid}",
+            f"  gpu       device {r.device.index}, PCI {s(r.device.pci_bus_id)}, {s(r.device.uuid)}",
             f"  region    base {r.region.base:#x}, size {_size(r.region.size)}, used {_size(used)} "
             f"(final offset {used:#x})",
-            f"  pointers  {r.pointers.count} (fingerprint {r.pointers.fingerprint})",
+            f"  pointers  {r.pointers.count} (fingerprint {s(r.pointers.fingerprint)})",
             f"  images    {len(r.images)}, {_size(sum(i.size for i in r.images))}, "
             f"{sum(len(i.entries) for i in r.images)} kernel entries",
             f"  graphs    {len(r.graphs)}, {nodes} nodes",
         ]
         if r.graphs:
-            width = max(len(g.name) for g in r.graphs)
+            names = [s(g.name, 120) for g in r.graphs]
+            width = max(len(n) for n in names)
             lines.append(f"    {'name':<{width}}  {'nodes':>6}  {'kernels':>7}  {'images':>6}  topology  node types")
-            for g in r.graphs:
-                kinds = ", ".join(f"{k} {n}" for k, n in sorted(g.nodes_by_type.items()))
+            for g, name in zip(r.graphs, names, strict=True):
+                kinds = ", ".join(f"{s(k)} {n}" for k, n in sorted(g.nodes_by_type.items()))
                 lines.append(
-                    f"    {g.name:<{width}}  {g.node_count:>6}  {g.kernel_count:>7}  {len(g.images):>6}  "
-                    f"{g.topology_fingerprint[:8]:<8}  {kinds}"
+                    f"    {name:<{width}}  {g.node_count:>6}  {g.kernel_count:>7}  {len(g.images):>6}  "
+                    f"{s(g.topology_fingerprint[:8]):<8}  {kinds}"
                 )
     return "\n".join(lines)
 
 
 def _v(value: Any) -> str:
-    return "?" if value is None else str(value)
+    return "?" if value is None else shown(str(value))
 
 
 def _size(n: int) -> str:
@@ -199,17 +224,27 @@ def _size(n: int) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # check
 
-_CHECK_EPILOG = """\
+_CHECK_EPILOG = f"""\
 Host facts (torch, CUDA, NCCL, GPU, environment pins) are collected here. Facts only the engine knows
 (engine.*, model.*, capture.*, parallel.*, region.*, flags.*) are not checked unless given with --set;
 they are listed as "not checked", never counted as passed. Values are read as JSON where the saved value is
 not a string (--set parallel.tp_size=2, --set capture.sizes=[1,2,4]); --set env.NAME=<unset> means unset.
+--set takes the archive's fact names (a name it does not know is refused, listing the ones it knows), any
+env.NAME or flags.NAME (an extra pin or flag is drift), and device.index.
 The rank's GPU slot (device.pci_bus_id; the GPU's UUID is recorded, not compared, so another node of the
 same kind passes) is looked up for the device index the rank saved with, or the one given with
 --set device.index=N, where nvidia-smi's numbering can be mapped to CUDA's (one GPU, CUDA_VISIBLE_DEVICES with
 GPU UUIDs, or CUDA_DEVICE_ORDER=PCI_BUS_ID); device.index itself is only checked when given. Run it in the
-environment the engine will start in: the environment pins are read from it.
-"""
+environment the engine will start in: the environment pins are read from it. Where this host cannot report
+its torch, CUDA, NCCL or GPU facts (no torch, no driver), it says so and exits 3: nothing was compared.
+
+The archive is verified as LOAD reads it, every byte LOAD would use (file hashes, each graph's parts and
+kernel table, images, declared state, the records' commitments); --quick skips the payloads (manifest and rank
+records only) and says so.
+
+{EXIT_CODES}"""
+# World facts only this host can report; when it cannot, `check` compared nothing that matters (exit 3).
+HOST_FACTS = ("torch.", "cuda.", "nccl.", "gpu.")
 
 
 def _configure_check(parser: argparse.ArgumentParser) -> None:
@@ -225,30 +260,49 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
         help="supply a live fact this host cannot know (repeatable)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--no-verify", action="store_true", help="skip hashing every file")
+    parser.add_argument(
+        "--quick",
+        "--no-verify",
+        dest="quick",
+        action="store_true",
+        help="skip verifying the payloads (graphs, images, state): the manifest and rank records only",
+    )
 
 
 def _run_check(args: argparse.Namespace) -> int:
     from graphpersist.archive import open_archive
     from graphpersist.archive.liveenv import collect_live, set_field
     from graphpersist.archive.validate import MISSING, evaluate, mismatch_report, saved_facts
+    from graphpersist.loadplan import read_plan
 
-    archive = open_archive(args.archive, verify_checksums=not args.no_verify)
+    archive = open_archive(args.archive, verify_checksums=not args.quick)
     rank = args.rank
     saved = saved_facts(archive, rank)
     sets: dict[str, Any] = {}
     for item in args.sets:
         field, sep, text = item.partition("=")
         if not sep or not field:
-            print(f"graphpersist check: --set wants FIELD=VALUE, got {item!r}", file=sys.stderr)
+            out(f"graphpersist check: --set wants FIELD=VALUE, got {shown(repr(item))}", err=True)
+            return EXIT_MISUSE
+        unknown = _unknown_field(field, saved)
+        if unknown:
+            out(unknown, err=True)
             return EXIT_MISUSE
         sets[field] = _parse_value(text, saved.get(field, MISSING))
     # The GPU this rank would use: the one given, else the index it saved with (an assumption, so the index
     # itself counts as checked only when given; its UUID and PCI bus id are real lookups).
     device = sets.get("device.index", saved.get("device.index", 0))
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        print(f"graphpersist check: device.index must be a device number, got {device!r}", file=sys.stderr)
+        out(f"graphpersist check: device.index must be a device number, got {shown(repr(device))}", err=True)
         return EXIT_MISUSE
+    payloads = None
+    if not args.quick:  # every byte LOAD would use, for every rank (ArchiveError: exit 2, naming the problem)
+        plans = [read_plan(archive, r, every_byte=True) for r in archive.ranks]
+        payloads = {
+            "graphs": sum(len(p.graphs) for p in plans),
+            "images": len({im.sha256 for p in plans for im in p.record.images}),
+            "bytes": sum(e.size for e in archive.manifest.files.values()),
+        }
     live = collect_live(device=device)
     live.get("device", {}).pop("index", None)
     for field, value in sets.items():
@@ -256,39 +310,83 @@ def _run_check(args: argparse.Namespace) -> int:
     set_field(live, "parallel.rank", rank)
     result = evaluate(archive, live, rank, skip_unknown=True)
     mismatches, checked, not_checked = result.mismatches, result.checked, result.not_checked
+    unmeasured = [f for f in not_checked if f.startswith(HOST_FACTS)]
+    code = EXIT_FINDING if mismatches else EXIT_UNCHECKED if unmeasured else EXIT_OK
+    root = shown(str(archive.root))
 
     if args.json:
 
         def side(value: Any) -> Any:
             return None if value is MISSING else value
 
-        out = {
-            "archive": str(archive.root),
-            "rank": rank,
-            "ok": not mismatches,
-            "mismatches": [
-                {
-                    "field": m.field,
-                    "saved": side(m.saved),
-                    "live": side(m.live),
-                    "saved_missing": m.saved is MISSING,
-                    "live_missing": m.live is MISSING,
-                    "line": str(m),
-                }
-                for m in mismatches
-            ],
-            "checked": checked,
-            "not_checked": not_checked,
-        }
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        out_json(
+            {
+                "archive": str(archive.root),
+                "rank": rank,
+                "ok": code == EXIT_OK,
+                "verdict": {EXIT_OK: "fits", EXIT_FINDING: "mismatch", EXIT_UNCHECKED: "unchecked"}[code],
+                "mismatches": [
+                    {
+                        "field": m.field,
+                        "saved": side(m.saved),
+                        "live": side(m.live),
+                        "saved_missing": m.saved is MISSING,
+                        "live_missing": m.live is MISSING,
+                        "line": str(m),
+                    }
+                    for m in mismatches
+                ],
+                "checked": checked,
+                "not_checked": not_checked,
+                "unmeasured": unmeasured,
+                "payloads": payloads if payloads is not None else "not verified (--quick)",
+            }
+        )
+        return code
+    lines = []
+    if mismatches:
+        lines.append(mismatch_report(archive.root, mismatches, rank, CHECK_ADVICE))
+    elif unmeasured:
+        lines += [
+            f"graphpersist: cannot tell whether archive {root} fits this host for rank {rank}: this host could not "
+            f"report {', '.join(map(shown, unmeasured))} (no torch, CUDA driver or GPU here?); the {len(checked)} "
+            "fields it could compare match",
+            "Run `graphpersist check` on the host that will LOAD it, in the engine's environment, or give those "
+            "facts with --set FIELD=VALUE.",
+        ]
     else:
-        if mismatches:
-            print(mismatch_report(archive.root, mismatches, rank, CHECK_ADVICE))
-        else:
-            print(f"graphpersist: archive {archive.root} fits this host for rank {rank}: {len(checked)} fields match")
-        if not_checked:
-            print(f"not checked ({len(not_checked)}; supply with --set FIELD=VALUE): {', '.join(not_checked)}")
-    return EXIT_FINDING if mismatches else EXIT_OK
+        lines.append(f"graphpersist: archive {root} fits this host for rank {rank}: {len(checked)} fields match")
+    if payloads is not None:
+        lines.append(f"payloads verified: {payloads['graphs']} graphs, {payloads['images']} kernel images, "
+                     f"{payloads['bytes']} bytes, as LOAD reads them")  # fmt: skip
+    else:
+        lines.append("payloads not verified (--quick): only the manifest and the rank records were read")
+    if not_checked:
+        lines.append(f"not checked ({len(not_checked)}; supply with --set FIELD=VALUE): "
+                     f"{', '.join(map(shown, not_checked))}")  # fmt: skip
+    out("\n".join(lines))
+    return code
+
+
+def _unknown_field(field: str, saved: dict[str, Any]) -> str | None:
+    """Why `--set field=...` would be ignored (a typo, a fact LOAD does not compare), or None when it is taken."""
+    from graphpersist.archive.validate import OPEN_NAMESPACES
+
+    if field == "device.index" or (field in saved and field != "parallel.rank"):
+        return None
+    if any(field.startswith(ns) and len(field) > len(ns) for ns in OPEN_NAMESPACES):
+        return None
+    known = sorted(f for f in saved if not f.startswith(OPEN_NAMESPACES) and f != "parallel.rank")
+    known = sorted({*known, "device.index"})
+    if field == "parallel.rank":
+        why = "the rank is chosen with --rank"
+    else:
+        close = difflib.get_close_matches(field, [*known, *(f for f in saved if f.startswith(OPEN_NAMESPACES))], 1)
+        why = f"no such field{f' (did you mean {close[0]}?)' if close else ''}"
+    return (
+        f"graphpersist check: --set {shown(field, 80)}: {why}. The fields it takes: {', '.join(map(shown, known))}, "
+        "and env.NAME or flags.NAME"
+    )
 
 
 def _parse_value(text: str, saved: Any) -> Any:
@@ -318,15 +416,15 @@ def _run_diff(args: argparse.Namespace) -> int:
     common = [r for r in a.ranks if r in b.ranks]
     ranks = common if args.rank is None else [args.rank]
     if not ranks or any(r not in common for r in ranks):
-        print(f"graphpersist diff: rank(s) {args.rank if args.rank is not None else ''} not in both archives (A has "
-              f"{list(a.ranks)}, B has {list(b.ranks)})", file=sys.stderr)  # fmt: skip
+        out(f"graphpersist diff: rank(s) {args.rank if args.rank is not None else ''} not in both archives (A has "
+            f"{list(a.ranks)}, B has {list(b.ranks)})", err=True)  # fmt: skip
         return EXIT_MISUSE
     try:
         lines = diff.diff_archives(a, b, ranks, max(args.limit, 1))
-    except (PersistError, ValueError) as exc:  # a damaged graph pack or pointer inventory
-        print(f"graphpersist diff: {exc}", file=sys.stderr)
+    except (PersistError, ValueError) as exc:  # a damaged pointer inventory or kernel-choice notes
+        out(f"graphpersist diff: {shown(str(exc))}", err=True)
         return EXIT_MISUSE
-    print(diff.describe(a.root, b.root, ranks, lines))
+    out(diff.describe(a.root, b.root, ranks, lines))
     return EXIT_FINDING if lines else EXIT_OK
 
 
@@ -337,7 +435,7 @@ def _configure_exec(parser: argparse.ArgumentParser) -> None:
 def _run_exec(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
-        print("graphpersist exec: name the program to run, e.g. `graphpersist exec python app.py`", file=sys.stderr)
+        out("graphpersist exec: name the program to run, e.g. `graphpersist exec python app.py`", err=True)
         return EXIT_MISUSE
     from graphpersist.memory import region
 

@@ -26,12 +26,11 @@ from graphpersist.errors import PersistError
 from graphpersist.gcpause import paused_gc
 from graphpersist.graph import build as graphbuild
 from graphpersist.graph import images, structure
-from graphpersist.graph import pack as graphpack
 from graphpersist.graph.graphset import GraphSet
-from graphpersist.memory import layout, phases, region, setup, state
+from graphpersist.loadplan import LoadPlan, read_plan
+from graphpersist.memory import layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 
-# Diagnosis only, never set in production: see _diag_fill.
 MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
 
 
@@ -136,17 +135,17 @@ class LoadResult:
 
 
 def _restore_memory(
-    archive: Any, rank: int, pointers: list[int], on_memory_restored: MemoryHook | None = None
+    archive: Any, plan: LoadPlan, on_memory_restored: MemoryHook | None = None
 ) -> tuple[list[str], layout.Pending | None]:
     """Proves setup matches SAVE phase by phase, maps what capture and skipped phases left live at SAVE, and
     checks every graph address lies in memory at its saved address with its saved size. Addresses in memory of
     post-capture phases (re-run by the engine after load()) are checked when those phases end. Returns the
     skipped phases and the checks still pending."""
-    rec = archive.rank_facts(rank)
+    rec, pointers = plan.record, plan.pointers
     info = region.info()
     if info.base != rec.region.base:
         raise PersistError(f"region base: saved {rec.region.base:#x}, live {info.base:#x}")
-    saved, saved_evs = layout.saved_phases(archive, rank)
+    saved, saved_evs = plan.phases, plan.events
     layout.finish_setup()  # an engine that did not call mark_setup() at LOAD: its setup ends here
     live_evs = region.events()
     post = [p for p in saved if p.post_capture]
@@ -162,8 +161,8 @@ def _restore_memory(
     except (phases.PhaseError, region.RegionError) as exc:
         raise PersistError(f"{exc}: LOAD refused") from None
     layout.recorder().adopt(saved, saved_evs)
-    states = [state.StateRecord.from_json(r) for r in rec.extra.get("state", [])]
-    pending = layout.Pending(archive, rank, saved, saved_evs, later, states) if post or states else None
+    states = plan.states
+    pending = layout.Pending(archive, plan.rank, saved, saved_evs, later, states) if post or states else None
     return skipped, pending
 
 
@@ -275,18 +274,15 @@ def _load_rank(
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
-    rec = archive.rank_facts(rank)
-    # Graph records are checked before anything is mapped or loaded.
-    packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
-    # The native path never looks at kernel nodes' JSON.
-    descs = graphpack.check_graphs(rec.graphs, packed, full=verify_topology or not native)
-    del packed
-    pointers = graphpack.read_pointers(archive, rank, rec.pointers.fingerprint)
-    setup.check_setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_tensors)
-    setup.check_pointer_blocks(rec.extra.get("torch_blocks", []))
+    # Everything LOAD takes from the archive is read and checked (loadplan) before anything is mapped or loaded;
+    # the native path never looks at kernel nodes' JSON.
+    plan = read_plan(archive, rank, full=verify_topology or not native)  # ArchiveError naming file and field
+    rec, descs = plan.record, plan.graphs
+    setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
+    setup.check_pointer_blocks(plan.torch_blocks)
     t_validate = time.perf_counter()
 
-    skipped, pending = _restore_memory(archive, rank, pointers, on_memory_restored)
+    skipped, pending = _restore_memory(archive, plan, on_memory_restored)
     t_memory = time.perf_counter()
 
     loaded = images.LoadedImages()
@@ -347,5 +343,5 @@ def _load_rank(
         },
         skipped,
         [p.name for p in pending.saved if p.post_capture] if pending else [],
-        rec.engine_notes(),
+        plan.notes,
     )

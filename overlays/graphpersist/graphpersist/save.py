@@ -201,13 +201,13 @@ class Saver:
             w = coll.writer(root, prep.world, overwrite=overwrite)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
-        t_write = time.perf_counter()
-        t_shared = t_write
+        t_shared = time.perf_counter()
+        t_write = t_shared
         try:
-            summary = self._write(w, rank, prep, dict(notes or {}))
-            t_shared = time.perf_counter()
-            if shared is not None:
+            if shared is not None:  # before this rank's record: rank 0's record commits to the shared files
                 w.add_shared(shared() if callable(shared) else shared)
+            t_write = time.perf_counter()
+            summary = self._write(w, rank, prep, dict(notes or {}))
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
             if coll.world_size == 1:
                 w.abort()
@@ -222,8 +222,8 @@ class Saver:
         end = time.perf_counter()
         summary["total_s"] = end - prep.t0
         # where SAVE's time went (before_write's own work included in the part before writing)
-        summary["split_s"] = {"prepare": t_write - prep.t0, "write": t_shared - t_write,
-                              "shared": t_commit - t_shared, "commit": end - t_commit}  # fmt: skip
+        summary["split_s"] = {"prepare": t_shared - prep.t0, "shared": t_write - t_shared,
+                              "write": t_commit - t_write, "commit": end - t_commit}  # fmt: skip
         return summary
 
     def _prepare(

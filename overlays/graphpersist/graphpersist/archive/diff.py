@@ -7,7 +7,10 @@ used) and each graph of the same name: its kernel sequence, then what the topolo
 launch shapes, attributes, events, edges with their data), then each kernel node's parameter bytes, 8-byte word by
 word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
 lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one. Last, the
-Inductor launch configs each SAVE chose (graphpersist.graph.kernelchoice, in the rank's notes) where they differ.
+Inductor launch configs each SAVE chose (graphpersist.graph.kernelchoice, in the rank's notes) where they differ. Before
+all that, the archives' layouts: ranks one archive has and the other lacks, and world facts that differ (a TP=2
+and a TP=4 archive are never "equal" because their common ranks are). Each rank's graphs are read as `graphpersist
+check` reads them (loadplan, every kernel node checked), and every archive string in the output is shown escaped.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphpersist.archive import Archive
+from graphpersist.archive.shown import shown
+from graphpersist.archive.validate import flatten
 from graphpersist.graph import format as graphformat
 from graphpersist.graph import kernelchoice
-from graphpersist.graph import pack as graphpack
+from graphpersist.loadplan import read_graphs
 
 WORD = 8
 
@@ -75,15 +80,15 @@ def _words(params: bytes) -> Iterator[tuple[int, int]]:
 
 
 def read_rank(archive: Archive, rank: int) -> RankGraphs:
+    """One rank's graphs, read and checked as LOAD would with verify_topology (ArchiveError when damaged)."""
+    graphs, pointers = read_graphs(archive, rank, full=True)
     rec = archive.rank_facts(rank)
-    pointers = set(graphpack.read_pointers(archive, rank, rec.pointers.fingerprint))
-    packed = graphpack.read_graphs(archive, rank, [g.name for g in rec.graphs])
-    out = RankGraphs((rec.region.base, rec.region.base + rec.region.size), pointers)
-    for entry in packed.graphs:
-        desc = entry.full_desc_of(packed.pack)
-        blob = bytes(entry.part(packed.pack, "params"))
-        out.shapes[entry.name] = graphformat.topology(desc)
-        out.graphs[entry.name] = [
+    out = RankGraphs((rec.region.base, rec.region.base + rec.region.size), set(pointers))
+    for name, (desc, blob_view, _table, _entry) in graphs.items():
+        blob = bytes(blob_view)
+        shown_name = shown(name, 120)
+        out.shapes[shown_name] = graphformat.topology(desc)
+        out.graphs[shown_name] = [
             (i, node["name"], blob[node["params"][0] : node["params"][0] + node["params"][1]])
             for i, node in enumerate(desc["nodes"])
             if node["type"] == "kernel"
@@ -223,8 +228,8 @@ def choice_difference(rank: int, a: Archive, b: Archive, limit: int) -> list[str
     ca, cb = _choices(a, rank), _choices(b, rank)
     both = sorted(set(ca) & set(cb))
 
-    def shown(choice: Any) -> str:
-        return f"{choice.get('chosen')} ({choice.get('how')})" if isinstance(choice, dict) else repr(choice)
+    def described(choice: Any) -> str:
+        return _text(f"{choice.get('chosen')} ({choice.get('how')})" if isinstance(choice, dict) else repr(choice))
 
     def chosen(choice: Any) -> Any:
         return choice.get("chosen") if isinstance(choice, dict) else choice
@@ -237,21 +242,56 @@ def choice_difference(rank: int, a: Archive, b: Archive, limit: int) -> list[str
     ]
     for key in differ[:limit]:
         name = ca[key].get("kernel", "?") if isinstance(ca[key], dict) else "?"
-        lines.append(f"  {name} ({key}): A {shown(ca[key])}, B {shown(cb[key])}")
+        lines.append(f"  {_text(name)} ({_text(key)}): A {described(ca[key])}, B {described(cb[key])}")
     if len(differ) > limit:
         lines.append(f"  ... {len(differ) - limit} more")
     return lines
 
 
-def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[str]:
+def layout_difference(a: Archive, b: Archive, limit: int) -> list[str]:
+    """How the two archives' layouts differ: the ranks each has, and their world facts (manifest.json's `world`)."""
     lines = []
+    ra, rb = list(a.ranks), list(b.ranks)
+    if ra != rb:
+        only_a, only_b = [r for r in ra if r not in rb], [r for r in rb if r not in ra]
+        lines.append(f"ranks differ: A has {len(ra)} ({_few(ra, limit)}), B has {len(rb)} ({_few(rb, limit)}); "
+                     f"only in A {_few(only_a, limit)}, only in B {_few(only_b, limit)}")  # fmt: skip
+    wa, wb = flatten(a.manifest.world.to_dict()), flatten(b.manifest.world.to_dict())
+    differ = [k for k in sorted(wa.keys() | wb.keys()) if wa.get(k, _ABSENT) != wb.get(k, _ABSENT)]
+    if differ:
+        lines.append(f"world facts differ in {len(differ)} field(s):")
+        lines += [
+            f"  {shown(k, 80)}: A {_fact(wa.get(k, _ABSENT))}, B {_fact(wb.get(k, _ABSENT))}" for k in differ[:limit]
+        ]
+        if len(differ) > limit:
+            lines.append(f"  ... {len(differ) - limit} more")
+    return lines
+
+
+_ABSENT = object()
+
+
+def _fact(value: Any) -> str:
+    return "<absent>" if value is _ABSENT else shown(_short(value))
+
+
+def _few(ranks: list[int], limit: int) -> str:
+    return "[" + ", ".join(map(str, ranks[:limit])) + (", ..." if len(ranks) > limit else "") + "]"
+
+
+def diff_archives(a: Archive, b: Archive, ranks: list[int], limit: int) -> list[str]:
+    lines = layout_difference(a, b, limit)
     for rank in ranks:
         lines += diff_rank(rank, read_rank(a, rank), read_rank(b, rank), limit)
         lines += choice_difference(rank, a, b, limit)
     return lines
 
 
+def _text(value: Any) -> str:
+    return shown(str(value), 200)
+
+
 def describe(a: Any, b: Any, ranks: list[int], lines: list[str]) -> str:
-    head = f"graphpersist diff: {a} (A) vs {b} (B), rank(s) {', '.join(map(str, ranks))}"
-    equal = "the graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
+    head = f"graphpersist diff: {shown(str(a))} (A) vs {shown(str(b))} (B), rank(s) {', '.join(map(str, ranks))}"
+    equal = "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
     return "\n".join([head, *(lines or [equal])])

@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from graphpersist.archive import safejson
+from graphpersist.archive.shown import shown
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
@@ -279,7 +280,13 @@ class RankRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RankRecord:
-        return cls.from_dict(_loads(text, RANK_RECORD_NAME))
+        return cls.parsed(text)[0]
+
+    @classmethod
+    def parsed(cls, text: str | bytes) -> tuple[RankRecord, dict[str, Any]]:
+        """The record and the JSON object it was read from (what graphpersist.archive.digests hashes)."""
+        doc = _loads(text, RANK_RECORD_NAME)
+        return cls.from_dict(doc), doc
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -417,8 +424,8 @@ def _rank_list_problems(ranks: tuple[int, ...], world_size: int) -> list[str]:
 def _few(items: list[int], total: int | None = None, limit: int = 8) -> str:
     """A list of ranks as messages show it: the first few, and how many there are in all."""
     total = len(items) if total is None else total
-    shown = ", ".join(str(i) for i in items[:limit])
-    return f"[{shown}]" if total <= limit and len(items) == total else f"[{shown}, …] ({total} in all)"
+    listed = ", ".join(str(i) for i in items[:limit])
+    return f"[{listed}]" if total <= limit and len(items) == total else f"[{listed}, …] ({total} in all)"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -453,7 +460,8 @@ def _show(value: Any) -> str:
 
 
 def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+    """Archive text as messages show it: control characters escaped (graphpersist.archive.shown), clipped."""
+    return shown(text, limit)
 
 
 def _to_json(obj: Any) -> Any:
@@ -597,9 +605,9 @@ def _record_converter(tp: Any) -> Converter:
             raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
         if not value.keys() <= names:
             unknown = sorted(str(k) for k in set(value) - names)
-            shown = ", ".join(_clip(k) for k in unknown[:8])
-            shown += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
-            raise ManifestError(f"{where}: unknown field(s) {shown} for this format version")
+            listed = ", ".join(_clip(k) for k in unknown[:8])
+            listed += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
+            raise ManifestError(f"{where}: unknown field(s) {listed} for this format version")
         kwargs = {}
         for name, required, exact, field_converter in fields:
             if name not in value:

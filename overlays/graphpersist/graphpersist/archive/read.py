@@ -6,25 +6,29 @@ extra; JSON goes through graphpersist.archive.safejson.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from graphpersist.archive import digests as archive_digests
 from graphpersist.archive import safejson
 from graphpersist.archive.base import (
+    _CHUNK,
     ADVICE_OLDER_FORMAT,
     ADVICE_OTHER_FORMAT,
     MAX_RECORD_BYTES,
     ArchiveError,
+    Problem,
     _content_problem,
-    _entry_of,
     _name,
     _plain,
     _reference_problems,
+    _size_problem,
     archive_path,
 )
 from graphpersist.archive.manifest import (
@@ -52,11 +56,13 @@ class Archive:
         manifest: Manifest,
         records: Mapping[int, RankRecord],
         verified: dict[str, bytes] | None = None,
+        identity: tuple[int, ...] | None = None,
     ) -> None:
         self.root = root
         self.manifest = manifest
         self._records = dict(records)
         self._verified = verified if verified is not None else {}
+        self._identity = identity
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -102,7 +108,13 @@ class Archive:
         kept = self._verified.pop(rel, None)
         if kept is not None:
             return kept
-        return _verified_bytes(self.root, rel, entry)
+        try:
+            return _verified_bytes(self.root, rel, entry)
+        except ArchiveError as exc:
+            if self._identity is not None and _identity(self.root) != self._identity:
+                replaced = f"it was replaced after it was opened (reading {_name(rel)}: {exc.problems[0]})"
+                raise ArchiveError(self.root, Problem(replaced, "changed")) from None
+            raise
 
     def _entry(self, rel: str) -> tuple[str, FileEntry]:
         entry = self.manifest.files.get(rel)
@@ -112,13 +124,33 @@ class Archive:
 
 
 _WORKERS = min(8, os.cpu_count() or 1)  # threads that read and hash an archive's files
+_INLINE_BYTES = 4 << 20  # below this an archive is checked in the calling thread
+
+
+class _Inline:
+    """An executor that runs each task when it is submitted, in the calling thread."""
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
-    exactly 0 .. world_size-1, each with its record, whose rank matches its folder). verify_checksums=False skips
+    exactly 0 .. world_size-1, each with its record, whose rank matches its folder) and what the records commit to
+    (graphpersist.archive.digests). verify_checksums=False skips
     hashing every file up front (read() still verifies what it returns; rank records are always verified), for
     callers that read all files anyway. keep_rank=r (a rank's LOAD) hashes only rank r's files, the kernel images
     (`images/`, shared by the ranks) and every rank record (other ranks' payloads and the other shared top-level
@@ -126,8 +158,39 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     read, e.g. by read_shared before LOAD) and keeps the
     bytes it hashed, so that rank hashes each byte once: the first read() of each returns them (and drops them),
     later ones read and verify again.
+
+    An archive that a SAVE replaces while it is read (its folder or manifest.json is another one at the end than
+    at the start) is read once more; when it changes during that read too, the error says so.
     """
-    root = _archive_root(root)
+    for _attempt in range(2):
+        root = _archive_root(root)
+        before = _identity(root)
+        try:
+            archive = _open_once(root, verify_checksums, keep_rank, before)
+        except ArchiveError:
+            if _identity(root) == before:
+                raise
+            continue  # replaced while read: the problems were the old and the new archive mixed
+        if _identity(root) == before:
+            return archive
+    raise ArchiveError(
+        root, Problem("it changed while it was read, twice: a SAVE is replacing it right now", "changed")
+    )
+
+
+def _identity(root: Path) -> tuple[int, ...]:
+    """What changes when an archive is replaced (a SAVE renames a new folder into place) or its manifest rewritten:
+    the folder's and manifest.json's device and inode, and manifest.json's size and times (() when unreadable)."""
+    try:
+        folder = os.stat(root)
+        manifest = os.lstat(root / MANIFEST_NAME)
+    except OSError:
+        return ()
+    return (folder.st_dev, folder.st_ino, manifest.st_ino, manifest.st_size, manifest.st_mtime_ns,
+            manifest.st_ctime_ns)  # fmt: skip
+
+
+def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identity: tuple[int, ...]) -> Archive:
     manifest = _read_manifest(root)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
@@ -139,10 +202,14 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     record_files = {f"{rank_dir(rank)}/{RANK_RECORD_NAME}": rank for rank in sorted(set(manifest.ranks))}
     kept: dict[str, bytes] = {}
     records: dict[int, RankRecord] = {}
+    docs: dict[int, dict[str, Any]] = {}  # the records as read: what their digests cover
     record_problems: list[str] = []
     # Every listed file is checked in a thread pool (reading and hashing release the GIL), biggest first, while
-    # this thread parses the rank records as soon as their own files are verified.
-    with ThreadPoolExecutor(max_workers=max(1, min(_WORKERS, len(manifest.files)))) as pool:
+    # this thread parses the rank records as soon as their own files are verified; a small archive in this thread
+    # (starting threads would cost more than its hashing).
+    small = sum(min(e.size, MAX_RECORD_BYTES) for e in manifest.files.values()) < _INLINE_BYTES
+    workers = 1 if small else max(1, min(_WORKERS, len(manifest.files)))
+    with _Inline() if small else ThreadPoolExecutor(max_workers=workers) as pool:
         checks = {}
         for rel, entry in sorted(manifest.files.items(), key=lambda kv: -kv[1].size):
             is_record = rel in record_files and entry.size <= MAX_RECORD_BYTES  # a record is always hashed
@@ -164,12 +231,15 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
             if problem is not None:
                 continue  # named with the file problems
             try:
-                record = RankRecord.from_json(data)
+                record, docs[rank] = RankRecord.parsed(data)
             except ManifestError as exc:
                 record_problems.append(f"{rel}: {exc}")
                 continue
             if record.rank != rank:
                 record_problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
+            notes = record.extra.get("engine_notes")
+            if notes is not None and not isinstance(notes, dict):  # the engine's glue reads them (engine_notes())
+                record_problems.append(f"{rel}: extra.engine_notes must be an object")
             records[rank] = record
         for rel in manifest.files:  # in the file table's order
             problem, data = checks[rel].result()
@@ -180,25 +250,40 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
         problems += [problem for _rel, problem in unlisted.result()]
     problems += record_problems
     problems += _reference_problems(records, manifest.files)
+    # A rank's LOAD relies on its own record and on rank 0's (which commits to the shared files).
+    problems += archive_digests.problems(records, manifest.files, None if keep_rank is None else {keep_rank, 0}, docs)
     if problems:
         raise ArchiveError(root, problems)
-    return Archive(root, manifest, records, kept)
+    return Archive(root, manifest, records, kept, identity)
 
 
 def read_shared(root: Path | str, name: str) -> bytes | None:
     """One shared top-level file, verified against the manifest without hashing the rest; None when not listed.
 
     For what an engine needs before its LOAD proper, such as the JIT caches it restores before anything compiles:
-    that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little.
+    that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little. Where rank 0's
+    record commits to the shared files (archive_digests), that record is read and its commitment checked too.
     """
     root = _archive_root(root)
     rel = archive_path(None, name)
-    entry = _read_manifest(root).files.get(rel)
+    manifest = _read_manifest(root)
+    entry = manifest.files.get(rel)
     if entry is None:
         return None
     problem, _ = _listed_file(root, rel)
     if problem is not None:
         raise ArchiveError(root, problem)
+    record_rel = f"{rank_dir(0)}/{RANK_RECORD_NAME}"
+    record_entry = manifest.files.get(record_rel)
+    if record_entry is not None and record_entry.size <= MAX_RECORD_BYTES:
+        try:
+            record, doc = RankRecord.parsed(_verified_bytes(root, record_rel, record_entry))
+        except ManifestError as exc:
+            raise ArchiveError(root, f"{record_rel}: {exc}") from None
+        owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
+        found = archive_digests.problems({0: record}, owned, docs={0: doc})
+        if found:
+            raise ArchiveError(root, found)
     return _verified_bytes(root, rel, entry)
 
 
@@ -210,30 +295,27 @@ def _archive_root(root: Path | str) -> Path:
     except (FileNotFoundError, NotADirectoryError):
         raise _missing_root(root) from None
     except OSError as exc:
-        raise ArchiveError(root, f"cannot read it: {exc.strerror or exc}") from None
+        raise ArchiveError(root, _os_problem("cannot read it", exc)) from None
     if not is_dir:
-        raise ArchiveError(root, "it is not a directory")
+        raise ArchiveError(root, Problem("it is not a directory", "missing"))
     return root
+
+
+def _os_problem(what: str, exc: OSError) -> Problem:
+    """`what: <reason>`, of kind "unreadable" where permissions refused it, else "damaged" (a failing disk...)."""
+    kind = "unreadable" if exc.errno in (errno.EACCES, errno.EPERM) else "damaged"
+    return Problem(f"{what}: {exc.strerror or exc}", kind)
 
 
 def _read_manifest(root: Path) -> Manifest:
     """manifest.json parsed and type-checked, or ArchiveError saying why not (with the advice that fits)."""
-    path = root / MANIFEST_NAME
-    try:
-        info = path.lstat()
-        if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_RECORD_BYTES:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        raise ArchiveError(
-            root, f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive"
-        ) from None
-    except OSError as exc:
-        raise ArchiveError(root, f"cannot read {MANIFEST_NAME}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ArchiveError(root, f"{MANIFEST_NAME} is not a regular file")
-    if info.st_size > MAX_RECORD_BYTES or len(data) > MAX_RECORD_BYTES:
-        raise ArchiveError(root, f"{MANIFEST_NAME} is larger than a manifest may be ({MAX_RECORD_BYTES} bytes)")
+    rel = MANIFEST_NAME
+    problem, data = _read_regular(root / rel, rel, None, MAX_RECORD_BYTES)
+    if problem is not None:
+        if problem.kind == "absent":
+            problem = Problem(f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive",
+                              "incomplete")  # fmt: skip
+        raise ArchiveError(root, problem)
     try:
         return Manifest.from_json(data)
     except UnsupportedFormat as exc:
@@ -242,15 +324,54 @@ def _read_manifest(root: Path) -> Manifest:
         raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
 
 
-def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
-    """The bytes of one listed file, checked against its size and sha256; ArchiveError when they differ."""
+def _read_regular(path: Path, rel: str, size: int | None, limit: int) -> tuple[Problem | None, bytes]:
+    """(problem, bytes) of one regular file, opened without following a link or blocking on a FIFO, its size
+    compared with `size` (the table's; None: at most `limit`) before a byte is read, then exactly that many bytes."""
     try:
-        data = (root / rel).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ArchiveError(root, f"missing file {_name(rel)} (listed in {MANIFEST_NAME})") from None
+        return Problem(f"missing file {_name(rel)} (listed in {MANIFEST_NAME})", "absent"), b""
     except OSError as exc:
-        raise ArchiveError(root, f"cannot read {_name(rel)}: {exc.strerror or exc}") from None
-    problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+        if exc.errno == errno.ELOOP:
+            return Problem(f"{_name(rel)} is not a regular file"), b""
+        return _os_problem(f"cannot read {_name(rel)}", exc), b""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Problem(f"{_name(rel)} is not a regular file"), b""
+        if size is None and info.st_size > limit:
+            return Problem(f"{_name(rel)} is larger than it may be ({limit} bytes)"), b""
+        want = info.st_size if size is None else size
+        if size is not None:
+            problem = _size_problem(rel, FileEntry(sha256="", size=size), info.st_size)
+            if problem is not None:
+                return Problem(problem), b""
+        chunks, got = [], 0
+        while got < want:
+            chunk = os.read(fd, min(want - got, 64 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got < want:
+            return Problem(f"truncated file {_name(rel)}: {got} bytes, {MANIFEST_NAME} says {want}"), b""
+        if os.read(fd, 1):
+            return Problem(f"oversized file {_name(rel)}: it grew while it was read"), b""
+    except OSError as exc:
+        return _os_problem(f"cannot read {_name(rel)}", exc), b""
+    finally:
+        os.close(fd)
+    return None, b"".join(chunks)
+
+
+def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
+    """The bytes of one listed file, checked against its size (before reading) and sha256; ArchiveError when they
+    differ. Folders on the way must be real folders (no link is followed)."""
+    problem, _size = _listed_file(root, rel)
+    if problem is None:
+        problem, data = _read_regular(root / rel, rel, entry.size, entry.size)
+    if problem is None:
+        problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
     if problem:
         raise ArchiveError(root, problem)
     return data
@@ -260,29 +381,44 @@ def _check_listed(
     root: Path, rel: str, entry: FileEntry, hash_it: bool, keep_it: bool
 ) -> tuple[str | None, bytes | None]:
     """(problem, bytes) for one listed file: a problem when it is missing, unsafe, resized or altered (hashed only
-    when `hash_it`). With `keep_it` it is read whole, hashed from those bytes, and they are returned when it
-    verifies, so that nobody reads or hashes them again."""
+    when `hash_it`). Its size is compared with the table's (and with MAX_FILE_BYTES) before any byte is read. With
+    `keep_it` it is read whole, hashed from those bytes, and they are returned when it verifies, so that nobody
+    reads or hashes them again; otherwise it is hashed as it is read, a chunk at a time."""
     if not _plain(rel) or rel == MANIFEST_NAME:
         return f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}", None
     problem, size = _listed_file(root, rel)
-    data = None
-    if problem is None and keep_it and hash_it and size == entry.size:
-        try:
-            data = (root / rel).read_bytes()
-        except OSError as exc:
-            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
-        else:
-            size = len(data)
     if problem is None:
-        if data is not None:
-            digest = lambda: hashlib.sha256(data).hexdigest()  # noqa: E731
-        else:
-            digest = (lambda: _entry_of(root / rel).sha256) if hash_it else None
-        try:
-            problem = _content_problem(rel, entry, size, digest)
-        except OSError as exc:
-            problem = f"cannot read {_name(rel)}: {exc.strerror or exc}"
-    return problem, None if problem else data
+        problem = _size_problem(rel, entry, size)
+    if problem is not None or not hash_it:
+        return problem, None
+    if keep_it:
+        problem, data = _read_regular(root / rel, rel, entry.size, entry.size)
+        if problem is None:
+            problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+        return problem, None if problem else data
+    problem = _streamed_problem(root / rel, rel, entry)
+    return problem, None
+
+
+def _streamed_problem(path: Path, rel: str, entry: FileEntry) -> str | None:
+    """Hashes a listed file a chunk at a time (never whole in memory); the problem when it differs."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return _os_problem(f"cannot read {_name(rel)}", exc)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"{_name(rel)} is not a regular file"
+        while size <= entry.size and (chunk := os.read(fd, _CHUNK)):
+            digest.update(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        return _os_problem(f"cannot read {_name(rel)}", exc)
+    finally:
+        os.close(fd)
+    return _content_problem(rel, entry, size, digest.hexdigest)
 
 
 def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
@@ -296,7 +432,7 @@ def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
         except (FileNotFoundError, NotADirectoryError):
             return f"missing file {_name(rel)} (listed in {MANIFEST_NAME})", 0
         except OSError as exc:
-            return f"cannot read {_name(rel)}: {exc.strerror or exc}", 0
+            return _os_problem(f"cannot read {_name(rel)}", exc), 0
         if stat.S_ISLNK(info.st_mode) and i < len(parts) - 1:
             return f"{_name(rel)} is not a regular file ({_name('/'.join(parts[: i + 1]))} is a symbolic link)", 0
     if not stat.S_ISREG(info.st_mode):
@@ -314,7 +450,7 @@ def _unlisted(root: Path, files: Mapping[str, FileEntry]) -> list[tuple[str, str
             with os.scandir(root / folder) as it:
                 entries = list(it)
         except OSError as exc:
-            found.append((folder, f"cannot list folder {_name(folder or '.')}: {exc.strerror or exc}"))
+            found.append((folder, _os_problem(f"cannot list folder {_name(folder or '.')}", exc)))
             continue
         for entry in entries:
             rel = f"{folder}/{entry.name}" if folder else entry.name

@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpersist.archive.base import ArchiveError
+from graphpersist.archive.base import ArchiveError, Problem
 
 _SIDE_NAME = re.compile(r"\.(partial|trash)-([0-9]+)-(?:([0-9]+)-([0-9a-f]{8})-)?([0-9a-f]+)")
 
@@ -99,10 +99,10 @@ def _missing_root(root: Path) -> ArchiveError:
         if state == "alive":
             return ArchiveError(
                 root,
-                f"no such directory: a SAVE (pid {newest.pid}) is replacing it right now; the previous archive "
-                f"is in {newest.path.name}{others}",
+                Problem(f"no such directory: a SAVE (pid {newest.pid}) is replacing it right now; the previous "
+                        f"archive is in {newest.path.name}{others}", "changed"),
                 advice="Try again when that SAVE has finished.",
-            )
+            )  # fmt: skip
         who = (
             "a SAVE that was replacing it stopped between its two renames"
             if state == "dead"
@@ -110,12 +110,14 @@ def _missing_root(root: Path) -> ArchiveError:
         )
         return ArchiveError(
             root,
-            f"no such directory: {who}; the previous archive is whole in {newest.path.name}{others}",
+            Problem(
+                f"no such directory: {who}; the previous archive is whole in {newest.path.name}{others}", "missing"
+            ),
             advice=f"To load it, rename it back: {restore}" + ("" if state == "dead" else " (once no SAVE runs)"),
         )
     partials = [f for f in _side_folders(root) if f.kind == "partial"]
     hint = f" (an unfinished SAVE left {partials[0].path.name}; it is not loadable)" if partials else ""
-    return ArchiveError(root, f"no such directory{hint}")
+    return ArchiveError(root, Problem(f"no such directory{hint}", "missing"))
 
 
 def _pid_exists(pid: int) -> bool:

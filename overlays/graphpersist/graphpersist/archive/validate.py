@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from graphpersist.archive.shown import shown
+
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
 
@@ -59,7 +61,8 @@ class Mismatch:
     live: Any
 
     def __str__(self) -> str:
-        return f"{self.field}: saved {render(self.field, self.saved)}, live {render(self.field, self.live)}"
+        saved, live = render(self.field, self.saved), render(self.field, self.live)
+        return f"{shown(self.field)}: saved {saved}, live {live}"
 
 
 def render(field: str, value: Any) -> str:
@@ -71,7 +74,7 @@ def render(field: str, value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and field.startswith("region."):
         return hex(value)
     if isinstance(value, str):
-        return repr(value)
+        return shown(repr(value))
     if isinstance(value, list | tuple):
         return "[" + ", ".join(render(field, v) for v in value) + "]"
     return json.dumps(value) if isinstance(value, bool) else repr(value)
@@ -148,7 +151,7 @@ def mismatch_report(archive_dir: Path | str, mismatches: Sequence[Mismatch], ran
     """
     n = len(mismatches)
     who = "" if rank is None else f" (rank {rank})"
-    lines = [f"graphpersist: cannot LOAD {archive_dir}{who}: {n} mismatch{'es' if n != 1 else ''}"]
+    lines = [f"graphpersist: cannot LOAD {shown(str(archive_dir))}{who}: {n} mismatch{'es' if n != 1 else ''}"]
     lines += [f"  {m}" for m in mismatches]
     lines.append(advice)
     return "\n".join(lines)

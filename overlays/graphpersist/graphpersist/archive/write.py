@@ -14,13 +14,22 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from graphpersist.archive import digests as archive_digests
 from graphpersist.archive import safejson
-from graphpersist.archive.base import ArchiveError, _entry_of, _reference_problems, archive_path
+from graphpersist.archive.base import (
+    ADVICE_NO_SPACE,
+    ADVICE_READ_ONLY,
+    ArchiveError,
+    Problem,
+    _entry_of,
+    _reference_problems,
+    archive_path,
+)
 from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     IMAGES_DIR,
@@ -78,8 +87,9 @@ class ArchiveWriter:
         if self.owner:
             remove_stale_partials(self.root)
             self.staging = _side_path(self.root, "partial")
-            self.root.parent.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir()
+            with _io_errors(self.root, self.staging, 0, "create the staging folder"):
+                self.root.parent.mkdir(parents=True, exist_ok=True)
+                self.staging.mkdir()
         else:
             self.staging = Path(os.path.abspath(staging))  # type: ignore[arg-type]
             if not self.staging.is_dir():
@@ -89,6 +99,7 @@ class ArchiveWriter:
         self._written: dict[str, FileEntry] = {}
         self._images: dict[str, FileEntry] = {}  # images/ files this writer added (maybe written by another rank)
         self._rank_records: dict[int, str] = {}
+        self._shared_closed = False  # rank 0's record commits to the shared files: none may come after it
         self._state = "open"
 
     # -- adding content
@@ -97,6 +108,13 @@ class ArchiveWriter:
         """Writes one payload file durably; returns its archive-relative path (what records refer to)."""
         self._check_open()
         rel = archive_path(rank, name)
+        if rank is None and self._shared_closed:
+            raise ArchiveError(
+                self.root,
+                f"{rel}: shared files must be written before rank 0's record, which commits to them",
+                action="write",
+                advice="",
+            )
         self._write(rel, bytes(data))
         return rel
 
@@ -157,10 +175,27 @@ class ArchiveWriter:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
+        try:
+            record = archive_digests.committed(record, self._owned_files(rank))
+        except ValueError as exc:
+            raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
         self._write(rel, record.to_json().encode())
         self._rank_records[rank] = rel
+        if rank == 0:
+            self._shared_closed = True
         return record
+
+    def _owned_files(self, rank: int) -> dict[str, str]:
+        """sha256 of the staged files rank `rank`'s record commits to (archive_digests.owned), whichever writer
+        staged them: those this writer wrote are known, others are hashed from the staging folder."""
+        out = {}
+        for path in sorted(self.staging.rglob("*")):
+            rel = path.relative_to(self.staging).as_posix()
+            if archive_digests.owned(rel, rank) and path.is_file() and not path.is_symlink():
+                entry = self._written.get(rel) or self._images.get(rel) or _entry_of(path)
+                out[rel] = entry.sha256
+        return out
 
     def _device_facts(self, rank: int, device: int) -> dict[str, Any]:
         """A bare device index (what api.py passes today) expanded to the GPU's identity, looked up here.
@@ -184,18 +219,25 @@ class ArchiveWriter:
     def _write_new(self, rel: str, data: bytes) -> bool:
         """Creates one staged file durably; False (nothing written) when it already exists."""
         path = self.staging / rel
-        new_dirs = [p for p in path.parents if p != self.staging and p.is_relative_to(self.staging) and not p.exists()]
-        path.parent.mkdir(parents=True, exist_ok=True)  # another rank may create the same folder at the same time
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        for directory in {path.parent, *(d.parent for d in new_dirs)}:
-            _fsync_dir(directory)
+        with _io_errors(self.root, path, len(data), f"write {rel}"):
+            new_dirs = [p for p in path.parents if p != self.staging and p.is_relative_to(self.staging)
+                        and not p.exists()]  # fmt: skip
+            path.parent.mkdir(parents=True, exist_ok=True)  # another rank may create the same folder at the same time
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except FileExistsError:
+                return False
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError:
+                with contextlib.suppress(OSError):  # a half-written file must not look like another rank's copy
+                    path.unlink()
+                raise
+            for directory in {path.parent, *(d.parent for d in new_dirs)}:
+                _fsync_dir(directory)
         return True
 
     # -- finishing
@@ -210,13 +252,16 @@ class ArchiveWriter:
         try:
             manifest = self._build_manifest()
             manifest_path = self.staging / MANIFEST_NAME
-            with open(manifest_path, "x", encoding="utf-8") as fh:
-                fh.write(manifest.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            for directory in sorted({p.parent for p in self.staging.rglob("*")}, key=lambda p: -len(p.parts)):
-                _fsync_dir(directory)
-            _publish(self.staging, self.root, overwrite=self.overwrite)
+            text = manifest.to_json()
+            with _io_errors(self.root, manifest_path, len(text.encode()), f"write {MANIFEST_NAME}"):
+                with open(manifest_path, "x", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                for directory in sorted({p.parent for p in self.staging.rglob("*")}, key=lambda p: -len(p.parts)):
+                    _fsync_dir(directory)
+            with _io_errors(self.root, self.root, 0, "publish the archive (rename the staging folder into place)"):
+                _publish(self.staging, self.root, overwrite=self.overwrite)
         except BaseException:
             self.abort()
             raise
@@ -266,6 +311,7 @@ class ArchiveWriter:
             except ManifestError as exc:
                 problems.append(f"{rel}: {exc}")
         problems += _reference_problems(records, files)
+        problems += archive_digests.problems(records, files)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             created=Creation.now(),
@@ -286,6 +332,46 @@ class ArchiveWriter:
     ) -> None:
         if exc_type is not None or self.owner:
             self.abort()
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def _io_errors(root: Path, path: Path, nbytes: int, what: str) -> Iterator[None]:
+    """Turns a full disk, a quota, a read-only file system or a refused permission while writing into an
+    ArchiveError naming the path, the bytes it needed, the space left there, and what to do, which SAVE shows
+    instead of a bare OSError traceback. Other OSErrors (a failing disk) pass as they are."""
+    try:
+        yield
+    except ArchiveError:
+        raise
+    except OSError as exc:
+        where = Path(exc.filename) if isinstance(exc.filename, str) else path
+        reason = exc.strerror or str(exc)
+        if exc.errno in _NO_SPACE:
+            free = _free_bytes(where)
+            left = f"{free} bytes are free there" if free is not None else "the free space there is unknown"
+            need = f"this file needs {nbytes} bytes (the rest of the archive more), " if nbytes else ""
+            problem = Problem(f"cannot {what}: {where}: {reason}: {need}{left}", "no_space")
+        elif exc.errno in _READ_ONLY:
+            problem = Problem(f"cannot {what}: {where}: {reason}", "read_only")
+        else:
+            raise  # a failing disk, an interrupted rename: as it is
+        advice = ADVICE_NO_SPACE if problem.kind == "no_space" else ADVICE_READ_ONLY
+        raise ArchiveError(root, [problem], action="write", advice=advice) from exc
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of `path` (or of its nearest existing parent)."""
+    for folder in (path, *path.parents):
+        try:
+            info = os.statvfs(folder)
+        except OSError:
+            continue
+        return info.f_bavail * info.f_frsize
+    return None
 
 
 def _fsync_dir(path: Path) -> None:

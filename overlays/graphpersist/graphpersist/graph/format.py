@@ -115,7 +115,7 @@ def check_events(name: str, desc: dict[str, Any]) -> list[int]:
     try:
         flags = [int(e["flags"]) for e in table]
     except (KeyError, TypeError, ValueError):
-        raise GraphFormatError(f"graph {name!r}: malformed event table {table!r}") from None
+        raise GraphFormatError(f"graph {name!r}: malformed event table {repr(table)[:80]}") from None
     if not flags and _EVENT_KINDS.isdisjoint(node_types(desc)):  # most graphs: no events, no per-node loop
         return flags
     used = set()
@@ -310,3 +310,153 @@ def check_shape(
     n_k = TABLE_HEADER.unpack_from(table)[0] if len(table) >= TABLE_HEADER.size else None
     if n_k != by_type.get("kernel", 0):
         raise GraphFormatError(f"graph {name!r}: kernel table lists {n_k} kernel nodes, the description {by_type}")
+
+
+# What LOAD checks of a description before the native rebuild indexes arrays with its numbers: every field a
+# rebuild reads has its type and range, and the kernel table's counts and offsets stay inside the table, the
+# parameter blob, the node list and the function table (gp_add_kernel_nodes trusts them). Descriptions from a graph
+# pack whose hashes match were written by SAVE; these checks keep a damaged or forged one from reaching C.
+_U64 = (1 << 64) - 1
+_PLAIN_FIELDS = {
+    "memset": ("dst", "pitch", "value", "elementSize", "width", "height"),
+    "memcpy": ("srcMemoryType", "dstMemoryType", *MEMCPY_FIELDS),
+    "empty": (),
+    "event_record": ("event",),
+    "event_wait": ("event",),
+}
+_MAX_PARAMS = 4096  # gp_add_kernel_nodes' parameter array
+_WORDS = KNODE.size // 4  # a kernel row as u32 words: index, func, grid[3], block[3], smem, n_params,
+# params_off (2 words), layout_off, n_attrs, attrs_off, padding
+
+
+def _uint(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _U64
+
+
+def plain_node_problem(i: int, nd: Any) -> str | None:
+    """Why non-kernel node `i` of a description cannot be rebuilt (graphbuild._add_plain_node reads these)."""
+    if not isinstance(nd, dict):
+        return f"node {i} is a {type(nd).__name__}, not an object"
+    kind = nd.get("type")
+    fields = _PLAIN_FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"node {i}: unknown node type {kind!r}"[:200]
+    if set(nd) != {"type", *fields}:
+        return f"node {i} ({kind}): fields {sorted(map(str, nd))[:12]} are not {sorted(fields)}"[:300]
+    bad = [k for k in fields if not _uint(nd.get(k))]
+    if bad:
+        return f"node {i} ({kind}): {', '.join(bad)} must be integers from 0 to 2**64-1"
+    if kind == "memcpy" and (nd["srcMemoryType"] not in _DEVICE_MEMORY or nd["dstMemoryType"] not in _DEVICE_MEMORY):
+        return f"node {i} (memcpy): memory types {nd['srcMemoryType']}, {nd['dstMemoryType']} are not device memory"
+    return None
+
+
+def func_problem(j: int, func: Any, images: set[str]) -> str | None:
+    """Why entry `j` of a function table ([image sha256, kernel name, {attribute: value}]) cannot be resolved."""
+    if type(func) is not list or len(func) != 3:
+        return f"function {j} is not [image sha256, kernel name, attributes]"
+    sha, name, attrs = func
+    if not isinstance(sha, str) or sha not in images:
+        return f"function {j} names image {str(sha)[:16]!r}, which the rank record does not list"
+    if not isinstance(name, str) or not name or "\0" in name:
+        return f"function {j}: kernel name {name!r:.80} is not a non-empty string without NUL"
+    if not isinstance(attrs, dict) or not all(
+        isinstance(k, str) and k.isdigit() and type(v) is int and -(2**31) <= v < 2**31 for k, v in attrs.items()
+    ):
+        return f"function {j}: attributes must map attribute numbers to 32-bit integers"
+    return None
+
+
+def table_problem(light: dict[str, Any], table: bytes | memoryview, blob_size: int, n_funcs: int) -> str | None:
+    """Why a kernel table cannot drive gp_add_kernel_nodes for this light description (kernel nodes as stubs):
+    its length against its header, each row's node index (exactly the kernel nodes, in order), function index,
+    parameter offsets (inside the blob), and its runs of offsets and attributes (inside the table). None when sound."""
+    if len(table) < TABLE_HEADER.size:
+        return f"kernel table of {len(table)} bytes has no header"
+    n_k, n_off, n_attr, _zero = TABLE_HEADER.unpack_from(table)
+    want = TABLE_HEADER.size + n_k * KNODE.size + 4 * n_off + n_attr * KATTR.size
+    if len(table) != want:
+        return f"kernel table is {len(table)} bytes, its header ({n_k} nodes, {n_off} offsets, {n_attr} attributes) " \
+               f"says {want}"  # fmt: skip
+    kernels = [i for i, nd in enumerate(light["nodes"]) if nd.get("type") == "kernel"]
+    if n_k != len(kernels):
+        return f"kernel table lists {n_k} kernel nodes, the description {len(kernels)}"
+    if not n_k:
+        return None
+    view = memoryview(table)
+    rows = view[TABLE_HEADER.size : TABLE_HEADER.size + n_k * KNODE.size].cast("I")
+    offsets = view[TABLE_HEADER.size + n_k * KNODE.size : TABLE_HEADER.size + n_k * KNODE.size + 4 * n_off].cast("I")
+    col = [rows[k::_WORDS].tolist() for k in range(_WORDS)]
+    if col[0] != kernels:
+        return "kernel table rows do not name the description's kernel nodes in order"
+    if max(col[1]) >= n_funcs:
+        return f"kernel table names function {max(col[1])} of {n_funcs}"
+    n_params, layout_off, n_attrs, attrs_off = col[9], col[12], col[13], col[14]
+    params_off = [lo | hi << 32 for lo, hi in zip(col[10], col[11], strict=True)]
+    if max(n_params) > _MAX_PARAMS:
+        return f"kernel table has a node of {max(n_params)} parameters (at most {_MAX_PARAMS})"
+    if any(o + n > n_off for o, n in zip(layout_off, n_params, strict=True)):
+        return "kernel table has a parameter-offset run past its offsets"
+    if any(o + n > n_attr for o, n in zip(attrs_off, n_attrs, strict=True)):
+        return "kernel table has an attribute run past its attributes"
+    last: dict[tuple[int, int], int] = {}  # per offset run: its largest offset (runs are shared, few and short)
+    for key in set(zip(layout_off, n_params, strict=True)):
+        o, n = key
+        last[key] = max(offsets[o : o + n].tolist()) if n else -1
+    for off, o, n in zip(params_off, layout_off, n_params, strict=True):
+        if n and off + last[(o, n)] >= blob_size:
+            return f"kernel table has a parameter at byte {off + last[(o, n)]} of a {blob_size}-byte blob"
+    return None
+
+
+def kernel_node_problem(i: int, nd: Any, blob_size: int, n_funcs: int) -> str | None:
+    """Why full kernel node `i` (from a graph pack's kernel part) is malformed: what pack_kernel_table, the topology
+    fingerprint, the reference rebuild and `graphpersist diff` read of it."""
+    if not isinstance(nd, dict) or nd.get("type") != "kernel":
+        return f"node {i} is not a kernel node"
+    func, name, image, attrs, layout, params = (nd.get(k) for k in ("func", "name", "image", "attrs", "layout",
+                                                                     "params"))  # fmt: skip
+    if type(func) is not int or not 0 <= func < n_funcs:
+        return f"node {i}: function index {func!r:.40} outside the {n_funcs} functions"
+    if not isinstance(name, str) or not isinstance(image, str):
+        return f"node {i}: name and image must be strings"
+    for key in ("grid", "block"):
+        value = nd.get(key)
+        if type(value) is not list or len(value) != 3 or not all(type(v) is int and 0 <= v < 2**32 for v in value):
+            return f"node {i}: {key} must be three 32-bit unsigned integers"
+    if type(nd.get("smem")) is not int or not 0 <= nd["smem"] < 2**32:
+        return f"node {i}: smem must be a 32-bit unsigned integer"
+    if type(params) is not list or len(params) != 2 or not all(_uint(v) for v in params) or sum(params) > blob_size:
+        return f"node {i}: params must be [offset, length] inside the {blob_size}-byte blob"
+    if (
+        type(layout) is not list
+        or len(layout) > _MAX_PARAMS
+        or not all(
+            type(p) is list
+            and len(p) == 2
+            and all(type(v) is int and 0 <= v < 2**32 for v in p)
+            and p[0] + p[1] <= params[1]
+            for p in layout
+        )
+    ):
+        return f"node {i}: layout must be [offset, size] pairs inside its {params[1]} parameter bytes"
+    if not isinstance(attrs, dict) or not all(_attr_ok(k, v) for k, v in attrs.items()):
+        return f"node {i}: attributes must map attribute numbers to at most {ATTR_BYTES} hex-encoded bytes"
+    return None
+
+
+def _pair_in(pair: Any, size: int) -> bool:
+    """[offset, size] of 32-bit numbers inside `size` bytes."""
+    return (
+        type(pair) is list and len(pair) == 2 and all(type(v) is int and 0 <= v < 2**32 for v in pair)
+        and pair[0] + pair[1] <= size
+    )  # fmt: skip
+
+
+def _attr_ok(key: Any, value: Any) -> bool:
+    if not isinstance(key, str) or not key.isdigit() or int(key) >= 2**32 or not isinstance(value, str):
+        return False
+    try:
+        return len(bytes.fromhex(value)) <= ATTR_BYTES
+    except ValueError:
+        return False

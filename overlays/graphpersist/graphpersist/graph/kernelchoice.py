@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
 
 NOTES_KEY = "kernel_choices"  # where the choices go in the rank's engine notes
@@ -103,7 +104,8 @@ class Choices:
 
 
 def _short(saved: Any) -> str:
-    return str(saved.get("candidates") if isinstance(saved, Mapping) else saved)
+    """What the notes saved for a kernel, as the log shows it (archive text: escaped, clipped)."""
+    return shown(str(saved.get("candidates") if isinstance(saved, Mapping) else saved), 300)
 
 
 def _keep(tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, chosen: str) -> None:

@@ -37,13 +37,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive import ADVICE, Archive, ArchiveError, archive_path, safejson
 from graphpersist.archive.manifest import GraphRecord
+from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
 from graphpersist.graph import format as graphformat
 
@@ -112,6 +114,8 @@ def split_desc(desc: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, 
 _OWN = ("blob_size", "blob_sha256", "table_size", "table_sha256")  # what graphs of one shape do not share
 _OWN_KEYS = frozenset(_OWN)
 _MAX_OTHER_NODES = 1 << 20  # non-kernel nodes a description may list beyond what the pack's tables could back
+_MAX_INFLATE = 1100  # zlib's deflate cannot compress better than about 1032:1: a larger kernels_size is a lie
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
@@ -145,7 +149,10 @@ def expand_desc(where: str, stored: Any, funcs: list[Any], max_nodes: int) -> di
         nodes = [_KERNEL_STUB] * n
         for i, nd in stored["other_nodes"]:
             if type(i) is not int or not 0 <= i < n or not isinstance(nd, dict) or nd.get("type") == "kernel":
-                raise ValueError(f"node entry {i!r}")
+                raise ValueError(f"node entry {str(i)[:40]}")
+            problem = graphformat.plain_node_problem(i, nd)
+            if problem:
+                raise ValueError(problem)
             nodes[i] = nd
         if type(ends) is not list or len(ends) % 2 or not all(type(v) is int for v in ends):
             raise ValueError("edge ends are not pairs of node indices")
@@ -159,7 +166,9 @@ def expand_desc(where: str, stored: Any, funcs: list[Any], max_nodes: int) -> di
             raise ValueError(f"an edge end outside the {n} nodes")
         out["nodes"], out["funcs"] = nodes, [funcs[i] for i in ids]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
-        raise PackError([f"{where}: malformed description in the pack ({type(exc).__name__}: {exc})"]) from None
+        raise PackError(
+            [f"{where}: malformed description in the pack ({type(exc).__name__}: {str(exc)[:200]})"]
+        ) from None
     return out
 
 
@@ -246,13 +255,13 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         raise PackError([f"the graph index is a {type(index).__name__}, not an object"])
     if index.get("format") != PACK_FORMAT:
         raise PackError(
-            [f"graph index format {index.get('format')!r} is not {PACK_FORMAT} (written by another release)"]
+            [f"graph index format {_r(index.get('format'))} is not {PACK_FORMAT} (written by another release)"]
         )
     problems = []
     if index.get("pack") != PACK_NAME:
-        problems.append(f"the index names pack {index.get('pack')!r}, expected {PACK_NAME!r}")
+        problems.append(f"the index names pack {_r(index.get('pack'))}, expected {PACK_NAME!r}")
     if index.get("pack_size") != pack_size:
-        problems.append(f"the index says the pack has {index.get('pack_size')!r} bytes, it has {pack_size}")
+        problems.append(f"the index says the pack has {_r(index.get('pack_size'))} bytes, it has {pack_size}")
     funcs = index.get("funcs")
     if not isinstance(funcs, list) or not all(
         type(f) is list and len(f) == 3 and type(f[0]) is str and type(f[1]) is str and type(f[2]) is dict
@@ -297,7 +306,7 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
                     continue
             span = _span(value)
             if span is None:
-                problems.append(f"graph {name!r}: {part} span {value!r} is not [offset, length]")
+                problems.append(f"graph {name!r}: {part} span {_r(value)} is not [offset, length]")
             else:
                 problems.append(
                     f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
@@ -305,11 +314,17 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
                 )
         kernels_size, d, own = row.get("kernels_size"), row.get("desc"), row.get("own")
         if type(kernels_size) is not int or kernels_size < 0:
-            problems.append(f"graph {name!r}: kernels_size {kernels_size!r} is not a byte count")
+            problems.append(f"graph {name!r}: kernels_size {_r(kernels_size)} is not a byte count")
         elif type(d) is not int or not 0 <= d < len(shared):
-            problems.append(f"graph {name!r}: desc {d!r} is not one of the {len(shared)} descriptions")
+            problems.append(f"graph {name!r}: desc {_r(d)} is not one of the {len(shared)} descriptions")
         elif type(own) is not dict or own.keys() != _OWN_KEYS:
-            problems.append(f"graph {name!r}: own {own!r} does not hold exactly {', '.join(_OWN)}")
+            problems.append(f"graph {name!r}: own does not hold exactly {', '.join(_OWN)}")
+        elif not all(type(own[k]) is int and 0 <= own[k] <= pack_size for k in ("blob_size", "table_size")) or not all(
+            isinstance(own[k], str) and _SHA256.fullmatch(own[k]) for k in ("blob_sha256", "table_sha256")
+        ):
+            problems.append(f"graph {name!r}: own must hold byte counts within the pack and sha256s")
+        elif len(parts) == len(_PARTS) and kernels_size > _MAX_INFLATE * max(parts[0][1], 1):
+            problems.append(f"graph {name!r}: kernels_size {kernels_size} is more than its kernel part can inflate to")
         elif not isinstance(row.get("inputs"), list) or "outputs" not in row:
             problems.append(f"graph {name!r}: no static tensor records (inputs, outputs)")
         elif len(parts) == len(_PARTS) and shared[d] is not None:
@@ -320,6 +335,9 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
             problems.append(
                 f"graph parts overlap in the pack: {rows[a]['name']!r} {a_part} and {rows[b]['name']!r} {b_part}"
             )
+    named = sum(n for _off, n, _i, _part in spans)
+    if not problems and named != pack_size:  # SAVE writes the parts back to back: no byte belongs to no graph
+        problems.append(f"the graphs' parts cover {named} of the pack's {pack_size} bytes")
     if problems:
         raise PackError(problems)
     return out
@@ -339,16 +357,20 @@ def read_graphs(archive: Archive, rank: int, names: list[str]) -> GraphPack:
     Raises ArchiveError naming every problem (a missing, malformed or inconsistent index).
     """
     index_rel = archive_path(rank, INDEX_NAME)
-    if index_rel not in archive.manifest.files:
+    if index_rel not in archive.manifest.files:  # an older layout: a new SAVE writes the current one
         raise ArchiveError(
-            archive.root, f"it has no {index_rel}: written by a graphpersist release that stored one file per graph"
+            archive.root,
+            f"it has no {index_rel}: written by a graphpersist release that stored one file per graph",
+            advice=ADVICE,
         )
     index = archive.read_json(rank, INDEX_NAME)
     pack = archive.read(rank, PACK_NAME)
     try:
         graphs = parse_index(index, len(pack))
     except PackError as exc:
-        raise ArchiveError(archive.root, [f"{index_rel}: {p}" for p in exc.problems]) from None
+        older = isinstance(index, dict) and type(index.get("format")) is int and index["format"] < PACK_FORMAT
+        problems = [f"{index_rel}: {p}" for p in exc.problems]
+        raise ArchiveError(archive.root, problems, advice=ADVICE if older else None) from None
     listed = [g.name for g in graphs]
     if listed != names:
         raise ArchiveError(
@@ -358,28 +380,72 @@ def read_graphs(archive: Archive, rank: int, names: list[str]) -> GraphPack:
 
 
 def check_graphs(
-    records: Sequence[GraphRecord], packed: GraphPack, *, full: bool
+    records: Sequence[GraphRecord],
+    packed: GraphPack,
+    *,
+    full: bool,
+    images: set[str] | None = None,
+    hashes: bool = False,
 ) -> dict[str, tuple[dict[str, Any], memoryview, memoryview, PackedGraph]]:
     """Each graph's (description, parameter blob, kernel table, index entry), checked against its record before
-    anything is mapped or loaded (LOAD's validation; needs no GPU). `full` parses the kernel nodes too and
-    recomputes the topology fingerprint (verify_topology=True, the reference rebuild).
+    anything is mapped or loaded (LOAD's validation; needs no GPU): node counts, events, instantiate flags, every
+    non-kernel node's fields, and the kernel table's counts and offsets against the description, the blob and the
+    function table (the native rebuild indexes with them). `images`: the rank record's image hashes, which every
+    function must name. `full` parses the kernel nodes too, checks each, recomputes the topology fingerprint and
+    requires the kernel table to be exactly what those nodes pack into (verify_topology=True, the reference rebuild,
+    `graphpersist check`). `hashes` recomputes each graph's blob and table sha256 (LOAD relies on the pack's file
+    hash instead: each byte hashed once). Raises PersistError or GraphFormatError naming the graph.
     """
     pack = packed.pack
     descs = {}
+    funcs_checked: set[int] = set()  # descriptions (shared by graphs of one shape) whose function table is checked
     for g, entry in zip(records, packed.graphs, strict=True):
+        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
         try:
-            desc = entry.full_desc_of(pack) if full else entry.desc_of(pack)
+            light = entry.desc_of(pack)
+            if images is not None and id(entry.shared) not in funcs_checked:
+                problem = next(filter(None, (graphformat.func_problem(j, f, images)
+                                             for j, f in enumerate(light["funcs"]))), None)  # fmt: skip
+                if problem:
+                    raise graphformat.GraphFormatError(f"graph {g.name!r}: {problem}")
+                funcs_checked.add(id(entry.shared))
+            desc = _full(entry, pack, light, len(blob)) if full else light
+            graphformat.verify_blob(g.name, desc, blob, hashed=not hashes)
+            if len(table) != desc["table_size"] or (
+                hashes and hashlib.sha256(table).hexdigest() != desc["table_sha256"]
+            ):
+                raise graphformat.GraphFormatError(f"graph {g.name!r}: kernel table is truncated or altered")
+            graphformat.check_events(g.name, desc)
+            graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
+            graphformat.check_instantiate_flags(g.name, g.instantiate_flags)
+            problem = graphformat.table_problem(light, table, len(blob), len(light["funcs"]))
+            if problem:
+                raise graphformat.GraphFormatError(f"graph {g.name!r}: {problem}")
+            if full and graphformat.pack_kernel_table(desc) != table:
+                raise graphformat.GraphFormatError(
+                    f"graph {g.name!r}: its kernel table is not what its kernel nodes pack into"
+                )
+            if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
+                raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
         except (PackError, ValueError) as exc:
             raise PersistError(f"graph {g.name!r}: damaged description in the graph pack: {exc}") from None
-        blob, table = entry.part(pack, "params"), entry.part(pack, "table")
-        graphformat.verify_blob(g.name, desc, blob, hashed=True)  # the pack's sha256 was checked by open_archive
-        graphformat.check_events(g.name, desc)
-        graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
-        graphformat.check_instantiate_flags(g.name, g.instantiate_flags)
-        if full and graphformat.topology_fingerprint(desc) != g.topology_fingerprint:
-            raise PersistError(f"graph {g.name!r}: description does not match its recorded topology fingerprint")
         descs[g.name] = (desc, blob, table, entry)
     return descs
+
+
+def _full(entry: PackedGraph, pack: bytes, light: dict[str, Any], blob_size: int) -> dict[str, Any]:
+    """The full description, each kernel node checked (graphformat.kernel_node_problem) before anything reads it."""
+    try:
+        kernels = safejson.loads(entry.kernels_json(pack), strict=False)
+    except safejson.JsonError as exc:
+        raise PackError([f"graph {entry.name!r}: its kernel nodes are not JSON: {exc}"]) from None
+    if type(kernels) is not list:
+        raise PackError([f"graph {entry.name!r}: its kernel nodes are not a list"])
+    for i, nd in enumerate(kernels):
+        problem = graphformat.kernel_node_problem(i, nd, blob_size, len(light["funcs"]))
+        if problem:
+            raise PackError([f"graph {entry.name!r}: kernel {problem}"])
+    return full_desc(light, kernels)
 
 
 def read_pointers(archive: Archive, rank: int, fingerprint: str) -> list[int]:
@@ -388,6 +454,11 @@ def read_pointers(archive: Archive, rank: int, fingerprint: str) -> list[int]:
     if hashlib.sha256(json.dumps(pointers).encode()).hexdigest() != fingerprint:
         raise PersistError("pointer inventory does not match its recorded fingerprint")
     return pointers
+
+
+def _r(value: Any) -> str:
+    """A value from an index as messages show it: its repr, escaped and clipped (an index may hold anything)."""
+    return shown(repr(value), 80)
 
 
 def _short(names: list[str]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -133,3 +134,44 @@ def leaves(tree: Any) -> list[dict[str, Any]]:
     if kind == "dataclass":
         return [s for x in tree["fields"].values() for s in leaves(x)]
     return []
+
+
+MAX_DEPTH = 64  # output structures are a few levels deep; a deeper record is damaged (and would recurse too far)
+_CLASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def check(tree: Any, leaf: Callable[[Any, str], None], where: str = "outputs", depth: int = 0) -> None:
+    """Refuses (StructureError naming where) a record `decode` could not walk: an unknown kind, items that are not
+    lists, dict keys that are not str or int or do not pair with their items, a dataclass name that is not
+    `module:Qual.Name`, a value that is not JSON's scalar, nesting deeper than MAX_DEPTH. `leaf(spec, where)` checks
+    each tensor's spec. Imports nothing: whether a dataclass still exists is LOAD's question (decode)."""
+    if depth > MAX_DEPTH:
+        raise StructureError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    kind = tree.get("kind") if isinstance(tree, dict) else None
+    if kind == "tensor" and set(tree) == {"kind", "spec"}:
+        leaf(tree["spec"], where)
+    elif kind == "value" and set(tree) == {"kind", "value"}:
+        value = tree["value"]
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise StructureError(f"{where}: a value record holds a {type(value).__name__}")
+    elif kind in ("tuple", "list") and set(tree) == {"kind", "items"} and type(tree["items"]) is list:
+        for i, x in enumerate(tree["items"]):
+            check(x, leaf, f"{where}[{i}]", depth + 1)
+    elif kind == "dict" and set(tree) == {"kind", "keys", "items"} and type(tree["keys"]) is list:
+        keys, items = tree["keys"], tree["items"]
+        if type(items) is not list or len(items) != len(keys):
+            raise StructureError(f"{where}: damaged dict record (keys and items differ in number)")
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys) or len(set(keys)) != len(keys):
+            raise StructureError(f"{where}: dict keys must be distinct strings or integers")
+        for k, v in zip(keys, items, strict=True):
+            check(v, leaf, f"{where}[{k!r:.40}]", depth + 1)
+    elif kind == "dataclass" and set(tree) == {"kind", "class", "fields"} and type(tree["fields"]) is dict:
+        name = tree["class"]
+        if not isinstance(name, str) or not _CLASS.fullmatch(name):
+            raise StructureError(f"{where}: dataclass name {str(name)[:80]!r} is not module:Qual.Name")
+        for k, v in tree["fields"].items():
+            if not k.isidentifier():
+                raise StructureError(f"{where}: dataclass field {k[:40]!r} is not a name")
+            check(v, leaf, f"{where}.{k}", depth + 1)
+    else:
+        raise StructureError(f"{where}: damaged output record ({'kind ' + repr(kind)[:40] if kind else 'no kind'})")

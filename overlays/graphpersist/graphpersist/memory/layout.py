@@ -78,12 +78,12 @@ def _step(call: Any) -> int:
 
 
 def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[region.Event]]:
-    """The archive's phases (one exact phase for archives written before phases) and its allocation log."""
-    rec = archive.rank_facts(rank)
-    evs = [region.Event(i, k, a, s, r) for i, (k, a, s, r) in enumerate(archive.read_json(rank, "alloc_log.json"))]
-    if "phases" in rec.extra:
-        return [phases.Phase.from_json(p) for p in rec.extra["phases"]], evs
-    return phases.legacy(rec.extra["setup_events"], rec.extra["setup_cursor"]), evs
+    """The archive's phases (one exact phase for archives written before phases) and its allocation log, checked
+    (loadplan.read_layout: ArchiveError naming the file and the field)."""
+    from graphpersist.loadplan import read_layout
+
+    evs, saved = read_layout(archive, rank)
+    return saved, evs
 
 
 def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:

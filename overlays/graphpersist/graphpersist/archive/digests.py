@@ -1,0 +1,136 @@
+"""What each rank record commits to beyond the file table: its own content, and the files it owns.
+
+manifest.json's file table lists every file's sha256, and open_archive refuses a file that differs from it. That
+catches damage, not an edit followed by a regenerated table (by hand, or by a tool that "repairs" checksums): the
+table then agrees with the edited file. So the writer also records, in each rank record's `extra.digests`:
+
+    "files":  {archive path: sha256} of every file under the rank's folder (rank.json itself excepted) and, in rank
+              0's record, of the shared top-level files (not images/: each image is named by its sha256 already);
+    "record": the sha256 of the record itself as canonical JSON, this one field left out.
+
+open_archive refuses a record that does not hash to its `record`, a committed file whose table entry says another
+sha256 (or that the table lacks), and a rank or shared file no record commits to. With the pointer inventory's
+fingerprint, each image's and each declared state's sha256, and each graph's part hashes in the graph index,
+every byte LOAD uses is bound to the record that names it, and the records to the table.
+
+Not a signature: whoever can write an archive can recompute every digest. An archive runs code on the GPU; take one
+only from where you would take code. Archives written before these digests (no `extra.digests`) are checked
+against the file table alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from graphpersist.archive.manifest import (
+    IMAGES_DIR,
+    MANIFEST_NAME,
+    RANK_DIR,
+    RANK_RECORD_NAME,
+    FileEntry,
+    RankRecord,
+    rank_dir,
+)
+from graphpersist.archive.shown import shown
+
+KEY = "digests"  # the key in a rank record's `extra`
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def record_digest(record: Mapping[str, Any]) -> str:
+    """sha256 of a rank record in canonical JSON, without extra.digests.record: of RankRecord.to_dict() when it is
+    written, of the JSON object read back when it is checked (the same object: the writer writes to_dict())."""
+    data = dict(record)
+    extra = dict(data.get("extra") or {})
+    digests = extra.get(KEY)
+    if isinstance(digests, Mapping):
+        extra[KEY] = {k: v for k, v in digests.items() if k != "record"}
+    data["extra"] = extra
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def owned(rel: str, rank: int) -> bool:
+    """Whether rank `rank`'s record commits to archive path `rel`: its own folder's files, and rank 0 the shared
+    top-level files (kernel images are committed by their sha256 in the image records instead)."""
+    top = rel.split("/", 1)[0]
+    if top == rank_dir(rank):
+        return rel != f"{top}/{RANK_RECORD_NAME}"
+    return rank == 0 and rel != MANIFEST_NAME and top != IMAGES_DIR and not RANK_DIR.fullmatch(top)
+
+
+def committed(record: RankRecord, files: Mapping[str, str]) -> RankRecord:
+    """`record` with extra.digests set: the sha256 of `files` (what it owns, see owned()) and of itself."""
+    if KEY in record.extra:
+        raise ValueError(f"extra.{KEY} is written by the archive writer, not given")
+    extra = {**record.extra, KEY: {"files": dict(sorted(files.items()))}}
+    data = {**record.to_dict(), "extra": extra}
+    extra[KEY]["record"] = record_digest(data)
+    return RankRecord.from_dict({**data, "extra": extra})
+
+
+def problems(
+    records: Mapping[int, RankRecord],
+    files: Mapping[str, FileEntry],
+    check: set[int] | None = None,
+    docs: Mapping[int, Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """Why the records' commitments do not hold for this file table ([] when they do, or when no record has any).
+
+    `check` limits which records are verified (a rank's LOAD needs its own and rank 0's, for the shared files);
+    `docs` are the records' JSON objects as read (hashed as they are; else each record's to_dict())."""
+    out: list[str] = []
+    trusted: dict[int, dict[str, str]] = {}
+    for rank, record in sorted(records.items()):
+        if check is not None and rank not in check:
+            continue
+        where = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
+        digests = record.extra.get(KEY)
+        if digests is None:
+            continue  # written before commitments: the file table alone vouches for its files
+        shape = _shape_problem(digests)
+        if shape:
+            out.append(f"{where}: extra.{KEY} {shape}")
+            continue
+        doc = docs[rank] if docs is not None and rank in docs else record.to_dict()
+        if record_digest(doc) != digests["record"]:
+            out.append(
+                f"{where} does not hash to its extra.{KEY}.record: it was changed after SAVE wrote it (and the file "
+                f"table regenerated to match)"
+            )
+            continue
+        trusted[rank] = digests["files"]
+        for rel, sha in sorted(digests["files"].items()):
+            entry = files.get(rel)
+            if not owned(rel, rank):
+                out.append(f"{where} commits to {shown(rel, 120)}, which is not rank {rank}'s to commit to")
+            elif entry is None:
+                out.append(f"{where} commits to {shown(rel, 120)}, which {MANIFEST_NAME} does not list")
+            elif entry.sha256 != sha:
+                out.append(
+                    f"{shown(rel, 120)}: sha256 {shown(entry.sha256[:16])}… in {MANIFEST_NAME}, {sha[:16]}… in {where} "
+                    "(the file changed after SAVE and the file table was regenerated to match)"
+                )
+    for rank, owned_files in trusted.items():
+        for rel in files:
+            if owned(rel, rank) and rel not in owned_files:
+                what = f"rank {rank}'s folder" if rel.startswith(f"{rank_dir(rank)}/") else "the shared files"
+                out.append(
+                    f"{shown(rel, 120)} is in {what} but {rank_dir(rank)}/{RANK_RECORD_NAME} does not commit to it"
+                )
+    return out
+
+
+def _shape_problem(digests: Any) -> str | None:
+    if not isinstance(digests, dict) or set(digests) != {"files", "record"}:
+        return "must be an object with exactly `files` and `record`"
+    if not isinstance(digests["record"], str) or not _SHA256.fullmatch(digests["record"]):
+        return "record must be a sha256 (64 lower-case hex digits)"
+    files = digests["files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in files.values()):
+        return "files must map archive paths to sha256s"
+    return None

@@ -1,0 +1,322 @@
+"""What LOAD reads from an archive for one rank, read and checked on CPU before the first GPU call.
+
+LOAD replays kernel parameters and raw device addresses out of these files, and native code indexes arrays with
+the numbers they hold. So every value LOAD (and `graphpersist check`, `inspect`, `diff`) reads is checked for its
+type and range here, once, and any problem is an ArchiveError naming the file and the field: the graph pack and
+its index (graphpack), the allocation log and the phases (`alloc_log.json`, rank.json's `extra.phases`, or
+`extra.setup_events`/`setup_cursor` before phases), the declared state (`extra.state`), torch's blocks graphs read
+(`extra.torch_blocks`), the setup tensors (`setup_tensors.json`), the pointer inventory (`pointers.json`), each
+graph's static input and output tensors. Needs neither torch nor CUDA.
+
+`read_plan(archive, rank)` is LOAD's fast path: shapes, ranges and sizes, the bytes hashed once by open_archive.
+`read_plan(..., every_byte=True)` is `graphpersist check`: it also parses every kernel node, recomputes each graph's
+topology fingerprint, requires each kernel table to be what its nodes pack into, recomputes every graph's blob and
+table sha256, and reads and hashes every kernel image and declared-state payload the rank's LOAD would use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive.manifest import RANK_RECORD_NAME, RankRecord, rank_dir
+from graphpersist.archive.shown import shown
+from graphpersist.errors import PersistError
+from graphpersist.graph import format as graphformat
+from graphpersist.graph import pack as graphpack
+from graphpersist.graph import structure
+from graphpersist.memory import phases, state
+from graphpersist.memory.region import EVENT_KINDS, Event
+
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# torch's dtype names as tensor specs write them (str(dtype) without "torch."): a name outside these families would
+# make LOAD's getattr(torch, name) find something that is not a dtype.
+_DTYPE = re.compile(r"(float|bfloat|int|uint|complex|bool|qint|quint|bits)[0-9a-z_]*")
+_MAX_DIMS = 64
+_EVENT_KINDS = frozenset(EVENT_KINDS.values())
+_PHASE_INTS = ("start_event", "end_event", "start", "end", "limit")
+_PHASE_BOOLS = ("exact", "skip_on_load", "post_capture", "implicit")
+
+
+@dataclass
+class LoadPlan:
+    """Everything one rank's LOAD takes from the archive, checked: the record, each graph's (description, blob,
+    kernel table, index entry), the pointer inventory, setup tensors, torch blocks, phases and allocation log,
+    declared state and the engine's notes."""
+
+    rank: int
+    record: RankRecord
+    graphs: dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]]
+    pointers: list[int]
+    setup_tensors: list[list[Any]]
+    torch_blocks: list[tuple[int, int]]
+    phases: list[phases.Phase]
+    events: list[Event]
+    states: list[state.StateRecord]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class _Refusal(Exception):
+    """One problem found while reading a plan: (file, field, what)."""
+
+    def __init__(self, rel: str, where: str, what: str) -> None:
+        super().__init__(f"{rel}: {where}: {what}" if where else f"{rel}: {what}")
+
+
+def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
+    """Rank `rank`'s LOAD inputs, checked (see the module's docstring); ArchiveError naming file and field.
+
+    `full`: parse and check every kernel node and the topology fingerprint (load(verify_topology=True), the
+    reference rebuild). `every_byte` implies `full` and hashes every part and payload LOAD would use."""
+    full = full or every_byte
+    record = archive.rank_facts(rank)
+    rec_rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
+    try:
+        events, saved_phases = read_layout(archive, rank)
+        states = _states(archive, rank, record, rec_rel, every_byte)
+        blocks = _pairs(record.extra.get("torch_blocks", []), rec_rel, "extra.torch_blocks")
+        notes = record.extra.get("engine_notes") or {}
+        if not isinstance(notes, dict):
+            raise _Refusal(rec_rel, "extra.engine_notes", "must be an object")
+        setup_rel = f"{rank_dir(rank)}/setup_tensors.json"
+        setup_tensors = _setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_rel)
+        graphs, pointers = _graphs_and_pointers(archive, rank, record, full, every_byte)
+        if every_byte:
+            for im in record.images:
+                archive.read_path(im.file)  # verified against its table entry, which equals the image's sha256
+    except _Refusal as exc:
+        raise ArchiveError(archive.root, str(exc)) from None
+    return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, dict(notes))
+
+
+def read_graphs(
+    archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False
+) -> tuple[dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]], list[int]]:
+    """Only the rank's graphs (as LoadPlan.graphs) and pointer inventory, checked as read_plan checks them: what
+    `graphpersist diff` compares. ArchiveError naming file and field."""
+    try:
+        return _graphs_and_pointers(archive, rank, archive.rank_facts(rank), full or every_byte, every_byte)
+    except _Refusal as exc:
+        raise ArchiveError(archive.root, str(exc)) from None
+
+
+def _graphs_and_pointers(
+    archive: Archive, rank: int, record: RankRecord, full: bool, every_byte: bool
+) -> tuple[dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]], list[int]]:
+    region = (record.region.base, record.region.base + record.region.size)
+    return _graphs(archive, rank, record, region, full, every_byte), _pointers(archive, rank, record)
+
+
+def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.Phase]]:
+    """The rank's allocation log and phases (one exact phase for archives written before phases), checked: what
+    use_layout() and LOAD's memory restore read. ArchiveError naming the file and the field."""
+    record = archive.rank_facts(rank)
+    rec_rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
+    log_rel = f"{rank_dir(rank)}/alloc_log.json"
+    try:
+        events = _events(archive.read_json(rank, "alloc_log.json"), log_rel)
+        if "phases" in record.extra:
+            saved = _phases(record.extra["phases"], rec_rel, len(events))
+        else:
+            n = _uint_at(record.extra.get("setup_events"), rec_rel, "extra.setup_events")
+            cursor = _uint_at(record.extra.get("setup_cursor"), rec_rel, "extra.setup_cursor")
+            if n > len(events):
+                raise _Refusal(rec_rel, "extra.setup_events", f"{n} events, the allocation log holds {len(events)}")
+            saved = phases.legacy(n, cursor)
+    except _Refusal as exc:
+        raise ArchiveError(archive.root, str(exc)) from None
+    return events, saved
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+
+
+def _uint_at(value: Any, rel: str, where: str, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= _U64:
+        raise _Refusal(rel, where, f"must be an integer from {low} to 2**64-1, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    """A value as a refusal shows it: short, escaped, never its whole repr."""
+    if isinstance(value, bool) or value is None or (type(value) is int and abs(value) <= _U64):
+        return repr(value)
+    if isinstance(value, str):
+        return shown(repr(value), 60)
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} fields"
+    return f"a {type(value).__name__}"
+
+
+def _list_at(value: Any, rel: str, where: str) -> list[Any]:
+    if type(value) is not list:
+        raise _Refusal(rel, where, f"must be a list, got {_kind(value)}")
+    return value
+
+
+def _events(log: Any, rel: str) -> list[Event]:
+    out = []
+    for i, row in enumerate(_list_at(log, rel, "")):
+        if type(row) is not list or len(row) != 4:
+            raise _Refusal(rel, f"event {i}", f"must be [kind, address, size, requested size], got {_kind(row)}")
+        kind, addr, size, req = row
+        if not isinstance(kind, str) or (kind not in _EVENT_KINDS and not kind.isdigit()):  # digits: a new kind
+            raise _Refusal(rel, f"event {i}", f"unknown kind {_kind(kind)}")
+        for name, value in (("address", addr), ("size", size), ("requested size", req)):
+            _uint_at(value, rel, f"event {i} {name}")
+        out.append(Event(i, kind, addr, size, req))
+    return out
+
+
+def _phases(rows: Any, rel: str, n_events: int) -> list[phases.Phase]:
+    out = []
+    for i, row in enumerate(_list_at(rows, rel, "extra.phases")):
+        where = f"extra.phases[{i}]"
+        if type(row) is not dict:
+            raise _Refusal(rel, where, f"must be an object, got {_kind(row)}")
+        unknown = set(row) - set(phases.Phase.__dataclass_fields__)
+        if unknown or not isinstance(row.get("name"), str):
+            raise _Refusal(rel, where, f"needs a name and only Phase's fields, got {sorted(map(shown, row))[:8]}")
+        for key in _PHASE_BOOLS:
+            if key in row and type(row[key]) is not bool:
+                raise _Refusal(rel, f"{where}.{key}", f"must be true or false, got {_kind(row[key])}")
+        for key in _PHASE_INTS:
+            if key in row:
+                _uint_at(row[key], rel, f"{where}.{key}")
+        for key in ("headroom", "span"):
+            if row.get(key) is not None:
+                _uint_at(row[key], rel, f"{where}.{key}")
+        ph = phases.Phase.from_json(row)
+        if not ph.start_event <= ph.end_event <= n_events:
+            raise _Refusal(rel, where, f"events {ph.start_event}..{ph.end_event} outside the log's {n_events}")
+        if not ph.start <= ph.end <= ph.limit:
+            raise _Refusal(rel, where, f"offsets start {ph.start}, end {ph.end}, limit {ph.limit} out of order")
+        out.append(ph)
+    return out
+
+
+def _states(archive: Archive, rank: int, record: RankRecord, rel: str, every_byte: bool) -> list[state.StateRecord]:
+    out = []
+    for i, row in enumerate(_list_at(record.extra.get("state", []), rel, "extra.state")):
+        where = f"extra.state[{i}]"
+        if type(row) is not dict or set(row) - set(state.StateRecord.__dataclass_fields__):
+            raise _Refusal(rel, where, "must be an object of StateRecord's fields")
+        name, how, sha, file, ph = (row.get(k) for k in ("name", "how", "sha256", "file", "phase"))
+        if not isinstance(name, str) or how not in state.HOWS or not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise _Refusal(rel, where, "needs a name, how (bytes or recreated) and a sha256")
+        _uint_at(row.get("addr"), rel, f"{where}.addr", 1)
+        _uint_at(row.get("nbytes"), rel, f"{where}.nbytes", 1)
+        if ph is not None and not isinstance(ph, str):
+            raise _Refusal(rel, f"{where}.phase", f"must be a phase name or null, got {_kind(ph)}")
+        if (how == "bytes") != isinstance(file, str) or (file is not None and not isinstance(file, str)):
+            raise _Refusal(rel, f"{where}.file", "names the payload of a 'bytes' state, and only of one")
+        record_ = state.StateRecord.from_json(row)
+        if how == "bytes":
+            _state_payload(archive, rank, record_, rel, where, every_byte)
+        out.append(record_)
+    return out
+
+
+def _state_payload(archive: Archive, rank: int, r: state.StateRecord, rel: str, where: str, every_byte: bool) -> None:
+    """A "bytes" state's payload must be a file of the rank, of its size (and, reading every byte, its sha256)."""
+    assert r.file is not None
+    try:
+        path = f"{rank_dir(rank)}/{r.file}"
+        entry = archive.manifest.files.get(path) if archive_path(rank, r.file) == path else None
+    except ValueError:
+        entry = None
+    if entry is None:
+        raise _Refusal(rel, f"{where}.file", f"{shown(r.file, 80)} is not a file of rank {rank}")
+    if entry.size != r.nbytes:
+        raise _Refusal(rel, where, f"payload {shown(r.file, 80)} has {entry.size} bytes, the state {r.nbytes}")
+    if every_byte and hashlib.sha256(archive.read(rank, r.file)).hexdigest() != r.sha256:
+        raise _Refusal(rel, where, f"payload {shown(r.file, 80)} does not hash to the state's sha256")
+
+
+def _pairs(rows: Any, rel: str, where: str) -> list[tuple[int, int]]:
+    out = []
+    for i, row in enumerate(_list_at(rows, rel, where)):
+        if type(row) is not list or len(row) != 2:
+            raise _Refusal(rel, f"{where}[{i}]", f"must be [address, size], got {_kind(row)}")
+        out.append((_uint_at(row[0], rel, f"{where}[{i}][0]"), _uint_at(row[1], rel, f"{where}[{i}][1]")))
+    return out
+
+
+def _ints(value: Any, rel: str, where: str, limit: int = _I64) -> list[int]:
+    if type(value) is not list or len(value) > _MAX_DIMS or not all(type(v) is int and 0 <= v <= limit for v in value):
+        raise _Refusal(rel, where, f"must be a list of at most {_MAX_DIMS} non-negative integers, got {_kind(value)}")
+    return value
+
+
+def _spec_problem(spec: Any, rel: str, where: str, region: tuple[int, int]) -> None:
+    """A static tensor's spec (tensors.tensor_spec): LOAD makes a tensor of it at its address in the region."""
+    if type(spec) is not dict or set(spec) != {"addr", "dtype", "shape", "stride"}:
+        raise _Refusal(rel, where, "must be a tensor spec {addr, dtype, shape, stride}")
+    addr = _uint_at(spec["addr"], rel, f"{where}.addr")
+    if not region[0] <= addr < region[1]:
+        raise _Refusal(rel, f"{where}.addr", f"{addr:#x} lies outside the rank's region")
+    if not isinstance(spec["dtype"], str) or not _DTYPE.fullmatch(spec["dtype"]):
+        raise _Refusal(rel, f"{where}.dtype", f"{_kind(spec['dtype'])} is not a torch dtype name")
+    shape = _ints(spec["shape"], rel, f"{where}.shape")
+    if len(_ints(spec["stride"], rel, f"{where}.stride")) != len(shape):
+        raise _Refusal(rel, where, "shape and stride differ in length")
+
+
+def _setup_tensors(rows: Any, rel: str) -> list[list[Any]]:
+    for i, row in enumerate(_list_at(rows, rel, "")):
+        if type(row) is not list or len(row) != 5 or not isinstance(row[0], str):
+            raise _Refusal(rel, f"tensor {i}", f"must be [name, address, dtype, shape, stride], got {_kind(row)}")
+        spec = dict(zip(("addr", "dtype", "shape", "stride"), row[1:], strict=True))
+        _spec_problem(spec, rel, f"tensor {i}", (0, _U64 + 1))  # LOAD compares them with the live tensors
+    return rows
+
+
+def _pointers(archive: Archive, rank: int, record: RankRecord) -> list[int]:
+    rel = f"{rank_dir(rank)}/pointers.json"
+    try:
+        pointers = graphpack.read_pointers(archive, rank, record.pointers.fingerprint)
+    except PersistError as exc:
+        raise _Refusal(rel, "", str(exc)) from None
+    values = _list_at(pointers, rel, "")
+    if not all(type(v) is int and 0 <= v <= _U64 for v in values):
+        raise _Refusal(rel, "", "must list addresses (integers from 0 to 2**64-1)")
+    if len(values) != record.pointers.count:
+        raise _Refusal(rel, "", f"{len(values)} addresses, the rank record says {record.pointers.count}")
+    return values
+
+
+def _graphs(
+    archive: Archive, rank: int, record: RankRecord, region: tuple[int, int], full: bool, every_byte: bool
+) -> dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]]:
+    index_rel = f"{rank_dir(rank)}/{graphpack.INDEX_NAME}"
+    packed = graphpack.read_graphs(archive, rank, [g.name for g in record.graphs])  # ArchiveError naming the index
+    images = {im.sha256 for im in record.images}
+    try:
+        descs = graphpack.check_graphs(record.graphs, packed, full=full, images=images, hashes=every_byte)
+    except (PersistError, graphformat.GraphFormatError) as exc:
+        raise _Refusal(index_rel, "", str(exc)) from None
+    for name, (_desc, _blob, _table, entry) in descs.items():
+        where = f"graph {shown(repr(name), 80)}"
+        spec = _spec_checker(index_rel, where, region)
+        for i, item in enumerate(_list_at(entry.inputs, index_rel, f"{where} inputs")):
+            spec(item, f"inputs[{i}]")
+        try:
+            structure.check(entry.outputs, spec, "outputs")
+        except structure.StructureError as exc:
+            raise _Refusal(index_rel, where, str(exc)) from None
+    return descs
+
+
+def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:
+    def check(spec: Any, at: str) -> None:
+        _spec_problem(spec, rel, f"{where} {at}", region)
+
+    return check
