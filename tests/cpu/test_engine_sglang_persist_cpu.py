@@ -751,3 +751,17 @@ def test_the_built_wheel_carries_every_overlay_and_patched_file_compiling_with_p
     files = [str(tmp_path / n) for n in sorted(patched | overlays)]
     proc = subprocess.run([str(PY312), "-m", "py_compile", *files], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_sessions_lines_go_to_sglangs_own_logger(
+    srt: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The serve proof reads `graphpersist: rank R: saved N graphs` from SGLang's log: the session logs through the
+    adapter's logger, one SGLang's logging configuration prints (a logger of the runtime's own was not printed by
+    `vllm serve`, 2026-12-03)."""
+    sess = open_session(srt, switch.Mode.SAVE, tmp_path, saver=StandInSaver())
+    with caplog.at_level(logging.INFO, logger="sglang.srt.graphpersist"):
+        sess.log("saved %d graphs to %s", 3, tmp_path)
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("sglang.srt.graphpersist", f"graphpersist: rank 0: saved 3 graphs to {tmp_path}")
+    ]

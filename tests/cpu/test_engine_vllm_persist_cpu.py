@@ -1081,3 +1081,28 @@ def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPytho
     pinned = pins.load().engine("vllm").commit_wheel
     assert got["name"] == "vllm" and got["version"] == "0.26.0"
     assert got["commit"].removeprefix("g") == pinned
+
+
+def test_fa3_forward_padding_is_written_as_zeros(vllm: WarmPython) -> None:
+    """Two TP=1 SAVEs (2026-12-03) differed in the FA3 forward kernel's parameter bytes 180-183 (the padding after an
+    int32 at 176), forming the in-region word 0x503800000001 in one archive's pointer inventory: SAVE zeroes them."""
+    kernel = (
+        "_ZN7cutlass13device_kernelIN5flash20enable_sm90_or_laterINS1_16FlashAttnFwdSm90INS1_25CollectiveMainloopFwd"
+        "Sm90ILi2EN4cute5tupleIJNS5_1CILi1EEES8_S8_EEEEEEEEEvNT_6ParamsE"
+    )
+    got = vllm.run(
+        f"""
+        from graphpersist.graph import walk as graphwalk
+        sess = open_session("save", ".")
+        unused = graphwalk.cached_unused(sess.saver.unused_param_bytes)
+        raw = bytearray(range(192))
+        raw[176:184] = (0x503800000001).to_bytes(8, "little")
+        result = {{
+            "params": list(graphwalk.zero_ranges(bytes(raw), unused({kernel!r}, [(0, 1024)]))),
+            "short": unused({kernel!r}, [(0, 128)]),
+        }}
+        """
+    ).ok()
+    assert got["params"][176:184] == [1, 0, 0, 0, 0, 0, 0, 0]
+    assert got["params"][:176] == list(range(176)) and got["params"][184:] == list(range(184, 192))
+    assert got["short"] == []  # a parameter block too short to hold those bytes is left alone

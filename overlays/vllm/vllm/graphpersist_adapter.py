@@ -15,6 +15,7 @@ from vllm import graphpersist_caches as caches
 from vllm import graphpersist_capture as capture
 from vllm import graphpersist_customar as customar
 from vllm import graphpersist_facts as facts
+from vllm.logger import init_logger
 
 from graphpersist import engine
 
@@ -25,14 +26,21 @@ from graphpersist import engine
 # zeroed in bytes 36-39, each time forming the in-region word 0x500300000001 with the int32 of value 1 before it.
 _FA3_COMBINE = re.compile(r"FlashAttnFwdCombine")
 _FA3_COMBINE_PADDING = ((4, 8), (36, 40))
+# FA3's forward kernel, `device_kernel<enable_sm90_or_later<FlashAttnFwdSm90<...>>>(Params)`: bytes 176-179 hold an
+# int32 and 180-183 the padding after it. Two TP=1 SAVEs on the reference host (2026-12-03) held 0 and 0x5038 there,
+# forming the in-region word 0x503800000001 in one archive's pointer inventory only; LOAD's tokens were identical
+# from the archive that held zeros, so zeros are what this kernel gets either way.
+_FA3_FWD = re.compile(r"FlashAttnFwdSm90")
+_FA3_FWD_PADDING = ((180, 184),)
 
 
 def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Byte ranges [start, end) of `kernel`'s parameters it never reads, which SAVE writes as zeros so two SAVEs are
     byte-identical: the custom all-reduce's unused peer slots and the FA3 combine's padding."""
-    if _FA3_COMBINE.search(kernel) and layout and layout[0][1] >= _FA3_COMBINE_PADDING[-1][1]:
-        start = layout[0][0]
-        return [(start + begin, start + end) for begin, end in _FA3_COMBINE_PADDING]
+    for pattern, padding in ((_FA3_COMBINE, _FA3_COMBINE_PADDING), (_FA3_FWD, _FA3_FWD_PADDING)):
+        if pattern.search(kernel) and layout and layout[0][1] >= padding[-1][1]:
+            start = layout[0][0]
+            return [(start + begin, start + end) for begin, end in padding]
     return customar.unused_param_bytes(kernel, layout)
 
 
@@ -41,6 +49,7 @@ class VllmAdapter(engine.EngineAdapter):
 
     name = "vllm"
     note_sections = ("full", "pieces")
+    logger = init_logger("vllm.graphpersist")  # vLLM prints its own loggers' lines (vllm serve too)
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker

@@ -11,6 +11,7 @@ Nothing here imports torch: engines build their adapter while they parse argumen
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ class EngineAdapter(abc.ABC):
 
     #: the engine's name as archives record it ("vllm", "sglang")
     name: str = "engine"
+    #: where the session's lines go: a logger the engine's own logging configuration prints
+    logger: logging.Logger = logging.getLogger("graphpersist")
     #: where the engine keeps its graphs, by mode, for the rank's notes ({"full": {}, "pieces": {}})
     note_sections: tuple[str, ...] = ()
 

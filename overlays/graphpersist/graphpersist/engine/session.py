@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from graphpersist import rankstats, switch
 from graphpersist.engine.adapter import EngineAdapter
@@ -51,8 +50,6 @@ def current() -> PersistSession | None:
 @dataclass
 class PersistSession:
     """One engine process's SAVE or LOAD: everything the run knows, and the lifecycle every engine shares."""
-
-    logger: ClassVar[logging.Logger] = logging.getLogger("graphpersist")
 
     adapter: EngineAdapter
     mode: switch.Mode
@@ -136,7 +133,8 @@ class PersistSession:
         return self.mode is switch.Mode.LOAD
 
     def log(self, message: str, *args: Any) -> None:
-        self.logger.info("graphpersist: rank %d: " + message, self.rank, *args)
+        """One line in the engine's own log (its logger: the engine configures where its lines go)."""
+        self.adapter.logger.info("graphpersist: rank %d: " + message, self.rank, *args)
 
     def timed(self, name: str, started: float) -> float:
         """Records the time since `started` as phase `name`; returns it."""

@@ -10,6 +10,7 @@ whose capture waits, the memory pool SAVE sized, the breaks of the prefill graph
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ class SglangAdapter(engine.EngineAdapter):
 
     name = "sglang"
     note_sections = ("decode", "prefill")
+    logger = logging.getLogger("sglang.srt.graphpersist")  # SGLang configures where its loggers' lines go
 
     @property
     def server_args(self) -> Any:
