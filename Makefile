@@ -54,7 +54,8 @@ test-upstream: build ## vLLM's own tests of what we patch: same outcomes on our 
 	$(TEST_ENV) GP_DIST_DIR=$(abspath $(DIST)) $(PY) -m pytest tests/cpu/test_upstream_vllm.py -rA $(PYTEST_ARGS)
 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
-# says how many ("N deselected"; under xdist the summaries section does). The index URL points nowhere so that a fetch that slipped through fails at once.
+# says how many ("N deselected"; under xdist, its summaries section). The index URL points nowhere so that a fetch
+# that slipped through fails at once.
 test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
 	$(TEST_ENV) GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
 	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
