@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,9 +49,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# How many tests -m/-k deselected: pytest's last line says so in one process, but under pytest-xdist the workers
+# deselect, so each reports its count back (workeroutput) and the summary below says it.
+DESELECTED = pytest.StashKey[list[int]]()  # in each process: what its collection deselected
+WORKER_DESELECTED = pytest.StashKey[list[int]]()  # in the xdist controller: what each worker reported
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash.setdefault(DESELECTED, []).append(len(items))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["gp_deselected"] = sum(session.config.stash.get(DESELECTED, []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    count = getattr(node, "workeroutput", {}).get("gp_deselected")
+    if count is not None:
+        node.config.stash.setdefault(WORKER_DESELECTED, []).append(count)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """A test's `record_property("summary", line)` (counts a CI log should show) printed at the end of the run.
-    Unlike a print with capture disabled, this reaches the terminal from pytest-xdist's workers too."""
+    Unlike a print with capture disabled, this reaches the terminal from pytest-xdist's workers too. Under xdist,
+    how many tests the workers deselected, too."""
     lines = [
         str(value)
         for reports in terminalreporter.stats.values()
@@ -59,6 +85,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         for name, value in getattr(report, "user_properties", ())
         if name == "summary"
     ]
+    workers = terminalreporter.config.stash.get(WORKER_DESELECTED, [])
+    if any(workers):
+        lines.append(f"{max(workers)} deselected (by -m/-k, in each worker's collection)")
     if lines:
         terminalreporter.section("summaries")
         for line in lines:

@@ -31,16 +31,19 @@ def test_make_test_fast_in_parallel_still_fails_when_no_test_ran() -> None:
     assert "-n 2 --dist loadfile" in out and "no tests ran" in out and "Error 5" in out, out
 
 
-def test_a_summary_line_reaches_the_terminal_from_an_xdist_worker(tmp_path: Path) -> None:
+def test_a_summary_line_and_the_deselected_count_reach_the_terminal_from_xdist_workers(tmp_path: Path) -> None:
     (tmp_path / "test_counts.py").write_text(
-        "def test_counts(record_property):\n    record_property('summary', 'fuzz: 1000 cases, 0 crashed')\n"
+        "def test_counts(record_property):\n    record_property('summary', 'fuzz: 1000 cases, 0 crashed')\n\n\n"
+        "def test_other():\n    pass\n"
     )
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), *sys.path])}
     cmd = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "2", "-q"]
+    cmd += ["-k", "not other"]
     proc = subprocess.run([*cmd, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     section = proc.stdout.split(" summaries ", 1)
-    assert len(section) == 2 and "fuzz: 1000 cases, 0 crashed" in section[1], proc.stdout
+    assert len(section) == 2, proc.stdout
+    assert "fuzz: 1000 cases, 0 crashed" in section[1] and "1 deselected (by -m/-k" in section[1], proc.stdout
 
 
 def _fake_repo(root: Path) -> Path:

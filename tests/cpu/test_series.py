@@ -142,7 +142,7 @@ def test_cli_exit_codes(good: Path, repo_root: Path) -> None:
     assert bad.returncode == 1 and "stray.patch: not listed in series" in bad.stdout
     assert run("lint", "--patches-dir", str(good)).returncode == 2  # --engine all with one folder is misuse
     assert run("lint", "--bogus").returncode == 2
-    for sub in ("lint", "apply", "edit", "export", "rebase"):
+    for sub in ("lint", "apply", "edit", "export", "rebase", "install"):
         assert run(sub, "--help").returncode == 0
 
 

@@ -5,33 +5,31 @@ The pinned vLLM sdist (build/pins.toml, fetched by sha256) carries vLLM's tests/
 our series patches (patches/vllm/*.patch) and that run without a GPU, once against each wheel, both installed
 --no-deps into the same CPU venv layer (vllm_cpu_venv.py), and compare every node id's outcome:
 
-| patched module (patch)                                    | upstream tests run here                        |
-|-----------------------------------------------------------|------------------------------------------------|
-| vllm/engine/arg_utils.py (0001: the switch's flags)       | tests/engine/test_arg_utils.py and the config  |
-|                                                           | tests: tests/config/,                          |
-|                                                           | tests/compile/test_config.py                   |
-| vllm/utils/system_utils.py (0004: the start method)       | tests/utils_/test_system_utils.py              |
-| vllm/compilation/cuda_graph.py, v1/worker/gpu/             | none without a GPU: tests/v1/cudagraph/ and    |
-| cudagraph_utils.py (0002), custom_all_reduce.py (0003)    | tests/distributed/ need CUDA, and their helper |
-|                                                           | tests/utils.py imports vLLM's whole OpenAI     |
-|                                                           | server stack                                   |
+| patched module (patch)                                 | upstream tests run here                           |
+|--------------------------------------------------------|---------------------------------------------------|
+| vllm/engine/arg_utils.py (0001: the switch's flags)    | tests/engine/test_arg_utils.py; the config tests  |
+|                                                        | tests/config/ and tests/compile/test_config.py    |
+| vllm/utils/system_utils.py (0004: the start method)    | tests/utils_/test_system_utils.py                 |
+| vllm/compilation/cuda_graph.py,                        | none without a GPU: tests/v1/cudagraph/ and       |
+| vllm/v1/worker/gpu/cudagraph_utils.py (0002),          | tests/distributed/ need CUDA, and their helper    |
+| custom_all_reduce.py (0003)                            | tests/utils.py imports vLLM's OpenAI server stack |
 
 The suite runs as upstream wrote it (its conftest.py and markers), offline: HF_HUB_OFFLINE=1 with an empty HF_HOME,
 so the tests that need a model's config from the Hugging Face Hub fail, and fail alike on both wheels (the counts
 are in the summary line). Not run, to keep this to a couple of minutes on 2 cores: tests/v1/engine/test_engine_args.py
-(all four of its tests need the Hub) and tests/test_config.py (VllmConfig and ModelConfig, which our series does not
-patch: 160 tests, 106 of them need the Hub, 45 s of CPU per wheel, mostly upstream's per-test gc.collect()); and
-one slow test (DESELECT). The tests run in a copy of the sdist's tests/ only:
-the sdist's own vllm/ source tree must not shadow the installed wheel, and the plugin (upstream_outcomes.py) checks
-which vLLM each run imported.
+(all four of its tests need the Hub), tests/test_config.py (VllmConfig and ModelConfig, which our series does not
+patch: 160 tests, 106 of them need the Hub, 45 s of CPU per wheel, mostly upstream's per-test gc.collect()) and one
+slow test (DESELECT). The tests run in a copy of the sdist's tests/ alone, so that the sdist's vllm/ sources cannot
+shadow the installed wheel; the plugin (upstream_outcomes.py) records which vLLM each run imported.
 
-SGLang publishes no sdist for 0.5.17, and its wheel carries none of its test suite (the repository's test/): of the
-wheel's 156 test_*.py files, 129 are sglang/multimodal_gen's (the diffusion runtime; 100 unit tests under
-multimodal_gen/test/unit), 19 are the sglang/test helper package (runners, eval harnesses, test_utils.py), 4 are
-GPU kernel tests (srt/layers/attention/minimax_sparse_ops/tests) and 4 storage-backend tests (srt/mem_cache/storage).
-None tests a module our SGLang series patches (server_args, model_runner, the CUDA graph runners and backends,
-kv_cache_configurator, custom_all_reduce_v2, torch_symm_mem), and SGLang cannot be imported on this CPU machine
-anyway (CPython 3.12, no CPU torch: see test_engine_sglang_cpu.py). So there is no SGLang counterpart here.
+SGLang publishes no sdist for 0.5.17, and its wheel carries none of its own test suite (the repository's test/): of
+the wheel's 156 test_*.py files, 129 are sglang/multimodal_gen's (the diffusion runtime; 100 of them unit tests under
+multimodal_gen/test/unit), 19 are modules of the sglang/test helper package (runners, eval harnesses, test_utils.py),
+4 are GPU kernel tests (srt/layers/attention/minimax_sparse_ops/tests) and 4 storage-backend tests
+(srt/mem_cache/storage). None tests a module our SGLang series patches (server_args, model_runner, the CUDA graph
+runners and backends, kv_cache_configurator, custom_all_reduce_v2, torch_symm_mem); one, multimodal_gen's
+test_disagg_trace.py, imports a helper from server_args. SGLang cannot be imported on this CPU machine anyway
+(CPython 3.12, no CPU torch: see test_engine_sglang_cpu.py). So there is no SGLang counterpart here.
 """
 
 from __future__ import annotations

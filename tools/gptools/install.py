@@ -109,5 +109,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dist", default="dist", help="where `make build` wrote the wheels (default dist)")
     p.add_argument("--venv", default=".venv-dist", help="the venv to create or reuse (default .venv-dist)")
     p.add_argument("--python", default="python3", help="the interpreter that creates the venv (default python3)")
-    p.add_argument("--engine", choices=engine_names(), help="also install this engine's wheel (with its dependencies)")
+    p.add_argument(
+        "--engine",
+        choices=engine_names(),
+        help="also install this engine's wheel with its dependencies (SGLang's wheel is for CPython 3.12: give "
+        "--python python3.12, or PYTHON=python3.12 to make)",
+    )
     p.set_defaults(func=_cmd_install)
