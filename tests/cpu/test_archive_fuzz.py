@@ -756,7 +756,7 @@ def host_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(liveenv, "_smi_gpus", lambda: smi_rows(2))
 
 
-def _run(cases: list[Case], pristine: Pristine, work: Path, capsys: pytest.CaptureFixture[str], label: str) -> None:
+def _run(cases: list[Case], pristine: Pristine, work: Path, record: Callable[[str, object], None], label: str) -> None:
     started = time.perf_counter()
     failures: list[str] = []
     table: Counter[tuple[str, str]] = Counter()
@@ -774,26 +774,27 @@ def _run(cases: list[Case], pristine: Pristine, work: Path, capsys: pytest.Captu
              f"  {'family':<26}" + "".join(f"{o:>21}" for o in outcomes)]  # fmt: skip
     for family in families:
         lines.append(f"  {family:<26}" + "".join(f"{table[(family, o)]:>21}" for o in outcomes))
-    with capsys.disabled():  # on the terminal even when pytest captures output: the CI log shows the counts
-        print("\n".join(lines))
+    record("summary", "\n".join(lines))  # the terminal summary prints it, from any xdist worker: the CI log shows it
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
     assert slowest[0] < CASE_SECONDS
 
 
 @pytest.mark.slow
 def test_hostile_archives_are_refused_or_harmless(
-    pristine: Pristine, scratch: Path, capsys: pytest.CaptureFixture[str]
+    pristine: Pristine, scratch: Path, record_property: Callable[[str, object], None]
 ) -> None:
     cases = build_cases(pristine)
     assert len(cases) >= MIN_CASES
-    _run(cases, pristine, scratch / "case", capsys, "full")
+    _run(cases, pristine, scratch / "case", record_property, "full")
     # The original is untouched by every case (they are hard-linked copies), and still reads the same.
     assert through_everything(pristine.root, pristine.root, all_commands=False).load == pristine.result.load
 
 
-def test_hostile_archives_smoke(pristine: Pristine, scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_hostile_archives_smoke(
+    pristine: Pristine, scratch: Path, record_property: Callable[[str, object], None]
+) -> None:
     """Every 25th case of the full suite, for `make test-fast`."""
-    _run(build_cases(pristine)[::25], pristine, scratch / "case", capsys, "smoke")
+    _run(build_cases(pristine)[::25], pristine, scratch / "case", record_property, "smoke")
 
 
 @pytest.mark.slow
