@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptools.contract import Contract
-from gptools.treeast import own_attributes
+from gptools.treeast import absolute_module, own_attributes
 
 _PASSTHROUGH = {"list", "tuple", "set", "frozenset", "sorted", "reversed", "iter", "next", "dict", "enumerate", "zip",
                 "min", "max", "filter", "vars"}  # fmt: skip
@@ -197,14 +197,6 @@ def _expression_lambdas(node: ast.AST) -> list[ast.Lambda]:
             found.append(child)
         stack += [c for c in ast.iter_child_nodes(child) if not isinstance(c, ast.stmt)]
     return found
-
-
-def _absolute(package: str, module: str | None, level: int) -> str:
-    if level == 0:
-        return module or ""
-    parts = package.split(".") if package else []
-    base = parts[: len(parts) - (level - 1)] if level > 1 else parts
-    return ".".join([*base, module] if module else base)
 
 
 def entry_points(patches_dir: Path, module_names: set[str]) -> set[tuple[str, str]]:
@@ -642,7 +634,7 @@ class Analysis:
                     top = alias.name.split(".")[0]
                     self.assign(scope, top, self.module_origin(top, st))
         elif isinstance(st, ast.ImportFrom):
-            source = _absolute(scope.module.package, st.module, st.level)
+            source = absolute_module(scope.module.package, st.module, st.level)
             for alias in st.names:
                 if alias.name != "*":
                     self.assign(scope, alias.asname or alias.name, self.import_origin(source, alias.name, st))

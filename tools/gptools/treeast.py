@@ -140,7 +140,7 @@ class Tree:
                         top = alias.name.split(".")[0]
                         bindings[top] = Binding("module", module=top)
             elif isinstance(node, ast.ImportFrom):
-                source = _absolute(package, node.module, node.level)
+                source = absolute_module(package, node.module, node.level)
                 for alias in node.names:
                     if alias.name == "*":
                         stars.append(source)
@@ -287,7 +287,8 @@ class Tree:
         return None
 
 
-def _absolute(package: str, module: str | None, level: int) -> str:
+def absolute_module(package: str, module: str | None, level: int) -> str:
+    """The absolute name of `from <level dots><module> import ...` inside `package`."""
     if level == 0:
         return module or ""
     parts = package.split(".") if package else []
