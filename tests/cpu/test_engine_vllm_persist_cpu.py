@@ -448,7 +448,7 @@ result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sample
 @pytest.mark.parametrize("mode", ["save", "load"])
 def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(vllm: WarmPython, mode: str) -> None:
     """SAVE's choices go into the rank's notes (the same table, filled as kernels are timed); LOAD's come from the
-    notes early_check read; the stats the proof reads count them (graphpersist.graph.kernelchoice)."""
+    notes the session read before setup; the stats the proof reads count them (graphpersist.graph.kernelchoice)."""
     got = vllm.run(
         f"""
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
@@ -857,7 +857,7 @@ POST_SETUP_FLAGS = {
 
 def early_check_snippet(saved_args: dict, live_args: dict, archive: Path, kv_flag: str = "8 * 2**30") -> str:
     """SAVE of `saved_args` writes `archive`; LOAD of `live_args` runs the worker's early check on it. CPU torch
-    has no CUDA device: torch.cuda.current_device() (which early_check passes on) is stood in by device 0."""
+    has no CUDA device: torch.cuda.current_device() (which the early check passes on) is stood in by device 0."""
     return f"""
 saved = engine_config(**{saved_args!r})
 flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "kv_available_bytes": {kv_flag}}}

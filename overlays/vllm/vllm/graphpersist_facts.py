@@ -2,8 +2,8 @@
 
 Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
 LOAD: a configuration that captures different graphs, or sizes its KV cache differently, is refused naming the
-field, the saved and the live value. `early_check` compares what is known before setup, so a wrong TP size or
-model is refused at start-up with those names rather than as an allocation that landed elsewhere.
+field, the saved and the live value. The session's `check_before_setup` compares what is known before setup, so a
+wrong TP size or model is refused at start-up with those names rather than as an allocation that landed elsewhere.
 """
 
 from __future__ import annotations
