@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpdist.pins import EnginePin
 from gptools.worktree import CANONICAL_FORMAT, commit_tree_state, git, init_repo
 
 WHY = "The engine needs a seam here so the runtime can hook in."
@@ -162,3 +163,18 @@ requires_torch = "2.11.0"
 def write_pins(path: Path, filename: str, size: int, sha256: str) -> Path:
     path.write_text(PINS_TEMPLATE.format(filename=filename, size=size, sha256=sha256, zeros="0" * 64))
     return path
+
+
+@dataclass(frozen=True)
+class ScratchEngine(EnginePin):
+    """A pinned engine or package whose series and overlay live in a scratch folder instead of patches/, overlays/."""
+
+    root: Path = Path()
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def overlay_dir(self) -> Path:
+        return self.root / "overlay"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -10,14 +9,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from gptools_fixtures import make_series, standard_changes, upstream_files
+from gptools_fixtures import ScratchEngine, make_series, standard_changes, upstream_files
 
 from gpdist import __main__ as gpdist_cli
 from gpdist import engine as engine_mod
 from gpdist import fetch as fetch_mod
 from gpdist import unpack as unpack_mod
 from gpdist.engine import BuildError, _copy_overlay
-from gpdist.pins import Artifact, EnginePin, Pins
+from gpdist.pins import Artifact, Pins
 from gpdist.wheelmeta import WheelName, parse_record, record_digest, render_record, stamp_metadata
 from gpdist.wheelzip import ReproducibleZip, read_raw
 
@@ -184,21 +183,6 @@ def test_offline_build_with_a_tampered_cache_prints_one_error_line(
         "not fetching again because --offline: delete it or build online".replace("it", str(cached), 1)
     )
     assert not any("fetching again;" in line or "downloading" in line for line in lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScratchEngine(EnginePin):
-    """A pinned engine whose series and overlay live in a scratch folder instead of patches/ and overlays/."""
-
-    root: Path = Path()
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.root / "patches"
-
-    @property
-    def overlay_dir(self) -> Path:
-        return self.root / "overlay"
 
 
 def _scratch_wheel(path: Path, files: dict[str, str]) -> Artifact:

@@ -8,19 +8,18 @@ own). Our wheels require the torch their native code was checked against when up
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import zipfile
 from pathlib import Path
 
 import pytest
-from gptools_fixtures import make_series, standard_changes, upstream_files
+from gptools_fixtures import ScratchEngine, make_series, standard_changes, upstream_files
 
 from gpdist import engine as engine_mod
 from gpdist import fetch as fetch_mod
 from gpdist import pins as pins_mod
 from gpdist import unpack as unpack_mod
-from gpdist.pins import Artifact, EnginePin, Pins
+from gpdist.pins import Artifact, Pins
 from gpdist.wheelmeta import parse_record, requires, stamp_metadata
 from gptools import rebase as rebase_mod
 from gptools.rebase import NewWheel, RebaseError, update_pins, update_pins_text
@@ -58,21 +57,6 @@ def test_requires_knows_a_requirement_by_its_normalised_name(line: str, found: b
     assert requires("Name: x\nRequires-Dist: Flash-Attn>=2\n", "flash_attn")
 
 
-@dataclasses.dataclass(frozen=True)
-class ScratchPin(EnginePin):
-    """A pinned package whose series and overlay live in a scratch folder."""
-
-    root: Path = Path()
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.root / "patches"
-
-    @property
-    def overlay_dir(self) -> Path:
-        return self.root / "overlay"
-
-
 def _wheel(cache: Path, tag: str, native: bytes) -> Artifact:
     """A renamed-upstream-style wheel (fake_up) for one Python, placed in the sha256-keyed cache."""
     filename = f"fake_up-1.0-{tag}-{tag}-manylinux_2_28_x86_64.whl"
@@ -108,7 +92,7 @@ def test_a_renamed_package_with_a_wheel_per_python_builds_one_wheel_each(
     (tmp_path / "overlay" / "fakepkg" / "glue.py").write_text("GLUE = 1\n")
     primary = _wheel(tmp_path / "cache", "cp312", b"\x7fELF-312")
     other = _wheel(tmp_path / "cache", "cp310", b"\x7fELF-310")
-    pin = ScratchPin(
+    pin = ScratchEngine(
         "fake", "fake-up", "1.0", primary, None, "", "", "2.11.0", "renamed", (other,), pins_mod.LIBRARY,
         root=series.patches_dir.parent,
     )  # fmt: skip
