@@ -149,7 +149,7 @@ class PersistWorker(Worker):
         if not sess.loading:
             graph_bytes = upstream_capture()
             sess.timed("capture", started)
-            sess.save(before_write=lambda: None)  # vLLM's kernel warm-up ran before the capture (above)
+            sess.save()  # VllmAdapter warms no kernels here: its kernel warm-up ran before the capture (above)
         else:
             graph_bytes = 0
             sess.restore()

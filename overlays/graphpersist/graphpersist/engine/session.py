@@ -279,8 +279,9 @@ class PersistSession:
             comm.after_capture(self)
 
     # -- SAVE -----------------------------------------------------------------------------------------------------
-    def save(self, *, before_write: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Writes this rank's archive; rank 0 also carries the host's JIT caches."""
+    def save(self) -> dict[str, Any]:
+        """Writes this rank's archive; rank 0 also carries the host's JIT caches. Once the archive's content is fixed
+        and before those caches are packed, the adapter runs its kernel warm-up (`warm_kernels_before_save`)."""
         from graphpersist import breakdown
 
         assert self.saver is not None
@@ -290,7 +291,7 @@ class PersistSession:
         def warm() -> None:  # runs once the archive's content is fixed, before rank 0 packs the caches
             nonlocal warm_s
             began = time.perf_counter()
-            (before_write or (lambda: self.adapter.warm_kernels_before_save(self)))()
+            self.adapter.warm_kernels_before_save(self)
             warm_s = time.perf_counter() - began
 
         summary = self.saver.save(
