@@ -765,3 +765,28 @@ def test_the_sessions_lines_go_to_sglangs_own_logger(
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         ("sglang.srt.graphpersist", f"graphpersist: rank 0: saved 3 graphs to {tmp_path}")
     ]
+
+
+FA3_FWD_DECODE = (  # sgl-kernel 0.4.5's FA3 forward kernel for a 128-wide bf16 head, as the pinned wheel names it
+    "_ZN7cutlass13device_kernelIN5flash20enable_sm90_or_laterINS1_16FlashAttnFwdSm90INS1_25CollectiveMainloopFwdSm90"
+    "ILi2EN4cute5tupleIJNS5_1CILi1EEES8_S8_EEENS6_IJNS7_ILi128EEESA_SA_EEELi128ENS_10bfloat16_tEfNS_4arch4Sm90ELb0E"
+    "Lb0ELb0ELb0ELb1ELb0ELb0ELb0ELb1ELb1ELb1ELb0ELb0ESC_Lb0ELi1EEE"
+)
+
+
+def test_fa3_forward_bytes_it_never_reads_are_written_as_zeros(srt: SimpleNamespace) -> None:
+    """Two TP=1 SAVEs (2026-12-03) differed in sgl-kernel's FA3 forward parameter bytes 816-823 and 1072-1079
+    (0x501a00000001 in one, 0 in the other; the kernel never reads them): SAVE zeroes them, and nothing else."""
+    from graphpersist.graph import walk as graphwalk
+
+    unused = graphwalk.cached_unused(srt.adapter.SglangAdapter(SimpleNamespace()).unused_param_bytes)
+    assert unused is not None
+    raw = bytearray(b"\xab" * 1200)
+    raw[816:824] = raw[1072:1080] = (0x501A00000001).to_bytes(8, "little")
+    got = graphwalk.zero_ranges(bytes(raw), unused(FA3_FWD_DECODE, [(0, 1200)]))
+    assert got[816:824] == got[1072:1080] == bytes(8)
+    assert got[:816] + got[824:1072] + got[1080:] == b"\xab" * (1200 - 16)
+    assert unused(FA3_FWD_DECODE, [(0, 1024)]) == []  # too short to hold them: left alone
+    other_head = FA3_FWD_DECODE.replace("ELi128ENS_10bfloat16_t", "ELi64ENS_10bfloat16_t")
+    assert unused(other_head, [(0, 1200)]) == []  # another instantiation's layout was not checked: nothing zeroed
+    assert unused("_ZN5flash16FlashAttnFwdCombineIJEEEvv", [(0, 1200)]) == []
