@@ -28,7 +28,7 @@ from graphpersist.graph import build as graphbuild
 from graphpersist.graph import images, structure
 from graphpersist.graph.graphset import GraphSet
 from graphpersist.loadplan import LoadPlan, read_plan
-from graphpersist.memory import layout, phases, region, setup
+from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 
 MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
@@ -158,6 +158,7 @@ def _restore_memory(
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
+        hostmem.check_load(rec.extra.get("host_memory"))
     except (phases.PhaseError, region.RegionError) as exc:
         raise PersistError(f"{exc}: LOAD refused") from None
     layout.recorder().adopt(saved, saved_evs)

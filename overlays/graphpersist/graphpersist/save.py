@@ -28,7 +28,7 @@ from graphpersist.graph import images, structure
 from graphpersist.graph import pack as graphpack
 from graphpersist.graph import walk as graphwalk
 from graphpersist.graph.graphset import DuplicateGraph, GraphSet
-from graphpersist.memory import layout, phases, region, setup, state
+from graphpersist.memory import hostmem, layout, phases, region, setup, state
 from graphpersist.memory.tensors import tensor_spec
 
 
@@ -108,6 +108,7 @@ class _Prepared:
     pointer_phases: dict[str, int]  # graph addresses per phase that made their memory
     variable_pointers: list[list[int]]  # the first 64 in variable phases LOAD runs again
     torch_blocks: list[tuple[int, int]]  # setup.pointer_blocks
+    host_memory: dict[str, Any]  # hostmem.record: the pinned host allocations graphs read
 
 
 @dataclass
@@ -287,10 +288,11 @@ class Saver:
         in_region_numbers: set[int] = set()
         unused = graphwalk.cached_unused(self.unused_param_bytes)
         exec_flags: dict[str, int] = {}
+        host_mem = hostmem.for_save(mark.host_events)
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
-                saved[name] = graphwalk.serialize(g, table, lo, hi, unused)
+                saved[name] = graphwalk.serialize(g, table, lo, hi, unused, host_mem)
             except (graphformat.GraphFormatError, images.ImageError) as exc:
                 raise PersistError(f"graph {name!r}: {exc}") from None
             exec_flags[name] = _instantiate_flags(drv, name, e.graph)
@@ -343,7 +345,7 @@ class Saver:
             t0=t0, serialize_s=serialize_s, info=info, evs=evs, saved=saved, used=used, exec_flags=exec_flags,
             pointers=pointers, inv_fp=inv_fp, world=world_facts(live), mark=mark, phases=rec_phases, states=states,
             numbers=in_region_numbers, pointer_phases=by_phase, variable_pointers=[[a, n] for a, n in risky[:64]],
-            torch_blocks=blocks,
+            torch_blocks=blocks, host_memory=hostmem.record(set().union(*(sg.host for sg in saved.values())), host_mem),
         )  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: _Prepared, notes: dict[str, Any]) -> dict[str, Any]:
@@ -409,6 +411,7 @@ class Saver:
                     "pointer_phases": prep.pointer_phases,  # graph addresses per phase that made their memory
                     "variable_pointers": prep.variable_pointers,  # the first 64 in variable phases LOAD runs
                     "torch_blocks": [list(b) for b in prep.torch_blocks],  # setup.pointer_blocks
+                    "host_memory": prep.host_memory,  # memory.hostmem: pinned host allocations graphs read
                 },
             },
         )
@@ -420,6 +423,7 @@ class Saver:
             "in_region_numbers": len(prep.numbers),  # kernel-parameter words read as numbers (setup.param_values)
             "pointer_phases": prep.pointer_phases,
             "torch_blocks": len(prep.torch_blocks),
+            "host_memory": prep.host_memory,
             "images": len(used),
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},

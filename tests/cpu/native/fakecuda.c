@@ -235,6 +235,63 @@ EXPORT CUresult cuIpcGetMemHandle(void *handle, devptr_t p) { return E_NOT_SUPPO
 EXPORT CUresult cuIpcOpenMemHandle_v2(devptr_t *p, char handle[64], unsigned int flags) { return E_NOT_SUPPORTED; }
 EXPORT CUresult cuIpcCloseMemHandle(devptr_t p) { return E_NOT_SUPPORTED; }
 
+/* ---- pinned host memory: the driver's own allocations land wherever mmap puts them; registrations are counted,
+ * and a test can make cuMemHostRegister fail or the device pointer differ from the host address ---- */
+static int g_register_result, g_nregistered;
+static uint64_t g_devptr_skew;
+static range_t g_host[MAXN], g_reg[MAXN];
+static int g_nhost_live, g_nreg_live;
+
+EXPORT int fake_live_registered(void) { return g_nreg_live; }
+EXPORT int fake_live_host(void) { return g_nhost_live; }
+EXPORT void fake_set_register_result(int r) { g_register_result = r; }
+EXPORT void fake_set_devptr_skew(unsigned long long s) { g_devptr_skew = s; }
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    void *m = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return E_OUT_OF_MEMORY;
+    add_range(g_host, (uintptr_t)m, size ? size : 1, &g_nhost_live);
+    *pp = m;
+    trace("hostalloc", (uintptr_t)m);
+    return OK;
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostAlloc(pp, size, 0); }
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+    range_t *r = find_range(g_host, (uintptr_t)p, 0, 0);
+    if (!r) return E_INVALID_VALUE;
+    munmap(p, r->size);
+    r->used = 0;
+    g_nhost_live--;
+    trace("freehost", (uintptr_t)p);
+    return OK;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
+    if (g_register_result) return g_register_result;
+    if (flags != 3 || overlaps(g_reg, (uintptr_t)p, size)) return E_INVALID_VALUE; /* PORTABLE | DEVICEMAP */
+    add_range(g_reg, (uintptr_t)p, size, &g_nreg_live);
+    g_nregistered++;
+    trace("register", (uintptr_t)p);
+    return OK;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+    range_t *r = find_range(g_reg, (uintptr_t)p, 0, 0);
+    if (!r) return E_INVALID_VALUE;
+    r->used = 0;
+    g_nreg_live--;
+    trace("unregister", (uintptr_t)p);
+    return OK;
+}
+
+EXPORT CUresult cuMemHostGetDevicePointer_v2(devptr_t *d, void *p, unsigned int flags) {
+    if (!find_range(g_reg, (uintptr_t)p, 1, 1) && !find_range(g_host, (uintptr_t)p, 1, 1)) return E_INVALID_VALUE;
+    *d = (uintptr_t)p + g_devptr_skew;
+    return OK;
+}
+
 /* Launch attributes of a "kernel node": any handle works. Attribute ids divisible by 3 are not readable (801);
  * the others read as 64 bytes of (id + low byte of the node handle), so a test can tell attributes and nodes apart. */
 EXPORT CUresult cuGraphKernelNodeGetAttribute(void *node, int id, unsigned char *value) {
@@ -255,6 +312,9 @@ static const struct {
     {"cuMemAddressFree", (void *)cuMemAddressFree},
     {"cuMemMap", (void *)cuMemMap},
     {"cuMemUnmap", (void *)cuMemUnmap},
+    {"cuMemHostAlloc", (void *)cuMemHostAlloc},
+    {"cuMemAllocHost", (void *)cuMemAllocHost_v2},
+    {"cuMemFreeHost", (void *)cuMemFreeHost},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, unsigned long long flags, int *status) {

@@ -71,6 +71,11 @@ class Gp:
         c.gp_free_ranges.restype = ctypes.c_size_t
         c.gp_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, U64, U64]
         c.gp_last_error.restype = ctypes.c_char_p
+        c.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
+        c.cuMemAllocHost_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        c.cuMemFreeHost.argtypes = [ctypes.c_void_p]
+        c.gp_host_events.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        c.gp_host_events.restype = ctypes.c_size_t
         if f is not None:
             f.cuMemCreate.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t, ctypes.c_void_p, U64]
             f.cuMemRelease.argtypes = [U64]
@@ -114,6 +119,17 @@ class Gp:
     def ipc_close(self, addr: int) -> int:
         return self.c.cuIpcCloseMemHandle(addr)
 
+    def host_alloc(self, size: int, flags: int = 0) -> tuple[int, int]:
+        p = ctypes.c_void_p()
+        return self.c.cuMemHostAlloc(ctypes.byref(p), size, flags), p.value or 0
+
+    def alloc_host(self, size: int) -> tuple[int, int]:
+        p = ctypes.c_void_p()
+        return self.c.cuMemAllocHost_v2(ctypes.byref(p), size), p.value or 0
+
+    def free_host(self, addr: int) -> int:
+        return self.c.cuMemFreeHost(addr)
+
     # ---- control surface ----
     def reserve_region(self) -> int:
         assert self.c.gp_reserve_now() == 0, self.error()
@@ -135,6 +151,18 @@ class Gp:
         buf = (Event * max(n, 1))()
         self.c.gp_events(buf, n)
         return [(e.kind, e.addr, e.size, e.req, e.detail) for e in buf[:n]]
+
+    def host_events(self) -> list[tuple[int, int, int, int, int]]:
+        n = self.c.gp_host_events(None, 0)
+        buf = (Event * max(n, 1))()
+        self.c.gp_host_events(buf, n)
+        return [(e.kind, e.addr, e.size, e.req, e.detail) for e in buf[:n]]
+
+    def host_info(self) -> tuple[int, int, int, int, int]:
+        """(base, size, cursor, reserved, n_events) of the pinned host range."""
+        raw = (U64 * 5)()  # gp_host_info_t: three uint64 then two int64, all 8 bytes
+        self.c.gp_host_info(raw)
+        return tuple(ctypes.c_int64(v).value if i >= 3 else v for i, v in enumerate(raw))
 
     def free_list(self) -> list[tuple[int, int]]:
         n = self.c.gp_free_ranges(None, 0)

@@ -7,6 +7,7 @@ node: a silent archive would replay something different.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
 import json
@@ -55,14 +56,35 @@ def _param_layout(func: Any, name: str) -> list[tuple[int, int]]:
 _ADDR_LO, _ADDR_HI = 1 << 32, 1 << 57
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """Pinned host memory a kernel may read through its host address (mapped memory under unified addressing).
+
+    `restorable`: (addr, size) placed at fixed host addresses by the interposer during setup and live now, which
+    LOAD's setup makes again at the same addresses; `others`: (addr, size, why) live pinned memory that LOAD cannot
+    put back where it is. Both sorted by address."""
+
+    restorable: list[tuple[int, int]] = field(default_factory=list)
+    others: list[tuple[int, int, str]] = field(default_factory=list)
+
+
+def _holding(ranges: list[Any], v: int) -> Any:
+    """The entry of sorted, disjoint (addr, size, ...) `ranges` that holds `v`, or None."""
+    i = bisect.bisect_right([r[0] for r in ranges], v) - 1
+    return ranges[i] if i >= 0 and v < ranges[i][0] + ranges[i][1] else None
+
+
 class _ForeignPointers:
     """Refuses device addresses outside the fixed region: LOAD cannot recreate them (pinned host memory, managed
     memory, module globals, allocations made before the region existed). A parameter word counts as an address
-    when the driver knows it (cuPointerGetAttribute succeeds); answers are cached per value."""
+    when the driver knows it (cuPointerGetAttribute succeeds); answers are cached per value. Words in restorable
+    pinned host memory (HostMemory) are collected in `host` instead."""
 
-    def __init__(self, lo: int, hi: int) -> None:
+    def __init__(self, lo: int, hi: int, host_memory: HostMemory | None = None) -> None:
         self.lo, self.hi = lo, hi
         self.known: dict[int, str | None] = {}
+        self.host_memory = host_memory or HostMemory()
+        self.host: set[int] = set()
 
     def kind(self, v: int) -> str | None:
         """The memory type of a CUDA-known address, or None for a plain number."""
@@ -85,6 +107,13 @@ class _ForeignPointers:
         for j, v in enumerate(struct.unpack_from(f"<{n}Q", data) if n else ()):
             if self.lo <= v < self.hi:
                 inside.add(v)
+            elif _ADDR_LO <= v < _ADDR_HI and _holding(self.host_memory.restorable, v) is not None:
+                self.host.add(v)
+            elif _ADDR_LO <= v < _ADDR_HI and (other := _holding(self.host_memory.others, v)) is not None:
+                raise GraphFormatError(
+                    f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, in pinned host memory "
+                    f"{other[0]:#x}+{other[1]} that LOAD cannot put at the same address: {other[2]} (SAVE refused)"
+                )
             elif _ADDR_LO <= v < _ADDR_HI and self.kind(v) is not None:
                 raise GraphFormatError(
                     f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, {self.kind(v)} memory outside the "
@@ -216,6 +245,7 @@ class SavedGraph:
     pointers: set[int]
     table: bytes
     addresses: set[int] = field(default_factory=set)
+    host: set[int] = field(default_factory=set)  # kernel-parameter words in restorable pinned host memory
 
 
 def _kernel_info(table: ImageTable, func: Any) -> tuple[str, str, list[tuple[int, int]], dict[str, int], str]:
@@ -267,7 +297,12 @@ def zero_ranges(params: bytes, ranges: list[tuple[int, int]]) -> bytes:
 
 
 def serialize(
-    graph: Any, table: ImageTable, region_lo: int, region_hi: int, unused: UnusedBytes | None = None
+    graph: Any,
+    table: ImageTable,
+    region_lo: int,
+    region_hi: int,
+    unused: UnusedBytes | None = None,
+    host_memory: HostMemory | None = None,
 ) -> SavedGraph:
     """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
     drv = driver()
@@ -283,7 +318,7 @@ def serialize(
     funcs: dict[str, int] = {}
     func_list: list[list[Any]] = []
     numbering = EventNumbering()
-    foreign = _ForeignPointers(region_lo, region_hi)
+    foreign = _ForeignPointers(region_lo, region_hi, host_memory)
     probe = _AttrProbe(table.fresh_attrs)
     try:
         for i, nd in enumerate(nodes):
@@ -372,4 +407,4 @@ def serialize(
     table = pack_kernel_table(desc)
     desc["table_size"] = len(table)
     desc["table_sha256"] = hashlib.sha256(table).hexdigest()
-    return SavedGraph(desc, bytes(blob), pointers | addresses, table, addresses)
+    return SavedGraph(desc, bytes(blob), pointers | addresses, table, addresses, foreign.host)

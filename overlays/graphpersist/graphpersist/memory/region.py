@@ -35,6 +35,18 @@ OUTSIDE_WHY = {
     3: "cuMemAddressReserve at a caller-chosen address",
     4: "cuMemMap into a range the region did not hand out",
 }
+# Pinned host memory (native gp_host.c): its own log, never mixed into the device allocation log phases compare.
+HOST_KINDS = {12: "host_alloc", 13: "host_free", 14: "host_outside"}
+# Why pinned host memory was left to the driver (native enum gp_host_outside_why); a graph reading it is refused.
+HOST_OUTSIDE_WHY = {
+    1: "allocated before the region was enabled",
+    2: "write-combined (cuMemHostRegister cannot make it)",
+    3: "host placement is off (GP_HOST_BASE=0)",
+    4: "the pinned host range could not be reserved at GP_HOST_BASE",
+    5: "the pinned host range is full (raise GP_HOST_SIZE)",
+    6: "cuMemHostRegister failed",
+    7: "this device's pointer to it differs from the host address",
+}
 IMAGE_KINDS = {1: "module", 2: "module-ex", 3: "fatbinary", 4: "library"}
 IMAGE_FORMATS = {0: "unknown", 1: "fatbin", 2: "elf", 3: "ptx"}
 
@@ -53,6 +65,12 @@ class _Event(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("seq", "addr", "size", "req")] + [
         ("kind", ctypes.c_uint32),
         ("detail", ctypes.c_uint32),
+    ]
+
+
+class _HostInfo(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("base", "size", "cursor")] + [
+        (n, ctypes.c_int64) for n in ("reserved", "n_events")
     ]
 
 
@@ -92,6 +110,8 @@ class Event:
 
     def describe(self) -> str:
         what = f"{self.kind} of {self.req} bytes at {self.addr:#x}"
+        if self.kind == "host_outside":
+            return f"{what} ({HOST_OUTSIDE_WHY.get(self.detail, 'unknown reason')})"
         return f"{what} ({OUTSIDE_WHY.get(self.detail, 'unknown reason')})" if self.kind == "outside" else what
 
 
@@ -254,6 +274,9 @@ def lib() -> ctypes.CDLL:
         cdll.gp_set_cursor.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_enable.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
         cdll.gp_last_error.restype = ctypes.c_char_p
+        cdll.gp_host_info.argtypes = [ctypes.POINTER(_HostInfo)]
+        cdll.gp_host_events.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        cdll.gp_host_events.restype = ctypes.c_size_t
         cdll.gp_kernel_node_attrs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                               ctypes.c_void_p]  # fmt: skip
         _lib = cdll
@@ -286,6 +309,45 @@ def events() -> list[Event]:
     buf = (_Event * max(n, 1))()
     n = min(n, lib().gp_events(buf, n))
     return [Event(e.seq, EVENT_KINDS.get(e.kind, str(e.kind)), e.addr, e.size, e.req, e.detail) for e in buf[:n]]
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The pinned host range: where it lies (base 0: placement off), its cursor, whether it is reserved (1) or
+    could not be (-1), and how many host events there are."""
+
+    base: int
+    size: int
+    cursor: int
+    reserved: int
+    n_events: int
+
+
+def host_info() -> HostInfo:
+    raw = _HostInfo()
+    lib().gp_host_info(ctypes.byref(raw))
+    return HostInfo(raw.base, raw.size, raw.cursor, raw.reserved, raw.n_events)
+
+
+def host_events() -> list[Event]:
+    """The pinned host memory log: host_alloc (placed), host_outside (left to the driver), host_free."""
+    n = lib().gp_host_events(None, 0)
+    buf = (_Event * max(n, 1))()
+    n = min(n, lib().gp_host_events(buf, n))
+    return [Event(e.seq, HOST_KINDS.get(e.kind, str(e.kind)), e.addr, e.size, e.req, e.detail) for e in buf[:n]]
+
+
+def host_live(evs: list[Event], placed: bool = True) -> list[tuple[int, int]]:
+    """(addr, size) of pinned host memory live after `evs`, sorted: the placed allocations (`placed`), or those
+    left to the driver."""
+    live: dict[int, int] = {}
+    want = "host_alloc" if placed else "host_outside"
+    for e in evs:
+        if e.kind == want:
+            live[e.addr] = e.size
+        elif e.kind == "host_free":
+            live.pop(e.addr, None)
+    return sorted(live.items())
 
 
 def image_loads() -> list[ImageLoad]:

@@ -28,6 +28,7 @@ class SetupMark:
     tensors: list[list[Any]]
     segments: list[tuple[int, int]]  # torch's segments, sorted (addr, size)
     blocks: list[tuple[int, int]]  # torch's live blocks at mark_setup(), sorted (addr, size)
+    host_events: int = 0  # the pinned host memory log's length (memory.hostmem)
 
 
 _mark: SetupMark | None = None
@@ -67,9 +68,8 @@ def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = Fal
     layout.finish_setup()  # ends setup's last phase (the whole setup is one exact phase when none was named)
     evs = region.events()
     segments, blocks = _torch_blocks()
-    _mark = SetupMark(
-        len(evs), region.info().cursor, [[name, *tensor_key(t)] for name, t in tensors.items()], segments, blocks
-    )
+    named = [[name, *tensor_key(t)] for name, t in tensors.items()]
+    _mark = SetupMark(len(evs), region.info().cursor, named, segments, blocks, region.host_info().n_events)
     return len(evs)
 
 

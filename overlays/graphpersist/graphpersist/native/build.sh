@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/build}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-srcs="gp_state.c gp_lookup.c gp_mem.c gp_ipc_hooks.c gp_image_hooks.c gp_control.c gp_graph.c gp_core.c gp_ipc.c"
+srcs="gp_state.c gp_lookup.c gp_mem.c gp_ipc_hooks.c gp_host.c gp_image_hooks.c gp_control.c gp_graph.c gp_core.c gp_ipc.c"
 cd "$here"
 # shellcheck disable=SC2086
 gcc -O2 -fPIC -shared -Wall -Wextra -Wno-unused-parameter -fvisibility=hidden -g0 -ffile-prefix-map="$here"=. \

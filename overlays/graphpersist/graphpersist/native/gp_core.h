@@ -17,7 +17,22 @@ enum gp_event_kind {
     GP_EV_IPC_OPEN = 8,   /* cuIpcOpenMemHandle: a peer's allocation mapped into the region */
     GP_EV_IPC_CLOSE = 9,  /* cuIpcCloseMemHandle: that mapping removed (last reference) */
     GP_EV_LIB_MAP = 10,   /* cuMemMap by a library into a reservation we carved; req = offset in the reservation */
-    GP_EV_LIB_UNMAP = 11  /* cuMemUnmap of such a mapping; req = offset in the reservation */
+    GP_EV_LIB_UNMAP = 11, /* cuMemUnmap of such a mapping; req = offset in the reservation */
+    /* The host log (gp_host.c), never in the device log: detail = the caller's flags (alloc) or gp_host_outside_why */
+    GP_EV_HOST_ALLOC = 12,  /* cuMemHostAlloc / cuMemAllocHost placed in the host range */
+    GP_EV_HOST_FREE = 13,   /* cuMemFreeHost of a placed or tracked host allocation */
+    GP_EV_HOST_OUTSIDE = 14 /* pinned host memory left to the driver (see gp_host_outside_why) */
+};
+
+/* Why pinned host memory was left to the driver (gp_event_t.detail of a GP_EV_HOST_OUTSIDE event). */
+enum gp_host_outside_why {
+    GP_HOUT_NOT_ENABLED = 1,    /* before the region was enabled */
+    GP_HOUT_WRITECOMBINED = 2,  /* CU_MEMHOSTALLOC_WRITECOMBINED: cuMemHostRegister cannot make it */
+    GP_HOUT_OFF = 3,            /* GP_HOST_BASE=0: placement turned off */
+    GP_HOUT_RESERVE = 4,        /* the host range could not be reserved at GP_HOST_BASE */
+    GP_HOUT_EXHAUSTED = 5,      /* the host range is full */
+    GP_HOUT_REGISTER = 6,       /* cuMemHostRegister failed (or the driver lacks it) */
+    GP_HOUT_DEVPTR = 7          /* the device pointer differs from the host address on this device */
 };
 
 /* Why an allocation landed outside the region (gp_event_t.detail of a GP_EV_OUTSIDE event). */

@@ -96,6 +96,9 @@ static const hook_t g_hooks[] = {
     {"cuMemAllocAsync", "cuMemAllocAsync", (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz},
     {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync,
      (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemHostAlloc", "cuMemHostAlloc", (void *)cuMemHostAlloc, NULL},
+    {"cuMemAllocHost", "cuMemAllocHost_v2", (void *)cuMemAllocHost_v2, NULL},
+    {"cuMemFreeHost", "cuMemFreeHost", (void *)cuMemFreeHost, NULL},
     {"cuModuleLoad", "cuModuleLoad", (void *)cuModuleLoad, NULL},
     {"cuModuleLoadData", "cuModuleLoadData", (void *)cuModuleLoadData, NULL},
     {"cuModuleLoadDataEx", "cuModuleLoadDataEx", (void *)cuModuleLoadDataEx, NULL},
@@ -122,7 +125,7 @@ GP_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, i
     const hook_t *h = hook_by_base(symbol);
     if (!h) return r;
     if (strcmp(symbol, "cuMemAlloc") == 0 || strcmp(symbol, "cuMemFree") == 0 ||
-        strcmp(symbol, "cuMemAllocPitch") == 0) {
+        strcmp(symbol, "cuMemAllocPitch") == 0 || strcmp(symbol, "cuMemAllocHost") == 0) {
         if (ver < 3020) return r; /* the 32-bit v1 entry points: not ours */
     }
     if (strcmp(symbol, "cuGetProcAddress") == 0 && ver < 12000) {

@@ -18,6 +18,7 @@
  *   gp_lookup.c      the real driver and dlsym, the hook table, the dlsym and cuGetProcAddress hooks
  *   gp_mem.c         region placement and the memory hooks (alloc/free/reserve/map/managed/async)
  *   gp_ipc_hooks.c   VMM-IPC hooks (cuIpcGetMemHandle/Open/Close)
+ *   gp_host.c        pinned host memory at fixed host addresses (cuMemHostAlloc/AllocHost/FreeHost)
  *   gp_image_hooks.c module and library loads
  *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore,
  *                    set_cursor, freeze)
@@ -37,6 +38,8 @@
 
 #define GP_EXPORT __attribute__((visibility("default")))
 #define GP_SIZE_FACTOR 4ull
+#define GP_HOST_DEFAULT_BASE 0x4f0000000000ull /* pinned host range (gp_host.c), 16 TiB below the region's default */
+#define GP_HOST_DEFAULT_SIZE (64ull << 30)
 
 /* One allocation of ours (cuMemCreate + map), live until freed. */
 typedef struct {
@@ -89,7 +92,8 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
     X(cuIpcCloseMemHandle) X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary)      \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuGetProcAddress_v2) X(cuGraphAddKernelNode_v2)               \
     X(cuGraphKernelNodeSetAttribute) X(cuGraphKernelNodeGetAttribute) X(cuGraphAddDependencies_v2)                \
-    X(cuPointerGetAttribute) X(cuPointerGetAttributes)
+    X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)      \
+    X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer_v2)
 
 #define GP_DRIVER_FIELD(name) __typeof__(&name) name;
 typedef struct {

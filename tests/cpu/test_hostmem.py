@@ -1,0 +1,109 @@
+"""Pinned host memory that graphs read (memory/hostmem.py, graph/walk.py): SAVE takes a kernel-parameter word in a
+placed setup allocation as a host address to keep, refuses one in any other pinned memory naming it and why, and
+LOAD refuses unless each recorded allocation is live at the same address with the same size. The interposer runs
+for real in a child process over the fake driver (tests/cpu/native/fakecuda.c), as in test_native_host.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from graphpersist.graph.format import GraphFormatError
+from graphpersist.graph.walk import HostMemory, _ForeignPointers
+from graphpersist.memory import region
+
+HERE = Path(__file__).resolve().parent / "native"
+OVERLAY = Path(region.__file__).resolve().parents[2]
+LO, HI = 0x500000000000, 0x500000000000 + (1 << 30)
+HOST = 0x4F0000000000
+
+
+def words(*vals: int) -> bytes:
+    return struct.pack(f"<{len(vals)}Q", *vals)
+
+
+def test_a_word_in_restorable_host_memory_is_kept_as_a_host_address() -> None:
+    fp = _ForeignPointers(LO, HI, HostMemory(restorable=[(HOST, 4096), (HOST + 8192, 4096)]))
+    inside = fp.scan_params("node 3 kernel 'notify_dispatch'", words(LO + 64, HOST + 8, 7, HOST + 8192))
+    assert inside == {LO + 64}
+    assert fp.host == {HOST + 8, HOST + 8192}
+
+
+def test_a_word_in_other_pinned_memory_is_refused_naming_it_and_why() -> None:
+    hm = HostMemory(restorable=[(HOST, 4096)], others=[(HOST + 4096, 4096, "allocated after mark_setup()")])
+    fp = _ForeignPointers(LO, HI, hm)
+    with pytest.raises(GraphFormatError) as exc:
+        fp.scan_params("node 3 kernel 'notify_dispatch'", words(HOST, HOST + 4100))
+    msg = str(exc.value)
+    assert "parameter bytes 8..15" in msg and f"{HOST + 4100:#x}" in msg and f"{HOST + 4096:#x}+4096" in msg
+    assert "allocated after mark_setup()" in msg and "SAVE refused" in msg
+
+
+PRELUDE = """
+import json, ctypes
+from fakegp import Gp
+from graphpersist.errors import PersistError
+from graphpersist.memory import hostmem, region
+gp = Gp()
+out = {}
+"""
+
+
+def run(tmp_path: Path, code: str) -> dict:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed: cannot build the fake")
+    fake = tmp_path / "libfakecuda.so"
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wno-unused-parameter", "-Wl,-Bsymbolic", "-o", str(fake),
+                    str(HERE / "fakecuda.c")], check=True)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
+    env.update(LD_PRELOAD=str(region.build_interposer(tmp_path / "gp")), GP_LIBCUDA=str(fake),
+               GP_REGION_BASE=hex(LO), GP_REGION_SIZE=str(256 << 20),
+               PYTHONPATH=os.pathsep.join([str(HERE), str(OVERLAY)]))  # fmt: skip
+    script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT ") :])
+
+
+def test_save_keeps_setup_allocations_and_load_checks_them(tmp_path: Path) -> None:
+    out = run(tmp_path, """
+        rc, counter = gp.host_alloc(8, 2)          # setup: DeepEP's counters
+        rc, experts = gp.host_alloc(4096, 2)
+        setup_n = region.host_info().n_events      # what mark_setup() records
+        rc, late = gp.host_alloc(64, 2)            # after setup
+        rc, wc = gp.host_alloc(64, 4)              # write-combined: left to the driver
+        hm = hostmem.for_save(setup_n)
+        out["restorable"] = hm.restorable
+        out["others"] = [[a, s, why] for a, s, why in hm.others]
+        out["late"], out["wc"] = late, wc
+        rec = hostmem.record([counter, counter + 4, experts + 16], hm)
+        out["record"] = rec
+        out["checked"] = hostmem.check_load(json.loads(json.dumps(rec)))
+        out["none"] = hostmem.check_load(None)
+        gp.free_host(experts)                      # LOAD's setup differs: one allocation is gone
+        try:
+            hostmem.check_load(rec)
+        except PersistError as exc:
+            out["refused"] = str(exc)
+        try:
+            hostmem.check_load({"ranges": [[1, "2"]]})
+        except PersistError as exc:
+            out["malformed"] = str(exc)
+        """)  # fmt: skip
+    assert out["restorable"] == [[HOST, 4096], [HOST + 4096, 4096]]
+    whys = {a: why for a, _, why in out["others"]}
+    assert whys[out["late"]] == "allocated after mark_setup(), so LOAD's setup does not make it again: allocate it "\
+        "during setup"  # fmt: skip
+    assert whys[out["wc"]] == "write-combined (cuMemHostRegister cannot make it)"
+    assert out["record"] == {"ranges": [[HOST, 4096], [HOST + 4096, 4096]], "words": 3}
+    assert out["checked"] == 2 and out["none"] == 0
+    assert f"graphs read {HOST + 4096:#x}+4096 at SAVE" in out["refused"] and "LOAD refused" in out["refused"]
+    assert "extra.host_memory" in out["malformed"] and "LOAD refused" in out["malformed"]
