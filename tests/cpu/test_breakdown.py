@@ -11,10 +11,12 @@ def test_a_save_line_names_each_step_and_its_seconds() -> None:
         "images": 4,
         "split_s": {"prepare": 5.5, "write": 2.25, "shared": 1.0, "commit": 0.125},
         "pointer_phases": {"weights": 3},
+        "zeroed_kernels": 2,
     }
     line = breakdown.of_save(summary)
     assert line == ("serialize 3.81 s of prepare 5.50 s, write 2.25 s, shared files 1.00 s, commit 0.12 s; "
-                    "4 kernel images; graph addresses by phase {'weights': 3}")  # fmt: skip
+                    "4 kernel images; unread parameter bytes zeroed in 2 kernel(s); "
+                    "graph addresses by phase {'weights': 3}")  # fmt: skip
 
 
 def test_a_load_line_splits_the_graphs_into_rebuild_instantiate_and_upload() -> None:

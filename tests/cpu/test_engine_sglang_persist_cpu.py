@@ -790,3 +790,14 @@ def test_fa3_forward_bytes_it_never_reads_are_written_as_zeros(srt: SimpleNamesp
     other_head = FA3_FWD_DECODE.replace("ELi128ENS_10bfloat16_t", "ELi64ENS_10bfloat16_t")
     assert unused(other_head, [(0, 1200)]) == []  # another instantiation's layout was not checked: nothing zeroed
     assert unused("_ZN5flash16FlashAttnFwdCombineIJEEEvv", [(0, 1200)]) == []
+    assert unused.named == {FA3_FWD_DECODE: [(816, 824), (1072, 1080)]}  # what SAVE's log counts
+
+
+def test_an_fa3_forward_kernel_of_another_layout_is_left_alone_and_said(
+    srt: SimpleNamespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rule was checked for one Params block; any other layout keeps its bytes, with a warning naming it."""
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace())
+    with caplog.at_level(logging.WARNING, logger="sglang.srt.graphpersist"):
+        assert adapter.unused_param_bytes(FA3_FWD_DECODE, [(0, 8), (8, 2792)]) == []
+    assert "parameter layout [(0, 8), (8, 2792)], not the one checked" in caplog.text

@@ -12,7 +12,8 @@ def of_save(summary: Mapping[str, Any]) -> str:
     split = summary["split_s"]
     return (f"serialize {summary['serialize_s']:.2f} s of prepare {split['prepare']:.2f} s, "
             f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; "
-            f"{summary['images']} kernel images; graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
+            f"{summary['images']} kernel images; unread parameter bytes zeroed in {summary.get('zeroed_kernels', 0)} "
+            f"kernel(s); graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
 
 
 def of_load(timings: Mapping[str, float]) -> str:

@@ -109,6 +109,7 @@ class _Prepared:
     variable_pointers: list[list[int]]  # the first 64 in variable phases LOAD runs again
     torch_blocks: list[tuple[int, int]]  # setup.pointer_blocks
     host_memory: dict[str, Any]  # hostmem.record: the pinned host allocations graphs read
+    zeroed: dict[str, list[tuple[int, int]]]  # kernel -> the parameter bytes the engine named unread, written as zeros
 
 
 @dataclass
@@ -346,6 +347,7 @@ class Saver:
             pointers=pointers, inv_fp=inv_fp, world=world_facts(live), mark=mark, phases=rec_phases, states=states,
             numbers=in_region_numbers, pointer_phases=by_phase, variable_pointers=[[a, n] for a, n in risky[:64]],
             torch_blocks=blocks, host_memory=hostmem.record(set().union(*(sg.host for sg in saved.values())), host_mem),
+            zeroed=unused.named if unused is not None else {},
         )  # fmt: skip
 
     def _write(self, w: ArchiveWriter, rank: int, prep: _Prepared, notes: dict[str, Any]) -> dict[str, Any]:
@@ -425,6 +427,8 @@ class Saver:
             "torch_blocks": len(prep.torch_blocks),
             "host_memory": prep.host_memory,
             "images": len(used),
+            "zeroed_kernels": len(prep.zeroed),
+            "zeroed_params": prep.zeroed,
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
             "phases": [(p.name, p.start, p.end, p.limit) for p in prep.phases],

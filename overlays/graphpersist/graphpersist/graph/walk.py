@@ -266,24 +266,34 @@ def _kernel_info(table: ImageTable, func: Any) -> tuple[str, str, list[tuple[int
 UnusedBytes = Callable[[str, list[tuple[int, int]]], list[tuple[int, int]]]
 
 
-def cached_unused(fn: UnusedBytes | None) -> UnusedBytes | None:
-    """`fn` asked once per kernel of a SAVE (its graphs launch a few hundred kernels hundreds of thousands of times),
-    its answer checked to lie within the parameters."""
-    if fn is None:
-        return None
-    answers: dict[tuple[str, tuple[tuple[int, int], ...]], list[tuple[int, int]]] = {}
+class CachedUnused:
+    """An engine's `unused_param_bytes`, asked once per kernel of a SAVE (its graphs launch a few hundred kernels
+    hundreds of thousands of times), its answer checked to lie within the parameters. `named` keeps the kernels it
+    answered with bytes to zero, so SAVE can say which rules fired (a rule that never fires is visible in the log)."""
 
-    def unused(name: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def __init__(self, fn: UnusedBytes) -> None:
+        self.fn = fn
+        self.answers: dict[tuple[str, tuple[tuple[int, int], ...]], list[tuple[int, int]]] = {}
+
+    def __call__(self, name: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
         key = (name, tuple(layout))
-        if key not in answers:
+        if key not in self.answers:
             total = max((o + s for o, s in layout), default=0)
-            ranges = [(int(a), int(b)) for a, b in fn(name, list(layout))]
+            ranges = [(int(a), int(b)) for a, b in self.fn(name, list(layout))]
             if bad := [(a, b) for a, b in ranges if not 0 <= a <= b <= total]:
                 raise GraphFormatError(f"kernel {name!r}: unused parameter bytes {bad[0]} outside its {total} bytes")
-            answers[key] = ranges
-        return answers[key]
+            self.answers[key] = ranges
+        return self.answers[key]
 
-    return unused
+    @property
+    def named(self) -> dict[str, list[tuple[int, int]]]:
+        """Kernel name -> the byte ranges zeroed, for every kernel the engine named bytes of."""
+        return {name: ranges for (name, _layout), ranges in self.answers.items() if ranges}
+
+
+def cached_unused(fn: UnusedBytes | None) -> CachedUnused | None:
+    """`fn` behind a CachedUnused; None stays None (nothing is zeroed)."""
+    return None if fn is None else CachedUnused(fn)
 
 
 def zero_ranges(params: bytes, ranges: list[tuple[int, int]]) -> bytes:

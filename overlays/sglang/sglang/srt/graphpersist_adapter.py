@@ -41,9 +41,18 @@ _FA3_FWD_UNREAD = ((816, 824), (1072, 1080))
 def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Byte ranges [start, end) of `kernel`'s parameters it never reads, which SAVE writes as zeros so two SAVEs are
     byte-identical: the FA3 forward kernel's padding above. Other kernels: none."""
-    if _FA3_FWD_V128_BF16.search(kernel) and layout and layout[0][1] >= _FA3_FWD_UNREAD[-1][1]:
+    if not _FA3_FWD_V128_BF16.search(kernel):
+        return []
+    if len(layout) == 1 and layout[0][1] >= _FA3_FWD_UNREAD[-1][1]:
         start = layout[0][0]
         return [(start + begin, start + end) for begin, end in _FA3_FWD_UNREAD]
+    SglangAdapter.logger.warning(
+        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block of "
+        "at least %d bytes): its unread bytes are kept as captured, so two SAVEs may differ there",
+        kernel[:120],
+        layout,
+        _FA3_FWD_UNREAD[-1][1],
+    )
     return []
 
 
