@@ -376,13 +376,14 @@ def test_a_payload_with_invalid_json_is_refused_when_read(saved: Path):
 def test_each_record_commits_to_its_files_and_to_itself(saved: Path):
     archive = open_archive(saved)
     for rank in archive.ranks:
-        digests = archive.rank_facts(rank).extra["digests"]
+        digests = archive.rank_facts(rank).extra.digests
+        assert digests is not None
         own = {
             rel for rel in archive.manifest.files if rel.startswith(f"rank_{rank}/") and not rel.endswith("rank.json")
         }
         shared = {"engine.json"} if rank == 0 else set()
-        assert set(digests["files"]) == own | shared
-        assert all(archive.manifest.files[rel].sha256 == sha for rel, sha in digests["files"].items())
+        assert set(digests.files) == own | shared
+        assert all(archive.manifest.files[rel].sha256 == sha for rel, sha in digests.files.items())
 
 
 def test_a_record_edited_and_its_table_entry_regenerated_is_refused(saved: Path):
@@ -473,7 +474,7 @@ def test_facts_the_reader_would_refuse_fail_the_save(tmp_path: Path):
             "device": device(0),
             "region": {"base": 0, "size": 1, "final_offset": 0},
             "pointers": {"fingerprint": "x", "count": 0},
-            "extra": {"deep": deep},
+            "extra": {"engine_notes": {"deep": deep}},
         }
         with pytest.raises(ArchiveError, match=r"invalid facts for rank 0: it would not read back: nested deeper"):
             writer.set_rank_facts(0, record)

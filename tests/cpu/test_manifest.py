@@ -17,6 +17,7 @@ from graphpersist.archive.manifest import (
     Manifest,
     ManifestError,
     PointerInventory,
+    RankExtra,
     RankRecord,
     RegionFacts,
     UnsupportedFormat,
@@ -56,7 +57,7 @@ def a_rank_record() -> RankRecord:
         pointers=PointerInventory(fingerprint="01" * 32, count=7),
         graphs=(graph,),
         images=(image,),
-        extra={"note": ["anything", 1]},
+        extra=RankExtra(setup_events=1, setup_cursor=4096, engine_notes={"note": ["anything", 1]}),
     )
 
 
@@ -197,7 +198,7 @@ def test_rank_record_defaults_are_empty_and_rank_dir_is_stable():
             "pointers": {"fingerprint": "x", "count": 0},
         }
     )
-    assert record.graphs == () and record.images == () and record.extra == {}
+    assert record.graphs == () and record.images == () and record.extra == RankExtra()
     assert record.device == DeviceFacts(index=1, uuid="GPU-x", pci_bus_id="0000:3a:00.0")
     assert rank_dir(3) == "rank_3"
 

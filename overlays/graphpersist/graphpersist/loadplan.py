@@ -2,11 +2,12 @@
 
 LOAD replays kernel parameters and raw device addresses out of these files, and native code indexes arrays with
 the numbers they hold. So every value LOAD (and `graphpersist check`, `inspect`, `diff`) reads is checked for its
-type and range here, once, and any problem is an ArchiveError naming the file and the field: the graph pack and
-its index (graphpack), the allocation log and the phases (`alloc_log.json`, rank.json's `extra.phases`, or
-`extra.setup_events`/`setup_cursor` before phases), the declared state (`extra.state`), torch's blocks graphs read
-(`extra.torch_blocks`), the setup tensors (`setup_tensors.json`), the pointer inventory (`pointers.json`), each
-graph's static input and output tensors. Needs neither torch nor CUDA.
+type and range once, and any problem is an ArchiveError naming the file and the field. rank.json's `extra` (phases,
+declared state, torch's blocks graphs read, the engine's notes) is checked by its parser, RankExtra, when the archive
+is opened; here what spans files: the phases against the allocation log (`alloc_log.json`; `extra.setup_events`/
+`setup_cursor` required before phases), each "bytes" state against its payload, the graph pack and its index
+(graphpack), the setup tensors (`setup_tensors.json`), the pointer inventory (`pointers.json`), each graph's static
+input and output tensors. Needs neither torch nor CUDA.
 
 `read_plan(archive, rank)` is LOAD's fast path: shapes, ranges and sizes, the bytes hashed once by open_archive.
 `read_plan(..., every_byte=True)` is `graphpersist check`: it also parses every kernel node, recomputes each graph's
@@ -16,6 +17,7 @@ table sha256, and reads and hashes every kernel image and declared-state payload
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable
@@ -34,14 +36,11 @@ from graphpersist.memory.region import EVENT_KINDS, Event
 
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 # torch's dtype names as tensor specs write them (str(dtype) without "torch."): a name outside these families would
 # make LOAD's getattr(torch, name) find something that is not a dtype.
 _DTYPE = re.compile(r"(float|bfloat|int|uint|complex|bool|qint|quint|bits)[0-9a-z_]*")
 _MAX_DIMS = 64
 _EVENT_KINDS = frozenset(EVENT_KINDS.values())
-_PHASE_INTS = ("start_event", "end_event", "start", "end", "limit")
-_PHASE_BOOLS = ("exact", "skip_on_load", "post_capture", "implicit")
 
 
 @dataclass
@@ -80,10 +79,7 @@ def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bo
     try:
         events, saved_phases = read_layout(archive, rank)
         states = _states(archive, rank, record, rec_rel, every_byte)
-        blocks = _pairs(record.extra.get("torch_blocks", []), rec_rel, "extra.torch_blocks")
-        notes = record.extra.get("engine_notes") or {}
-        if not isinstance(notes, dict):
-            raise _Refusal(rec_rel, "extra.engine_notes", "must be an object")
+        blocks = list(record.extra.torch_blocks or ())
         setup_rel = f"{rank_dir(rank)}/setup_tensors.json"
         setup_tensors = _setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_rel)
         graphs, pointers = _graphs_and_pointers(archive, rank, record, full, every_byte)
@@ -92,7 +88,8 @@ def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bo
                 archive.read_path(im.file)  # verified against its table entry, which equals the image's sha256
     except _Refusal as exc:
         raise ArchiveError(archive.root, str(exc)) from None
-    return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, dict(notes))
+    notes = record.engine_notes()
+    return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, notes)
 
 
 def read_graphs(
@@ -121,11 +118,12 @@ def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.P
     log_rel = f"{rank_dir(rank)}/alloc_log.json"
     try:
         events = _events(archive.read_json(rank, "alloc_log.json"), log_rel)
-        if "phases" in record.extra:
-            saved = _phases(record.extra["phases"], rec_rel, len(events))
+        extra = record.extra
+        if extra.phases is not None:
+            saved = _phases(extra.phases, rec_rel, len(events))
         else:
-            n = _uint_at(record.extra.get("setup_events"), rec_rel, "extra.setup_events")
-            cursor = _uint_at(record.extra.get("setup_cursor"), rec_rel, "extra.setup_cursor")
+            n = _uint_at(extra.setup_events, rec_rel, "extra.setup_events")
+            cursor = _uint_at(extra.setup_cursor, rec_rel, "extra.setup_cursor")
             if n > len(events):
                 raise _Refusal(rec_rel, "extra.setup_events", f"{n} events, the allocation log holds {len(events)}")
             saved = phases.legacy(n, cursor)
@@ -176,52 +174,21 @@ def _events(log: Any, rel: str) -> list[Event]:
     return out
 
 
-def _phases(rows: Any, rel: str, n_events: int) -> list[phases.Phase]:
-    out = []
-    for i, row in enumerate(_list_at(rows, rel, "extra.phases")):
-        where = f"extra.phases[{i}]"
-        if type(row) is not dict:
-            raise _Refusal(rel, where, f"must be an object, got {_kind(row)}")
-        unknown = set(row) - set(phases.Phase.__dataclass_fields__)
-        if unknown or not isinstance(row.get("name"), str):
-            raise _Refusal(rel, where, f"needs a name and only Phase's fields, got {sorted(map(shown, row))[:8]}")
-        for key in _PHASE_BOOLS:
-            if key in row and type(row[key]) is not bool:
-                raise _Refusal(rel, f"{where}.{key}", f"must be true or false, got {_kind(row[key])}")
-        for key in _PHASE_INTS:
-            if key in row:
-                _uint_at(row[key], rel, f"{where}.{key}")
-        for key in ("headroom", "span"):
-            if row.get(key) is not None:
-                _uint_at(row[key], rel, f"{where}.{key}")
-        ph = phases.Phase.from_json(row)
-        if not ph.start_event <= ph.end_event <= n_events:
+def _phases(saved: tuple[phases.Phase, ...], rel: str, n_events: int) -> list[phases.Phase]:
+    """The record's phases (RankExtra checked each), each within the allocation log; copies, for the Recorder."""
+    for i, ph in enumerate(saved):
+        if ph.end_event > n_events:
+            where = f"extra.phases[{i}]"
             raise _Refusal(rel, where, f"events {ph.start_event}..{ph.end_event} outside the log's {n_events}")
-        if not ph.start <= ph.end <= ph.limit:
-            raise _Refusal(rel, where, f"offsets start {ph.start}, end {ph.end}, limit {ph.limit} out of order")
-        out.append(ph)
-    return out
+    return [dataclasses.replace(ph) for ph in saved]
 
 
 def _states(archive: Archive, rank: int, record: RankRecord, rel: str, every_byte: bool) -> list[state.StateRecord]:
-    out = []
-    for i, row in enumerate(_list_at(record.extra.get("state", []), rel, "extra.state")):
-        where = f"extra.state[{i}]"
-        if type(row) is not dict or set(row) - set(state.StateRecord.__dataclass_fields__):
-            raise _Refusal(rel, where, "must be an object of StateRecord's fields")
-        name, how, sha, file, ph = (row.get(k) for k in ("name", "how", "sha256", "file", "phase"))
-        if not isinstance(name, str) or how not in state.HOWS or not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise _Refusal(rel, where, "needs a name, how (bytes or recreated) and a sha256")
-        _uint_at(row.get("addr"), rel, f"{where}.addr", 1)
-        _uint_at(row.get("nbytes"), rel, f"{where}.nbytes", 1)
-        if ph is not None and not isinstance(ph, str):
-            raise _Refusal(rel, f"{where}.phase", f"must be a phase name or null, got {_kind(ph)}")
-        if (how == "bytes") != isinstance(file, str) or (file is not None and not isinstance(file, str)):
-            raise _Refusal(rel, f"{where}.file", "names the payload of a 'bytes' state, and only of one")
-        record_ = state.StateRecord.from_json(row)
-        if how == "bytes":
-            _state_payload(archive, rank, record_, rel, where, every_byte)
-        out.append(record_)
+    """The record's declared state (RankExtra checked each), each "bytes" state's payload a file of the rank."""
+    out = list(record.extra.state or ())
+    for i, r in enumerate(out):
+        if r.how == "bytes":
+            _state_payload(archive, rank, r, rel, f"extra.state[{i}]", every_byte)
     return out
 
 
@@ -239,15 +206,6 @@ def _state_payload(archive: Archive, rank: int, r: state.StateRecord, rel: str, 
         raise _Refusal(rel, where, f"payload {shown(r.file, 80)} has {entry.size} bytes, the state {r.nbytes}")
     if every_byte and hashlib.sha256(archive.read(rank, r.file)).hexdigest() != r.sha256:
         raise _Refusal(rel, where, f"payload {shown(r.file, 80)} does not hash to the state's sha256")
-
-
-def _pairs(rows: Any, rel: str, where: str) -> list[tuple[int, int]]:
-    out = []
-    for i, row in enumerate(_list_at(rows, rel, where)):
-        if type(row) is not list or len(row) != 2:
-            raise _Refusal(rel, f"{where}[{i}]", f"must be [address, size], got {_kind(row)}")
-        out.append((_uint_at(row[0], rel, f"{where}[{i}][0]"), _uint_at(row[1], rel, f"{where}[{i}][1]")))
-    return out
 
 
 def _ints(value: Any, rel: str, where: str, limit: int = _I64) -> list[int]:

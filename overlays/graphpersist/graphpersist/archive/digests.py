@@ -20,9 +20,9 @@ against the file table alone.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,12 +33,12 @@ from graphpersist.archive.manifest import (
     RANK_RECORD_NAME,
     FileEntry,
     RankRecord,
+    RecordDigests,
     rank_dir,
 )
 from graphpersist.archive.shown import shown
 
-KEY = "digests"  # the key in a rank record's `extra`
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+KEY = "digests"  # the key in a rank record's `extra` (RankExtra.digests, whose parser checks its shape)
 
 
 def record_digest(record: Mapping[str, Any]) -> str:
@@ -65,12 +65,13 @@ def owned(rel: str, rank: int) -> bool:
 
 def committed(record: RankRecord, files: Mapping[str, str]) -> RankRecord:
     """`record` with extra.digests set: the sha256 of `files` (what it owns, see owned()) and of itself."""
-    if KEY in record.extra:
+    if record.extra.digests is not None:
         raise ValueError(f"extra.{KEY} is written by the archive writer, not given")
-    extra = {**record.extra, KEY: {"files": dict(sorted(files.items()))}}
-    data = {**record.to_dict(), "extra": extra}
-    extra[KEY]["record"] = record_digest(data)
-    return RankRecord.from_dict({**data, "extra": extra})
+    owned_files = dict(sorted(files.items()))
+    data = record.to_dict()
+    data["extra"][KEY] = {"files": owned_files}
+    digests = RecordDigests(files=owned_files, record=record_digest(data))
+    return dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests))
 
 
 def problems(
@@ -89,22 +90,18 @@ def problems(
         if check is not None and rank not in check:
             continue
         where = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-        digests = record.extra.get(KEY)
+        digests = record.extra.digests
         if digests is None:
             continue  # written before commitments: the file table alone vouches for its files
-        shape = _shape_problem(digests)
-        if shape:
-            out.append(f"{where}: extra.{KEY} {shape}")
-            continue
         doc = docs[rank] if docs is not None and rank in docs else record.to_dict()
-        if record_digest(doc) != digests["record"]:
+        if record_digest(doc) != digests.record:
             out.append(
                 f"{where} does not hash to its extra.{KEY}.record: it was changed after SAVE wrote it (and the file "
                 f"table regenerated to match)"
             )
             continue
-        trusted[rank] = digests["files"]
-        for rel, sha in sorted(digests["files"].items()):
+        trusted[rank] = digests.files
+        for rel, sha in sorted(digests.files.items()):
             entry = files.get(rel)
             if not owned(rel, rank):
                 out.append(f"{where} commits to {shown(rel, 120)}, which is not rank {rank}'s to commit to")
@@ -123,14 +120,3 @@ def problems(
                     f"{shown(rel, 120)} is in {what} but {rank_dir(rank)}/{RANK_RECORD_NAME} does not commit to it"
                 )
     return out
-
-
-def _shape_problem(digests: Any) -> str | None:
-    if not isinstance(digests, dict) or set(digests) != {"files", "record"}:
-        return "must be an object with exactly `files` and `record`"
-    if not isinstance(digests["record"], str) or not _SHA256.fullmatch(digests["record"]):
-        return "record must be a sha256 (64 lower-case hex digits)"
-    files = digests["files"]
-    if not isinstance(files, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in files.values()):
-        return "files must map archive paths to sha256s"
-    return None

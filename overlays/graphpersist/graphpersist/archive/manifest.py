@@ -14,7 +14,8 @@ bumps FORMAT_VERSION; a reader refuses versions it does not know instead of half
 Reading is total: any bytes give a record or a ManifestError naming the problem. The JSON itself is read by
 safejson (strict: UTF-8, no duplicate keys, no NaN/Infinity, integers within 64 bits, bounded nesting); then
 every field is type-checked, and every integer field (all are counts, sizes, indices, ranks or addresses) must
-lie in 0 .. 2**64-1. Free-form fields (`flags` values, `extra`) take any JSON that passes safejson.
+lie in 0 .. 2**64-1. Free-form fields (`flags` values, `extra.engine_notes`) take any JSON that passes safejson;
+the rest of a rank's `extra` is the typed RankExtra, checked key by key.
 Manifest.consistency_problems() adds the checks that span fields (ranks against parallel.world_size).
 """
 
@@ -36,6 +37,9 @@ from typing import Any
 
 from graphpersist.archive import safejson
 from graphpersist.archive.shown import shown
+from graphpersist.memory.phases import Phase
+from graphpersist.memory.state import HOWS as STATE_HOWS
+from graphpersist.memory.state import StateRecord
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
@@ -46,6 +50,7 @@ RANK_RECORD_NAME = "rank.json"
 RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")  # a rank's folder at the top of an archive
 IMAGES_DIR = "images"  # kernel images at the top of an archive, one file per sha256 whichever ranks load it
 UINT_MAX = 2**64 - 1  # the largest value of an integer field
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ManifestError(ValueError):
@@ -253,8 +258,70 @@ class DeviceFacts:
 
 
 @dataclass(frozen=True)
+class RecordDigests:
+    """What a rank record commits to (graphpersist.archive.digests): the sha256 of every file it owns, by archive
+    path, and of the record itself as canonical JSON without `record`."""
+
+    files: dict[str, str]
+    record: str
+
+
+@dataclass(frozen=True)
+class RankExtra:
+    """The runtime's own notes in a rank record (rank.json's `extra`): LOAD lays memory out, restores declared state
+    and hands the engine its notes from them, but never compares them as facts.
+
+    Every key is optional (None: absent) because SAVEs of format 2 wrote fewer of them as the runtime grew; an
+    absent key stays absent when the record is written back, so the JSON keeps its keys. What LOAD needs but an
+    older archive may lack (`setup_events`/`setup_cursor` without `phases`) is loadplan's to require. Parsed once,
+    by from_dict: a mistyped, out-of-range or unknown key is a ManifestError naming it (`extra.phases[1].start: ...`),
+    so nothing downstream meets a value of the wrong type.
+    """
+
+    setup_events: int | None = None  # before phases: how many log events setup made
+    setup_cursor: int | None = None  # before phases: the cursor when setup ended
+    address_fingerprints: dict[str, str] | None = None  # graph name -> graph.format.address_fingerprint
+    granularity: int | None = None  # the region's allocation granularity
+    phases: tuple[Phase, ...] | None = None  # memory.phases, in order; None: one exact phase (phases.legacy)
+    state: tuple[StateRecord, ...] | None = None  # declared device state (memory.state)
+    engine_notes: dict[str, Any] | None = None  # the engine glue's free-form notes (save(notes=...))
+    pointer_phases: dict[str, int] | None = None  # graph addresses per phase that made their memory
+    variable_pointers: tuple[tuple[int, str], ...] | None = None  # the first 64 (address, phase) in variable phases
+    torch_blocks: tuple[tuple[int, int], ...] | None = None  # (address, size) of torch's blocks graphs read
+    digests: RecordDigests | None = None  # written by the archive writer (graphpersist.archive.digests)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object rank.json holds: the keys present, in the order SAVE has always written them."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name in ("phases", "state"):
+                out[f.name] = [row.to_json() for row in value]
+            else:
+                out[f.name] = _to_json(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "extra") -> RankExtra:
+        """Checks and converts rank.json's `extra`; ManifestError naming the key (and item) that is wrong."""
+        if not isinstance(data, Mapping):
+            raise ManifestError(f"{where}: must be an object, got {_show(data)}")
+        unknown = [str(k) for k in data if k not in _EXTRA_PARSERS]
+        if unknown:
+            raise _unknown_fields(where, unknown)
+        values = {}
+        for key, value in data.items():
+            if value is None and key == "engine_notes":
+                continue  # as loadplan always read it: no notes
+            values[key] = _EXTRA_PARSERS[key](value, f"{where}.{key}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class RankRecord:
-    """What one rank saved. `extra` is informational (never compared): room for the runtime's own notes."""
+    """What one rank saved. `extra` holds the runtime's own notes (RankExtra): read by LOAD, never compared."""
 
     rank: int
     device: DeviceFacts
@@ -262,11 +329,11 @@ class RankRecord:
     pointers: PointerInventory
     graphs: tuple[GraphRecord, ...] = ()
     images: tuple[ImageRecord, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: RankExtra = field(default_factory=RankExtra)
 
     def engine_notes(self) -> dict[str, Any]:
         """A copy of the notes the engine's glue had SAVE keep for this rank (save(notes=...)); empty if none."""
-        return dict(self.extra.get("engine_notes") or {})
+        return dict(self.extra.engine_notes or {})
 
     def to_dict(self) -> dict[str, Any]:
         return _to_json(self)
@@ -465,6 +532,8 @@ def _clip(text: str, limit: int = 60) -> str:
 
 
 def _to_json(obj: Any) -> Any:
+    if isinstance(obj, RankExtra):
+        return obj.to_dict()  # absent keys stay absent
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
@@ -551,6 +620,8 @@ def _converter(tp: Any) -> Converter:
     scalar = _scalar(tp)
     if scalar is not None:
         return scalar[1]
+    if tp is RankExtra:  # its own parser, naming keys as rank.json does (`extra.phases[1].start`)
+        return lambda value, where: RankExtra.from_dict(value)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _union_converter(tp)
@@ -604,10 +675,7 @@ def _record_converter(tp: Any) -> Converter:
         if not isinstance(value, Mapping):
             raise ManifestError(f"{where} must be an object, got {type(value).__name__}")
         if not value.keys() <= names:
-            unknown = sorted(str(k) for k in set(value) - names)
-            listed = ", ".join(_clip(k) for k in unknown[:8])
-            listed += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
-            raise ManifestError(f"{where}: unknown field(s) {listed} for this format version")
+            raise _unknown_fields(where, [str(k) for k in set(value) - names])
         kwargs = {}
         for name, required, exact, field_converter in fields:
             if name not in value:
@@ -623,6 +691,13 @@ def _record_converter(tp: Any) -> Converter:
         return tp(**kwargs)
 
     return convert
+
+
+def _unknown_fields(where: str, keys: list[str]) -> ManifestError:
+    unknown = sorted(keys)
+    listed = ", ".join(_clip(k) for k in unknown[:8])
+    listed += f", … ({len(unknown)} in all)" if len(unknown) > 8 else ""
+    return ManifestError(f"{where}: unknown field(s) {listed} for this format version")
 
 
 def _tuple_converter(item_tp: Any) -> Converter:
@@ -653,3 +728,140 @@ def _dict_converter(item_tp: Any) -> Converter:
         return {k: item_converter(v, f"{where}.{_clip(k)}") for k, v in value.items()}
 
     return convert
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RankExtra's keys, one parser each: (value, where) -> the typed value, or ManifestError "<where>: <what is wrong>"
+# (the wording LOAD's refusals have always used). Checks that need other files (a phase's events against the
+# allocation log, a state's payload against the file table) are loadplan's.
+
+_PHASE_INTS = ("start_event", "end_event", "start", "end", "limit")
+_PHASE_BOOLS = ("exact", "skip_on_load", "post_capture", "implicit")
+_PHASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Phase))
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(StateRecord))
+
+
+def _uint(value: Any, where: str, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= UINT_MAX:
+        raise ManifestError(f"{where}: must be an integer from {low} to 2**64-1, got {_show(value)}")
+    return value
+
+
+def _rows(value: Any, where: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise ManifestError(f"{where}: must be a list, got {_show(value)}")
+    return value
+
+
+def _str_keys(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ManifestError(f"{where}: must be an object {what}, got {_show(value)}")
+    return value
+
+
+def _names_to_str(value: Any, where: str) -> dict[str, str]:
+    found = _str_keys(value, where, "of graph names to fingerprints")
+    for key, item in found.items():
+        if not isinstance(item, str):
+            raise ManifestError(f"{where}.{_clip(key)}: must be a string, got {_show(item)}")
+    return dict(found)
+
+
+def _names_to_uint(value: Any, where: str) -> dict[str, int]:
+    found = _str_keys(value, where, "of phase names to counts")
+    return {key: _uint(item, f"{where}.{_clip(key)}") for key, item in found.items()}
+
+
+def _notes(value: Any, where: str) -> dict[str, Any]:
+    """Free-form JSON (safejson checked it), but an object: the engine's glue looks its sections up by name."""
+    return dict(_str_keys(value, where, "(the engine's notes)"))
+
+
+def _pairs(value: Any, where: str, second: str) -> tuple[tuple[int, Any], ...]:
+    """[[address, size]] (`second` "size") or [[address, phase name]] (`second` "phase")."""
+    out = []
+    for i, row in enumerate(_rows(value, where)):
+        at = f"{where}[{i}]"
+        if not isinstance(row, list | tuple) or len(row) != 2:
+            raise ManifestError(f"{at}: must be [address, {second}], got {_show(row)}")
+        address = _uint(row[0], f"{at}[0]")
+        if second == "size":
+            out.append((address, _uint(row[1], f"{at}[1]")))
+        elif isinstance(row[1], str):
+            out.append((address, row[1]))
+        else:
+            raise ManifestError(f"{at}[1]: must be a phase name, got {_show(row[1])}")
+    return tuple(out)
+
+
+def _phases(value: Any, where: str) -> tuple[Phase, ...]:
+    out = []
+    for i, row in enumerate(_rows(value, where)):
+        at = f"{where}[{i}]"
+        if not isinstance(row, Mapping):
+            raise ManifestError(f"{at}: must be an object, got {_show(row)}")
+        if set(row) - _PHASE_FIELDS or not isinstance(row.get("name"), str):
+            raise ManifestError(f"{at}: needs a name and only Phase's fields, got {sorted(map(shown, row))[:8]}")
+        for key in _PHASE_BOOLS:
+            if key in row and type(row[key]) is not bool:
+                raise ManifestError(f"{at}.{key}: must be true or false, got {_show(row[key])}")
+        for key in _PHASE_INTS:
+            if key in row:
+                _uint(row[key], f"{at}.{key}")
+        for key in ("headroom", "span"):
+            if row.get(key) is not None:
+                _uint(row[key], f"{at}.{key}")
+        ph = Phase.from_json(row)
+        if not ph.start_event <= ph.end_event:
+            raise ManifestError(f"{at}: events {ph.start_event}..{ph.end_event} out of order")
+        if not ph.start <= ph.end <= ph.limit:
+            raise ManifestError(f"{at}: offsets start {ph.start}, end {ph.end}, limit {ph.limit} out of order")
+        out.append(ph)
+    return tuple(out)
+
+
+def _states(value: Any, where: str) -> tuple[StateRecord, ...]:
+    out = []
+    for i, row in enumerate(_rows(value, where)):
+        at = f"{where}[{i}]"
+        if not isinstance(row, Mapping) or set(row) - _STATE_FIELDS:
+            raise ManifestError(f"{at}: must be an object of StateRecord's fields")
+        name, how, sha, file, ph = (row.get(k) for k in ("name", "how", "sha256", "file", "phase"))
+        if not isinstance(name, str) or how not in STATE_HOWS or not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise ManifestError(f"{at}: needs a name, how (bytes or recreated) and a sha256")
+        _uint(row.get("addr"), f"{at}.addr", 1)
+        _uint(row.get("nbytes"), f"{at}.nbytes", 1)
+        if ph is not None and not isinstance(ph, str):
+            raise ManifestError(f"{at}.phase: must be a phase name or null, got {_show(ph)}")
+        if (how == "bytes") != isinstance(file, str) or (file is not None and not isinstance(file, str)):
+            raise ManifestError(f"{at}.file: names the payload of a 'bytes' state, and only of one")
+        out.append(StateRecord.from_json(row))
+    return tuple(out)
+
+
+def _digests(value: Any, where: str) -> RecordDigests:
+    if not isinstance(value, Mapping) or set(value) != {"files", "record"}:
+        raise ManifestError(f"{where}: must be an object with exactly `files` and `record`")
+    if not isinstance(value["record"], str) or not _SHA256.fullmatch(value["record"]):
+        raise ManifestError(f"{where}.record: must be a sha256 (64 lower-case hex digits)")
+    files = value["files"]
+    if not isinstance(files, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and _SHA256.fullmatch(v) for k, v in files.items()
+    ):
+        raise ManifestError(f"{where}.files: must map archive paths to sha256s")
+    return RecordDigests(files=dict(files), record=value["record"])
+
+
+_EXTRA_PARSERS: dict[str, Converter] = {
+    "setup_events": _uint,
+    "setup_cursor": _uint,
+    "address_fingerprints": _names_to_str,
+    "granularity": _uint,
+    "phases": _phases,
+    "state": _states,
+    "engine_notes": _notes,
+    "pointer_phases": _names_to_uint,
+    "variable_pointers": lambda value, where: _pairs(value, where, "phase"),
+    "torch_blocks": lambda value, where: _pairs(value, where, "size"),
+    "digests": _digests,
+}  # one per RankExtra field (test_rank_extra round-trips a record that has them all)

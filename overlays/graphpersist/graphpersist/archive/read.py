@@ -237,9 +237,6 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
                 continue
             if record.rank != rank:
                 record_problems.append(f"{rel} says rank {record.rank}, but it lies in the folder of rank {rank}")
-            notes = record.extra.get("engine_notes")
-            if notes is not None and not isinstance(notes, dict):  # the engine's glue reads them (engine_notes())
-                record_problems.append(f"{rel}: extra.engine_notes must be an object")
             records[rank] = record
         for rel in manifest.files:  # in the file table's order
             problem, data = checks[rel].result()
