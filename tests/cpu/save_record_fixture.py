@@ -12,6 +12,7 @@ its rank.json to OUT.json. tests/cpu/data/rank-record-before-rank-extra.json was
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -99,8 +100,17 @@ def prepared(save: ModuleType) -> tuple[Any, Any]:
         phases=rec_phases, states=states, numbers=set(),
         pointer_phases={"(setup)": len(inventory) - 1, "kv_cache": 1},
         variable_pointers=[[buffers[1], "kv_cache"]], torch_blocks=[(REGION_BASE + 4096, MIB)],
+        **later_fields(save),
     )  # fmt: skip
     return saver, prep
+
+
+def later_fields(save: ModuleType) -> dict[str, Any]:
+    """_Prepared's fields added after the committed record was made, with what a SAVE without them writes: no pinned
+    host memory read, no parameter bytes zeroed (so the fixture runs on the runtime before and after them)."""
+    later = {"host_memory": {"ranges": [], "words": 0}, "zeroed": {}}
+    have = {f.name for f in dataclasses.fields(save._Prepared)}
+    return {k: v for k, v in later.items() if k in have}
 
 
 def write_one_rank(save: ModuleType, root: Path) -> Path:

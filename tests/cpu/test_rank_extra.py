@@ -23,7 +23,7 @@ from test_save_before_write import save_module, two_gpu_host  # noqa: F401  (fix
 
 from graphpersist.archive import ArchiveError, open_archive
 from graphpersist.archive import digests as archive_digests
-from graphpersist.archive.manifest import ManifestError, RankExtra, RankRecord, RecordDigests
+from graphpersist.archive.manifest import HostMemoryRecord, ManifestError, RankExtra, RankRecord, RecordDigests
 from graphpersist.loadplan import read_plan
 from graphpersist.memory.phases import Phase
 from graphpersist.memory.state import StateRecord
@@ -111,6 +111,7 @@ def full_extra() -> RankExtra:
         pointer_phases={"(setup)": 7},
         variable_pointers=((1 << 40, "kv_cache"),),
         torch_blocks=((1 << 40, 4096),),
+        host_memory=HostMemoryRecord(ranges=((0x4F0000000000, 4096),), words=3),
         digests=RecordDigests(files={"rank_0/alloc_log.json": SHA}, record=SHA),
     )
 
@@ -200,6 +201,9 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("torch_blocks", {}, r"\.torch_blocks: must be a list"),
     ("torch_blocks.0", [1, 2, 3], r"\.torch_blocks\[0\]: must be \[address, size\]"),
     ("torch_blocks.0.0", "0x1", r"\.torch_blocks\[0\]\[0\]: must be an integer"),
+    ("host_memory", [], r"\.host_memory: must be an object with exactly `ranges` and `words`$"),
+    ("host_memory.words", -1, r"\.host_memory\.words: must be an integer"),
+    ("host_memory.ranges.0", [1], r"\.host_memory\.ranges\[0\]: must be \[address, size\]"),
     ("digests", "x", r"\.digests: must be an object with exactly `files` and `record`$"),
     ("digests.record", "abc", r"\.digests\.record: must be a sha256 \(64 lower-case hex digits\)$"),
     ("digests.files.rank_0/x", "no", r"\.digests\.files: must map archive paths to sha256s$"),

@@ -158,7 +158,7 @@ def _restore_memory(
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
-        hostmem.check_load(rec.extra.get("host_memory"))
+        hostmem.check_load(rec.extra.host_memory)
     except (phases.PhaseError, region.RegionError) as exc:
         raise PersistError(f"{exc}: LOAD refused") from None
     layout.recorder().adopt(saved, saved_evs)

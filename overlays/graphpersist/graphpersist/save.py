@@ -413,7 +413,8 @@ class Saver:
                     "pointer_phases": prep.pointer_phases,  # graph addresses per phase that made their memory
                     "variable_pointers": prep.variable_pointers,  # the first 64 in variable phases LOAD runs
                     "torch_blocks": [list(b) for b in prep.torch_blocks],  # setup.pointer_blocks
-                    "host_memory": prep.host_memory,  # memory.hostmem: pinned host allocations graphs read
+                    # memory.hostmem: pinned host allocations graphs read; absent when they read none
+                    **({"host_memory": prep.host_memory} if prep.host_memory["ranges"] else {}),
                 },
             },
         )

@@ -267,6 +267,16 @@ class RecordDigests:
 
 
 @dataclass(frozen=True)
+class HostMemoryRecord:
+    """The pinned host allocations a rank's graphs read (graphpersist.memory.hostmem): (address, size) of each, placed
+    by the interposer during setup, and how many kernel-parameter words point into them. LOAD's setup must make each
+    again at the same address with the same size."""
+
+    ranges: tuple[tuple[int, int], ...]
+    words: int
+
+
+@dataclass(frozen=True)
 class RankExtra:
     """The runtime's own notes in a rank record (rank.json's `extra`): LOAD lays memory out, restores declared state
     and hands the engine its notes from them, but never compares them as facts.
@@ -288,6 +298,7 @@ class RankExtra:
     pointer_phases: dict[str, int] | None = None  # graph addresses per phase that made their memory
     variable_pointers: tuple[tuple[int, str], ...] | None = None  # the first 64 (address, phase) in variable phases
     torch_blocks: tuple[tuple[int, int], ...] | None = None  # (address, size) of torch's blocks graphs read
+    host_memory: HostMemoryRecord | None = None  # pinned host memory graphs read (memory.hostmem); absent if none
     digests: RecordDigests | None = None  # written by the archive writer (graphpersist.archive.digests)
 
     def to_dict(self) -> dict[str, Any]:
@@ -852,6 +863,14 @@ def _digests(value: Any, where: str) -> RecordDigests:
     return RecordDigests(files=dict(files), record=value["record"])
 
 
+def _host_memory(value: Any, where: str) -> HostMemoryRecord:
+    if not isinstance(value, Mapping) or set(value) != {"ranges", "words"}:
+        raise ManifestError(f"{where}: must be an object with exactly `ranges` and `words`")
+    return HostMemoryRecord(
+        ranges=_pairs(value["ranges"], f"{where}.ranges", "size"), words=_uint(value["words"], f"{where}.words")
+    )
+
+
 _EXTRA_PARSERS: dict[str, Converter] = {
     "setup_events": _uint,
     "setup_cursor": _uint,
@@ -864,4 +883,5 @@ _EXTRA_PARSERS: dict[str, Converter] = {
     "variable_pointers": lambda value, where: _pairs(value, where, "phase"),
     "torch_blocks": lambda value, where: _pairs(value, where, "size"),
     "digests": _digests,
+    "host_memory": _host_memory,
 }  # one per RankExtra field (test_rank_extra round-trips a record that has them all)

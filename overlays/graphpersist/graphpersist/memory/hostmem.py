@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from graphpersist.archive.manifest import HostMemoryRecord
 from graphpersist.errors import PersistError
 from graphpersist.graph.walk import HostMemory
 from graphpersist.memory import region
@@ -43,16 +44,13 @@ def record(words: Iterable[int], hm: HostMemory) -> dict[str, Any]:
     return {"ranges": [list(r) for r in ranges], "words": len(words)}
 
 
-def check_load(saved: Any, where: str = "rank.json extra.host_memory") -> int:
+def check_load(saved: HostMemoryRecord | None) -> int:
     """LOAD, after setup: every pinned host allocation graphs read at SAVE is live at the same address with the
-    same size. Refuses naming the first that is not (saved and live). Returns how many were checked."""
+    same size. Refuses naming the first that is not (saved and live). Returns how many were checked. The record was
+    checked for its types when the archive was read (archive.manifest.RankExtra)."""
     if saved is None:
         return 0
-    ranges = saved.get("ranges") if isinstance(saved, dict) else None
-    if not isinstance(ranges, list) or not all(
-        isinstance(r, list) and len(r) == 2 and all(type(x) is int and x >= 0 for x in r) for r in ranges
-    ):
-        raise PersistError(f"archive field {where}: not a list of [address, size] pairs: LOAD refused")
+    ranges = saved.ranges
     live = region.host_live(region.host_events())
     live_at = dict(live)
     for addr, size in ranges:
