@@ -166,6 +166,61 @@ def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
         assert "graphpersist exec" in told[0]
 
 
+# `vllm serve`: the CLI's own cli_env_setup sets spawn for a user who chose none (patch 0005 tells the glue); what
+# each case adds before it runs, and what vLLM's processes then use.
+CLI_START = {
+    "cli-default": "pass",
+    "user-chose-spawn": 'os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"',
+    "cuda-initialised": "torch.cuda._is_compiled = torch.cuda.is_initialized = lambda: True",
+    "numa-bind": 'sys.argv.append("--numa-bind")',
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "interposer", "case", "expected"),
+    [
+        ("off", True, "cli-default", "spawn"),  # off: the CLI's spawn, untouched
+        ("load", True, "cli-default", "fork"),  # the cut: no reason to spawn, so vLLM's library default
+        ("save", True, "cli-default", "fork"),
+        ("load", False, "cli-default", "spawn"),  # a fork of this process would lack the runtime
+        ("load", True, "user-chose-spawn", "spawn"),  # the user's choice stands
+        ("load", True, "cuda-initialised", "spawn"),  # vLLM's own reasons for spawn still hold
+        ("load", True, "numa-bind", "spawn"),
+    ],
+)
+def test_vllm_serve_forks_under_persistence_where_vllm_itself_would(
+    vllm: WarmPython, tmp_path: Path, mode: str, interposer: bool, case: str, expected: str
+) -> None:
+    """The real cli_env_setup, then the switch, then get_mp_context twice (decided once, then kept)."""
+    outcome = vllm.run(
+        f"""
+        from graphpersist.memory import region
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+        from vllm.utils.system_utils import get_mp_context
+        region.loaded = lambda: {interposer!r}  # CPU: no LD_PRELOAD in this interpreter
+        os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+        {CLI_START[case]}
+        cli_env_setup()
+        EngineArgs(model=MODEL, graph_persist={mode!r}, graph_persist_dir={str(tmp_path)!r})
+        result = {{"methods": [get_mp_context().get_start_method(), get_mp_context().get_start_method()],
+                   "environ": os.environ["VLLM_WORKER_MULTIPROC_METHOD"]}}
+        """
+    )
+    got = outcome.ok()
+    assert got["methods"] == [expected, expected]
+    forked = expected == "fork"
+    assert got["environ"] == expected  # what every later call and every forked child reads
+    told = [line for line in outcome.output.splitlines() if "instead of the CLI's default spawn" in line]
+    assert len(told) == forked, outcome.output  # said once, and only when it acts
+    vllm_must_spawn = [line for line in outcome.output.splitlines() if "We must use the `spawn`" in line]
+    if case == "cuda-initialised":
+        assert len(vllm_must_spawn) == 1 and "CUDA is initialized" in vllm_must_spawn[0], outcome.output
+    elif case == "numa-bind":
+        assert len(vllm_must_spawn) == 1 and "NUMA binding requires spawn" in vllm_must_spawn[0], outcome.output
+    else:
+        assert vllm_must_spawn == [], outcome.output
+
+
 def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_starts(
     vllm: WarmPython, tmp_path: Path
 ) -> None:
@@ -571,6 +626,17 @@ PATCHED_LINES = {
             "CustomAllreduce.capture",
             ["                self.register_graph_buffers()"],
             ["                graphpersist_customar.register_graph_buffers(self)"],
+        ),
+    ],
+    "vllm/entrypoints/serve/utils/api_utils.py": [
+        (
+            "cli_env_setup",
+            [],
+            [
+                "        from vllm.graphpersist_switch import note_cli_default_spawn",
+                "",
+                "        note_cli_default_spawn()",
+            ],
         ),
     ],
     "vllm/utils/system_utils.py": [

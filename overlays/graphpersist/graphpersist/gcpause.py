@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector paused while LOAD reads and rebuilds an archive.
+"""Python's cyclic garbage collector during LOAD: paused while LOAD reads and rebuilds an archive, and the
+start-up heap frozen when a LOAD's session starts (below).
 
 LOAD allocates hundreds of thousands of small containers (records, descriptions, index entries) that it keeps,
 and none of them form cycles. Every few hundred allocations the collector runs, and now and then a full pass
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -24,3 +27,60 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# ---------------------------------------------------------------------------------------------- the start-up heap
+#
+# An engine process imports torch and the engine (millions of objects) before its persistence session starts, and
+# the engine then runs about nine full collections during its start (memory snapshots, profiling, its own freeze
+# at the end: 3.5 s measured in a vLLM TP=1 LOAD). gc.freeze() moves every object alive now into the permanent
+# generation, which no collection walks: each later pass looks only at what the start created since. It frees
+# nothing early and keeps nothing alive that a collection would not have kept, except cyclic garbage that already
+# exists (the imports' own, no device memory: the session freezes before its region exists); the engines' own
+# shutdown (gc.unfreeze) hands all of it back.
+
+
+def freeze_at_start(loading: bool) -> int | None:
+    """LOAD: freezes the heap as it stands (the imports) and returns how many objects are frozen now; SAVE and
+    persistence off: nothing (None), so SAVE's start stays the baseline's."""
+    if not loading:
+        return None
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+class CollectionMeter:
+    """Counts and times the collector's passes from `start()` to `stop()` (gc.callbacks), by generation: the
+    per-rank stats say what collections cost a start, with and without the freeze."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._began: float | None = None
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._began = now
+        elif self._began is not None:
+            generation = info.get("generation", 2)
+            self.passes[generation] += 1
+            self.seconds[generation] += now - self._began
+            self._began = None
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, Any]:
+        """`{"full_passes": n, "full_s": s, "passes": [g0, g1, g2], "seconds": [g0, g1, g2]}`."""
+        return {
+            "full_passes": self.passes[2],
+            "full_s": round(self.seconds[2], 4),
+            "passes": list(self.passes),
+            "seconds": [round(s, 4) for s in self.seconds],
+        }

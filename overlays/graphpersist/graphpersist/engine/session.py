@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphpersist import rankstats, switch
+from graphpersist import gcpause, rankstats, switch
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.errors import PersistError
 
@@ -73,6 +73,8 @@ class PersistSession:
     kernel_choices: Any = None  # graphpersist.graph.kernelchoice.Choices when the engine pins Inductor's choices
     done: bool = False
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
+    frozen: int | None = None  # LOAD: objects of the start-up heap gc.freeze() moved out of the collector's way
+    gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
     _listeners: dict[str, list[Callable[..., None]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,12 +165,15 @@ class PersistSession:
 
     # -- start ----------------------------------------------------------------------------------------------------
     def start(self) -> Any:
-        """Before distributed init: the address region on this rank's GPU; LOAD also refuses what the facts known
-        this early contradict, puts the JIT caches back before anything compiles, and anchors the phases."""
+        """Before distributed init: the address region on this rank's GPU; LOAD also freezes the start-up heap
+        (graphpersist.gcpause), refuses what the facts known this early contradict, puts the JIT caches back before
+        anything compiles, and anchors the phases."""
         import torch
 
         from graphpersist import api
 
+        self.gc_meter.start()
+        self.frozen = gcpause.freeze_at_start(self.loading)  # the imports' heap, before any device memory exists
         torch.cuda.set_device(self.adapter.device_index())  # the region belongs to this rank's GPU
         info = api.start_region()
         if self.loading:
@@ -404,12 +409,15 @@ class PersistSession:
             "phases": self.timings,
             "jitcache_restored": self.restored_files,
         }
+        stats["gc"] = {"frozen_at_start": self.frozen, **self.gc_meter.summary()}  # collections since start()
         if self.kernel_choices is not None:  # only an engine that pins Inductor's choices counts them (vLLM)
             stats["kernel_choices"] = dict(self.kernel_choices.counts)
         return {**stats, **self.stats_extra}
 
     def write_stats(self) -> None:
-        """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set)."""
+        """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set); the end of the start, so
+        the collection meter stops here."""
+        self.gc_meter.stop()
         rankstats.write(self.rank, self.stats())
 
 

@@ -1,0 +1,140 @@
+"""graphpersist.gcpause at start-up: LOAD freezes the imports' heap, SAVE and persistence off leave the collector
+as upstream has it, and the meter counts the collections a start runs.
+
+Each case runs in a fresh interpreter: a freeze is process-wide and would change the test process's collector.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+RUNTIME = Path(__file__).resolve().parents[2] / "overlays" / "graphpersist"
+
+
+def run(code: str) -> Any:
+    """Runs `code` in a fresh Python with the runtime importable; returns the JSON it prints last."""
+    env = {**os.environ, "PYTHONPATH": str(RUNTIME)}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+# A cycle made before the start (an import's leftover) and one made after (the engine's own garbage), each with a
+# weak reference that says whether a collection freed it.
+CYCLES = """
+import gc, json, weakref
+from graphpersist import gcpause
+
+class Node:
+    pass
+
+def cycle():
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+old = cycle()
+tracked_before = len(gc.get_objects())
+frozen = gcpause.freeze_at_start(loading=LOADING)
+tracked_after = len(gc.get_objects())
+new = cycle()
+gc.collect()
+result = {"frozen": frozen, "freeze_count": gc.get_freeze_count(), "old_alive": old() is not None,
+          "new_alive": new() is not None, "tracked_before": tracked_before, "tracked_after": tracked_after}
+gc.unfreeze()  # what the engines' shutdown does
+gc.collect()
+result["old_alive_after_unfreeze"] = old() is not None
+print(json.dumps(result))
+"""
+
+
+def test_load_freezes_the_start_up_heap_and_still_collects_what_the_start_makes() -> None:
+    got = run(CYCLES.replace("LOADING", "True"))
+    assert got["frozen"] == got["freeze_count"] > 1000  # the interpreter's and the runtime's objects
+    assert got["tracked_after"] < got["tracked_before"] - 1000  # full passes no longer walk them
+    assert got["new_alive"] is False  # garbage made after the freeze is collected as before
+    assert got["old_alive"] is True  # garbage that existed at the freeze waits for the unfreeze
+    assert got["old_alive_after_unfreeze"] is False
+
+
+def test_save_and_off_leave_the_collector_as_upstream_has_it() -> None:
+    got = run(CYCLES.replace("LOADING", "False"))
+    assert got["frozen"] is None and got["freeze_count"] == 0
+    assert got["old_alive"] is False and got["new_alive"] is False
+
+
+def test_the_meter_counts_full_passes_and_younger_ones_apart() -> None:
+    got = run(
+        """
+        import gc, json
+        from graphpersist import gcpause
+        meter = gcpause.CollectionMeter()
+        gc.collect()  # before start(): not counted
+        meter.start()
+        meter.start()  # idempotent: one callback
+        gc.collect()
+        gc.collect()
+        gc.collect(0)
+        meter.stop()
+        gc.collect()  # after stop(): not counted
+        print(json.dumps(meter.summary()))
+        """
+    )
+    assert got["full_passes"] == 2 and got["passes"][2] == 2
+    assert got["passes"][0] >= 1  # gc.collect(0), and whatever the interpreter ran meanwhile
+    assert got["full_s"] >= 0 and got["full_s"] == got["seconds"][2]
+
+
+def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> None:
+    """PersistSession.start() freezes before it touches the GPU; its stats carry the freeze and the meter. torch is
+    stood in (CPU test host: no CUDA), the region start and LOAD's checks too: what is pinned is the order."""
+    code = """
+    import gc, json, sys, types
+    from pathlib import Path
+    calls = []
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (), {}),
+                                       set_device=lambda i: calls.append(("set_device", gc.get_freeze_count() > 0)))
+    sys.modules["torch"] = torch
+    from graphpersist import api, switch
+    from graphpersist.engine import session as session_mod
+
+    api.start_region = lambda: types.SimpleNamespace(base=0x500000000000, size=1 << 40)
+    api.use_layout = lambda directory, rank: calls.append(("use_layout", gc.get_freeze_count() > 0))
+    class Adapter:
+        name = "fake"
+        note_sections = ()
+        logger = types.SimpleNamespace(info=lambda *a: None)
+        unused_param_bytes = None
+        def device_index(self): return 0
+        def model_facts(self): return {}
+        def cache_resolvers(self): return {}
+    session_mod.PersistSession._record_caches = lambda self: None
+    session_mod.PersistSession.count_every_capture = lambda self: None
+    session_mod.PersistSession.check_before_setup = lambda self: calls.append(("check", gc.get_freeze_count() > 0))
+    session_mod.PersistSession.restore_caches = lambda self: None
+    resolved = switch.Switch(switch.Mode.MODE, Path("/archive"), "test", "test")
+    sess = session_mod.PersistSession.open(Adapter(), resolved, 0, 1)
+    sess.start()
+    gc.collect()
+    stats = sess.stats()["gc"]
+    sess.write_stats()
+    gc.collect()
+    print(json.dumps({"calls": calls, "gc": stats, "after_stop": sess.stats()["gc"]["full_passes"]}))
+    """
+    load = run(code.replace("MODE", "LOAD"))
+    assert load["calls"] == [["set_device", True], ["check", True], ["use_layout", True]]
+    assert load["gc"]["frozen_at_start"] > 1000
+    assert load["gc"]["full_passes"] >= 1
+    assert load["after_stop"] == load["gc"]["full_passes"]  # write_stats ends the start: the meter stops
+    save = run(code.replace("MODE", "SAVE"))
+    assert save["calls"] == [["set_device", False]]
+    assert save["gc"]["frozen_at_start"] is None
