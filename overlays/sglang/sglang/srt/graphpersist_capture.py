@@ -177,7 +177,9 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
             }
         )
     except structure.StructureError as exc:
-        raise PersistError(f"graphpersist: {exc}: SAVE refused (use --cuda-graph-backend-prefill disabled)") from None
+        instead = "serve without --moe-a2a-backend deepep" if sess.adapter.capturing == "decode" else (
+            "use --cuda-graph-backend-prefill disabled")  # fmt: skip
+        raise PersistError(f"graphpersist: {exc}: SAVE refused ({instead})") from None
 
 
 def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
