@@ -487,3 +487,12 @@ def test_our_deep_ep_buffer_keeps_the_fabric_settings_patch_0001_resolved(
     kept = [lines.index("self.allow_mnnvl = allow_mnnvl"), lines.index("self.use_fabric = use_fabric")]
     made = next(i for i, s in enumerate(lines) if s.startswith("self.runtime = deep_ep_cpp.Buffer("))
     assert resolved < min(kept) and max(kept) < made
+
+
+def test_a_start_the_flag_turns_off_tells_deep_ep_so(srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deep_ep reads the mode from GRAPHPERSIST_MODE: with --graph-persist off under GRAPHPERSIST_MODE=save its Buffer
+    must see off (upstream's fabric settings, low-latency allowed), as the engine does."""
+    env = {switch.MODE_ENV: "save", switch.DIR_ENV: "/data/gp"}
+    monkeypatch.setattr("os.environ", env)
+    assert not srt.switch.resolve_server_args(SimpleNamespace(graph_persist="off", graph_persist_dir=None)).enabled
+    assert env == {switch.MODE_ENV: "off", switch.DIR_ENV: "/data/gp"}
