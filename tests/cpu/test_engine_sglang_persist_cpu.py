@@ -33,7 +33,8 @@ from graphpersist.errors import PersistError
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast", "deepep")
+MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast",
+           "deepep")  # fmt: skip
 GiB = 1 << 30
 
 
