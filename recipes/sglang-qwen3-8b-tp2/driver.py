@@ -2,9 +2,11 @@
 
 The proof runner (`python -m gptools prove`, see proof.toml) starts this once per run as its own process group:
 `python driver.py --run NAME --mode off|save|load [--archive DIR] --result FILE [--tp N] [--disable-cuda-graph]
-[--disable-custom-all-reduce] [--enable-torch-symm-mem]`. Without `--model DIR` it writes a Qwen3-8B `config.json`
-next to the run folders (one path for every run: the model path is part of the configuration LOAD compares), loads
-dummy weights and no tokenizer (prompts are token ids): what runs on the GPU host. `--model` takes a real checkpoint.
+[--disable-custom-all-reduce] [--enable-torch-symm-mem] [--deepep]`. Without `--model DIR` it writes a Qwen3-8B
+`config.json` next to the run folders (one path for every run: the model path is part of the configuration LOAD
+compares), loads dummy weights and no tokenizer (prompts are token ids): what runs on the GPU host. `--model` takes a
+real checkpoint. `--deepep` (recipes/sglang-qwen3-30b-a3b-ep2-deepep) serves a Qwen3-30B-A3B-shaped MoE instead,
+with DeepEP expert parallelism over the TP ranks in normal mode (`DEEPEP_KWARGS`).
 
 The model config, the prompts and the workloads are the vLLM recipe's (recipes/vllm-qwen3-8b-tp2/driver.py, loaded
 from its file), so both engines answer the same requests: sequential prompts one at a time; a concurrent batch; an
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import statistics
@@ -64,6 +67,37 @@ DECODE_TOKENS = 256
 SYMM_MEM_NO_MULTICAST_ENV = "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"
 ENGINE_FLAGS = ("disable_cuda_graph", "disable_custom_all_reduce", "enable_torch_symm_mem")  # Engine(flag=True)
 
+# --deepep: Qwen3-30B-A3B's shape (its Hugging Face config.json: 48 layers, 128 experts, top-8), dummy weights.
+QWEN3_30B_A3B: dict[str, Any] = {
+    **QWEN3_8B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "max_window_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+}
+# DeepEP's normal (high-throughput) mode over the TP ranks, the only DeepEP mode persistence takes (low-latency needs
+# NVSHMEM). Its normal-mode experts run on DeepGEMM's BF16 grouped GEMM (SGLang refuses unquantized normal mode
+# otherwise). Decode batch sizes are multiples of 8, as SGLang makes its breakable prefill sizes for DeepEP; with
+# persistence on the decode graphs are breakable (DeepEP runs between segments), off upstream runs without graphs.
+DEEPEP_KWARGS: dict[str, Any] = {
+    "moe_a2a_backend": "deepep",
+    "deepep_mode": "normal",
+    "moe_runner_backend": "deep_gemm",
+    "cuda_graph_bs_decode": [8, 16, 32, 64],
+}
+
 # SGLang's one summary line (main process), printed once every scheduler reported ready.
 STARTUP_LINE = re.compile(
     r"Engine startup timings \(s\): load_weight=([\d.]+), kv_cache_allocation=([\d.]+), "
@@ -89,6 +123,8 @@ def engine_kwargs(a: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     }
     if not a.model:
         kwargs |= {"load_format": "dummy", "skip_tokenizer_init": True}
+    if a.deepep:
+        kwargs |= {**DEEPEP_KWARGS, "ep_size": a.tp}
     for flag in ENGINE_FLAGS:
         if getattr(a, flag):
             kwargs[flag] = True
@@ -99,7 +135,13 @@ def model_dir(a: argparse.Namespace) -> Path:
     """The checkpoint (`--model`) or the dummy model's folder, shared by every run of the proof's --out."""
     if a.model:
         return Path(a.model)
-    return write_model(Path(a.result).resolve().parent.parent / "qwen3-8b-dummy")
+    runs = Path(a.result).resolve().parent.parent
+    if a.deepep:
+        where = runs / "qwen3-30b-a3b-dummy"
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "config.json").write_text(json.dumps(QWEN3_30B_A3B, indent=1))
+        return where
+    return write_model(runs / "qwen3-8b-dummy")
 
 
 def sampling(max_tokens: int) -> dict[str, Any]:
@@ -309,6 +351,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--enable-torch-symm-mem", action="store_true", help="SGLang's torch symmetric-memory all-reduce as well"
     )
     ap.add_argument(
+        "--deepep",
+        action="store_true",
+        help="a Qwen3-30B-A3B-shaped MoE with DeepEP expert parallelism over the TP ranks, normal mode",
+    )
+    ap.add_argument(
         "--symm-mem-no-multicast",
         action="store_true",
         help=f"let symmetric memory run its two-shot all-reduce without multicast ({SYMM_MEM_NO_MULTICAST_ENV}=1)",
@@ -327,7 +374,7 @@ def main() -> NoReturn:
         from graphpersist.memory import region
 
         region.reexec_with_interposer()
-    flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast") if getattr(a, f)) or "-"
+    flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast", "deepep") if getattr(a, f)) or "-"
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} flags={flags}", flush=True)
     proofkit.run_and_exit(lambda: run(a), a.result)
 

@@ -546,3 +546,35 @@ def test_recipe_options_files_parse():
             # the HTTP server imports jsonschema (declared only through excluded packages) and soundfile
             assert "jsonschema" in bc.parse_require(args.require)
             assert "soundfile" not in {n.partition("=")[0] for n in args.exclude}
+
+
+def test_with_library_brings_our_dist_wheel_for_the_targets_python_never_an_index(small_bundle, capsys):
+    """deep_ep: SGLang imports it without declaring it; dist/ holds one wheel per CPython (3.10-3.13). The bundle
+    takes the one for the target (CPython 3.12 here), at its exact version, from dist/ (the wheelhouse has none)."""
+    root, argv, bdir = small_bundle
+    version = "1.2.1.post20251110+gp.1"
+    for py in ("cp310", "cp311", "cp312", "cp313"):
+        make_wheel(root / "dist", "deep_ep", version, ["graphpersist==1", "numpy"],
+                   tag=f"{py}-{py}-manylinux_2_28_x86_64")  # fmt: skip
+    why = "imported by sglang/srt/layers/moe/token_dispatcher/deepep.py"
+    assert run_cli([*argv, "--with-library", f"deep_ep={why}"]) == 0
+    m = json.loads((bdir / "manifest.json").read_text())
+    [ep] = [w for w in m["wheels"] if w["name"] == "deep-ep"]
+    assert (ep["file"], ep["version"], ep["source"]) == (
+        f"deep_ep-{version}-cp312-cp312-manylinux_2_28_x86_64.whl", version, "dist")  # fmt: skip
+    assert ep["sha256"] == ba.sha256_file(root / "dist" / ep["file"])
+    assert ep["required_by"] == [f"--require: deep_ep=={version} ({why})"]
+    assert m["options"]["with_library"] == [f"deep_ep={why}"]
+    assert run_cli([*argv, "--with-library", "nosuchlib"]) == 2
+    assert "--with-library nosuchlib: 0 wheels of nosuchlib" in capsys.readouterr().err
+
+
+def test_the_sglang_bundle_plan_carries_our_deep_ep_and_deepgemm():
+    """recipes/gpu-host/sglang.args: our deep_ep wheel (SGLang's --moe-a2a-backend deepep imports it) and DeepGEMM
+    (DeepEP's normal mode runs BF16 experts on it) are brought, not excluded."""
+    here = Path(__file__).resolve().parents[2] / "recipes" / "gpu-host"
+    parser = bundle._ArgFileParser(fromfile_prefix_chars="@")
+    bundle.add_arguments(parser)
+    args = parser.parse_args([f"@{here / 'sglang.args'}"])
+    assert [v.partition("=")[0] for v in args.with_library] == ["deep_ep"]
+    assert not {"deep-ep", "deep_ep", "sgl-deep-gemm"} & {n.partition("=")[0] for n in args.exclude}

@@ -120,6 +120,7 @@ def test_the_series_applies_with_zero_fuzz_to_every_pinned_wheel(pins: Pins, tmp
     assert [p.name for p in patches] == [
         "0001-take-deepep-s-no-fabric-nvl-path-under-graph-persist.patch",
         "0002-refuse-nvfp4-and-single-batch-overlap-arguments-this.patch",
+        "0003-keep-the-fabric-settings-a-deepep-buffer-was-created.patch",
     ]
     for art in pin.wheels:
         results = apply_series(pinned_tree(pin, artifact=art), pin.patches_dir, dry_run=True)

@@ -33,7 +33,8 @@ from graphpersist.errors import PersistError
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast")
+MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast",
+           "deepep")  # fmt: skip
 GiB = 1 << 30
 
 
@@ -88,6 +89,10 @@ class StandInServerArgs:
     enable_dp_attention: bool = False
     speculative_algorithm: str | None = None
     moe_a2a_backend: str = "none"
+    deepep_mode: str = "auto"
+    deepep_config: str | None = None
+    moe_runner_backend: str = "auto"
+    enable_single_batch_overlap: bool = False
     enable_lora: bool = False
     enable_pdmux: bool = False
     enable_two_batch_overlap: bool = False
@@ -167,7 +172,8 @@ def test_the_live_torch_symm_mem_communicators_are_named_with_their_state(
         ({"speculative_algorithm": "EAGLE"}, "speculative decoding (EAGLE)", "without --speculative-algorithm"),
         ({"pp_size": 2}, "pipeline parallelism (--pp-size 2)", "tensor parallelism only"),
         ({"enable_dp_attention": True}, "DP attention", "one engine per data-parallel rank"),
-        ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend deepep", "DeepEP is not persisted yet"),
+        ({"moe_a2a_backend": "mooncake"}, "--moe-a2a-backend mooncake", "--deepep-mode normal"),
+        ({"moe_a2a_backend": "deepep"}, "DeepEP's low-latency mode (--deepep-mode auto", "--deepep-mode normal"),
         ({"nnodes": 2}, "2 nodes", "single node"),
         ({"enable_lora": True}, "LoRA", "without --enable-lora"),
         ({"enable_pdmux": True}, "PD multiplexing", "without --enable-pdmux"),
@@ -612,7 +618,7 @@ def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
     tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
     [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-    read = _fields_read(OVERLAY_SRT / "graphpersist_facts.py") | _fields_read(OVERLAY_SRT / "graphpersist_engine.py")
+    read = {f for name in ("facts", "engine", "deepep") for f in _fields_read(OVERLAY_SRT / f"graphpersist_{name}.py")}
     read -= {"graph_persist", "graph_persist_dir"}  # added by patch 0001
     assert read and read <= fields, f"not ServerArgs fields in 0.5.17: {sorted(read - fields)}"
     stand_in = set(StandInServerArgs.__dataclass_fields__)
@@ -697,26 +703,36 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
     from gptools import series as gpseries
 
     patches_dir = repo_root / "patches" / "sglang"
-    names = [n for n in gpseries.read_series(patches_dir).names if not n.startswith("0001-")]  # 0001: its own test
-    patches = [gpseries.read_patch(patches_dir / n) for n in names]
+    names = gpseries.read_series(patches_dir).names
+    switch, *patches = [gpseries.read_patch(patches_dir / n) for n in names]  # 0001 (fields): its own test
     pristine = upstream_tree("sglang")
     touched = sorted(gpapply.touched_paths(patches))
+    base, patched = tmp_path / "base", tmp_path / "patched"
     for rel in touched:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(pristine / rel, tmp_path / rel)
+        for root in (base, patched):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(pristine / rel, root / rel)
+    assert gpapply.touched_paths([switch]) <= set(touched)  # server_args.py: 0009 applies to 0001's result
+    for root in (base, patched):  # so the base of the comparison is upstream + 0001, both sides without its hooks
+        gpapply.apply_patch(root, switch)
     for patch in patches:
-        gpapply.apply_patch(tmp_path, patch)
+        gpapply.apply_patch(patched, patch)
     removed_all: list[str] = []
     for rel in touched:
         reverter = _Revert()
-        reverted = ast.fix_missing_locations(reverter.visit(ast.parse((tmp_path / rel).read_text())))
-        assert reverter.removed, f"{rel}: no hook found in the patched file"
-        removed_all += reverter.removed
-        assert ast.dump(reverted) == ast.dump(ast.parse((pristine / rel).read_text())), (
+        reverted = ast.fix_missing_locations(reverter.visit(ast.parse((patched / rel).read_text())))
+        base_reverter = _Revert()  # 0001's own hooks, taken out of both sides
+        expected = ast.fix_missing_locations(base_reverter.visit(ast.parse((base / rel).read_text())))
+        removed = list(reverter.removed)
+        for line in base_reverter.removed:
+            removed.remove(line)
+        assert removed, f"{rel}: no hook found in the patched file"
+        removed_all += removed
+        assert ast.dump(reverted) == ast.dump(expected), (
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
-    assert len(touched) == 10
-    assert sum("import" in r for r in removed_all) == 11 and sum("defer" in r for r in removed_all) == 2
+    assert len(touched) == 11
+    assert sum("import" in r for r in removed_all) == 12 and sum("defer" in r for r in removed_all) == 2
     assert [r for r in removed_all if "after_graphs" in r] == [
         "from sglang.srt.graphpersist_engine import after_graphs",
         "after_graphs(self)",

@@ -299,6 +299,24 @@ REFUSED = {
         "expert parallelism",
         "turn expert parallelism off",
     ),
+    "deepep-low-latency": (
+        {"data_parallel_size": 2},
+        'cfg.parallel_config.enable_expert_parallel = True; cfg.parallel_config.all2all_backend = "deepep_low_latency"',
+        "DeepEP's low-latency all2all (--all2all-backend deepep_low_latency)",
+        "it is captured in the decode graphs and needs NVSHMEM with an InfiniBand NIC (IBGDA), even within one "
+        "node, while persistence keeps only DeepEP's NVLink buffers. Instead serve with tensor parallelism "
+        "(expert parallelism off), or use SGLang's DeepEP normal mode (--moe-a2a-backend deepep --deepep-mode "
+        "normal), which persistence supports",
+    ),
+    "deepep-high-throughput": (
+        {"data_parallel_size": 2},
+        "cfg.parallel_config.enable_expert_parallel = True; "
+        'cfg.parallel_config.all2all_backend = "deepep_high_throughput"',
+        "DeepEP expert parallelism (--all2all-backend deepep_high_throughput)",
+        "vLLM uses DeepEP only with data parallelism > 1, which persistence does not take, and turns CUDA graphs off "
+        "for its high-throughput kernels (nothing to persist). Instead serve with tensor parallelism (expert "
+        "parallelism off), or use SGLang's DeepEP normal mode (--moe-a2a-backend deepep --deepep-mode normal)",
+    ),
     "nodes": ({"tensor_parallel_size": 2, "nnodes": 2}, "", "2 nodes", "run on a single node"),
     "lora": ({"enable_lora": True, "tensor_parallel_size": 2}, "", "LoRA", "serve without LoRA adapters"),
     "speculative": (

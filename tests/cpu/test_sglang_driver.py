@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 DRIVER_PATH = RECIPES / "sglang-qwen3-8b-tp2" / "driver.py"
 VARIANTS = ("sglang-qwen3-8b-tp2", "sglang-qwen3-8b-tp2-nccl", "sglang-qwen3-8b-tp2-symm")
+DEEPEP = "sglang-qwen3-30b-a3b-ep2-deepep"  # the same driver with --deepep
 
 
 def load_driver() -> ModuleType:
@@ -353,11 +354,68 @@ def test_every_recipe_moves_every_sglang_jit_cache(recipe: str) -> None:
 
 
 def test_the_sglang_recipes_can_share_one_out() -> None:
-    """engine-proof.sh runs the three recipes into one --out (one warm cache): no run or archive name may repeat."""
-    runs, archives = [], set()
-    for recipe in VARIANTS:
+    """engine-proof.sh runs the recipes into one --out (one warm cache): no run or archive name may repeat."""
+    runs, archives = [], []
+    for recipe in (*VARIANTS, DEEPEP):
         toml = tomllib.loads((RECIPES / recipe / "proof.toml").read_text())
         runs += [r["name"] for r in toml["run"]]
-        archives.add(frozenset(r["archive"] for r in toml["run"] if "archive" in r))
-    assert len(runs) == len(set(runs)) == 18
-    assert len(archives) == 3 and not set.intersection(*map(set, archives))
+        archives += sorted({r["archive"] for r in toml["run"] if "archive" in r})
+    assert len(runs) == len(set(runs)) == 23
+    assert len(archives) == len(set(archives)) == 8
+
+
+# ------------------------------------------------------------------------ the DeepEP recipe (EP=2, not run on GPUs)
+
+
+def test_deepep_engine_keywords_are_normal_mode_expert_parallelism_over_the_tp_ranks(tmp_path: Path) -> None:
+    a = driver.parse_args(["--run", "r", "--mode", "off", "--result", str(tmp_path / "r" / "result.json"), "--deepep"])
+    kwargs = driver.engine_kwargs(a, driver.model_dir(a))
+    assert {k: kwargs[k] for k in ("moe_a2a_backend", "deepep_mode", "ep_size", "tp_size", "moe_runner_backend")} == {
+        "moe_a2a_backend": "deepep", "deepep_mode": "normal", "ep_size": 2, "tp_size": 2,
+        "moe_runner_backend": "deep_gemm",
+    }  # fmt: skip
+    assert all(bs % 8 == 0 for bs in kwargs["cuda_graph_bs_decode"])
+    assert max(kwargs["cuda_graph_bs_decode"]) < driver.OVERSIZE_REQUESTS
+    config = json.loads((tmp_path / "qwen3-30b-a3b-dummy" / "config.json").read_text())
+    assert (config["architectures"], config["num_experts"], config["num_experts_per_tok"]) == (
+        ["Qwen3MoeForCausalLM"], 128, 8)  # fmt: skip
+    plain = driver.parse_args(["--run", "r", "--mode", "off", "--result", str(tmp_path / "r" / "result.json")])
+    assert "moe_a2a_backend" not in driver.engine_kwargs(plain, driver.model_dir(plain))
+
+
+def test_the_deepep_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp_path: Path) -> None:
+    """baseline / save / save2 / load / fresh load, every check of the runner, the baseline's outputs not compared."""
+    out = tmp_path / "out"
+    assert gptools_main(["prove", str(RECIPES / DEEPEP), "--out", str(out)]) == 0
+    assert (out / "REPORT.md").read_text().splitlines()[0] == "all checks passed"
+    toml = tomllib.loads((RECIPES / DEEPEP / "proof.toml").read_text())
+    assert [(r["name"], r["mode"]) for r in toml["run"]] == [
+        ("deepep_save", "save"), ("deepep_load", "load"), ("deepep_baseline", "off"), ("deepep_save2", "save"),
+        ("deepep_load_fresh", "load"),
+    ]  # fmt: skip
+    assert [r["name"] for r in toml["run"] if r.get("compare_outputs", True) is False] == ["deepep_baseline"]
+    caches = {"TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "TRITON_CACHE_DIR",
+              "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME", "HOME"}  # fmt: skip
+    assert caches <= set(toml["cache_env"])
+    save = json.loads((out / "deepep_save" / "result.json").read_text())
+    assert save["ok"] and len(save["outputs"]["oversize"]) == driver.OVERSIZE_REQUESTS + 1
+
+
+def test_the_deepep_recipe_starts_the_engine_with_deepep(fake_sglang: Path, tmp_path: Path) -> None:
+    toml = tomllib.loads((RECIPES / DEEPEP / "proof.toml").read_text())
+    command = [part.replace("{python}", sys.executable) for part in toml["driver"]]
+    result, record = tmp_path / "out" / "baseline" / "result.json", tmp_path / "engine.json"
+    (result.parent / "stats").mkdir(parents=True)
+    env = dict(os.environ, FAKE_SGLANG_RECORD=str(record), GRAPHPERSIST_STATS_DIR=str(result.parent / "stats"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tools"), env["PYTHONPATH"]])
+    proc = subprocess.run([*command, "--run", "baseline", "--mode", "off", "--result", str(result)],
+                          cwd=RECIPES / DEEPEP, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(record.read_text())
+    assert (seen["moe_a2a_backend"], seen["deepep_mode"], seen["ep_size"], seen["tp_size"]) == (
+        "deepep",
+        "normal",
+        2,
+        2,
+    )
+    assert seen["model_path"].endswith("qwen3-30b-a3b-dummy")

@@ -123,6 +123,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--require 'dill==0.4.1=imported by sglang/srt/sampling/custom_logit_processor.py'",
     )
     p.add_argument(
+        "--with-library",
+        action="append",
+        default=[],
+        metavar="NAME[=REASON]",
+        help="bring our own dist/ wheel of NAME (a library this distribution builds, e.g. deep_ep) that the engine "
+        "imports but does not declare: the one for the target's Python, at its exact version, never an index's; "
+        "recorded in the manifest with the reason; repeatable",
+    )
+    p.add_argument(
         "--accept-host",
         action="append",
         default=[],
@@ -197,6 +206,26 @@ def _find_dist_wheel(dist: Path, project: str) -> Path | None:
     return found[0] if found else None
 
 
+def _library_wheels(dist: Path, values: list[str], target: bc.Target) -> tuple[dict[str, Path], list[str]]:
+    """--with-library: {name: our dist/ wheel of it for `target`} and the `--require NAME==VER=REASON` lines that
+    bring each at exactly that version. Misuse (none for the target, or several) is a UsageError."""
+    local: dict[str, Path] = {}
+    require: list[str] = []
+    for value in values:
+        name, _, why = value.partition("=")
+        project = canonicalize_name(name.strip())
+        ours = [w for w in sorted(dist.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) == project]
+        fits = [w for w in ours if target.accepts_wheel(w.name)]
+        if len(fits) != 1:
+            found = ", ".join(w.name for w in ours) or "none"
+            raise UsageError(f"--with-library {name}: {len(fits)} wheels of {project} in {dist} fit "
+                             f"{target.describe()} (its wheels there: {found}): run `make build` first")  # fmt: skip
+        version = parse_wheel_filename(fits[0].name)[1]
+        local[project] = fits[0]
+        require.append(f"{name.strip()}=={version}={why.strip() or 'our build (--with-library)'}")
+    return local, require
+
+
 def _pinned_wheels() -> list[bc.PinnedWheel]:
     try:
         from gpdist import fetch, pins
@@ -250,11 +279,13 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         # Never let the resolver fetch "graphpersist" from an index: only our own build is the runtime.
         raise UsageError(f"no {RUNTIME} wheel in {args.dist}: run `make build` first (the engines require it)")
     local[RUNTIME] = runtime
+    libraries, library_requires = _library_wheels(args.dist, args.with_library, target)
+    local |= libraries
     prefer_lines = list(args.prefer) + [c.read_text() for c in args.constraints]
     exclude = _parse_excludes(args.exclude)
     try:
         prefer = bc.parse_prefer(prefer_lines)
-        require = bc.parse_require(args.require)
+        require = bc.parse_require([*args.require, *library_requires])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if both := sorted(set(require) & set(exclude)):
@@ -322,6 +353,7 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
             "prefer": [str(r) for r in prefer.values()],
             "exclude": args.exclude,
             "require": args.require,
+            "with_library": args.with_library,
             "accept_host": args.accept_host,
             "drop_path": args.drop_path,
             "part_size": args.part_size_bytes,

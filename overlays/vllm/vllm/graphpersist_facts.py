@@ -32,6 +32,7 @@ def refuse_unsupported(cfg: Any) -> None:
     par, comp = cfg.parallel_config, cfg.compilation_config
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
+    refuse_deepep(par)  # first: with DeepEP, data parallelism is the consequence, not the cause
     if par.pipeline_parallel_size != 1:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")
     if par.data_parallel_size != 1:
@@ -54,6 +55,31 @@ def refuse_unsupported(cfg: Any) -> None:
             "-cc.pass_config.fuse_allreduce_rms=false). Its automatic backend needs NVLink multicast, which hosts "
             "like ours do not have, and its IPC workspace is not persisted yet",
         )
+
+
+def refuse_deepep(par: Any) -> None:
+    """DeepEP in vLLM 0.26.0, refused with its own reason. vLLM makes its all2all manager (and a DeepEP Buffer) only
+    for expert parallelism with data parallelism > 1 (FusedMoEParallelConfig.use_all2all_kernels). Its low-latency
+    manager is captured in the decode graphs and runs on NVSHMEM; with the high-throughput one vLLM turns CUDA graphs
+    off (CompilationConfig, DeepEP high-throughput with data parallelism > 1): nothing to persist. So no DeepEP Buffer
+    ever meets a vLLM persistence session, and the SGLang DeepEPBuffers communicator has no vLLM counterpart."""
+    backend = str(getattr(par, "all2all_backend", ""))
+    if not getattr(par, "enable_expert_parallel", False) or not backend.startswith("deepep"):
+        return
+    if backend == "deepep_low_latency":
+        raise _refuse(
+            "DeepEP's low-latency all2all (--all2all-backend deepep_low_latency)",
+            "it is captured in the decode graphs and needs NVSHMEM with an InfiniBand NIC (IBGDA), even within one "
+            "node, while persistence keeps only DeepEP's NVLink buffers. Instead serve with tensor parallelism "
+            "(expert parallelism off), or use SGLang's DeepEP normal mode (--moe-a2a-backend deepep --deepep-mode "
+            "normal), which persistence supports",
+        )
+    raise _refuse(
+        f"DeepEP expert parallelism (--all2all-backend {backend})",
+        "vLLM uses DeepEP only with data parallelism > 1, which persistence does not take, and turns CUDA graphs off "
+        "for its high-throughput kernels (nothing to persist). Instead serve with tensor parallelism (expert "
+        "parallelism off), or use SGLang's DeepEP normal mode (--moe-a2a-backend deepep --deepep-mode normal)",
+    )
 
 
 def refuse_unsupported_runner(worker: Any) -> None:

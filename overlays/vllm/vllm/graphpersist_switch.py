@@ -50,6 +50,8 @@ def resolve_engine_args(engine_args: Any) -> switch.Switch:
     """
     resolved = switch.resolve(engine_args.graph_persist, engine_args.graph_persist_dir)
     if not resolved.enabled:
+        if os.environ.get(switch.MODE_ENV, "off") not in ("", "off"):  # the flag said off: so must deep_ep's Buffer
+            os.environ[switch.MODE_ENV] = "off"
         return resolved
     if engine_args.worker_cls not in ("auto", WORKER_CLS):
         raise switch.SwitchError(

@@ -3,9 +3,10 @@
 The session (graphpersist.engine.PersistSession) owns the SAVE/LOAD lifecycle; this adapter answers its questions
 from one scheduler (TP worker) process's `ModelRunner`: the facts an archive records (`graphpersist_facts`), where
 the graphs live and how LOAD puts them back (`graphpersist_capture`), custom all-reduce v2
-(`graphpersist_customar`), the cache folders (`graphpersist_caches`) and the first requests a SAVE runs before it
-packs the caches (`graphpersist_warmup`). It also holds SGLang's own bookkeeping of the run: the graph runners
-whose capture waits, the memory pool SAVE sized, the breaks of the prefill graph being captured.
+(`graphpersist_customar`), DeepEP's Buffer (`graphpersist_deepep`), the cache folders (`graphpersist_caches`) and
+the first requests a SAVE runs before it packs the caches (`graphpersist_warmup`). It also holds SGLang's own
+bookkeeping of the run: the graph runners whose capture waits, the memory pool SAVE sized, the breaks of the
+breakable graph being captured.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class SglangAdapter(engine.EngineAdapter):
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
     setup_started: float = 0.0  # when distributed init began (timing of the setup phase)
     kv_started: float = 0.0  # when the memory pool's sizing began
+    deepep_buffer: Any = None  # DeepEP's Buffer, made in setup (graphpersist_deepep.setup_buffer)
 
     name = "sglang"
     note_sections = ("decode", "prefill")
@@ -111,10 +113,15 @@ class SglangAdapter(engine.EngineAdapter):
         return capture.expected_inventory(self.runners)
 
     def install(self, session: engine.PersistSession, result: Any) -> int:
-        return capture.install(self.runners, result, result.notes)
+        return capture.install(self.runners, result, result.notes, self.model_runner.model)
 
     def communicators(self) -> list[engine.Communicator]:
-        return [customar.CustomAllReduceV2()]
+        found: list[engine.Communicator] = [customar.CustomAllReduceV2()]
+        if facts.uses_deepep(self.server_args):
+            from sglang.srt import graphpersist_deepep as deepep
+
+            found.append(deepep.DeepEPBuffers(self.deepep_buffer))
+        return found
 
     def cache_resolvers(self) -> dict[str, engine.Resolver]:
         return caches.resolvers()

@@ -6,10 +6,14 @@ SGLang 0.5.17 captures two inventories per TP worker (defaults on CUDA):
 - prefill graphs, one per token count, by `BreakableCudaGraphBackend.capture_one` (`PrefillCudaGraphRunner`): a
   `BreakableCUDAGraph` of several segment graphs with an eager "break" between two segments (attention, run in
   Python at replay against the live batch), kept the same way with the output rows of the shared output buffer.
-Names are stable across processes: `decode/<bs>` and `prefill/<tokens>/<segment>` (segments numbered from 0).
-A break is persisted as the importable function it calls and its arguments (tensors at their addresses, plain
-values), so LOAD rebuilds the same replay function; a break whose function or arguments cannot be named that
-way refuses the SAVE. With persistence off every hook returns at once and the code path is upstream's.
+With DeepEP in normal mode the decode graphs are breakable too (graphpersist_deepep): each MoE layer's dispatch,
+experts and combine are a break.
+Names are stable across processes: `decode/<bs>`, `decode/<bs>/<segment>` (breakable) and
+`prefill/<tokens>/<segment>` (segments numbered from 0).
+A break is persisted as the importable function it calls and its arguments (tensors at their addresses, modules of
+the model by their name in it, plain values), so LOAD rebuilds the same replay function; a break whose function or
+arguments cannot be named that way refuses the SAVE. With persistence off every hook returns at once and the code
+path is upstream's.
 """
 
 from __future__ import annotations
@@ -48,6 +52,36 @@ def _tensor_leaf(x: Any) -> dict[str, Any] | None:
     if torch is None or not isinstance(x, torch.Tensor):
         return None
     return engine.tensor_spec(x)
+
+
+MODULE_KEY = "module"  # a leaf that is a module of the model: {"module": "<its name in model.named_modules()>"}
+
+
+def _break_leaf(model: Any) -> Any:
+    """The leaf function of a break's arguments: tensors by spec, and a module of `model` (a MoE layer whose method
+    is the break: DeepEP's `a2a_forward_with_output`) by its name in the model, which LOAD's model has too."""
+    names: dict[int, str] | None = None
+
+    def leaf(x: Any) -> dict[str, Any] | None:
+        nonlocal names
+        spec = _tensor_leaf(x)
+        if spec is not None or model is None:
+            return spec
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(x, torch.nn.Module):
+            return None
+        if names is None:
+            names = {id(m): name for name, m in model.named_modules()}
+        name = names.get(id(x))
+        if name is None:
+            raise structure.StructureError(f"the module {type(x).__name__} is not part of the model")
+        return {MODULE_KEY: name}
+
+    return leaf
+
+
+def _model(sess: Any) -> Any:
+    return getattr(getattr(sess.adapter, "model_runner", None), "model", None)
 
 
 def _key_name(phase: str, key: Any) -> str:
@@ -132,29 +166,33 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
         return
     name = callable_name(inner)
     where = f"break {name}"
+    leaf = _break_leaf(_model(sess))
     try:
         sess.adapter.breaks.append(
             {
                 "fn": name,
-                "args": structure.encode(tuple(args), _tensor_leaf, f"{where} args"),
-                "kwargs": structure.encode(dict(kwargs), _tensor_leaf, f"{where} kwargs"),
-                "output": structure.encode(output, _tensor_leaf, f"{where} output"),
+                "args": structure.encode(tuple(args), leaf, f"{where} args"),
+                "kwargs": structure.encode(dict(kwargs), leaf, f"{where} kwargs"),
+                "output": structure.encode(output, leaf, f"{where} output"),
             }
         )
     except structure.StructureError as exc:
-        raise PersistError(f"graphpersist: {exc}: SAVE refused (use --cuda-graph-backend-prefill disabled)") from None
+        instead = "serve without --moe-a2a-backend deepep" if sess.adapter.capturing == "decode" else (
+            "use --cuda-graph-backend-prefill disabled")  # fmt: skip
+        raise PersistError(f"graphpersist: {exc}: SAVE refused ({instead})") from None
 
 
 def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
-    """SAVE: one prefill graph (segments and breaks) was captured for `key`; `stored` is what replay returns."""
+    """SAVE: one breakable graph (segments and breaks) was captured for `key`; `stored` is what replay returns.
+    Prefill graphs are breakable; decode graphs only with DeepEP in normal mode (graphpersist_facts refuses others)."""
     sess = engine.current()
     if sess is None or not sess.saving:
         return
     adapter = sess.adapter
     phase = adapter.capturing
-    if phase != "prefill":
-        raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the prefill runner ({phase}): "
-                           "refused (use the 'full' decode backend)")  # fmt: skip
+    if phase not in ("prefill", "decode"):
+        raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners ({phase}): "
+                           "refused")  # fmt: skip
     base = _key_name(phase, key)
     segments = list(graph._segments)
     breaks, adapter.breaks = adapter.breaks, []
@@ -166,10 +204,10 @@ def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1
         try:
-            sess.add_graph(f"{base}/{i:03d}", seg, [], stored if last else None, size=key.size, mode="prefill")
+            sess.add_graph(f"{base}/{i:03d}", seg, [], stored if last else None, size=key.size, mode=phase)
         except PersistError as exc:
             raise PersistError(f"graphpersist: {exc}") from None
-    sess.notes["prefill"][base] = {"size": key.size, "segments": len(segments), "breaks": breaks}
+    sess.notes[phase][base] = {"size": key.size, "segments": len(segments), "breaks": breaks}
 
 
 def expected_inventory(runners: dict[str, Any]) -> engine.Inventory:
@@ -191,11 +229,21 @@ def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
     )
 
 
-def _view(spec: dict[str, Any]) -> Any:
-    return engine.tensor_at(spec)
+def _viewer(model: Any) -> Any:
+    """LOAD: a leaf spec back to its live object: a tensor at its address, or the model's module of that name."""
+
+    def view(spec: dict[str, Any]) -> Any:
+        if MODULE_KEY not in spec:
+            return engine.tensor_at(spec)
+        try:
+            return model.get_submodule(spec[MODULE_KEY])
+        except AttributeError:
+            raise structure.StructureError(f"the model has no module {spec[MODULE_KEY]!r}") from None
+
+    return view
 
 
-def _break_fn(record: dict[str, Any], where: str) -> Any:
+def _break_fn(record: dict[str, Any], where: str, model: Any = None) -> Any:
     """LOAD: the replay function of one break, as the breakable capture built it (same function, same arguments)."""
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
         _copy_output,
@@ -205,10 +253,11 @@ def _break_fn(record: dict[str, Any], where: str) -> Any:
     if inner is None or not callable(inner):
         raise PersistError(f"graphpersist: {where}: break function {record['fn']} cannot be imported: LOAD refused "
                            "(re-run with mode=save)")  # fmt: skip
+    view = _viewer(model)
     try:
-        args = structure.decode(record["args"], _view, f"{where} args")
-        kwargs = structure.decode(record["kwargs"], _view, f"{where} kwargs")
-        output = structure.decode(record["output"], _view, f"{where} output")
+        args = structure.decode(record["args"], view, f"{where} args")
+        kwargs = structure.decode(record["kwargs"], view, f"{where} kwargs")
+        output = structure.decode(record["output"], view, f"{where} output")
     except structure.StructureError as exc:
         raise PersistError(f"graphpersist: {exc}") from None
 
@@ -218,7 +267,7 @@ def _break_fn(record: dict[str, Any], where: str) -> Any:
     return replay_fn
 
 
-def install(runners: dict[str, Any], result: Any, notes: dict[str, Any]) -> int:
+def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: Any = None) -> int:
     """LOAD: puts every restored graph where SGLang's runners replay it; returns how many graphs were installed.
 
     Refuses (before any replay) when the saved inventory is not exactly what this configuration dispatches to.
@@ -236,23 +285,28 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any]) -> int:
     live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
     if set(saved_prefill) != live:
         raise _differ("prefill", set(saved_prefill), live)
-    breakables = {}
-    for base, rec in saved_prefill.items():  # every break function is rebuilt before anything is installed
-        bg = BreakableCUDAGraph(None)
-        bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
-        bg._break_fns = [_break_fn(b, f"{base} break {i}") for i, b in enumerate(rec["breaks"])]
-        breakables[base] = (ShapeKey(size=int(rec["size"])), bg)
+    breakables = []
+    for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
+        for base, rec in saved.items():  # every break function is rebuilt before anything is installed
+            if "segments" not in rec:
+                continue
+            bg = BreakableCUDAGraph(None)
+            bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
+            bg._break_fns = [_break_fn(b, f"{base} break {i}", model) for i, b in enumerate(rec["breaks"])]
+            breakables.append((runner, ShapeKey(size=int(rec["size"])), bg))
 
     installed = 0
     for name, rec in saved_decode.items():
+        if "segments" in rec:
+            continue
         graph = result[name]
         key = ShapeKey(size=int(rec["size"]))
         decode.backend._graphs[key] = graph
         decode.backend._outputs[key] = graph.outputs
         installed += 1
-    for key, bg in breakables.values():
-        prefill.backend._graphs[key] = bg
-        prefill.backend._outputs[key] = bg._segments[-1].outputs
-        prefill.backend._capture_inputs[key] = None
+    for runner, key, bg in breakables:
+        runner.backend._graphs[key] = bg
+        runner.backend._outputs[key] = bg._segments[-1].outputs
+        runner.backend._capture_inputs[key] = None
         installed += len(bg._segments)
     return installed

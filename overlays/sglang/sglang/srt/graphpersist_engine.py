@@ -7,7 +7,8 @@ starts one scheduler process per TP rank with `spawn`; each inherits the runtime
 * `ModelRunner.init_torch_distributed`, first (`before_distributed`): refusals, the session, the address region;
   LOAD also checks the facts known this early, puts the JIT caches back and anchors the phases at SAVE's offsets.
 * (setup, exact): NCCL, the custom all-reduce workspace, the weights, at the same addresses in SAVE and LOAD.
-* `KVCacheConfigurator.configure`, sizing (`memory_pool_config`): the exact phase `kv_cache` begins; SAVE rounds the
+* `KVCacheConfigurator.configure`, sizing (`memory_pool_config`): with DeepEP, its Buffer is made first, in the exact
+  phase `deepep` (`graphpersist_deepep.setup_buffer`); then the exact phase `kv_cache` begins; SAVE rounds the
   profile down to 1 GiB and records the pool; LOAD reuses it, checked against free memory, never profiled.
 * the graph runners' `__init__`, capture (`graphpersist_capture.defer`): deferred, in SAVE and LOAD.
 * `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
@@ -76,6 +77,10 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
     adapter = _adapter(sess)
+    if facts.uses_deepep(adapter.server_args):  # its NVL buffer before the pool is profiled, sized and placed
+        from sglang.srt import graphpersist_deepep as deepep
+
+        adapter.deepep_buffer = deepep.setup_buffer(sess, configurator.model)
     sess.timed("setup", adapter.setup_started)
     adapter.kv_started = time.perf_counter()
     sess.begin_phase("kv_cache")

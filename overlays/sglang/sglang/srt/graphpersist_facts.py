@@ -22,12 +22,14 @@ SUPPORTED = (
     "supported with persistence: dense decoder models, tensor parallelism on one node (custom all-reduce "
     "v2, SGLang's default, or --disable-custom-all-reduce), decode CUDA graphs with the 'full' backend and prefill "
     "CUDA graphs with the 'breakable' backend (the defaults on CUDA) or disabled, attention backends fa3, flashinfer "
-    "or triton; no speculative decoding, pipeline or data parallelism, DP attention, expert parallelism (DeepEP), "
-    "LoRA, PD multiplexing, two-batch overlap or torch.compile"
+    "or triton; MoE models with DeepEP expert parallelism in normal mode on one node (--moe-a2a-backend deepep "
+    "--deepep-mode normal: breakable decode graphs); no speculative decoding, pipeline or data parallelism, DP "
+    "attention, other expert-parallel backends, LoRA, PD multiplexing, two-batch overlap or torch.compile"
 )
 
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 DECODE_BACKENDS = ("full",)
+DEEPEP_DECODE_BACKENDS = ("breakable",)  # --deepep-mode normal under persistence (graphpersist_deepep, patch 0009)
 PREFILL_BACKENDS = ("breakable", "disabled")
 
 # Environment switches that change what SGLang captures or how it allocates, with the value persistence needs.
@@ -57,10 +59,15 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
         raise _refuse(
             "data parallelism / DP attention", "start one engine per data-parallel rank, without --enable-dp-attention"
         )
-    if getattr(sa, "moe_a2a_backend", "none") not in (None, "none") or getattr(sa, "ep_size", 1) != 1:
+    if uses_deepep(sa):
+        from sglang.srt import graphpersist_deepep as deepep
+
+        deepep.refuse(sa)
+    elif getattr(sa, "moe_a2a_backend", "none") not in (None, "none") or getattr(sa, "ep_size", 1) != 1:
         raise _refuse(
             f"expert parallelism (--moe-a2a-backend {sa.moe_a2a_backend}, --ep-size {getattr(sa, 'ep_size', 1)})",
-            "serve without expert parallelism (DeepEP is not persisted yet)",
+            "serve without expert parallelism, or with DeepEP in normal mode (--moe-a2a-backend deepep "
+            "--deepep-mode normal)",
         )
     if sa.nnodes != 1:
         raise _refuse(f"{sa.nnodes} nodes", "run on a single node")
@@ -88,10 +95,12 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
             "CUDA-graph profiling or debugging", "serve without --enable-profile-cuda-graph/--debug-cuda-graph"
         )
     cfg = sa.cuda_graph_config
-    if cfg.decode.backend not in DECODE_BACKENDS:
+    decode_backends = DECODE_BACKENDS + (DEEPEP_DECODE_BACKENDS if uses_deepep(sa) else ())
+    if cfg.decode.backend not in decode_backends:
         raise _refuse(
             f"decode CUDA graphs with the {cfg.decode.backend!r} backend",
-            "use the default decode backend 'full' (persistence needs CUDA graphs to persist)",
+            "use the default decode backend 'full' (persistence needs CUDA graphs to persist; with DeepEP in "
+            "normal mode persistence chooses 'breakable' itself)",
         )
     if cfg.prefill.backend not in PREFILL_BACKENDS:
         raise _refuse(
@@ -150,8 +159,14 @@ def model_facts(sa: Any, model_config: Any) -> dict[str, str]:
     return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint}
 
 
+def uses_deepep(sa: Any) -> bool:
+    """Whether this start runs DeepEP expert parallelism (`--moe-a2a-backend deepep`)."""
+    return getattr(sa, "moe_a2a_backend", "none") == "deepep"
+
+
 def parallel(sa: Any) -> dict[str, int]:
-    return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": 1}
+    ep = int(getattr(sa, "ep_size", 1)) if uses_deepep(sa) else 1
+    return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": ep}
 
 
 def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -180,6 +195,20 @@ def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str,
         "disable_overlap_schedule": bool(sa.disable_overlap_schedule),
         "quantization": sa.quantization,
         "load_format": str(sa.load_format),
+        **deepep_flags(sa),
+    }
+
+
+def deepep_flags(sa: Any) -> dict[str, Any]:
+    """With DeepEP, what changes its Buffer and what runs in the breaks (none without it: archives stay as before)."""
+    if not uses_deepep(sa):
+        return {}
+    return {
+        "moe_a2a_backend": sa.moe_a2a_backend,
+        "deepep_mode": str(sa.deepep_mode),
+        "deepep_config": sa.deepep_config,
+        "moe_runner_backend": str(sa.moe_runner_backend),
+        "ep_size": int(sa.ep_size),
     }
 
 

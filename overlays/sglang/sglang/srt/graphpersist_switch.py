@@ -46,6 +46,8 @@ def resolve_server_args(server_args: Any) -> switch.Switch:
     On, it exports what the scheduler processes need (``export_environment``)."""
     resolved = switch.resolve(server_args.graph_persist, server_args.graph_persist_dir)
     if not resolved.enabled:
+        if os.environ.get(switch.MODE_ENV, "off") not in ("", "off"):  # the flag said off: so must deep_ep's Buffer
+            os.environ[switch.MODE_ENV] = "off"
         return resolved
     pinned = export_environment(resolved, os.environ)
     if (resolved.mode, str(resolved.directory)) not in _logged:

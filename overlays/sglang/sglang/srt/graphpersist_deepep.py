@@ -1,0 +1,207 @@
+"""SGLang's DeepEP expert parallelism (`--moe-a2a-backend deepep`) under persistence: which mode, which graphs, and
+the Buffer's facts an archive records.
+
+Which DeepEP kernels could sit in a graph, read from SGLang 0.5.17:
+- low-latency mode (`--deepep-mode low_latency`, and `auto` for decode batches) is captured in the decode graphs and
+  runs on NVSHMEM with IBGDA (an InfiniBand NIC, even within one node): refused, here at start-up and by deep_ep's
+  own Buffer (patches/deep_ep);
+- normal mode is never captured: in a breakable graph `DeepEPMoE.forward` runs dispatch, experts and combine as an
+  eager break (`a2a_forward_with_output`), and upstream turns every CUDA graph off for `--deepep-mode normal`.
+  `num_worst_tokens` would make the dispatch itself capturable, but SGLang's normal-mode expert runner sizes its
+  buffers from the per-expert counts DeepEP returns on the host (`pre_permute_deepep_normal_to_deep_gemm`:
+  `sum(num_recv_tokens_per_expert)`), which that mode leaves empty; a worst-case layout would be another expert
+  runner with other GEMM shapes, not upstream's forward, so it is not done.
+So persistence takes normal mode within one node, keeps SGLang's graphs on with the breakable backend for decode and
+prefill (`keep_graphs_in_normal_mode`, patch 0009), and no graph holds a DeepEP kernel: the breaks call DeepEP
+eagerly at replay, against the same Buffer at the same address.
+
+The Buffer is made in setup (`setup_buffer`, before the memory pool is sized) by upstream's own code path, the one
+its first dispatch would take, so SAVE and LOAD place its NVL buffer identically; its facts (`buffer_facts`) are
+recorded at SAVE and compared at LOAD (`DeepEPBuffers`, a Communicator) before the first replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from graphpersist import engine
+from graphpersist.engine import PersistError, Refused
+
+PHASE = "deepep"
+NOTES_KEY = "deepep"
+MODES = ("normal",)
+USE_INSTEAD = (
+    "use --deepep-mode normal (DeepEP's high-throughput kernels over NVLink within one node; SGLang then runs them "
+    "as eager breaks of breakable CUDA graphs), or serve without --moe-a2a-backend deepep"
+)
+
+logger = logging.getLogger(__name__)
+
+
+def refuse(sa: Any) -> None:
+    """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use."""
+    mode = str(getattr(sa, "deepep_mode", "auto"))
+    if mode not in MODES:
+        which = "decode batches in auto mode run" if mode == "auto" else "it runs"
+        raise Refused(
+            f"graphpersist: DeepEP's low-latency mode (--deepep-mode {mode}: {which} it) cannot be persisted: it is "
+            "captured in the decode graphs and needs NVSHMEM with an InfiniBand NIC (IBGDA), even within one node, "
+            f"while persistence keeps only DeepEP's NVLink buffers. Instead, {USE_INSTEAD}"
+        )
+    if getattr(sa, "enable_single_batch_overlap", False):
+        raise Refused("graphpersist: DeepEP with --enable-single-batch-overlap cannot be persisted (this DeepEP build "
+                      "has no single-batch-overlap combine): serve without it")  # fmt: skip
+    if int(getattr(sa, "nnodes", 1)) != 1:
+        raise Refused(f"graphpersist: DeepEP over {sa.nnodes} nodes cannot be persisted (internode DeepEP runs on "
+                      f"NVSHMEM). Instead, {USE_INSTEAD}")  # fmt: skip
+
+
+def keep_graphs_in_normal_mode(sa: Any) -> bool:
+    """Called where `ServerArgs._handle_a2a_moe` turns every CUDA graph off for `--deepep-mode normal` (patch 0009).
+
+    Persistence off: False, and upstream turns them off. On: the decode graphs use the breakable backend (DeepEP
+    runs as an eager break, as upstream's breakable prefill graphs already run it), a breakable or disabled prefill
+    backend stays, any other prefill backend (which would capture DeepEP's dispatch) becomes disabled; True."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if not engine.switch.resolve(sa.graph_persist, sa.graph_persist_dir).enabled:
+        return False
+    cfg = sa.cuda_graph_config
+    if cfg.decode.backend != Backend.DISABLED:
+        cfg.decode.backend = Backend.BREAKABLE
+    if cfg.prefill.backend not in (Backend.BREAKABLE, Backend.DISABLED):
+        cfg.prefill.backend = Backend.DISABLED
+    logger.info(
+        "graphpersist: --deepep-mode normal: CUDA graphs kept on for persistence (decode %s, prefill %s); DeepEP's "
+        "dispatch and combine run as eager breaks between graph segments",
+        cfg.decode.backend,
+        cfg.prefill.backend,
+    )
+    return True
+
+
+# --------------------------------------------------------------------------------------------- the Buffer in setup
+def normal_dispatchers(model: Any) -> list[Any]:
+    """Every normal-mode DeepEP dispatcher of the model's MoE layers, in module order (one per layer and inner)."""
+    found = []
+    for module in model.modules():
+        dispatcher = getattr(module, "dispatcher", None)
+        for inner in getattr(dispatcher, "_inners", None) or []:
+            normal = getattr(inner, "_normal_dispatcher", None)
+            if normal is not None:
+                found.append(normal)
+    return found
+
+
+def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
+    """Setup, before the memory pool is sized: the Buffer made by upstream's own path (the first normal dispatcher's
+    `_get_buffer`, which its first dispatch would call; SGLang keeps one per process) in the exact phase `deepep`.
+    SAVE refuses what it cannot persist; LOAD compares its facts with SAVE's at once. Returns the Buffer."""
+    dispatchers = normal_dispatchers(model)
+    if not dispatchers:
+        raise PersistError("graphpersist: --moe-a2a-backend deepep but the model has no DeepEP normal-mode dispatcher "
+                           "(no MoE layer?): refused")  # fmt: skip
+    with session.phase(PHASE):
+        buffer = dispatchers[0]._get_buffer()
+    facts = buffer_facts(buffer)
+    if session.loading:
+        check(session.saved_notes.get(NOTES_KEY), facts)
+    else:
+        refuse_facts(facts)
+    session.log("DeepEP buffer: %d NVL bytes at %s, rank %d of %d, deep_ep %s", facts["num_nvl_bytes"],
+                facts["nvl_buffer"], facts["rank"], facts["group_size"], facts["deep_ep_version"])  # fmt: skip
+    return buffer
+
+
+def _deep_ep_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deep_ep")
+    except PackageNotFoundError:
+        return ""
+
+
+def buffer_facts(buffer: Any, version: str | None = None, byte: Any = None) -> dict[str, Any]:
+    """What an archive records of the live Buffer: sizes, mode, fabric settings, its rank and group size, where its
+    NVL buffer lies, and which deep_ep build made it. allow_mnnvl and use_fabric are None without our deep_ep (its
+    patch 0003 keeps them on the Buffer)."""
+    if byte is None:  # the tensor's dtype (tests without torch pass their own)
+        import torch
+
+        byte = torch.uint8
+    nvl = int(buffer.num_nvl_bytes)
+    address = buffer.get_local_buffer_tensor(byte).data_ptr() if nvl > 0 else 0
+    return {
+        "num_nvl_bytes": nvl,
+        "num_rdma_bytes": int(buffer.num_rdma_bytes),
+        "low_latency_mode": bool(buffer.low_latency_mode),
+        "use_fabric": getattr(buffer, "use_fabric", None),
+        "allow_mnnvl": getattr(buffer, "allow_mnnvl", None),
+        "rank": int(buffer.rank),
+        "group_size": int(buffer.group_size),
+        "nvl_buffer": f"{address:#x}",
+        "deep_ep_version": _deep_ep_version() if version is None else version,
+    }
+
+
+def refuse_facts(facts: Mapping[str, Any]) -> None:
+    """SAVE: a Buffer persistence cannot restore (NVSHMEM, fabric handles, not our deep_ep) is refused, every reason
+    named, then what to do."""
+    lines = []
+    if facts["low_latency_mode"]:
+        lines.append("low_latency_mode=True: low-latency mode runs on NVSHMEM (IBGDA), which persistence does not keep")
+    if facts["num_rdma_bytes"]:
+        lines.append(f"num_rdma_bytes={facts['num_rdma_bytes']}: an NVSHMEM RDMA buffer, not kept by persistence")
+    if facts["use_fabric"] is None or facts["allow_mnnvl"] is None:
+        build = facts["deep_ep_version"] or "(not installed as deep_ep)"
+        lines.append(f"deep_ep {build} does not say which fabric settings the Buffer took: install graphpersist's "
+                     "deep_ep wheel (dist/deep_ep-*+gp.*.whl)")  # fmt: skip
+    elif facts["use_fabric"] or facts["allow_mnnvl"]:
+        lines.append(f"use_fabric={facts['use_fabric']}, allow_mnnvl={facts['allow_mnnvl']}: fabric handles are not "
+                     "placed or restored (graphpersist's deep_ep sets both False under persistence)")  # fmt: skip
+    if lines:
+        raise Refused("\n".join([f"graphpersist: cannot SAVE this DeepEP Buffer: {line}" for line in lines]
+                                + [f"Instead, {USE_INSTEAD}."]))  # fmt: skip
+
+
+def check(saved: Any, live: Mapping[str, Any]) -> None:
+    """LOAD: every fact of the Buffer as SAVE recorded it; one line per difference (field, saved, live), then advice."""
+    if not isinstance(saved, dict):
+        raise PersistError(f"graphpersist: cannot LOAD: the archive records no DeepEP buffer (notes.{NOTES_KEY} = "
+                           f"{saved!r}), this start has one. Re-run with mode=save for this "
+                           "configuration.")  # fmt: skip
+    lines = [
+        f"graphpersist: cannot LOAD: {NOTES_KEY}.{name}: saved {saved.get(name)!r}, live {live.get(name)!r}"
+        for name in sorted(set(saved) | set(live))
+        if saved.get(name) != live.get(name)
+    ]
+    if lines:
+        raise PersistError("\n".join([*lines, "Re-run with mode=save for this configuration."]))
+
+
+class DeepEPBuffers(engine.Communicator):
+    """The DeepEP Buffer as the session sees it: nothing registers after the capture (the peers' NVL buffers were
+    opened when the Buffer was made, in setup); SAVE records its facts, LOAD compares them before the first replay."""
+
+    name = PHASE
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer  # the one setup_buffer made (None: setup never made one)
+
+    def _live(self, what: str) -> dict[str, Any]:
+        if self.buffer is None:
+            raise PersistError(f"graphpersist: --moe-a2a-backend deepep but no DeepEP Buffer was made in setup: "
+                               f"{what} refused (the persistence seam in KVCacheConfigurator.configure did not "
+                               "run?)")  # fmt: skip
+        return buffer_facts(self.buffer)
+
+    def after_capture(self, session: engine.PersistSession) -> None:
+        facts = self._live("SAVE")
+        refuse_facts(facts)
+        session.notes[NOTES_KEY] = facts
+
+    def restore(self, session: engine.PersistSession, notes: Mapping[str, Any]) -> None:
+        check(notes.get(NOTES_KEY), self._live("LOAD"))
