@@ -206,13 +206,47 @@ def _strip_switch(module: ast.Module) -> list[str]:
     return removed
 
 
+class _StripDeepepHook(ast.NodeTransformer):
+    """Undo patch 0009 (graph persistence keeps CUDA graphs on in DeepEP normal mode): the overlay import, and the
+    `and not keep_graphs_in_normal_mode(self)` it adds to upstream's `if self.deepep_mode == 'normal'`."""
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+        if node.module == "sglang.srt.graphpersist_deepep":
+            self.removed.append(ast.unparse(node))
+            return None
+        return node
+
+    def visit_If(self, node: ast.If) -> ast.AST:
+        self.generic_visit(node)
+        test = node.test
+        if (
+            isinstance(test, ast.BoolOp)
+            and isinstance(test.op, ast.And)
+            and len(test.values) == 2
+            and ast.unparse(test.values[1]) == "not keep_graphs_in_normal_mode(self)"
+        ):
+            self.removed.append(ast.unparse(test.values[1]))
+            node.test = test.values[0]
+        return node
+
+
 def test_server_args_is_upstream_plus_the_switch_only(built: Path, upstream_tree) -> None:
     """Every field, default, argument-adding call and post-init step of the patched server_args.py is upstream's:
-    with the switch's additions taken out, the module's AST equals the pristine 0.5.17 one node for node. (The
-    weaker stand-in for comparing parsed ServerArgs, which cannot be imported here; see the skip below.)"""
+    with the switch's additions and patch 0009's DeepEP hook taken out, the module's AST equals the pristine 0.5.17
+    one node for node. (The weaker stand-in for comparing parsed ServerArgs, which cannot be imported here; see the
+    skip below.)"""
     upstream = ast.parse((upstream_tree("sglang") / SERVER_ARGS).read_text())
     patched = ast.parse((built / SERVER_ARGS).read_text())
     removed = _strip_switch(patched)
+    deepep = _StripDeepepHook()
+    patched = deepep.visit(patched)
+    assert deepep.removed == [
+        "from sglang.srt.graphpersist_deepep import keep_graphs_in_normal_mode",
+        "not keep_graphs_in_normal_mode(self)",
+    ]
     assert removed == [
         "graph_persist: Optional[str] = None",
         "graph_persist_dir: Optional[str] = None",

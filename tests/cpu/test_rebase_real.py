@@ -90,8 +90,12 @@ TARGETS = {
                 "clean",
                 [("vllm/utils/system_utils.py", 1, "exact", 178, 0, 0)],
             ),
+            "0005-tell-graph-persistence-when-vllm-s-cli-chose-spawn-f.patch": (
+                "clean",
+                [("vllm/entrypoints/serve/utils/api_utils.py", 1, "exact", 165, 0, 0)],
+            ),
         },
-        first_line=f"3 of 4 patches need work on vllm 0.27.0: {PATCH} (conflict), "
+        first_line=f"3 of 5 patches need work on vllm 0.27.0: {PATCH} (conflict), "
         "0002-let-graph-persistence-see-every-cuda-graph-vllm-capt.patch (fuzzy), "
         "0003-register-custom-all-reduce-graph-buffers-through-gra.patch (fuzzy)",
     ),
@@ -189,13 +193,18 @@ TARGETS = {
                 "fuzzy",
                 [("sglang/srt/model_executor/model_runner.py", 1, "offset", 990, 41, 0)],
             ),
+            "0009-keep-cuda-graphs-on-for-deepep-normal-mode-under-gra.patch": (
+                "fuzzy",
+                [("sglang/srt/server_args.py", 1, "offset", 6921, 211, 0)],
+            ),
         },
-        first_line=f"6 of 8 patches need work on sglang 0.5.18: {PATCH} (conflict), "
+        first_line=f"7 of 9 patches need work on sglang 0.5.18: {PATCH} (conflict), "
         "0002-start-graph-persistence-before-distributed-init.patch (fuzzy), "
         "0003-let-graph-persistence-size-the-memory-pool.patch (fuzzy), "
         "0004-let-graph-persistence-capture-after-every-graph-runn.patch (conflict), "
         "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch (fuzzy), "
-        "0008-let-graph-persistence-save-once-sglang-holds-its-gr.patch (fuzzy)",
+        "0008-let-graph-persistence-save-once-sglang-holds-its-gr.patch (fuzzy), "
+        "0009-keep-cuda-graphs-on-for-deepep-normal-mode-under-gra.patch (fuzzy)",
         later_conflicts={
             "0004-let-graph-persistence-capture-after-every-graph-runn.patch": [
                 "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
