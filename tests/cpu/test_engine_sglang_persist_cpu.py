@@ -803,10 +803,22 @@ def test_fa3_forward_bytes_it_never_reads_are_written_as_zeros(srt: SimpleNamesp
     assert got[816:824] == got[1072:1080] == bytes(8)
     assert got[:816] + got[824:1072] + got[1080:] == b"\xab" * (1200 - 16)
     assert unused(FA3_FWD_DECODE, [(0, 1024)]) == []  # too short to hold them: left alone
+    # the pinned kernel's own layout (EIATTR_KPARAM_INFO: the 128-aligned Params block at buffer byte 112): the
+    # offsets are the buffer's, as SAVE's diff names them, never shifted by the block's start
+    assert unused(FA3_FWD_DECODE, [(112, 2688)]) == [(816, 824), (1072, 1080)]
     other_head = FA3_FWD_DECODE.replace("ELi128ENS_10bfloat16_t", "ELi64ENS_10bfloat16_t")
     assert unused(other_head, [(0, 1200)]) == []  # another instantiation's layout was not checked: nothing zeroed
     assert unused("_ZN5flash16FlashAttnFwdCombineIJEEEvv", [(0, 1200)]) == []
     assert unused.named == {FA3_FWD_DECODE: [(816, 824), (1072, 1080)]}  # what SAVE's log counts
+
+
+def test_rule_offsets_are_the_parameter_buffers_and_must_lie_in_the_named_parameter() -> None:
+    """engine.bytes_in_param: what both engines' FA3 rules stand on."""
+    assert engine.bytes_in_param([(112, 2688)], 0, ((816, 824),)) == [(816, 824)]
+    assert engine.bytes_in_param([(112, 2688)], 0, ((100, 120),)) == []  # starts before the block
+    assert engine.bytes_in_param([(112, 2688)], 0, ((2796, 2804),)) == []  # ends past it
+    assert engine.bytes_in_param([(0, 8), (8, 16)], 1, ((8, 24),)) == [(8, 24)]
+    assert engine.bytes_in_param([(0, 8)], 1, ((0, 8),)) == []  # no such parameter
 
 
 def test_an_fa3_forward_kernel_of_another_layout_is_left_alone_and_said(

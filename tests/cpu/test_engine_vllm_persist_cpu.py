@@ -1184,9 +1184,13 @@ def test_fa3_forward_padding_is_written_as_zeros(vllm: WarmPython) -> None:
         result = {{
             "params": list(graphwalk.zero_ranges(bytes(raw), unused({kernel!r}, [(0, 1024)]))),
             "short": unused({kernel!r}, [(0, 128)]),
+            "real": unused({kernel!r}, [(112, 2688)]),
         }}
         """
     ).ok()
     assert got["params"][176:184] == [1, 0, 0, 0, 0, 0, 0, 0]
     assert got["params"][:176] == list(range(176)) and got["params"][184:] == list(range(184, 192))
     assert got["short"] == []  # a parameter block too short to hold those bytes is left alone
+    # the pinned kernels' layout: the 128-aligned Params block at buffer byte 112; the rule's offsets are the
+    # buffer's (as SAVE's diff names them), never shifted by the block's start (that zeroed bytes 292-295, read)
+    assert [list(r) for r in got["real"]] == [[180, 184]]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import switch
-from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView
+from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView, bytes_in_param
 from graphpersist.engine.session import KERNEL_WARMUP, PLUGINS_ENV, PersistSession, current
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
@@ -33,6 +33,7 @@ __all__ = [
     "Refused",
     "Resolver",
     "SessionView",
+    "bytes_in_param",
     "cache_folders",
     "current",
     "export_environment",

@@ -79,6 +79,21 @@ class Communicator(abc.ABC):
         """LOAD, once the graphs are restored: re-create the registration SAVE recorded in `notes`."""
 
 
+def bytes_in_param(
+    layout: list[tuple[int, int]], index: int, ranges: tuple[tuple[int, int], ...]
+) -> list[tuple[int, int]]:
+    """`ranges` (offsets into the kernel's parameter buffer, as SAVE's diff names them) when they all lie inside
+    parameter `index` of `layout`, else none. For `unused_param_bytes` rules: a parameter buffer places each parameter
+    at its aligned offset (FA3's 128-aligned Params block sits at 112), so a rule stated in buffer offsets must not be
+    shifted by it, and must not fire on a kernel whose parameters are laid out otherwise."""
+    if index >= len(layout):
+        return []
+    start, size = layout[index]
+    if all(start <= a <= b <= start + size for a, b in ranges):
+        return list(ranges)
+    return []
+
+
 class EngineAdapter(abc.ABC):
     """The questions only an engine can answer. One instance per engine process, built by the engine's glue around
     its live objects (worker, model runner, configuration); the session asks, the adapter never drives."""

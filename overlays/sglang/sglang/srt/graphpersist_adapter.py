@@ -29,30 +29,32 @@ FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added
 
 # sgl-kernel 0.4.5's FA3 forward kernels with a 128-wide V head in bf16 (Qwen3-8B's attention),
 # `device_kernel<enable_sm90_or_later<FlashAttnFwdSm90<CollectiveMainloopFwdSm90<..., 128, bfloat16_t, float, Sm90,
-# ...>>>>(Params)`: parameter bytes 816-823 and 1072-1079 are never read. Two TP=1 SAVEs on the reference host
-# (2026-12-03) held 0 and 0x501a00000001 there (decode/128). Checked on the pinned wheel's code for sm_90a
-# (cuobjdump + nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 372 instances this pattern matches, no constant
-# load touches constant-bank bytes 0x540-0x547 or 0x640-0x647 (parameters start at 0x210), the 720 indexed loads
-# resolve to 0xb88 and above, and no TMA descriptor the kernel prefetches or loads covers them (the descriptors sit
-# 48 bytes further on; these are the tails of the 256-byte TMA copy objects before them, copied as padding).
+# ...>>>>(Params)`: bytes 816-823 and 1072-1079 of the parameter buffer are never read. The Params block is
+# 128-aligned and sits at buffer byte 112 (EIATTR_KPARAM_INFO), so these are its bytes 704-711 and 960-967; offsets
+# here are buffer offsets, as SAVE's diff names them. Two TP=1 SAVEs on the reference host (2026-12-03) held
+# 0x501a00000001 and 0 or 0xc1d0003e there (decode/128). Checked on the pinned wheel's sm_90a code (cuobjdump +
+# nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 372 instances this pattern matches, no constant load touches
+# them (constant bank = buffer + 0x210), the 720 indexed loads resolve to buffer bytes 0x978 and above, and the
+# parameter addresses the kernel takes (TMA descriptors, at buffer 624, 880, 1136, ...) start 64 bytes after them: they
+# are the tails of the 256-byte TMA copy objects before those, whose 128-byte descriptors end at 752 and 1008.
 _FA3_FWD_V128_BF16 = re.compile(r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E")
 _FA3_FWD_UNREAD = ((816, 824), (1072, 1080))
 
 
 def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) of `kernel`'s parameters it never reads, which SAVE writes as zeros so two SAVEs are
-    byte-identical: the FA3 forward kernel's padding above. Other kernels: none."""
+    """Byte ranges [start, end) of `kernel`'s parameter buffer it never reads, which SAVE writes as zeros so two SAVEs
+    are byte-identical: the FA3 forward kernel's padding above. Other kernels: none."""
     if not _FA3_FWD_V128_BF16.search(kernel):
         return []
-    if len(layout) == 1 and layout[0][1] >= _FA3_FWD_UNREAD[-1][1]:
-        start = layout[0][0]
-        return [(start + begin, start + end) for begin, end in _FA3_FWD_UNREAD]
+    if len(layout) == 1 and (ranges := engine.bytes_in_param(layout, 0, _FA3_FWD_UNREAD)):
+        return ranges
     SglangAdapter.logger.warning(
-        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block of "
-        "at least %d bytes): its unread bytes are kept as captured, so two SAVEs may differ there",
+        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block "
+        "holding buffer bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
         kernel[:120],
         layout,
-        _FA3_FWD_UNREAD[-1][1],
+        _FA3_FWD_UNREAD[0][0],
+        _FA3_FWD_UNREAD[-1][1] - 1,
     )
     return []
 
