@@ -285,6 +285,8 @@ def run_group(name: str, out: Path, mode: str, archive: Path, deep_ep_dir: Path,
     from graphpersist.memory import region
 
     base_env = region.preload_env(size=REGION_SIZE) if mode != "baseline" else dict(os.environ)
+    if mode != "baseline":  # DeepEP's counters are read by the captured dispatch: place pinned memory (opt-in)
+        base_env["GP_HOST_BASE"] = hex(region.DEFAULT_HOST_BASE)
     base_env.update(PINNED_ENV)
     base_env.update({"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
                      DEEP_EP_DIR_ENV: str(deep_ep_dir), "GRAPHPERSIST_MODE": "off" if mode == "baseline" else mode,

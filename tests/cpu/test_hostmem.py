@@ -65,7 +65,7 @@ def run(tmp_path: Path, code: str) -> dict:
                     str(HERE / "fakecuda.c")], check=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
     env.update(LD_PRELOAD=str(region.build_interposer(tmp_path / "gp")), GP_LIBCUDA=str(fake),
-               GP_REGION_BASE=hex(LO), GP_REGION_SIZE=str(256 << 20),
+               GP_REGION_BASE=hex(LO), GP_REGION_SIZE=str(256 << 20), GP_HOST_BASE=hex(HOST),
                PYTHONPATH=os.pathsep.join([str(HERE), str(OVERLAY)]))  # fmt: skip
     script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)

@@ -49,7 +49,7 @@ def run(libs: dict[str, str], code: str, **env: str) -> dict:
     """Runs `code` (after PRELUDE) under the interposer over the fake driver, region enabled unless env says not."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
     full.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"], GP_REGION_BASE=hex(BASE),
-                GP_REGION_SIZE=str(256 * MIB), PYTHONPATH=str(HERE))  # fmt: skip
+                GP_REGION_SIZE=str(256 * MIB), GP_HOST_BASE=hex(HOST_BASE), PYTHONPATH=str(HERE))  # fmt: skip
     full.update(env)
     script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
     proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=60)
@@ -109,6 +109,7 @@ def test_free_unpins_drops_the_pages_and_never_reuses_the_range(libs: dict[str, 
         ("", {"GP_REGION_BASE": ""}, 2, 1),  # region not enabled
         ("", {}, 4, 2),  # write-combined
         ("", {"GP_HOST_BASE": "0"}, 2, 3),  # placement off
+        ("", {"GP_HOST_BASE": ""}, 2, 3),  # placement is opt-in: empty, as unset, is off
         ("", {"GP_HOST_SIZE": str(PAGE)}, 2, 5),  # the second allocation does not fit
         ("gp.fake.fake_set_register_result(2)", {}, 2, 6),  # cuMemHostRegister fails
         ("gp.fake.fake_set_devptr_skew(1 << 20)", {}, 2, 7),  # the device cannot use the host pointer

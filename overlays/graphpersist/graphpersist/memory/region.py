@@ -20,6 +20,9 @@ NATIVE_DIR = Path(__file__).resolve().parents[1] / "native"
 LIB_NAME = "libgpinterpose.so"
 DEFAULT_BASE = 0x500000000000  # far below the mmap area (0x7f..), where ASLR placed libraries over 0x7f0000000000
 DEFAULT_SIZE = None  # the interposer reserves 4x the device's memory (GP_SIZE_FACTOR) unless told otherwise
+# GP_HOST_BASE for pinned host memory graphs read (native/gp_host.c; opt-in: unset leaves it to the driver), 16 TiB
+# below the region's default
+DEFAULT_HOST_BASE = 0x4F0000000000
 
 # Allocation event kinds (native enum gp_event_kind), by number and by the name the archive's log uses.
 # lib_map / lib_unmap: memory a library mapped itself into a reservation the region carved for it (torch's expandable
@@ -41,7 +44,7 @@ HOST_KINDS = {12: "host_alloc", 13: "host_free", 14: "host_outside"}
 HOST_OUTSIDE_WHY = {
     1: "allocated before the region was enabled",
     2: "write-combined (cuMemHostRegister cannot make it)",
-    3: "host placement is off (GP_HOST_BASE=0)",
+    3: "host placement is off (GP_HOST_BASE unset or 0; set it to place pinned memory graphs read)",
     4: "the pinned host range could not be reserved at GP_HOST_BASE",
     5: "the pinned host range is full (raise GP_HOST_SIZE)",
     6: "cuMemHostRegister failed",

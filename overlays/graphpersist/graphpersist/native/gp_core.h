@@ -28,7 +28,7 @@ enum gp_event_kind {
 enum gp_host_outside_why {
     GP_HOUT_NOT_ENABLED = 1,    /* before the region was enabled */
     GP_HOUT_WRITECOMBINED = 2,  /* CU_MEMHOSTALLOC_WRITECOMBINED: cuMemHostRegister cannot make it */
-    GP_HOUT_OFF = 3,            /* GP_HOST_BASE=0: placement turned off */
+    GP_HOUT_OFF = 3,            /* GP_HOST_BASE unset or 0: placement off */
     GP_HOUT_RESERVE = 4,        /* the host range could not be reserved at GP_HOST_BASE */
     GP_HOUT_EXHAUSTED = 5,      /* the host range is full */
     GP_HOUT_REGISTER = 6,       /* cuMemHostRegister failed (or the driver lacks it) */

@@ -3,9 +3,11 @@
  *
  * Why: a kernel reads mapped pinned memory through a device pointer that, under unified addressing, is the host
  * address (DeepEP's receive counters are such words in its dispatch kernels' parameters, so a captured graph holds
- * them). The driver picks that address, and it differs from process to process. With the region enabled, each
- * allocation is instead placed at a bump cursor in one fixed host range (GP_HOST_BASE, default
- * GP_HOST_DEFAULT_BASE; GP_HOST_SIZE bytes, default GP_HOST_DEFAULT_SIZE; GP_HOST_BASE=0 turns placement off):
+ * them). The driver picks that address, and it differs from process to process. With the region enabled and
+ * GP_HOST_BASE set (graphpersist.memory.region.DEFAULT_HOST_BASE is the recommended range; unset or 0: placement
+ * off, every pinned allocation is the driver's as upstream's), each allocation is instead placed at a bump cursor in
+ * that one fixed host range (GP_HOST_SIZE bytes, default GP_HOST_DEFAULT_SIZE): opt-in, because only graphs that
+ * read pinned memory (DeepEP's dispatch captured in a graph) need it, and every other workload keeps the driver's:
  * fresh shared anonymous pages mapped there, pinned and mapped for every device with cuMemHostRegister
  * (PORTABLE | DEVICEMAP, as cuMemHostAlloc memory is under unified addressing), and kept only when the device
  * pointer the driver gives for it equals the host address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM): then the same
@@ -44,7 +46,7 @@ static pthread_once_t g_henv_once = PTHREAD_ONCE_INIT;
 
 static void read_host_env(void) {
     const char *b = getenv("GP_HOST_BASE"), *s = getenv("GP_HOST_SIZE");
-    g_hbase = b && *b ? gp_parse_u64(b, NULL) : GP_HOST_DEFAULT_BASE;
+    g_hbase = b && *b ? gp_parse_u64(b, NULL) : 0; /* unset: placement off */
     g_hsize = s && *s ? gp_parse_u64(s, NULL) : GP_HOST_DEFAULT_SIZE;
     g_hbase = gp_round_up(g_hbase, HOST_PAGE);
     g_hsize = gp_round_up(g_hsize, HOST_PAGE);

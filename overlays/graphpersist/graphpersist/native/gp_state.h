@@ -38,7 +38,6 @@
 
 #define GP_EXPORT __attribute__((visibility("default")))
 #define GP_SIZE_FACTOR 4ull
-#define GP_HOST_DEFAULT_BASE 0x4f0000000000ull /* pinned host range (gp_host.c), 16 TiB below the region's default */
 #define GP_HOST_DEFAULT_SIZE (64ull << 30)
 
 /* One allocation of ours (cuMemCreate + map), live until freed. */
