@@ -71,9 +71,10 @@ with proofkit.Timer() as ready:
         sleeper(todo["hang"])
         time.sleep(120)
     if args.mode == "save":
-        from archive_fixtures import write_archive
+        with phases.phase("save"):
+            from archive_fixtures import write_archive
 
-        write_archive(Path(args.archive), **todo.get("world", {}))
+            write_archive(Path(args.archive), **todo.get("world", {}))
 at_ready = proofkit.cache_snapshot()
 if todo.get("jit_file"):
     (proofkit.cache_dirs()[0] / todo["jit_file"]).write_text("a freshly compiled kernel")
@@ -99,9 +100,12 @@ if todo.get("log"):
     print(todo["log"], flush=True)
 if todo.get("leftover"):
     sleeper(todo["leftover"])
+# compile and graphs are simulated time the fake engine did not spend: its clock counts them as if it had
+start_to_ready = ready.seconds + (0.0 if args.mode == "load" else 0.5) + 0.25
+reported = {k: v for k, v in phases.to_dict().items() if k != todo.get("drop_phase")}
 new_start, new_first = proofkit.new_files(before, at_ready), proofkit.new_files(at_ready, after_first)
 proofkit.write_result(args.result, {
-    "ok": True, "error": None, "start_to_ready_s": ready.seconds, "phases": phases.to_dict(), "outputs": outputs,
+    "ok": True, "error": None, "start_to_ready_s": start_to_ready, "phases": reported, "outputs": outputs,
     "latency": todo.get("latency", {"first_request_s": 0.5, "decode_tps_b1": 250.0}),
     "jit": {"new_cache_files_start": len(new_start), "new_cache_files_first_request": len(new_first),
             "examples": (new_start + new_first)[:5]},
@@ -128,6 +132,9 @@ RUNS = {
 def proof_toml(
     runs: tuple[str, ...] = ("baseline", "save", "save2", "load"), extra: str = "", timeout: float = 60
 ) -> str:
+    if "phase_check" not in extra:  # every run that starts the fake engine: its phases add up
+        checked = [n for n in runs if "expect_refusal" not in RUNS[n]]
+        extra = f"phase_check = {json.dumps(checked)}\n{extra}"  # before any [[target]] of extra
     text = textwrap.dedent(f"""\
         title = "fake engine, TP=2"
         driver = ["{{python}}", "driver.py"]
@@ -194,15 +201,21 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert data["ok"] is True
     assert all(c["status"] == "pass" for c in checks.values()), checks
     expected = {f"{r} finished" for r in runs} | {f"{r} log clean" for r in runs} | {"outputs identical"}
-    expected |= {"archives a = b"} | {
-        f"{r} {w}"
-        for r in ("load", "load_fresh")
-        for w in ("restored every graph", "captured nothing", "no new JIT files")
-    }
+    expected |= (
+        {"archives a = b"}
+        | {f"{r} unaccounted <= 5 %" for r in runs}
+        | {
+            f"{r} {w}"
+            for r in ("load", "load_fresh")
+            for w in ("restored every graph", "captured nothing", "no new JIT files")
+        }
+    )
     assert set(checks) == expected
     assert "restored = captured by save per rank: [4, 4]" in checks["load restored every graph"]["detail"]
     assert checks["archives a = b"]["detail"].startswith("2 rank(s), graphs per rank [4, 4]")
-    for heading in ("## Checks", "## Timing (s)", "## Latency", "## Targets", "## Archive sizes", "## Logs"):
+    headings = ("## Checks", "## Timing (s)", "## Phases (s)", "## Latency", "## Targets", "## Archive sizes")
+    headings += ("## Logs",)
+    for heading in headings:
         assert heading in text
     assert "| run | mode | cache | wall | start to ready | weights | compile | graphs |" in text
     assert "| run | first_request_s | decode_tps_b1 |" in text
@@ -229,6 +242,49 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     ]
     assert seen["load"]["env"]["PYTHONUNBUFFERED"] == "1"
     assert seen["eager"]["extra"] == ["--enforce-eager"]
+
+
+def test_a_phase_missing_from_the_table_fails_its_runs_unaccounted_check(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"load": {"drop_phase": "graphs"}}, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, data, checks = report(out)
+    assert text.splitlines()[0] == "FAILED: load unaccounted <= 5 %"
+    detail = checks["load unaccounted <= 5 %"]["detail"]
+    assert checks["load unaccounted <= 5 %"]["status"] == "FAIL"
+    assert detail.startswith("unaccounted 0.25") and "measured phases: weights, compile" in detail
+    assert "time the missing part of the start-up as a phase of its own" in detail
+    assert checks["baseline unaccounted <= 5 %"]["status"] == "pass"
+    assert data["phase_accounting"]["load"]["unaccounted_s"] == pytest.approx(0.25, abs=0.01)
+    table = text.split("## Phases (s)")[1].split("## Latency")[0]
+    assert "| phase | baseline | save | load |" in table and "| graphs | 0.250 | 0.250 | - |" in table
+    assert "| unaccounted share |" in table
+
+
+def test_remainders_count_as_unaccounted_and_phase_check_picks_the_runs(tmp_path: Path) -> None:
+    extra = 'residual_phases = ["compile"]\nphase_check = ["baseline", "load"]'
+    recipe = make_recipe(tmp_path, runs=("baseline", "save", "load"), extra=extra)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, data, checks = report(out)
+    assert [n for n in checks if "unaccounted" in n] == ["baseline unaccounted <= 5 %", "load unaccounted <= 5 %"]
+    assert checks["baseline unaccounted <= 5 %"]["status"] == "FAIL"  # its compile (0.5 s) is a remainder
+    assert "remainders counted as unaccounted: compile" in checks["baseline unaccounted <= 5 %"]["detail"]
+    assert checks["load unaccounted <= 5 %"]["status"] == "pass"  # LOAD's compile is 0 s
+    assert "| compile (remainder) | 0.500 | 0.000 |" in text
+    assert set(data["phase_accounting"]) == {"baseline", "load"}
+
+
+def test_phases_adding_up_to_more_than_start_to_ready_fail(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    result = json.loads((out / "baseline" / "result.json").read_text())
+    result["phases"]["graphs"] += 0.5  # counted twice
+    (out / "baseline" / "result.json").write_text(json.dumps(result))
+    assert prove_cli(recipe, out, "--check-only") == 1
+    _, _, checks = report(out)
+    assert "the phases add up to more than start to ready" in checks["baseline unaccounted <= 5 %"]["detail"]
 
 
 def test_phases_chart_or_a_note_without_matplotlib(tmp_path: Path) -> None:
@@ -529,6 +585,11 @@ def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
         (proof_toml() + '\n[[target]]\nname = "x"\nnum = "nosuch.start_to_ready_s"\nmax = 1\n', "target[0].num"),
         (proof_toml() + '\n[[target]]\nname = "x"\nnum = "load.start_to_ready_s"\n', "target[0].min: a target needs"),
         (proof_toml().replace("timeout_s = 60", 'timeout_s = "long"'), "timeout_s: wrong type str"),
+        (proof_toml(extra='phase_check = ["nosuch"]'), "phase_check: 'nosuch' is not a run of proof.toml"),
+        (
+            proof_toml(("save", "refused"), extra='phase_check = ["refused"]'),
+            "phase_check: 'refused' is not a run of proof.toml that starts an engine",
+        ),
         ("title = [", "not valid TOML"),
         (
             proof_toml().replace(
@@ -620,6 +681,8 @@ def test_runs_subset_runs_only_those_and_reports_the_rest_not_run(tmp_path: Path
         "load restored every graph",
         "load captured nothing",
         "load no new JIT files",
+        "save2 unaccounted <= 5 %",
+        "load unaccounted <= 5 %",
         "save2 log clean",
         "load log clean",
     }

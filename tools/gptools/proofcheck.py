@@ -25,6 +25,7 @@ PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
 LOG_TAIL_LINES = 20
 INSPECT_TIMEOUT_S = 600
 DIFF_TIMEOUT_S = 300.0  # two archives' graph packs read and compared word by word
+UNACCOUNTED_MAX = 0.05  # of start to ready: the phase table must explain where start-up time goes
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
             load = runs[spec.name]
             checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
             checks += check_kernel_choices(load)
+    checks += check_unaccounted(recipe, runs)
     checks += [
         check_refused(data)
         if data.spec.expect_refusal
@@ -525,6 +527,88 @@ def check_refused(data: RunData) -> Check:
     if not any(matched.strip() in line for line in data.log_lines()):
         return Check(name, FAIL, f"result.json quotes a line that is not in {data.log}: {matched.strip()[:120]}")
     return Check(name, PASS, matched.strip()[:200])
+
+
+# ------------------------------------------------------------------------------------------- phases
+
+
+def phase_accounting(result: dict[str, Any] | None, residual: tuple[str, ...]) -> dict[str, Any] | None:
+    """Where a run's start-up time went: its measured phases, the remainders the driver computed (`residual`), and
+    `unaccounted` = start to ready minus the measured phases (remainders included, so a remainder hides nothing).
+    None when the run reported no start-up time or no phases."""
+    total, phases = (result or {}).get("start_to_ready_s"), (result or {}).get("phases")
+    if not isinstance(total, int | float) or isinstance(total, bool) or not isinstance(phases, dict) or not phases:
+        return None
+    seconds = {k: float(v) for k, v in phases.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    measured = {k: v for k, v in seconds.items() if k not in residual}
+    unaccounted = float(total) - sum(measured.values())
+    return {
+        "start_to_ready_s": float(total),
+        "measured": measured,
+        "residual": {k: v for k, v in seconds.items() if k in residual},
+        "unaccounted_s": unaccounted,
+        "unaccounted_share": unaccounted / total if total > 0 else math.inf,
+    }
+
+
+def phase_check_runs(recipe: Recipe) -> list[RunSpec]:
+    """The runs whose unaccounted time is checked, as proof.toml's `phase_check` names them (opt-in: a recipe whose
+    driver reports no phases, or phases that need not add up, has no such check)."""
+    return [r for r in recipe.runs if r.name in recipe.phase_check]
+
+
+def check_unaccounted(recipe: Recipe, runs: dict[str, RunData]) -> list[Check]:
+    """`<run> unaccounted <= 5 %`: a phase table that leaves more of the start-up unexplained fails, and so do phases
+    adding up to more than start to ready by as much (time counted twice). A run without phases is not measured."""
+    checks = []
+    limit = f"{UNACCOUNTED_MAX:.0%}".replace("%", " %")
+    for spec in phase_check_runs(recipe):
+        data, name = runs[spec.name], f"{spec.name} unaccounted <= {limit}"
+        if not data.ran or data.result is None:
+            checks.append(
+                Check(
+                    name,
+                    NOT_RUN if not data.ran else FAIL,
+                    data.not_run() if not data.ran else f"not measured: {data.problem() or 'no result.json'}",
+                )
+            )
+            continue
+        acc = phase_accounting(data.result, recipe.residual_phases)
+        if acc is None:
+            checks.append(
+                Check(
+                    name,
+                    FAIL,
+                    "not measured: result.json has no start_to_ready_s or no phases; the "
+                    "driver must report its start-up phases",
+                )
+            )
+            continue
+        share, total = acc["unaccounted_share"], acc["start_to_ready_s"]
+        detail = (
+            f"unaccounted {acc['unaccounted_s']:.3f} s of {total:.3f} s start to ready ({share:.1%}); measured "
+            f"phases: {', '.join(acc['measured']) or 'none'}"
+        )
+        if acc["residual"]:
+            detail += f"; remainders counted as unaccounted: {', '.join(acc['residual'])}"
+        if abs(share) <= UNACCOUNTED_MAX:
+            checks.append(Check(name, PASS, detail))
+        elif share < 0:
+            checks.append(
+                Check(
+                    name,
+                    FAIL,
+                    detail + "; the phases add up to more than start to ready: one is "
+                    "counted twice, or overlaps another; time them apart in the driver",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    name, FAIL, detail + "; time the missing part of the start-up as a phase of its own in the driver"
+                )
+            )
+    return checks
 
 
 # ------------------------------------------------------------------------------------------- targets

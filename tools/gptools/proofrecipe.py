@@ -48,6 +48,10 @@ class Recipe:
     targets: tuple[Target, ...]
     error_patterns: tuple[str, ...]
     ignore_patterns: tuple[str, ...]
+    # Phases the driver computes as a remainder (start to ready minus the others): they count as unaccounted time.
+    residual_phases: tuple[str, ...] = ()
+    # Runs whose unaccounted start-up time is checked (<= proofcheck.UNACCOUNTED_MAX); none unless declared.
+    phase_check: tuple[str, ...] = ()
 
     def archive_path(self, out: Path, name: str) -> Path:
         """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""

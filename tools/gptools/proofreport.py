@@ -113,6 +113,20 @@ def timing_rows(runs: dict[str, RunData], phases: list[str]) -> list[list[Any]]:
     return rows
 
 
+def phase_table(accounting: dict[str, dict[str, Any]], phases: list[str]) -> tuple[list[str], list[list[Any]]]:
+    """Phases as rows, runs as columns: each measured phase, the driver's remainders (marked), `unaccounted` (start
+    to ready minus the measured phases, remainders included) and its share of start to ready."""
+    runs = list(accounting)
+    residual = [p for p in phases if any(p in a["residual"] for a in accounting.values())]
+    measured = [p for p in phases if p not in residual]
+    rows: list[list[Any]] = [[p, *(accounting[r]["measured"].get(p) for r in runs)] for p in measured]
+    rows += [[f"{p} (remainder)", *(accounting[r]["residual"].get(p) for r in runs)] for p in residual]
+    rows.append(["unaccounted", *(accounting[r]["unaccounted_s"] for r in runs)])
+    rows.append(["start to ready", *(accounting[r]["start_to_ready_s"] for r in runs)])
+    rows.append(["unaccounted share", *(f"{accounting[r]['unaccounted_share']:.1%}" for r in runs)])
+    return ["phase", *runs], rows
+
+
 CHOICE_COUNTS = (
     "timed",
     "reused",
@@ -229,6 +243,10 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
             lines += ["", f"{name}: {d.problem()} (last {len(tail)} lines of {d.log}):", "", "```", *tail, "```"]
     lines += ["", "## Timing (s)", ""]
     lines += _table(["run", "mode", "cache", "wall", "start to ready", *phases], timing_rows(runs, phases))
+    if data["phase_accounting"]:
+        limit = f"{proofcheck.UNACCOUNTED_MAX:.0%}"
+        lines += ["", f"## Phases (s): unaccounted is checked to be <= {limit} of start to ready", ""]
+        lines += _table(*phase_table(data["phase_accounting"], phases))
     latency = _keys(runs, "latency")
     lines += ["", "## Latency", ""]
     lines += _table(
@@ -285,6 +303,11 @@ def write(
         "targets": proofcheck.evaluate_targets(recipe, runs),
         "informational": proofcheck.informational(runs),
         "phase_names": phases,
+        "phase_accounting": {
+            spec.name: acc
+            for spec in proofcheck.phase_check_runs(recipe)
+            if (acc := proofcheck.phase_accounting(runs[spec.name].result, recipe.residual_phases))
+        },
         "chart": str(out / CHART) if not chart else None,
         "chart_note": chart,
         "runs": {n: _run_json(d) for n, d in runs.items()},

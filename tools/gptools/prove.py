@@ -25,6 +25,9 @@ The driver contract:
   the reason, ...}; such a run has no outputs, and LOAD's checks and the clean-log check do not apply to it.
 - lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
   leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
+- phases: each run named in `phase_check` (none by default) gets the check `<run> unaccounted <= 5 %`, unaccounted
+  being start to ready minus the sum of its measured phases; `residual_phases` (phases a driver computes as a
+  remainder) count as unaccounted, not as measured.
 
 Misuse (a bad proof.toml, an unknown run) exits 2 naming the key; otherwise exit 0 when every check passes, else 1.
 """
@@ -58,7 +61,7 @@ DEFAULT_ERROR_PATTERNS = ("Traceback", "CUDA error", "CUBLAS_STATUS", "illegal m
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become folder names
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
-TOP_KEYS |= {"ignore_patterns"}
+TOP_KEYS |= {"ignore_patterns", "residual_phases", "phase_check"}
 RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED", "PYTHONPATH"}
@@ -196,6 +199,9 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
             except re.error as exc:
                 raise ProofConfigError(f"{key}: {regex!r} is not a regular expression: {exc}") from None
     targets = tuple(_parse_target(t, i, set(names)) for i, t in enumerate(_get(data, "target", "", list, [])))
+    phase_check = _strings(data, "phase_check", "")
+    if bad := [n for n in phase_check if n not in names or next(r for r in runs if r.name == n).expect_refusal]:
+        raise ProofConfigError(f"phase_check: {bad[0]!r} is not a run of proof.toml that starts an engine")
     return Recipe(
         dir=recipe_dir.resolve(),
         title=_get(data, "title", "", str),
@@ -207,6 +213,8 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
         targets=targets,
         error_patterns=patterns["error_patterns"],
         ignore_patterns=patterns["ignore_patterns"],
+        residual_phases=_strings(data, "residual_phases", ""),
+        phase_check=phase_check,
     )
 
 
