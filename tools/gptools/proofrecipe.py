@@ -52,6 +52,8 @@ class Recipe:
     residual_phases: tuple[str, ...] = ()
     # Runs whose unaccounted start-up time is checked (<= proofcheck.UNACCOUNTED_MAX); none unless declared.
     phase_check: tuple[str, ...] = ()
+    # True: their unaccounted share is a stated Targets row, not a check (until the driver times every phase).
+    phase_check_stated: bool = False
 
     def archive_path(self, out: Path, name: str) -> Path:
         """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""

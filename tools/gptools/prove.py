@@ -25,7 +25,8 @@ The driver contract:
   the reason, ...}; such a run has no outputs, and LOAD's checks and the clean-log check do not apply to it.
 - lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
   leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
-- phases: each run named in `phase_check` (none by default) gets the check `<run> unaccounted <= 5 %`, unaccounted
+- phases: each run named in `phase_check` (none by default) gets the check `<run> unaccounted <= 5 %` (with
+  `phase_check_stated = true`, a Targets row instead, stated and never failing the report), unaccounted
   being start to ready minus the sum of its measured phases; `residual_phases` (phases a driver computes as a
   remainder) count as unaccounted, not as measured.
 
@@ -61,7 +62,7 @@ DEFAULT_ERROR_PATTERNS = ("Traceback", "CUDA error", "CUBLAS_STATUS", "illegal m
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become folder names
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
-TOP_KEYS |= {"ignore_patterns", "residual_phases", "phase_check"}
+TOP_KEYS |= {"ignore_patterns", "residual_phases", "phase_check", "phase_check_stated"}
 RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED", "PYTHONPATH"}
@@ -215,6 +216,7 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
         ignore_patterns=patterns["ignore_patterns"],
         residual_phases=_strings(data, "residual_phases", ""),
         phase_check=phase_check,
+        phase_check_stated=_get(data, "phase_check_stated", "", bool, False),
     )
 
 
