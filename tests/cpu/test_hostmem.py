@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from native_fixtures import build_fake_driver
 
 from graphpersist.graph.format import GraphFormatError
 from graphpersist.graph.walk import HostMemory, _ForeignPointers
@@ -60,11 +61,9 @@ out = {}
 def run(tmp_path: Path, code: str) -> dict:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: cannot build the fake")
-    fake = tmp_path / "libfakecuda.so"
-    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wno-unused-parameter", "-Wl,-Bsymbolic", "-o", str(fake),
-                    str(HERE / "fakecuda.c")], check=True)  # fmt: skip
+    libs = build_fake_driver(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
-    env.update(LD_PRELOAD=str(region.build_interposer(tmp_path / "gp")), GP_LIBCUDA=str(fake),
+    env.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"],
                GP_REGION_BASE=hex(LO), GP_REGION_SIZE=str(256 << 20), GP_HOST_BASE=hex(HOST),
                PYTHONPATH=os.pathsep.join([str(HERE), str(OVERLAY)]))  # fmt: skip
     script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"

@@ -16,8 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from graphpersist.memory import region
+from native_fixtures import build_fake_driver
 
 HERE = Path(__file__).resolve().parent / "native"
 BASE = 0x500000000000
@@ -38,11 +37,7 @@ out = {}
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("host")
-    fake = out / "libfakecuda.so"
-    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
-                    "-Wl,-Bsymbolic", "-o", str(fake), str(HERE / "fakecuda.c")], check=True)  # fmt: skip
-    return {"interposer": str(region.build_interposer(out / "gp")), "fake": str(fake)}
+    return build_fake_driver(tmp_path_factory.mktemp("host"))
 
 
 def run(libs: dict[str, str], code: str, **env: str) -> dict:

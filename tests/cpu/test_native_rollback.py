@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from native_fixtures import build_fake_driver
 
 from graphpersist.memory import region
 
@@ -35,11 +36,7 @@ out = {}
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("rollback")
-    fake = out / "libfakecuda.so"
-    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
-                    "-Wl,-Bsymbolic", "-o", str(fake), str(HERE / "fakecuda.c")], check=True)  # fmt: skip
-    return {"interposer": str(region.build_interposer(out / "gp")), "fake": str(fake)}
+    return build_fake_driver(tmp_path_factory.mktemp("rollback"))
 
 
 def child_env(libs: dict[str, str]) -> dict[str, str]:
