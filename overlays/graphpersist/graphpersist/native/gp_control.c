@@ -51,9 +51,7 @@ GP_EXPORT int gp_reserve_now(void) {
 
 GP_EXPORT size_t gp_events(gp_event_t *buf, size_t cap) {
     pthread_mutex_lock(&g_lock);
-    size_t n = g_log.n < cap ? g_log.n : cap;
-    if (buf && n) memcpy(buf, g_log.ev, n * sizeof *buf);
-    size_t total = g_log.n;
+    size_t total = gp_log_copy(&g_log, buf, cap);
     pthread_mutex_unlock(&g_lock);
     return total;
 }

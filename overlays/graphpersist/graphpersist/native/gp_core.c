@@ -55,6 +55,12 @@ uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t siz
 
 int gp_log_reserve(gp_log_t *log) { return grow((void **)&log->ev, &log->cap, log->n, sizeof(gp_event_t)); }
 
+size_t gp_log_copy(const gp_log_t *log, gp_event_t *buf, size_t cap) {
+    size_t n = log->n < cap ? log->n : cap;
+    if (buf && n) memcpy(buf, log->ev, n * sizeof *buf);
+    return log->n;
+}
+
 long gp_log_find_live(const gp_log_t *log, uint64_t addr) {
     /* Newest first: the latest event for this address decides whether it is live. */
     for (size_t i = log->n; i-- > 0;) {

@@ -118,6 +118,8 @@ int gp_bump_set_cursor(gp_bump_t *b, uint64_t offset);
 uint64_t gp_log_append(gp_log_t *log, uint32_t kind, uint64_t addr, uint64_t size, uint64_t req);
 /* Room for one more event: after 0, the next gp_log_append cannot fail. -1 on OOM. */
 int gp_log_reserve(gp_log_t *log);
+/* Copies the first min(n, cap) events into `buf` (may be NULL); returns how many the log holds. The caller locks. */
+size_t gp_log_copy(const gp_log_t *log, gp_event_t *buf, size_t cap);
 /* Index of the live memory event starting exactly at `addr` (allocated, fixed-mapped, IPC-opened or mapped by a
  * library into a reservation, and not freed/closed/unmapped since), or -1. A reservation alone is not memory. */
 long gp_log_find_live(const gp_log_t *log, uint64_t addr);

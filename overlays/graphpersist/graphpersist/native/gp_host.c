@@ -236,9 +236,7 @@ GP_EXPORT int gp_host_info(gp_host_info_t *out) {
 /* The host log (GP_EV_HOST_*): copies up to `cap` events, returns how many there are. */
 GP_EXPORT size_t gp_host_events(gp_event_t *buf, size_t cap) {
     pthread_mutex_lock(&g_lock);
-    size_t n = g_hlog.n < cap ? g_hlog.n : cap;
-    if (buf && n) memcpy(buf, g_hlog.ev, n * sizeof *buf);
-    size_t total = g_hlog.n;
+    size_t total = gp_log_copy(&g_hlog, buf, cap);
     pthread_mutex_unlock(&g_lock);
     return total;
 }
