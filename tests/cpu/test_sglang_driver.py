@@ -321,9 +321,9 @@ def test_the_committed_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp
     assert eager["phases"]["graphs"] == 0.0
 
 
-@pytest.mark.parametrize("recipe", VARIANTS)
-def test_each_recipe_starts_the_engine_with_its_launch(recipe: str, fake_sglang: Path, tmp_path: Path) -> None:
-    """The variant's driver command from its proof.toml, run once with persistence off: what Engine() received."""
+def start_off(recipe: str, tmp_path: Path) -> tuple[dict, dict]:
+    """Runs the recipe's driver command from its proof.toml once with persistence off, against the stand-in SGLang:
+    (its result.json, the arguments Engine() received)."""
     toml = tomllib.loads((RECIPES / recipe / "proof.toml").read_text())
     command = [part.replace("{python}", sys.executable) for part in toml["driver"]]
     result, record = tmp_path / "out" / "baseline" / "result.json", tmp_path / "engine.json"
@@ -333,8 +333,14 @@ def test_each_recipe_starts_the_engine_with_its_launch(recipe: str, fake_sglang:
     proc = subprocess.run([*command, "--run", "baseline", "--mode", "off", "--result", str(result)],
                           cwd=RECIPES / recipe, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(result.read_text())["ok"], result.read_text()
-    seen = json.loads(record.read_text())
+    return json.loads(result.read_text()), json.loads(record.read_text())
+
+
+@pytest.mark.parametrize("recipe", VARIANTS)
+def test_each_recipe_starts_the_engine_with_its_launch(recipe: str, fake_sglang: Path, tmp_path: Path) -> None:
+    """The variant's driver command from its proof.toml, run once with persistence off: what Engine() received."""
+    result, seen = start_off(recipe, tmp_path)
+    assert result["ok"], result
     flags = {f for f in driver.ENGINE_FLAGS if seen.get(f)}
     expected = {
         "sglang-qwen3-8b-tp2": (set(), None),
@@ -402,16 +408,7 @@ def test_the_deepep_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp_pa
 
 
 def test_the_deepep_recipe_starts_the_engine_with_deepep(fake_sglang: Path, tmp_path: Path) -> None:
-    toml = tomllib.loads((RECIPES / DEEPEP / "proof.toml").read_text())
-    command = [part.replace("{python}", sys.executable) for part in toml["driver"]]
-    result, record = tmp_path / "out" / "baseline" / "result.json", tmp_path / "engine.json"
-    (result.parent / "stats").mkdir(parents=True)
-    env = dict(os.environ, FAKE_SGLANG_RECORD=str(record), GRAPHPERSIST_STATS_DIR=str(result.parent / "stats"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tools"), env["PYTHONPATH"]])
-    proc = subprocess.run([*command, "--run", "baseline", "--mode", "off", "--result", str(result)],
-                          cwd=RECIPES / DEEPEP, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    seen = json.loads(record.read_text())
+    _, seen = start_off(DEEPEP, tmp_path)
     assert (seen["moe_a2a_backend"], seen["deepep_mode"], seen["ep_size"], seen["tp_size"]) == (
         "deepep",
         "normal",
