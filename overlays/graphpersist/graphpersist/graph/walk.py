@@ -68,9 +68,9 @@ class HostMemory:
     others: list[tuple[int, int, str]] = field(default_factory=list)
 
 
-def _holding(ranges: list[Any], v: int) -> Any:
-    """The entry of sorted, disjoint (addr, size, ...) `ranges` that holds `v`, or None."""
-    i = bisect.bisect_right([r[0] for r in ranges], v) - 1
+def _holding(ranges: list[Any], starts: list[int], v: int) -> Any:
+    """The entry of sorted, disjoint (addr, size, ...) `ranges` (their addresses: `starts`) that holds `v`, or None."""
+    i = bisect.bisect_right(starts, v) - 1
     return ranges[i] if i >= 0 and v < ranges[i][0] + ranges[i][1] else None
 
 
@@ -84,6 +84,9 @@ class _ForeignPointers:
         self.lo, self.hi = lo, hi
         self.known: dict[int, str | None] = {}
         self.host_memory = host_memory or HostMemory()
+        # the ranges' start addresses, once: every parameter word of every kernel node is looked up in them
+        self._restorable_starts = [r[0] for r in self.host_memory.restorable]
+        self._other_starts = [r[0] for r in self.host_memory.others]
         self.host: set[int] = set()
 
     def kind(self, v: int) -> str | None:
@@ -107,9 +110,9 @@ class _ForeignPointers:
         for j, v in enumerate(struct.unpack_from(f"<{n}Q", data) if n else ()):
             if self.lo <= v < self.hi:
                 inside.add(v)
-            elif _ADDR_LO <= v < _ADDR_HI and _holding(self.host_memory.restorable, v) is not None:
+            elif _ADDR_LO <= v < _ADDR_HI and _holding(self.host_memory.restorable, self._restorable_starts, v):
                 self.host.add(v)
-            elif _ADDR_LO <= v < _ADDR_HI and (other := _holding(self.host_memory.others, v)) is not None:
+            elif _ADDR_LO <= v < _ADDR_HI and (other := _holding(self.host_memory.others, self._other_starts, v)):
                 raise GraphFormatError(
                     f"{where}: parameter bytes {8 * j}..{8 * j + 7} hold {v:#x}, in pinned host memory "
                     f"{other[0]:#x}+{other[1]} that LOAD cannot put at the same address: {other[2]} (SAVE refused)"
