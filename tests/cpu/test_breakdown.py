@@ -11,7 +11,7 @@ def test_a_save_line_names_each_step_and_its_seconds() -> None:
         "images": 4,
         "split_s": {"prepare": 5.5, "write": 2.25, "shared": 1.0, "commit": 0.125},
         "pointer_phases": {"weights": 3},
-        "zeroed_kernels": 2,
+        "zeroed_params": {"k1": [(4, 8)], "k2": [(180, 184)]},
     }
     line = breakdown.of_save(summary)
     assert line == ("serialize 3.81 s of prepare 5.50 s, write 2.25 s, shared files 1.00 s, commit 0.12 s; "

@@ -10,9 +10,10 @@ from typing import Any
 def of_save(summary: Mapping[str, Any]) -> str:
     """Saver.save's summary: serialization inside the preparation, then the rank's files, the shared files, commit."""
     split = summary["split_s"]
+    zeroed = len(summary.get("zeroed_params", {}))
     return (f"serialize {summary['serialize_s']:.2f} s of prepare {split['prepare']:.2f} s, "
             f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; "
-            f"{summary['images']} kernel images; unread parameter bytes zeroed in {summary.get('zeroed_kernels', 0)} "
+            f"{summary['images']} kernel images; unread parameter bytes zeroed in {zeroed} "
             f"kernel(s); graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
 
 

@@ -428,7 +428,6 @@ class Saver:
             "torch_blocks": len(prep.torch_blocks),
             "host_memory": prep.host_memory,
             "images": len(used),
-            "zeroed_kernels": len(prep.zeroed),
             "zeroed_params": prep.zeroed,
             "image_bytes": sum(ld.size for ld, _ in used.values()),
             "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
