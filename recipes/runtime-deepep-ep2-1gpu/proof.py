@@ -47,12 +47,13 @@ PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", 
 # ------------------------------------------------------------------------------------------- one rank
 
 
-def model_facts(nvl_bytes: int) -> dict[str, str]:
-    """What LOAD must match about the DeepEP set-up (recorded as model facts, compared field by field)."""
-    return {"name": "deepep-ep2-1gpu", "deepep_num_nvl_bytes": str(nvl_bytes), "deepep_num_rdma_bytes": "0",
-            "deepep_low_latency_mode": "False", "deepep_use_fabric": "False", "deepep_allow_mnnvl": "False",
-            "tokens": str(TOKENS), "hidden": str(HIDDEN), "experts": str(EXPERTS), "topk": str(TOPK),
-            "num_worst_tokens": str(WORST)}  # fmt: skip
+MODEL = {"dtype": "bfloat16", "config_fingerprint": f"deepep-ep2-1gpu t{TOKENS} h{HIDDEN} e{EXPERTS} k{TOPK}"}
+
+
+def deepep_flags(nvl_bytes: int) -> dict[str, str]:
+    """What LOAD must match about the DeepEP set-up (recorded as world flags, compared field by field)."""
+    return {"deepep_num_nvl_bytes": str(nvl_bytes), "deepep_num_rdma_bytes": "0", "deepep_low_latency_mode": "False",
+            "deepep_use_fabric": "False", "deepep_allow_mnnvl": "False", "num_worst_tokens": str(WORST)}  # fmt: skip
 
 
 def fill_inputs(x: Any, topk_idx: Any, topk_weights: Any, rank: int, seed: int) -> None:
@@ -149,14 +150,14 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
             saver = api.Saver()
             saver.add("ep2", g, [x, topk_idx, topk_weights], list(outs), capture_size=TOKENS, mode="full")
             s0 = time.perf_counter()
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=model_facts(a.nvl_bytes), rank=a.rank,
+            res["save"] = saver.save(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes), rank=a.rank,
                                      parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD})  # fmt: skip
             res["save_s"] = time.perf_counter() - s0
         replay = g.replay
     else:  # load, and the refusal group
         l0 = time.perf_counter()
         try:
-            loaded = api.load(a.archive, engine=ENGINE, model=model_facts(a.nvl_bytes), sizes=[TOKENS],
+            loaded = api.load(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes), sizes=[TOKENS],
                               modes=["full"], rank=a.rank,
                               parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD},
                               setup_tensors=named)  # fmt: skip
@@ -175,7 +176,8 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
     if persist:
         from graphpersist.archive import open_archive
 
-        res["archive_host_memory"] = open_archive(a.archive).rank_facts(a.rank).extra.get("host_memory")
+        host = open_archive(a.archive).rank_facts(a.rank).extra.host_memory
+        res["archive_host_memory"] = None if host is None else {"ranges": host.ranges, "words": host.words}
     recv_x, recv_idx, recv_w, combined = outs
     results = {}
     for seed in INPUT_SEEDS:
