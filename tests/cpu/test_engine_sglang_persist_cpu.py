@@ -783,33 +783,42 @@ def test_the_sessions_lines_go_to_sglangs_own_logger(
     ]
 
 
-FA3_FWD_DECODE = (  # sgl-kernel 0.4.5's FA3 forward kernel for a 128-wide bf16 head, as the pinned wheel names it
+FA3_FWD_DECODE = (  # sgl-kernel 0.4.5's FA3 forward kernel of decode/128 (Qwen3-8B, TP=1), as the pinned wheel names it
     "_ZN7cutlass13device_kernelIN5flash20enable_sm90_or_laterINS1_16FlashAttnFwdSm90INS1_25CollectiveMainloopFwdSm90"
-    "ILi2EN4cute5tupleIJNS5_1CILi1EEES8_S8_EEENS6_IJNS7_ILi128EEESA_SA_EEELi128ENS_10bfloat16_tEfNS_4arch4Sm90ELb0E"
-    "Lb0ELb0ELb0ELb1ELb0ELb0ELb0ELb1ELb1ELb1ELb0ELb0ESC_Lb0ELi1EEE"
+    "ILi2EN4cute5tupleIJNS5_1CILi1EEES8_S8_EEENS6_IJNS7_ILi64EEENS7_ILi128EEESB_EEELi128ENS_10bfloat16_tEfNS_4arch4Sm90E"
+    "Lb1ELb0ELb0ELb1ELb1ELb0ELb0ELb0ELb1ELb1ELb1ELb1ELb0ESD_Lb0ELi1EEENS1_21CollectiveEpilogueFwdISC_S9_SD_SF_Li128ELb1E"
+    "Lb1ELb1ELb0EEENS1_36VarlenDynamicPersistentTileSchedulerILi64ELi128ELi128ELi128ELb1ELb1ELb1ELb1ELb1ELb1EEEEEEEEEvNT_"
+    "6ParamsE"
 )
+# the same kernel with the sixth bool (AppendKV) set: some of these take the Params block's address, so no rule
+FA3_FWD_APPEND_KV = FA3_FWD_DECODE.replace("Sm90ELb1ELb0ELb0ELb1ELb1ELb0E", "Sm90ELb1ELb0ELb0ELb1ELb1ELb1E")
 
 
 def test_fa3_forward_bytes_it_never_reads_are_written_as_zeros(srt: SimpleNamespace) -> None:
-    """Two TP=1 SAVEs (2026-12-03) differed in sgl-kernel's FA3 forward parameter bytes 816-823 and 1072-1079
-    (0x501a00000001 in one, 0 in the other; the kernel never reads them): SAVE zeroes them, and nothing else."""
+    """TP=1 SAVEs (2026-12-03) differed in sgl-kernel's FA3 forward parameter bytes 816-823 and 1072-1079 in one pair
+    and 176-183 in another (0x501a00000001 vs 0, 1): SAVE zeroes every byte these kernels never read, only those."""
     from graphpersist.graph import walk as graphwalk
 
     unused = graphwalk.cached_unused(srt.adapter.SglangAdapter(SimpleNamespace()).unused_param_bytes)
     assert unused is not None
-    raw = bytearray(b"\xab" * 1200)
-    raw[816:824] = raw[1072:1080] = (0x501A00000001).to_bytes(8, "little")
-    got = graphwalk.zero_ranges(bytes(raw), unused(FA3_FWD_DECODE, [(0, 1200)]))
-    assert got[816:824] == got[1072:1080] == bytes(8)
-    assert got[:816] + got[824:1072] + got[1080:] == b"\xab" * (1200 - 16)
-    assert unused(FA3_FWD_DECODE, [(0, 1024)]) == []  # too short to hold them: left alone
-    # the pinned kernel's own layout (EIATTR_KPARAM_INFO: the 128-aligned Params block at buffer byte 112): the
-    # offsets are the buffer's, as SAVE's diff names them, never shifted by the block's start
-    assert unused(FA3_FWD_DECODE, [(112, 2688)]) == [(816, 824), (1072, 1080)]
+    layout = [(112, 2560)]  # the decode kernel's EIATTR_KPARAM_INFO: the 128-aligned Params block at buffer byte 112
+    raw = bytearray(b"\xab" * 2672)
+    for at in (176, 816, 1072):
+        raw[at : at + 8] = (0x501A00000001).to_bytes(8, "little")
+    ranges = unused(FA3_FWD_DECODE, layout)
+    got = graphwalk.zero_ranges(bytes(raw), ranges)
+    assert got[176:184] == got[816:824] == got[1072:1080] == bytes(8)
+    zeroed = {i for a, b in ranges for i in range(a, b)}
+    assert all(got[i] == 0xAB for i in range(2672) if i not in zeroed)  # every other byte as captured
+    assert got[168:172] == b"\xab" * 4 and got[184:192] == b"\xab" * 8  # read by these kernels: kept
+    assert all(112 <= a < b <= 2672 for a, b in ranges) and len(zeroed) == 1524
+    # the three Params sizes of the matching instances all hold the ranges; the offsets are the buffer's
+    assert unused(FA3_FWD_DECODE, [(112, 2688)]) == unused(FA3_FWD_DECODE, [(112, 2944)]) == ranges
+    assert unused(FA3_FWD_APPEND_KV, layout) == []  # appends KV: not checked byte by byte, nothing zeroed
     other_head = FA3_FWD_DECODE.replace("ELi128ENS_10bfloat16_t", "ELi64ENS_10bfloat16_t")
-    assert unused(other_head, [(0, 1200)]) == []  # another instantiation's layout was not checked: nothing zeroed
-    assert unused("_ZN5flash16FlashAttnFwdCombineIJEEEvv", [(0, 1200)]) == []
-    assert unused.named == {FA3_FWD_DECODE: [(816, 824), (1072, 1080)]}  # what SAVE's log counts
+    assert unused(other_head, layout) == []  # another instantiation's reads were not checked: nothing zeroed
+    assert unused("_ZN5flash16FlashAttnFwdCombineIJEEEvv", layout) == []
+    assert unused.named == {FA3_FWD_DECODE: ranges}  # what SAVE's log counts
 
 
 def test_rule_offsets_are_the_parameter_buffers_and_must_lie_in_the_named_parameter() -> None:
@@ -828,4 +837,6 @@ def test_an_fa3_forward_kernel_of_another_layout_is_left_alone_and_said(
     adapter = srt.adapter.SglangAdapter(SimpleNamespace())
     with caplog.at_level(logging.WARNING, logger="sglang.srt.graphpersist"):
         assert adapter.unused_param_bytes(FA3_FWD_DECODE, [(0, 8), (8, 2792)]) == []
+        assert adapter.unused_param_bytes(FA3_FWD_DECODE, [(0, 2800)]) == []  # one block, but not at byte 112
     assert "parameter layout [(0, 8), (8, 2792)], not the one checked" in caplog.text
+    assert "parameter layout [(0, 2800)], not the one checked" in caplog.text

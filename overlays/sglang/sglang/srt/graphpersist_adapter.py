@@ -27,30 +27,39 @@ from graphpersist import engine
 
 FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
 
-# sgl-kernel 0.4.5's FA3 forward kernels with a 128-wide V head in bf16 (Qwen3-8B's attention),
+# sgl-kernel 0.4.5's FA3 forward kernels with a 128-wide V head in bf16 (Qwen3-8B's attention) that do not append KV,
 # `device_kernel<enable_sm90_or_later<FlashAttnFwdSm90<CollectiveMainloopFwdSm90<..., 128, bfloat16_t, float, Sm90,
-# ...>>>>(Params)`: bytes 816-823 and 1072-1079 of the parameter buffer are never read. The Params block is
-# 128-aligned and sits at buffer byte 112 (EIATTR_KPARAM_INFO), so these are its bytes 704-711 and 960-967; offsets
-# here are buffer offsets, as SAVE's diff names them. Two TP=1 SAVEs on the reference host (2026-12-03) held
-# 0x501a00000001 and 0 or 0xc1d0003e there (decode/128). Checked on the pinned wheel's sm_90a code (cuobjdump +
-# nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 372 instances this pattern matches, no constant load touches
-# them (constant bank = buffer + 0x210), the 720 indexed loads resolve to buffer bytes 0x978 and above, and the
-# parameter addresses the kernel takes (TMA descriptors, at buffer 624, 880, 1136, ...) start 64 bytes after them: they
-# are the tails of the 256-byte TMA copy objects before those, whose 128-byte descriptors end at 752 and 1008.
-_FA3_FWD_V128_BF16 = re.compile(r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E")
-_FA3_FWD_UNREAD = ((816, 824), (1072, 1080))
+# b0, ..., b12>, ...>>>(Params)` with b5 (AppendKV) false. The launcher leaves some bytes of their one Params block
+# (128-aligned, at parameter-buffer byte 112: EIATTR_KPARAM_INFO) as its stack held them: TP=1 SAVEs on the reference
+# host (2026-12-03) differed at buffer bytes 816-823 and 1072-1079 in one pair and at 176-183 in another (0x1 vs
+# 0x501a00000001, decode/128). SAVE writes zeros at every byte none of these kernels reads, so two SAVEs agree wherever
+# the garbage lands. The ranges are buffer offsets, read from the pinned wheel's sm_90a code by
+# recipes/diagnosis/fa3-unread-params (cuobjdump + nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 252 matching
+# instances, a byte listed here is touched by no direct constant load (constant bank = buffer + 0x210), by no indexed
+# constant load (all resolved), and lies in no TMA descriptor whose address the kernel takes (c[0x198] + offset, 128
+# bytes each; those addresses reach only UTMA* instructions); no instance takes another parameter address. The 120
+# instances that append KV are left out: 40 of them take the Params block's own address.
+_FA3_FWD_V128_BF16 = re.compile(
+    r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
+)
+_FA3_FWD_UNREAD = (
+    (124, 128), (132, 136), (144, 168), (172, 184), (232, 240), (276, 280), (304, 488), (496, 500), (512, 520),
+    (580, 624), (752, 880), (1008, 1136), (1264, 1920), (1924, 2000), (2028, 2032), (2056, 2064), (2088, 2096),
+    (2104, 2160), (2176, 2192), (2200, 2232), (2236, 2244), (2280, 2288), (2304, 2328), (2376, 2400), (2416, 2424),
+    (2448, 2456), (2464, 2488), (2532, 2544),
+)  # fmt: skip
 
 
 def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Byte ranges [start, end) of `kernel`'s parameter buffer it never reads, which SAVE writes as zeros so two SAVEs
-    are byte-identical: the FA3 forward kernel's padding above. Other kernels: none."""
+    are byte-identical: the FA3 forward kernels' bytes above. Other kernels: none."""
     if not _FA3_FWD_V128_BF16.search(kernel):
         return []
-    if len(layout) == 1 and (ranges := engine.bytes_in_param(layout, 0, _FA3_FWD_UNREAD)):
+    if len(layout) == 1 and layout[0][0] == 112 and (ranges := engine.bytes_in_param(layout, 0, _FA3_FWD_UNREAD)):
         return ranges
     SglangAdapter.logger.warning(
-        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block "
-        "holding buffer bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
+        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block at "
+        "buffer byte 112 holding bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
         kernel[:120],
         layout,
         _FA3_FWD_UNREAD[0][0],
