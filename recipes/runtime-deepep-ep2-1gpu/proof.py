@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import platform
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -29,6 +26,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
+sys.path.insert(0, str(REPO / "tools"))
+
+from gptools import hostkit  # noqa: E402  (the runtime recipes' shared host plumbing)
+from gptools.hostkit import group_errors, group_ok  # noqa: E402
 
 ENGINE = {"name": "graphpersist-deepep-ep2-1gpu-proof", "version": "1", "commit": "none"}
 WORLD = 2
@@ -41,7 +42,6 @@ INPUT_SEEDS = (1, 2)
 GROUP_TIMEOUT = 180
 GP_IPC_MAGIC = 0x47504950  # the first word of a graphpersist VMM-IPC handle (native/gp_ipc.h)
 DEEP_EP_DIR_ENV = "GP_DEEP_EP_DIR"
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 # ------------------------------------------------------------------------------------------- one rank
@@ -150,8 +150,9 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
             saver = api.Saver()
             saver.add("ep2", g, [x, topk_idx, topk_weights], list(outs), capture_size=TOKENS, mode="full")
             s0 = time.perf_counter()
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes), rank=a.rank,
-                                     parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD})  # fmt: skip
+            parallel = {"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD}
+            res["save"] = saver.save(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes),
+                                     rank=a.rank, parallel=parallel)  # fmt: skip
             res["save_s"] = time.perf_counter() - s0
         replay = g.replay
     else:  # load, and the refusal group
@@ -216,15 +217,7 @@ def rank_entry(argv: list[str]) -> int:
         from graphpersist.memory import region
 
         region.reexec_with_interposer(size=REGION_SIZE)
-    try:
-        res = _rank_main(a)
-    except Exception as exc:
-        import traceback
-
-        res = {"rank": a.rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
-    Path(a.result).write_text(json.dumps(res))
-    sys.stdout.flush()
-    os._exit(0)  # no process-group teardown after the results are written
+    hostkit.finish_rank(a.rank, Path(a.result), lambda: _rank_main(a))
 
 
 # ------------------------------------------------------------------------------------------- deep_ep install
@@ -275,51 +268,23 @@ def install_deep_ep(wheel: Path, target: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- groups
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(name: str, out: Path, mode: str, archive: Path, deep_ep_dir: Path,
               nvl_bytes: int = NVL_BYTES) -> dict[str, Any]:  # fmt: skip
     """Starts the 2 rank processes (both on GPU 0), waits for both (killing them at the timeout)."""
     from graphpersist.memory import region
 
-    base_env = region.preload_env(size=REGION_SIZE) if mode != "baseline" else dict(os.environ)
+    env = region.preload_env(size=REGION_SIZE) if mode != "baseline" else dict(os.environ)
     if mode != "baseline":  # DeepEP's counters are read by the captured dispatch: place pinned memory (opt-in)
-        base_env["GP_HOST_BASE"] = hex(region.DEFAULT_HOST_BASE)
-    base_env.update(PINNED_ENV)
-    base_env.update({"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-                     DEEP_EP_DIR_ENV: str(deep_ep_dir), "GRAPHPERSIST_MODE": "off" if mode == "baseline" else mode,
-                     "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]})  # fmt: skip
-    procs, results = [], []
-    t = time.perf_counter()
-    for r in range(WORLD):
-        result = out / f"{name}.rank{r}.json"
-        result.unlink(missing_ok=True)
-        log = open(out / f"{name}.rank{r}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, __file__, "rank", mode, str(archive), "--rank", str(r), "--nvl-bytes", str(nvl_bytes),
-               "--result", str(result)]  # fmt: skip
-        env = {**base_env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(WORLD)}
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, result))
-    deadline = time.monotonic() + GROUP_TIMEOUT
-    for p, log, result in procs:
-        try:
-            p.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
-        data = json.loads(result.read_text()) if result.exists() else {"error": f"no result (rc {p.returncode})"}
-        if "error" in data:
-            data["log_tail"] = Path(log.name).read_text()[-2500:]
-        results.append(data)
-    wall = time.perf_counter() - t
-    print(f"[deepep] {name}: {wall:.1f} s, " + ", ".join(
-        f"rank {r}: {'error' if 'error' in d else 'refused' if 'refused' in d else 'ok'}"
-        for r, d in enumerate(results)), flush=True)  # fmt: skip
-    return {"wall_s": wall, "ranks": results}
+        env["GP_HOST_BASE"] = hex(region.DEFAULT_HOST_BASE)
+    env.update(hostkit.PINNED_ENV)
+    env.update({DEEP_EP_DIR_ENV: str(deep_ep_dir), "GRAPHPERSIST_MODE": "off" if mode == "baseline" else mode,
+                "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]})  # fmt: skip
+
+    def argv(r: int, result: Path) -> list[str]:
+        return [sys.executable, __file__, "rank", mode, str(archive), "--rank", str(r), "--nvl-bytes", str(nvl_bytes),
+                "--result", str(result)]  # fmt: skip
+
+    return hostkit.run_ranks(name, out, WORLD, argv, env, GROUP_TIMEOUT, "deepep")
 
 
 def prove(out: Path, report: Path, wheel: Path | None, deep_ep_dir: Path, baseline: bool = True) -> int:
@@ -329,7 +294,7 @@ def prove(out: Path, report: Path, wheel: Path | None, deep_ep_dir: Path, baseli
     started = datetime.now(UTC)
     print("[deepep] building the interposer", flush=True)
     region.build_interposer()
-    res: dict[str, Any] = {"versions": _versions(), "groups": {}}
+    res: dict[str, Any] = {"versions": hostkit.versions(["torch"], every_gpu=True), "groups": {}}
     res["install"] = install_deep_ep(wheel or find_wheel(REPO / "dist"), deep_ep_dir)
     if res["install"].get("smoke_rc") == 0:
         archive = out / "archive"
@@ -340,48 +305,15 @@ def prove(out: Path, report: Path, wheel: Path | None, deep_ep_dir: Path, baseli
         groups["save"] = run_group("save", out, "save", archive, deep_ep_dir)
         groups["load"] = run_group("load", out, "load", archive, deep_ep_dir)
         groups["refuse_nvl"] = run_group("refuse-nvl", out, "load", archive, deep_ep_dir, nvl_bytes=OTHER_NVL_BYTES)
-    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    text, failed = render(res, started)
-    report.write_text(text)
-    print(text)
-    return 1 if failed else 0
+    return hostkit.publish(out, report, res, lambda r: render(r, started))
 
 
 # ------------------------------------------------------------------------------------------- report
 
 
-def _versions() -> dict[str, str]:
-    def probe(code: str) -> str:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return (p.stdout or p.stderr).strip().splitlines()[-1] if (p.stdout or p.stderr) else "?"
-
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    except OSError:
-        smi = ""
-    return {
-        "host": socket.gethostname(),
-        "gpus": "; ".join(smi.splitlines()) or "?",
-        "python": platform.python_version(),
-        "torch": probe("import torch; print(torch.__version__, 'cuda', torch.version.cuda)"),
-    }
-
-
-def _ok(group: dict[str, Any] | None) -> bool:
-    ranks = (group or {}).get("ranks", [])
-    return bool(ranks) and all("error" not in r and "refused" not in r for r in ranks)
-
-
-def _errors(group: dict[str, Any] | None) -> str:
-    ranks = enumerate((group or {}).get("ranks", []))
-    return " / ".join(f"rank {i}: {r.get('error') or r.get('refused', {}).get('message', '')}"[:500]
-                      for i, r in ranks if "error" in r or "refused" in r)  # fmt: skip
-
-
 def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     """REPORT.md's text and the names of the failed checks (a check whose group did not run fails)."""
-    checks: list[tuple[str, bool, str]] = []
+    checks: list[hostkit.Check] = []
     inst = res.get("install", {})
     checks.append(("our deep_ep wheel installs (pip --no-deps --no-index --target)", inst.get("pip_rc") == 0,
                    f"{inst.get('wheel', '?')} -> {inst.get('target', '?')}"))  # fmt: skip
@@ -394,10 +326,10 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         if name == "baseline" and name not in g:
             continue
         grp = g.get(name)
-        checks.append((f"{name} group ran on 2 ranks (both on GPU 0)", _ok(grp),
-                       f"{grp['wall_s']:.1f} s {_errors(grp)}" if grp else "NOT RUN"))  # fmt: skip
+        checks.append((f"{name} group ran on 2 ranks (both on GPU 0)", group_ok(grp),
+                       f"{grp['wall_s']:.1f} s {group_errors(grp, width=500)}" if grp else "NOT RUN"))  # fmt: skip
     save, load = g.get("save"), g.get("load")
-    if _ok(save):
+    if group_ok(save):
         sr = save["ranks"]
         checks.append(("SAVE: NVL buffer inside the region on every rank", all(r["nvl_in_region"] for r in sr),
                        ", ".join(f"{r['nvl_buffer_ptr']:#x} in {r['region']}" for r in sr)))  # fmt: skip
@@ -416,7 +348,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         finite = all(o["combined_finite"] for r in sr for o in r["outputs"].values())
         checks.append(("SAVE: dispatch/combine ran (tokens received per rank and seed, combine finite)",
                        all(all(n > 0 for n in x) for x in recv) and finite, str(recv)))  # fmt: skip
-    if _ok(save) and _ok(load):
+    if group_ok(save) and group_ok(load):
         sr, lr = save["ranks"], load["ranks"]
         for key, label in (("nvl_buffer_ptr", "NVL buffer address"), ("ipc_opens", "peer IPC mapping addresses"),
                            ("host_allocs", "pinned host counter addresses"), ("setup_tensors", "setup tensors"),
@@ -432,7 +364,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         checks.append(("LOAD: the graph's inputs are the setup tensors", all(r["inputs_at_setup_tensors"] for r in lr),
                        ""))  # fmt: skip
     base = g.get("baseline")
-    if _ok(base) and _ok(save):
+    if group_ok(base) and group_ok(save):
         same = [b["outputs"] == s["outputs"] for b, s in zip(base["ranks"], save["ranks"], strict=True)]
         checks.append(("SAVE's replay bit-identical to the baseline's (no interposer, persistence off)", all(same),
                        str(same)))  # fmt: skip
@@ -441,20 +373,15 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     msgs = [r.get("refused", {}).get("message", "") for r in ranks]
     ok = bool(ranks) and all("refused" in r and r.get("captures") == 0 and "outputs" not in r for r in ranks) and all(
         "deepep_num_nvl_bytes" in m and str(NVL_BYTES) in m and str(OTHER_NVL_BYTES) in m for m in msgs)  # fmt: skip
-    detail = (msgs[0] if msgs and msgs[0] else _errors(ref) or "NOT RUN").replace("\n", " / ")[:600]
+    detail = (msgs[0] if msgs and msgs[0] else group_errors(ref, width=500) or "NOT RUN").replace("\n", " / ")[:600]
     checks.append((f"LOAD with num_nvl_bytes={OTHER_NVL_BYTES} refused before any replay on every rank, naming it",
                    ok, detail))  # fmt: skip
-    failed = [c for c, ok_, _ in checks if not ok_]
-    lines = ["all checks passed" if not failed else "FAILED: " + "; ".join(failed), "",
-             "# runtime-deepep-ep2-1gpu: GPU proof report", ""]  # fmt: skip
-    lines += [f"- date: {started.isoformat(timespec='seconds')}"]
-    lines += [f"- {k}: {v}" for k, v in res.get("versions", {}).items()]
-    lines += [f"- shape: {WORLD} ranks on GPU 0, {TOKENS} tokens x hidden {HIDDEN} bf16 per rank, {EXPERTS} experts, "
-              f"top-{TOPK}, num_worst_tokens {WORST}, num_nvl_bytes {NVL_BYTES}",
-              "", "## Checks", "", "| check | result | detail |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {c} | {'PASS' if ok_ else 'FAIL'} | {d.replace('|', '/')} |" for c, ok_, d in checks]
+    shape = (f"- shape: {WORLD} ranks on GPU 0, {TOKENS} tokens x hidden {HIDDEN} bf16 per rank, {EXPERTS} experts, "
+             f"top-{TOPK}, num_worst_tokens {WORST}, num_nvl_bytes {NVL_BYTES}")  # fmt: skip
+    lines, failed = hostkit.report_head("runtime-deepep-ep2-1gpu: GPU proof report", started, res.get("versions", {}),
+                                        [shape], checks)  # fmt: skip
     timing = []
-    if _ok(save) and _ok(load):
+    if group_ok(save) and group_ok(load):
         for r, (s, ld) in enumerate(zip(save["ranks"], load["ranks"], strict=True)):
             timing.append(f"| {r} | {ld['restored']['nodes']} | {s['capture_ms']:.1f} | "
                           f"{ld['restored']['rebuild_ms'] + ld['restored']['instantiate_ms']:.1f} | "

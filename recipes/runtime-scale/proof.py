@@ -7,14 +7,10 @@ under the interposer, compares every output bit for bit and renders REPORT.md wi
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import json
-import platform
 import shutil
-import socket
-import subprocess
 import sys
 import time
 import weakref
@@ -25,10 +21,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
+sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(HERE))
 
+from gptools import hostkit  # noqa: E402  (the runtime recipes' shared host plumbing)
+
 ENGINE = {"name": "graphpersist-scale-proof", "version": "1", "commit": "none"}
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BASE = 0x500000000000
 TARGET_LOAD_S, TARGET_OPEN_VALIDATE_S = 1.5, 0.100
 
@@ -283,38 +281,8 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
     from graphpersist.memory import region
 
-    env = region.preload_env(base=BASE)
-    env.update(PINNED_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    result, log = out / f"{name}.json", out / f"{name}.log"
-    a = time.perf_counter()
-    with open(log, "w") as fh:
-        try:
-            rc = subprocess.run([sys.executable, __file__, *args, "--result", str(result)], env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    data = json.loads(result.read_text()) if result.exists() and rc == 0 else {}
-    data["_rc"], data["_wall_s"] = rc, time.perf_counter() - a
-    if rc != 0:
-        data["_log_tail"] = log.read_text()[-3000:]
-    return data
-
-
-def _versions() -> dict[str, str]:
-    def probe(code: str) -> str:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return (p.stdout or p.stderr).strip().splitlines()[-1] if (p.stdout or p.stderr) else "?"
-
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return {
-        "host": socket.gethostname(),
-        "gpu / driver": smi.splitlines()[0] if smi else "?",
-        "python": platform.python_version(),
-        "torch": probe("import torch; print(torch.__version__, 'cuda', torch.version.cuda)"),
-        "cuda-bindings": probe("import cuda.bindings; print(cuda.bindings.__version__)"),
-    }
+    env = {**region.preload_env(base=BASE), **hostkit.PINNED_ENV}
+    return hostkit.run_step([sys.executable, __file__, *args], out, name, env, timeout)
 
 
 def prove(out: Path, report: Path) -> int:
@@ -325,18 +293,13 @@ def prove(out: Path, report: Path) -> int:
     archive, ref = out / "archive", out / "ref.json"
     shutil.rmtree(archive, ignore_errors=True)
     started = datetime.now(UTC)
-    res: dict[str, Any] = {"versions": _versions()}
+    res: dict[str, Any] = {"versions": hostkit.versions(["torch", "cuda-bindings"])}
     res["save"] = _child(["save", str(archive), str(ref)], out, "save")
     res["load"] = _child(["load", str(archive), str(ref)], out, "load") if res["save"]["_rc"] == 0 else {}
     res["profile"] = _child(["profile", str(archive)], out, "profile") if res["save"]["_rc"] == 0 else {}
     res["profile_save"] = _child(["profile-save", str(out / "archive-profiled")], out, "profile-save")
     shutil.rmtree(out / "archive-profiled", ignore_errors=True)
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    text, failed = render(res, started)
-    report.write_text(text)
-    (out / "REPORT.md").write_text(text)
-    print(text)
-    return 1 if failed else 0
+    return hostkit.publish(out, report, res, lambda r: render(r, started))
 
 
 def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
@@ -349,7 +312,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     want_names = _names(SIZES, PIECES)
     files = sv.get("files", [])
     images = [f for f in files if "/images/" in f]
-    checks: list[tuple[str, bool, str]] = [
+    checks: list[hostkit.Check] = [
         ("SAVE process ran", sv.get("_rc") == 0, f"rc {sv.get('_rc')}, {sv.get('_wall_s', 0):.1f} s"),
         ("LOAD process ran", ld.get("_rc") == 0, f"rc {ld.get('_rc')}, {ld.get('_wall_s', 0):.1f} s"),
         (
@@ -395,15 +358,10 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     t = ld.get("timings", {})
     open_validate = t.get("validate_s", 0)
     total = t.get("total_s", 0)
-    failed = [c[0] for c in checks if not c[1]]
-    lines = ["all checks passed" if not failed else "FAILED: " + "; ".join(failed), ""]
-    lines += ["# runtime-scale: LOAD of an engine-sized archive (one rank)", ""]
-    lines += [f"- date: {started.isoformat(timespec='seconds')}"]
-    lines += [f"- {k}: {v}" for k, v in res["versions"].items()]
-    lines += [f"- graphs: {len(SIZES)} batch sizes x (1 full graph of {2 * FULL_LAYERS} kernel nodes + {PIECES} "
-              f"pieces of {2 * PIECE_LAYERS}), float32 elementwise kernels, one graph pool", ""]  # fmt: skip
-    lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
-    lines += [f"| {n} | {'PASS' if ok else 'FAIL'} | {d.replace('|', '/')} |" for n, ok, d in checks]
+    shape = (f"- graphs: {len(SIZES)} batch sizes x (1 full graph of {2 * FULL_LAYERS} kernel nodes + {PIECES} "
+             f"pieces of {2 * PIECE_LAYERS}), float32 elementwise kernels, one graph pool")  # fmt: skip
+    lines, failed = hostkit.report_head("runtime-scale: LOAD of an engine-sized archive (one rank)", started,
+                                        res["versions"], [shape], checks)  # fmt: skip
     lines += ["", "## Targets (reported, not asserted)", "", "| target | measured | met |", "|---|---|---|"]
     met = "yes" if 0 < total <= TARGET_LOAD_S else "NO"
     lines += [f"| whole LOAD <= {TARGET_LOAD_S} s per rank | {total:.3f} s | {met} |"]
@@ -460,22 +418,8 @@ def _seconds(split: dict[str, float]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prove", "save", "load", "profile", "profile-save"])
-    ap.add_argument("paths", nargs="*")
-    ap.add_argument("--result")
-    ap.add_argument("--out", default=str(HERE / "out"))
-    ap.add_argument("--report", default=str(HERE / "REPORT.md"))
-    a = ap.parse_args()
-    if a.step == "prove":
-        return prove(Path(a.out), Path(a.report))
-    from graphpersist.memory import region
-
-    region.reexec_with_interposer()
     steps = {"save": step_save, "load": step_load, "profile": step_profile, "profile-save": step_profile_save}
-    data = steps[a.step](*[Path(p) for p in a.paths])
-    Path(a.result).write_text(json.dumps(data, indent=2, default=str))
-    return 0
+    return hostkit.step_main(HERE, prove, steps)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,9 @@ runs; each writes one JSON result.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -23,13 +19,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
+sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(HERE))
+
+from gptools import hostkit  # noqa: E402  (the runtime recipes' shared host plumbing)
 
 # RUNTIME_PROOF_SHAPE=LAYERSxHIDDEN (e.g. 36x4096: Qwen3-8B's o_proj shape, where cuBLAS picks split-K kernels for
 # small batches) runs the same proof with another model; the committed REPORT.md is of the default.
 LAYERS, HIDDEN = (int(v) for v in os.environ.get("RUNTIME_PROOF_SHAPE", "80x1024").split("x"))
 ENGINE = {"name": "graphpersist-proof", "version": "1", "commit": "none"}
-PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BASE, OTHER_BASE = 0x500000000000, 0x480000000000
 
 
@@ -292,25 +290,8 @@ def step_drift_setup(archive: Path) -> dict[str, Any]:
 def _child(args: list[str], out: Path, name: str, base: int, timeout: int = 300) -> dict[str, Any]:
     from graphpersist.memory import region
 
-    env = region.preload_env(base=base)
-    env.update(PINNED_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    result = out / f"{name}.json"
-    log = out / f"{name}.log"
-    a = time.perf_counter()
-    with open(log, "w") as fh:
-        try:
-            proc = subprocess.run([sys.executable, __file__, *args, "--result", str(result)], env=env,
-                                  stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    wall = time.perf_counter() - a
-    data = json.loads(result.read_text()) if result.exists() else {}
-    data["_rc"], data["_wall_s"] = rc, wall
-    if rc != 0:
-        data["_log_tail"] = log.read_text()[-3000:]
-    return data
+    env = {**region.preload_env(base=base), **hostkit.PINNED_ENV}
+    return hostkit.run_step([sys.executable, __file__, *args], out, name, env, timeout)
 
 
 def _equal_archives(a: Path, b: Path) -> dict[str, Any]:
@@ -370,24 +351,6 @@ def _raw_param_diff(a: Path, b: Path, ra: dict[str, Any]) -> dict[str, Any]:
     return {"kernel_nodes": nodes, "differing": differ, "kernels": kernels, "region_words_differ": region_words_differ}
 
 
-def _versions() -> dict[str, str]:
-    def probe(code: str) -> str:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return (p.stdout or p.stderr).strip().splitlines()[-1] if (p.stdout or p.stderr) else "?"
-
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return {
-        "host": socket.gethostname(),
-        "gpu / driver": smi.splitlines()[0] if smi else "?",
-        "python": platform.python_version(),
-        "torch": probe("import torch; print(torch.__version__, 'cuda', torch.version.cuda)"),
-        "triton": probe("import triton; print(triton.__version__)"),
-        "cuda-bindings": probe("import cuda.bindings; print(cuda.bindings.__version__)"),
-        "gcc": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
-    }
-
-
 def prove(out: Path, report: Path) -> int:
     from graphpersist.memory import region
 
@@ -398,7 +361,7 @@ def prove(out: Path, report: Path) -> int:
     for p in (a1, a2):
         shutil.rmtree(p, ignore_errors=True)
     started = datetime.now(UTC)
-    res: dict[str, Any] = {"versions": _versions()}
+    res: dict[str, Any] = {"versions": hostkit.versions(["torch", "triton", "cuda-bindings"], gcc=True)}
     res["save1"] = _child(["save", str(a1), str(ref1)], out, "save1", BASE)
     res["save2"] = _child(["save", str(a2), str(ref2)], out, "save2", BASE)
     ok_saves = res["save1"]["_rc"] == 0 and res["save2"]["_rc"] == 0
@@ -407,16 +370,11 @@ def prove(out: Path, report: Path) -> int:
     res["drift_region"] = _child(["drift-region", str(a1)], out, "drift_region", OTHER_BASE) if ok_saves else {}
     res["drift_setup"] = _child(["drift-setup", str(a1)], out, "drift_setup", BASE) if ok_saves else {}
     res["compare"] = _equal_archives(a1, a2) if ok_saves else {}
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    text, failed = render(res, started)
-    report.write_text(text)
-    (out / "REPORT.md").write_text(text)
-    print(text)
-    return 1 if failed else 0
+    return hostkit.publish(out, report, res, lambda r: render(r, started))
 
 
 def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
-    checks: list[tuple[str, bool, str]] = []
+    checks: list[hostkit.Check] = []
     s1, s2, ld = res["save1"], res["save2"], res["load"]
     checks.append(("SAVE process 1 ran", s1.get("_rc") == 0, f"rc {s1.get('_rc')}, {s1.get('_wall_s', 0):.1f} s"))
     checks.append(("SAVE process 2 ran", s2.get("_rc") == 0, f"rc {s2.get('_rc')}, {s2.get('_wall_s', 0):.1f} s"))
@@ -457,14 +415,9 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         first = " / ".join(m.strip() for m in msg[:3])
         ok = bool(d.get("refused")) and d.get("error") == err and needle in (d.get("message") or "")
         checks.append((f"drift refused before replay: {label}", ok, f"{d.get('error')}: {first[:300]}"))
-    failed = [c[0] for c in checks if not c[1]]
-    lines = ["all checks passed" if not failed else "FAILED: " + "; ".join(failed), ""]
-    lines += ["# runtime-single-gpu: GPU proof report", ""]
-    lines += [f"- date: {started.isoformat(timespec='seconds')}"]
-    lines += [f"- {k}: {v}" for k, v in res["versions"].items()]
-    lines += [f"- model: {LAYERS} layers, hidden {HIDDEN}, bf16; batch sizes {sorted(int(k[1:]) for k in graphs)}", ""]
-    lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
-    lines += [f"| {n} | {'PASS' if ok else 'FAIL'} | {d.replace('|', '/')} |" for n, ok, d in checks]
+    model = f"- model: {LAYERS} layers, hidden {HIDDEN}, bf16; batch sizes {sorted(int(k[1:]) for k in graphs)}"
+    lines, failed = hostkit.report_head("runtime-single-gpu: GPU proof report", started, res["versions"], [model],
+                                        checks)  # fmt: skip
     lines += ["", "## Timing (same run)", ""]
     lines += ["| graph | nodes | torch capture ms | torch instantiate ms | LOAD rebuild ms | LOAD instantiate ms |"
               " LOAD ms | LOAD ms per 1000 nodes |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -501,28 +454,9 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prove", "save", "load", "drift", "drift-region", "drift-setup"])
-    ap.add_argument("paths", nargs="*")
-    ap.add_argument("--result")
-    ap.add_argument("--out", default=str(HERE / "out"))
-    ap.add_argument("--report", default=str(HERE / "REPORT.md"))
-    a = ap.parse_args()
-    if a.step == "prove":
-        return prove(Path(a.out), Path(a.report))
-    from graphpersist.memory import region
-
-    region.reexec_with_interposer()
-    fn = {
-        "save": step_save,
-        "load": step_load,
-        "drift": step_drift,
-        "drift-region": step_drift_region,
-        "drift-setup": step_drift_setup,
-    }[a.step]
-    data = fn(*[Path(p) for p in a.paths])
-    Path(a.result).write_text(json.dumps(data, indent=2, default=str))
-    return 0
+    steps = {"save": step_save, "load": step_load, "drift": step_drift, "drift-region": step_drift_region,
+             "drift-setup": step_drift_setup}  # fmt: skip
+    return hostkit.step_main(HERE, prove, steps)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -24,18 +21,21 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "overlays" / "graphpersist"))
+sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(HERE))
+
+from gptools import hostkit  # noqa: E402  (the runtime recipes' shared host plumbing)
+from gptools.hostkit import group_errors, group_ok  # noqa: E402
 
 VARIANTS = ("nccl", "symm", "ipc")
 ENGINE = {"name": "graphpersist-tp2-proof", "version": "1", "commit": "none"}
 PINNED_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
+    **hostkit.PINNED_ENV,
     "NCCL_RUNTIME_CONNECT": "0",  # connect every channel at init: no NCCL buffer appears after setup
 }
 INPUT_SEED = 7
 GROUP_TIMEOUT = 240
+VERSIONS = ("torch", "nccl", "triton", "cuda-bindings")  # the report's versions block, after host, GPUs and python
 
 
 # ------------------------------------------------------------------------------------------- one rank
@@ -158,24 +158,10 @@ def rank_entry(argv: list[str]) -> int:
         from graphpersist.memory import region
 
         region.reexec_with_interposer()
-    try:
-        res = _rank_main(a)
-    except Exception as exc:
-        import traceback
-
-        res = {"rank": a.rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
-    Path(a.result).write_text(json.dumps(res))
-    sys.stdout.flush()
-    os._exit(0)  # no process-group teardown: NCCL teardown can hang after results are written (REFERENCE-GPU.md)
+    hostkit.finish_rank(a.rank, Path(a.result), lambda: _rank_main(a))
 
 
 # ------------------------------------------------------------------------------------------- groups
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_group(name: str, out: Path, variant: str, mode: str, archive: Path, world: int = 2, swap: bool = False,
@@ -183,37 +169,13 @@ def run_group(name: str, out: Path, variant: str, mode: str, archive: Path, worl
     """Starts `world` rank processes, waits for all (killing them at the timeout), returns their results."""
     from graphpersist.memory import region
 
-    base_env = region.preload_env() if mode != "baseline" else dict(os.environ)
-    base_env.update(PINNED_ENV)
-    base_env.update(env_extra or {})
-    base_env.update({"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
-    procs, results = [], []
-    a = time.perf_counter()
-    for r in range(world):
-        result = out / f"{name}.rank{r}.json"
-        result.unlink(missing_ok=True)
-        log = open(out / f"{name}.rank{r}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, __file__, "rank", variant, mode, str(archive), "--rank", str(r), "--world", str(world),
-               "--result", str(result)] + (["--swap"] if swap else [])  # fmt: skip
-        procs.append((subprocess.Popen(cmd, env={**base_env, "RANK": str(r), "LOCAL_RANK": str(r),
-                                                 "WORLD_SIZE": str(world)},
-                                       stdout=log, stderr=subprocess.STDOUT), log, result))  # fmt: skip
-    deadline = time.monotonic() + GROUP_TIMEOUT
-    for p, log, result in procs:
-        try:
-            p.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
-        data = json.loads(result.read_text()) if result.exists() else {"error": f"no result (rc {p.returncode})"}
-        if "error" in data or not result.exists():
-            data["log_tail"] = Path(log.name).read_text()[-2500:]
-        results.append(data)
-    print(f"[tp2] {name}: {time.perf_counter() - a:.1f} s, " + ", ".join(
-        f"rank {r}: {'error' if 'error' in d else 'refused' if 'refused' in d else 'ok'}"
-        for r, d in enumerate(results)), flush=True)  # fmt: skip
-    return {"wall_s": time.perf_counter() - a, "ranks": results}
+    env = {**(region.preload_env() if mode != "baseline" else os.environ), **PINNED_ENV, **(env_extra or {})}
+
+    def argv(r: int, result: Path) -> list[str]:
+        return [sys.executable, __file__, "rank", variant, mode, str(archive), "--rank", str(r), "--world",
+                str(world), "--result", str(result)] + (["--swap"] if swap else [])  # fmt: skip
+
+    return hostkit.run_ranks(name, out, world, argv, env, GROUP_TIMEOUT, "tp2")
 
 
 def compare_archives(a: Path, b: Path, world: int) -> dict[str, bool]:
@@ -244,7 +206,7 @@ def prove(out: Path, report: Path, variants: tuple[str, ...] = VARIANTS, drift: 
     out.mkdir(parents=True, exist_ok=True)
     region.build_interposer()
     started = datetime.now(UTC)
-    res: dict[str, Any] = {"versions": _versions(), "variants": {}}
+    res: dict[str, Any] = {"versions": hostkit.versions(VERSIONS, every_gpu=True), "variants": {}}
     for v in variants:
         a1, a2 = out / f"{v}-archive1", out / f"{v}-archive2"
         for p in (a1, a2):
@@ -266,64 +228,28 @@ def prove(out: Path, report: Path, variants: tuple[str, ...] = VARIANTS, drift: 
             "nccl_setting": run_group("drift-nccl", out, "nccl", "load", nccl, env_extra={"NCCL_PROTO": "Simple"}),
         }
     )
-    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    text, failed = render(res, started)
-    report.write_text(text)
-    print(text)
-    return 1 if failed else 0
+    return hostkit.publish(out, report, res, lambda r: render(r, started))
 
 
 # ------------------------------------------------------------------------------------------- report
 
 
-def _versions() -> dict[str, str]:
-    def probe(code: str) -> str:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return (p.stdout or p.stderr).strip().splitlines()[-1] if (p.stdout or p.stderr) else "?"
-
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return {
-        "host": socket.gethostname(),
-        "gpus": "; ".join(smi.splitlines()) or "?",
-        "python": platform.python_version(),
-        "torch": probe("import torch; print(torch.__version__, 'cuda', torch.version.cuda)"),
-        "nccl": probe("import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"),
-        "triton": probe("import triton; print(triton.__version__)"),
-        "cuda-bindings": probe("import cuda.bindings; print(cuda.bindings.__version__)"),
-    }
-
-
-def _ok(group: dict[str, Any]) -> bool:
-    return all("error" not in r and "refused" not in r for r in group.get("ranks", [])) and bool(group.get("ranks"))
-
-
-def _errors(group: dict[str, Any]) -> str:
-    return " / ".join(f"rank {i}: {r.get('error') or r.get('refused', {}).get('message', '')}"[:400]
-                      + (f" at {_where(r['trace'])}" if r.get("trace") else "")
-                      for i, r in enumerate(group.get("ranks", [])) if "error" in r or "refused" in r)  # fmt: skip
-
-
-def _where(trace: str) -> str:
-    """The innermost frames of a rank's traceback, on one line."""
-    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    return " <- ".join(reversed(frames[-3:]))
-
-
 def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
-    checks: list[tuple[str, bool, str]] = []
+    checks: list[hostkit.Check] = []
     timing: list[str] = []
     for v, vr in res["variants"].items():
         for g in ("baseline", "save", "save2", "load"):
-            checks.append((f"{v}: {g} group ran on 2 ranks", _ok(vr[g]), f"{vr[g]['wall_s']:.1f} s {_errors(vr[g])}"))
+            checks.append(
+                (f"{v}: {g} group ran on 2 ranks", group_ok(vr[g]), f"{vr[g]['wall_s']:.1f} s {group_errors(vr[g])}")
+            )
         base, load = vr["baseline"]["ranks"], vr["load"]["ranks"]
-        if _ok(vr["baseline"]) and _ok(vr["load"]):
+        if group_ok(vr["baseline"]) and group_ok(vr["load"]):
             same = [b["outputs"] == ld["outputs"] for b, ld in zip(base, load, strict=True)]
             n = sum(len(b["outputs"]) for b in base)
             checks.append((f"{v}: LOAD outputs bit-identical to baseline on every rank and batch size",
                            all(same), f"{n} outputs compared, ranks equal: {same}"))  # fmt: skip
             save = vr["save"]["ranks"]
-            if _ok(vr["save"]):
+            if group_ok(vr["save"]):
                 same_save = all(s["outputs"] == b["outputs"] for s, b in zip(save, base, strict=True))
                 checks.append((f"{v}: SAVE's own replay bit-identical to baseline", same_save, ""))
             restored = [sorted(r["restored"]) for r in load]
@@ -340,7 +266,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
             checks.append((f"{v}: SAVE vs SAVE2 {k} identical", bool(same), ""))
         if not vr.get("compare"):
             checks.append((f"{v}: SAVE vs SAVE2 compared", False, "an archive is missing"))
-        if _ok(vr["save"]) and _ok(vr["load"]):
+        if group_ok(vr["save"]) and group_ok(vr["load"]):
             for r, (s, ld) in enumerate(zip(vr["save"]["ranks"], vr["load"]["ranks"], strict=True)):
                 cap = sum(c["capture_ms"] + c["instantiate_ms"] for c in s["capture"].values())
                 rest = sum(g["rebuild_ms"] + g["instantiate_ms"] for g in ld["restored"].values())
@@ -362,16 +288,10 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
         msgs = [r.get("refused", {}).get("message", "") for r in ranks_]
         ok = bool(ranks_) and all("refused" in r and r.get("captures") == 0 for r in ranks_) and all(
             needle in m for m in msgs)  # fmt: skip
-        detail = (msgs[0] if msgs else _errors(g)).replace("\n", " / ")[:600]
+        detail = (msgs[0] if msgs else group_errors(g)).replace("\n", " / ")[:600]
         checks.append((f"drift refused before replay on every rank: {label}", ok, detail))
-    failed = [c for c, ok, _ in checks if not ok]
-    lines = ["all checks passed" if not failed else "FAILED: " + "; ".join(failed), "",
-             "# runtime-tp2: GPU proof report", ""]  # fmt: skip
-    lines += [f"- date: {started.isoformat(timespec='seconds')}"]
-    lines += [f"- {k}: {v}" for k, v in res["versions"].items()]
-    lines += [f"- pinned: {' '.join(f'{k}={v}' for k, v in PINNED_ENV.items())}", "",
-              "## Checks", "", "| check | result | detail |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {c} | {'PASS' if ok else 'FAIL'} | {d.replace('|', '/')} |" for c, ok, d in checks]
+    pinned = f"- pinned: {' '.join(f'{k}={v}' for k, v in PINNED_ENV.items())}"
+    lines, failed = hostkit.report_head("runtime-tp2: GPU proof report", started, res["versions"], [pinned], checks)
     lines += ["", "## Timing (same run)", "",
               "Capture = torch capture + instantiate of all 4 graphs in SAVE; restore = rebuild + instantiate of the "
               "same graphs in LOAD; LOAD total = api.load() (validate, memory, images, graphs).", "",
