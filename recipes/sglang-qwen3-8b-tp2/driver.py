@@ -8,6 +8,14 @@ compares), loads dummy weights and no tokenizer (prompts are token ids): what ru
 real checkpoint. `--deepep` (recipes/sglang-qwen3-30b-a3b-ep2-deepep) serves a Qwen3-30B-A3B-shaped MoE instead,
 with DeepEP expert parallelism over the TP ranks in normal mode (`DEEPEP_KWARGS`).
 
+The model cases of issue 34 (recipes/sglang-qwen3-8b-tp1-fp8, -kvfp8, -sampling, -long, sglang-qwen3-30b-a3b-tp1)
+use the vLLM driver's options, each off by default: `--model-shape qwen3-30b-a3b` (the MoE without DeepEP),
+`--quantization fp8`, `--kv-cache-dtype fp8_e4m3`, `--context-length N` (4096), `--sampling seeded` and
+`--long-prompts`. SGLang 0.5.17 honours a request's `sampling_seed` only with `enable_deterministic_inference`
+(`SamplingBatchInfo.from_schedule_batch`; else it samples from the process's CUDA generator), so `--sampling
+seeded` turns that on (its PyTorch sampler draws with a hash of seed and position, `multinomial_with_seed`).
+`--expect-refusal REGEX` makes a run pass only when the engine refused to start and its log matches REGEX.
+
 The model config, the prompts and the workloads are the vLLM recipe's (recipes/vllm-qwen3-8b-tp2/driver.py, loaded
 from its file), so both engines answer the same requests: sequential prompts one at a time; a concurrent batch; an
 "oversize" batch with more requests than SGLang's largest decode graph (its decode runs without graphs); then time to
@@ -24,8 +32,8 @@ weights, KV cache and graphs (distributed init with NCCL and custom all-reduce, 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
-import json
 import os
 import re
 import statistics
@@ -54,12 +62,18 @@ def _vllm_recipe() -> ModuleType:
 
 shared = _vllm_recipe()
 QWEN3_8B: dict[str, Any] = shared.QWEN3_8B
+QWEN3_30B_A3B: dict[str, Any] = shared.QWEN3_30B_A3B
+MODEL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = shared.MODEL_SHAPES
 GEN: int = shared.GEN
+SAMPLING_MODES: tuple[str, ...] = shared.SAMPLING_MODES
+SEEDED_SAMPLING: dict[str, Any] = shared.SEEDED_SAMPLING
 prompt = shared.prompt
 write_model = shared.write_model
 timed = shared.timed
+long_prompts = shared.long_prompts
+request_seed = shared.request_seed
 
-CONTEXT_LENGTH = 4096
+CONTEXT_LENGTH = shared.MAX_MODEL_LEN
 OVERSIZE_REQUESTS = 300  # > 256, SGLang's largest decode graph on an H200 at TP < 4 (checked against the engine)
 DECODE_TOKENS = 256
 # The opt-in of patch 0007 (sglang/srt/graphpersist_symm_multicast.py): torch symmetric memory's two-shot all-reduce
@@ -67,26 +81,6 @@ DECODE_TOKENS = 256
 SYMM_MEM_NO_MULTICAST_ENV = "GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"
 ENGINE_FLAGS = ("disable_cuda_graph", "disable_custom_all_reduce", "enable_torch_symm_mem")  # Engine(flag=True)
 
-# --deepep: Qwen3-30B-A3B's shape (its Hugging Face config.json: 48 layers, 128 experts, top-8), dummy weights.
-QWEN3_30B_A3B: dict[str, Any] = {
-    **QWEN3_8B,
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "max_window_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    "output_router_logits": False,
-    "router_aux_loss_coef": 0.001,
-}
 # DeepEP's normal (high-throughput) mode over the TP ranks, the only DeepEP mode persistence takes (low-latency needs
 # NVSHMEM). Its normal-mode experts run on DeepGEMM's BF16 grouped GEMM (SGLang refuses unquantized normal mode
 # otherwise). Decode batch sizes are multiples of 8, as SGLang makes its breakable prefill sizes for DeepEP; with
@@ -115,7 +109,7 @@ def engine_kwargs(a: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "model_path": str(model_dir),
         "tp_size": a.tp,
         "mem_fraction_static": a.mem_fraction_static,
-        "context_length": CONTEXT_LENGTH,
+        "context_length": a.context_length,
         "random_seed": 0,
         "log_level": "info",  # Engine's default ("error") hides the lines the phases are read from
         "graph_persist": a.mode,
@@ -128,25 +122,45 @@ def engine_kwargs(a: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     for flag in ENGINE_FLAGS:
         if getattr(a, flag):
             kwargs[flag] = True
+    if a.quantization:
+        kwargs["quantization"] = a.quantization
+    if a.kv_cache_dtype:
+        kwargs["kv_cache_dtype"] = a.kv_cache_dtype
+    if a.sampling == "seeded":  # SGLang reads a request's sampling_seed only then (module docstring)
+        kwargs["enable_deterministic_inference"] = True
+    if a.expect_refusal:  # the engine's SIGQUIT handler would kill this process before it could say why
+        kwargs["custom_sigquit_handler"] = refused_child
     return kwargs
+
+
+def refused_child(signum: int, frame: Any) -> None:
+    """--expect-refusal: a scheduler that refused to start signals the parent, whose own handler would kill this
+    driver before it writes its result; SGLang's start then raises, which the driver turns into the refusal check."""
+    print(f"driver: signal {signum} from a child that failed (expected: --expect-refusal)", flush=True)
 
 
 def model_dir(a: argparse.Namespace) -> Path:
     """The checkpoint (`--model`) or the dummy model's folder, shared by every run of the proof's --out."""
     if a.model:
         return Path(a.model)
-    runs = Path(a.result).resolve().parent.parent
-    if a.deepep:
-        where = runs / "qwen3-30b-a3b-dummy"
-        where.mkdir(parents=True, exist_ok=True)
-        (where / "config.json").write_text(json.dumps(QWEN3_30B_A3B, indent=1))
-        return where
-    return write_model(runs / "qwen3-8b-dummy")
+    folder, config = MODEL_SHAPES["qwen3-30b-a3b" if a.deepep else a.model_shape]
+    return write_model(Path(a.result).resolve().parent.parent / folder, config)
 
 
 def sampling(max_tokens: int) -> dict[str, Any]:
     """Greedy, a fixed number of tokens whatever the model emits."""
     return {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
+
+
+def sampling_params(prompts: list[list[int]], max_tokens: int, how: str = "greedy") -> Any:
+    """Engine.generate's sampling_params: one greedy dict for the batch, or (seeded) one dict per request with
+    SEEDED_SAMPLING and the request's own seed (the vLLM driver's request_seed: the same seed for the same prompt)."""
+    if how == "greedy":
+        return sampling(max_tokens)
+    if how != "seeded":
+        raise ValueError(f"sampling {how!r}: use one of {', '.join(SAMPLING_MODES)}")
+    fixed = {"max_new_tokens": max_tokens, "ignore_eos": True, **SEEDED_SAMPLING}
+    return [{**fixed, "sampling_seed": request_seed(p)} for p in prompts]
 
 
 def token_ids(outputs: Any, expected: int, max_tokens: int) -> list[list[int]]:
@@ -165,8 +179,8 @@ def token_ids(outputs: Any, expected: int, max_tokens: int) -> list[list[int]]:
     return ids
 
 
-def generate(engine: Any, prompts: list[list[int]], max_tokens: int = GEN) -> list[list[int]]:
-    outputs = engine.generate(input_ids=prompts, sampling_params=sampling(max_tokens))
+def generate(engine: Any, prompts: list[list[int]], max_tokens: int = GEN, how: str = "greedy") -> list[list[int]]:
+    outputs = engine.generate(input_ids=prompts, sampling_params=sampling_params(prompts, max_tokens, how))
     return token_ids(outputs, len(prompts), max_tokens)
 
 
@@ -275,27 +289,40 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     kwargs = engine_kwargs(a, model_dir(a))
     before = proofkit.cache_snapshot()
     t0 = time.perf_counter()
-    engine = sglang.Engine(**kwargs)
+    try:
+        engine = sglang.Engine(**kwargs)
+    except Exception as exc:
+        if not a.expect_refusal:
+            raise
+        print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
+        return proofkit.expected_refusal(Path(a.result).parent / "log.txt", a.expect_refusal, f"{exc}")
+    if a.expect_refusal:
+        return {"ok": False, "error": f"the engine started: it had to be refused ({a.expect_refusal!r})"}
     ready = time.perf_counter() - t0
     after_start = proofkit.cache_snapshot()
     print(f"driver: engine ready in {ready:.2f} s", flush=True)
     inventory = graph_inventory(engine.server_args)
     check_oversize(OVERSIZE_REQUESTS, inventory)
 
+    gen = functools.partial(generate, how=a.sampling)  # every workload samples as --sampling says
     sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]
-    first, first_s = timed(generate, engine, sequential_prompts[:1])
+    first, first_s = timed(gen, engine, sequential_prompts[:1])
     after_first = proofkit.cache_snapshot()
-    sequential = first + [generate(engine, [p])[0] for p in sequential_prompts[1:]]
-    steady = [timed(generate, engine, sequential_prompts[:1])[1] for _ in range(3)]
-    concurrent = generate(engine, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
-    oversize = generate(engine, [prompt(200 + i, 40) for i in range(OVERSIZE_REQUESTS)] + [prompt(300, 1500)])
+    sequential = first + [gen(engine, [p])[0] for p in sequential_prompts[1:]]
+    steady = [timed(gen, engine, sequential_prompts[:1])[1] for _ in range(3)]
+    concurrent = gen(engine, [prompt(100 + i, 16 + 9 * i) for i in range(16)])
+    oversize = gen(engine, [prompt(200 + i, 40) for i in range(OVERSIZE_REQUESTS)] + [prompt(300, 1500)])
+    outputs = {"sequential": sequential, "concurrent": concurrent, "oversize": oversize}
+    if a.long_prompts:
+        longest, *others = long_prompts(a.context_length)
+        outputs["long"] = gen(engine, [longest]) + gen(engine, others)
 
     # Time to first token: a prompt of the same length first (shapes warm), then three others; each prompt is new,
     # so SGLang's prefix cache cannot answer any of them.
-    generate(engine, [prompt(399, 3000)], 1)
-    ttft = statistics.median(timed(generate, engine, [prompt(400 + i, 3000)], 1)[1] for i in range(3))
-    _, b1 = timed(generate, engine, [prompt(500, 16)], DECODE_TOKENS)
-    _, b32 = timed(generate, engine, [prompt(600 + i, 16) for i in range(32)], DECODE_TOKENS)
+    gen(engine, [prompt(399, 3000)], 1)
+    ttft = statistics.median(timed(gen, engine, [prompt(400 + i, 3000)], 1)[1] for i in range(3))
+    _, b1 = timed(gen, engine, [prompt(500, 16)], DECODE_TOKENS)
+    _, b32 = timed(gen, engine, [prompt(600 + i, 16) for i in range(32)], DECODE_TOKENS)
     sample_once(engine)
     after_all = proofkit.cache_snapshot()
 
@@ -312,7 +339,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "error": None,
         "start_to_ready_s": round(ready, 3),
         "phases": phases,
-        "outputs": {"sequential": sequential, "concurrent": concurrent, "oversize": oversize},
+        "outputs": outputs,
         "latency": {
             "first_request_s": round(first_s, 4),
             "steady_request_s": round(statistics.median(steady), 4),
@@ -342,7 +369,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--result", required=True, help="where to write result.json")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
     ap.add_argument("--model", help="a real checkpoint directory (default: dummy Qwen3-8B weights)")
+    ap.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), default="qwen3-8b",
+                    help="the dummy model's config (default qwen3-8b; --deepep: qwen3-30b-a3b)")  # fmt: skip
     ap.add_argument("--mem-fraction-static", type=float, default=0.5, help="SGLang's mem_fraction_static (0.5)")
+    ap.add_argument("--context-length", type=int, default=CONTEXT_LENGTH, help=f"(default {CONTEXT_LENGTH})")
+    ap.add_argument("--quantization", help="SGLang's quantization, e.g. fp8 (online FP8 weights; default: none)")
+    ap.add_argument("--kv-cache-dtype", help="SGLang's kv_cache_dtype, e.g. fp8_e4m3 (default: SGLang's, auto)")
+    ap.add_argument("--sampling", choices=SAMPLING_MODES, default="greedy",
+                    help="greedy (default), or seeded: temperature 0.8, top-p 0.9, a seed per request "
+                    "(turns on enable_deterministic_inference, without which SGLang ignores the seeds)")  # fmt: skip
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="a workload of prompts near the context length (outputs compared as `long`)")  # fmt: skip
+    ap.add_argument("--expect-refusal", metavar="REGEX",
+                    help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
     ap.add_argument("--disable-cuda-graph", action="store_true", help="no CUDA graphs (the eager comparison start)")
     ap.add_argument(
         "--disable-custom-all-reduce", action="store_true", help="all-reduce through NCCL only (no custom all-reduce)"
@@ -374,7 +413,11 @@ def main() -> NoReturn:
         from graphpersist.memory import region
 
         region.reexec_with_interposer()
-    flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast", "deepep") if getattr(a, f)) or "-"
+    flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast", "deepep", "long_prompts") if getattr(a, f))
+    case = {k: v for k, v in (("shape", a.model_shape), ("quantization", a.quantization),
+                              ("kv_cache_dtype", a.kv_cache_dtype), ("context_length", a.context_length),
+                              ("sampling", a.sampling)) if v}  # fmt: skip
+    flags = f"{flags or '-'} {case}"
     print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} flags={flags}", flush=True)
     proofkit.run_and_exit(lambda: run(a), a.result)
 

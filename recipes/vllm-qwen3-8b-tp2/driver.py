@@ -4,12 +4,21 @@ The proof runner (`python -m gptools prove`, see proof.toml) starts this once pe
 `python driver.py --run NAME --mode off|save|load [--archive DIR] --result FILE [--tp N] [--enforce-eager]`.
 Without `--model DIR` it writes a Qwen3-8B `config.json` next to the run folders (one path for every run: the model
 path is part of vLLM's config fingerprint, which LOAD compares), loads dummy weights and no tokenizer (prompts are
-token ids): what runs on the GPU host. `--model` takes a real checkpoint directory instead.
+token ids): what runs on the GPU host. `--model` takes a real checkpoint directory instead; `--model-shape
+qwen3-30b-a3b` writes a Qwen3-30B-A3B-shaped MoE config instead of Qwen3-8B's (dummy weights too).
+
+The model cases of issue 34 (recipes/vllm-qwen3-8b-tp1-fp8, -kvfp8, -sampling, -long, vllm-qwen3-30b-a3b-tp1) set,
+each off by default: `--quantization fp8` (online FP8 weights), `--kv-cache-dtype fp8`, `--max-model-len N` (4096),
+`--sampling seeded` (every request samples at temperature 0.8, top-p 0.9 with a seed of its own, derived from its
+prompt, so a baseline and a LOAD draw the same tokens), `--long-prompts` (a workload of prompts near
+max_model_len) and `--model-runner v2` (VLLM_USE_V2_MODEL_RUNNER=1: vLLM 0.26.0 runs Qwen3-MoE on its V1 runner
+otherwise, which persistence refuses).
 
 Workloads (greedy, `ignore_eos`, fixed token ids): sequential prompts one at a time; a concurrent batch; an
 "oversize" batch whose prefill is larger than the largest capture size (it runs without graphs, then decode
 replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32
-(median of three timings each); with `--replay-timing`, last, graph replays timed in the worker.
+(median of three timings each); with `--long-prompts`, a prompt near max_model_len alone, then two at once
+(compared like the others); with `--replay-timing`, last, graph replays timed in the worker.
 Phases (one vocabulary for every run, adding up to the start-up time): vLLM's own log lines (weights, engine init,
 profile, capture) split further by the runtime's per-rank stats when persistence is on.
 """
@@ -17,12 +26,15 @@ profile, capture) split further by the runtime's per-rank stats when persistence
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
 import statistics
 import sys
 import time
+import zlib
+from array import array
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -59,8 +71,39 @@ QWEN3_8B = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
+# --model-shape qwen3-30b-a3b: Qwen3-30B-A3B's layout (its Hugging Face config.json: 48 layers, hidden 2048, 128
+# experts of which 8 route each token, expert MLP 768, 32 query and 4 KV heads of 128), dummy weights (about 61 GB).
+QWEN3_30B_A3B: dict[str, Any] = {
+    **QWEN3_8B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "max_window_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+}
+# --model-shape: the dummy model's folder (beside the run folders, shared by every run of an --out) and its config.
+MODEL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-8b": ("qwen3-8b-dummy", QWEN3_8B),
+    "qwen3-30b-a3b": ("qwen3-30b-a3b-dummy", QWEN3_30B_A3B),
+}
 VOCAB = 151936
 GEN = 32
+MAX_MODEL_LEN = 4096  # the recipes' default; --max-model-len changes it
+# --sampling seeded: every request samples with these, and a seed of its own (request_seed)
+SEEDED_SAMPLING: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9}
+SAMPLING_MODES = ("greedy", "seeded")
+LONG_MARGIN = 64  # --long-prompts: the longest prompt leaves this many positions below the limit besides GEN
 TTFT_TOKENS = 3000
 DECODE_REPEATS = 3  # decode tok/s is the median of this many timings: host-bound modes (PIECEWISE) vary
 
@@ -92,20 +135,50 @@ def ttft_prompts() -> tuple[list[int], list[list[int]]]:
     return prompt(399, TTFT_TOKENS), [prompt(400 + i, TTFT_TOKENS) for i in range(3)]
 
 
-def write_model(where: Path) -> Path:
+def long_prompts(max_len: int) -> list[list[int]]:
+    """--long-prompts: the longest prompt the limit allows with GEN new tokens and a margin, then two a little shorter
+    (sent together: two chunked prefills in one batch). Each is new to the prefix cache."""
+    longest = max_len - GEN - LONG_MARGIN
+    if longest < 1024:
+        raise ValueError(f"--long-prompts needs a max_model_len above {1024 + GEN + LONG_MARGIN}, got {max_len}")
+    return [prompt(800, longest), prompt(801, longest - 512), prompt(802, longest - 1024)]
+
+
+def request_seed(ids: list[int]) -> int:
+    """--sampling seeded: a request's seed, a function of its prompt alone: every run draws the same tokens for it."""
+    return zlib.crc32(array("I", ids).tobytes())
+
+
+def sampling_kwargs(ids: list[int], max_tokens: int, sampling: str = "greedy") -> dict[str, Any]:
+    """SamplingParams' keywords for one request: greedy, or SEEDED_SAMPLING with the request's own seed."""
+    base = {"max_tokens": max_tokens, "ignore_eos": True, "detokenize": False}
+    if sampling == "greedy":
+        return {"temperature": 0.0, **base}
+    if sampling != "seeded":
+        raise ValueError(f"sampling {sampling!r}: use one of {', '.join(SAMPLING_MODES)}")
+    return {**SEEDED_SAMPLING, "seed": request_seed(ids), **base}
+
+
+def write_model(where: Path, config: dict[str, Any] | None = None) -> Path:
     where.mkdir(parents=True, exist_ok=True)
-    (where / "config.json").write_text(json.dumps(QWEN3_8B, indent=1))
+    (where / "config.json").write_text(json.dumps(QWEN3_8B if config is None else config, indent=1))
     return where
 
 
-def build_llm(a: argparse.Namespace) -> Any:
-    from vllm import LLM
+def dummy_model(a: argparse.Namespace) -> Path:
+    """The dummy model's folder for --model-shape, beside the run folders (one path for every run of the --out)."""
+    folder, config = MODEL_SHAPES[a.model_shape]
+    return write_model(Path(a.result).resolve().parent.parent / folder, config)
 
+
+def llm_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    """LLM(...)'s keywords for a run. The model-case options are passed only when set, so a run without them is the
+    dense recipes' start as before."""
     kwargs: dict[str, Any] = {
-        "model": str(a.model or write_model(Path(a.result).resolve().parent.parent / "qwen3-8b-dummy")),
+        "model": str(a.model or dummy_model(a)),
         "tensor_parallel_size": a.tp,
         "gpu_memory_utilization": a.gpu_memory_utilization,
-        "max_model_len": 4096,
+        "max_model_len": a.max_model_len,
         "seed": 0,
         "enforce_eager": a.enforce_eager,
         "graph_persist": a.mode,
@@ -124,14 +197,27 @@ def build_llm(a: argparse.Namespace) -> Any:
         kwargs["distributed_executor_backend"] = a.executor
     if compilation:
         kwargs["compilation_config"] = compilation
-    return LLM(**kwargs)
+    if a.quantization:
+        kwargs["quantization"] = a.quantization
+    if a.kv_cache_dtype:
+        kwargs["kv_cache_dtype"] = a.kv_cache_dtype
+    return kwargs
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int = GEN) -> list[list[int]]:
+def build_llm(a: argparse.Namespace) -> Any:
+    from vllm import LLM
+
+    return LLM(**llm_kwargs(a))
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int = GEN, sampling: str = "greedy") -> list[list[int]]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    if sampling == "greedy":  # one SamplingParams for the batch, as before --sampling existed
+        params: Any = SamplingParams(**sampling_kwargs([], max_tokens))
+    else:
+        params = [SamplingParams(**sampling_kwargs(p, max_tokens, sampling)) for p in prompts]
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -211,22 +297,32 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     after_start = proofkit.cache_snapshot()
     print(f"driver: engine ready in {ready:.2f} s", flush=True)
 
+    gen = functools.partial(generate, sampling=a.sampling)  # every workload samples as --sampling says
     sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]
-    first, first_s = timed(generate, llm, sequential_prompts[:1])
+    first, first_s = timed(gen, llm, sequential_prompts[:1])
     after_first = proofkit.cache_snapshot()
-    sequential = first + [generate(llm, [p])[0] for p in sequential_prompts[1:]]
-    repeats = [timed(generate, llm, sequential_prompts[:1]) for _ in range(3)]  # the first request, again
+    sequential = first + [gen(llm, [p])[0] for p in sequential_prompts[1:]]
+    repeats = [timed(gen, llm, sequential_prompts[:1]) for _ in range(3)]  # the first request, again
     steady = [s for _, s in repeats]
     concurrent_prompts = [prompt(100 + i, 16 + 9 * i) for i in range(16)]
-    concurrent = generate(llm, concurrent_prompts)
-    oversize = generate(llm, [prompt(200 + i, 40) for i in range(48)] + [prompt(300, 1500)])
+    concurrent = gen(llm, concurrent_prompts)
+    oversize = gen(llm, [prompt(200 + i, 40) for i in range(48)] + [prompt(300, 1500)])
+    outputs = {
+        "sequential": sequential,
+        "first_repeated": [out[0] for out, _ in repeats],
+        "concurrent": concurrent,
+        "oversize": oversize,
+    }
+    if a.long_prompts:
+        longest, *others = long_prompts(a.max_model_len)
+        outputs["long"] = gen(llm, [longest]) + gen(llm, others)
 
     warm_long, timed_long = ttft_prompts()
-    generate(llm, [warm_long], 1)
-    ttft = statistics.median(timed(generate, llm, [p], 1)[1] for p in timed_long)
-    b1s = [timed(generate, llm, [prompt(500 + r, 16)], 256)[1] for r in range(DECODE_REPEATS)]
+    gen(llm, [warm_long], 1)
+    ttft = statistics.median(timed(gen, llm, [p], 1)[1] for p in timed_long)
+    b1s = [timed(gen, llm, [prompt(500 + r, 16)], 256)[1] for r in range(DECODE_REPEATS)]
     batches = [[prompt(600 + 32 * r + i, 16) for i in range(32)] for r in range(DECODE_REPEATS)]
-    b32s = [timed(generate, llm, batch, 256)[1] for batch in batches]
+    b32s = [timed(gen, llm, batch, 256)[1] for batch in batches]
     b1, b32 = statistics.median(b1s), statistics.median(b32s)
 
     stats = proofkit.rank_stats()
@@ -241,12 +337,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "error": None,
         "start_to_ready_s": round(ready, 3),
         "phases": phases,
-        "outputs": {
-            "sequential": sequential,
-            "first_repeated": [out[0] for out, _ in repeats],
-            "concurrent": concurrent,
-            "oversize": oversize,
-        },
+        "outputs": outputs,
         "latency": {
             "first_request_s": round(first_s, 4),
             "steady_request_s": round(statistics.median(steady), 4),
@@ -278,8 +369,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         from gpdiag import vllm_rpc as diag
 
         llm.collective_rpc(diag.probe_install)
-        generate(llm, sequential_prompts[:1], 2)
-        generate(llm, concurrent_prompts, 1)
+        gen(llm, sequential_prompts[:1], 2)
+        gen(llm, concurrent_prompts, 1)
         result["diag_probe"] = llm.collective_rpc(diag.probe_collect)[0]
     if a.diag_bisect:
         import diagbisect
@@ -289,7 +380,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         expected = [saved["sequential"][0][:4], saved["concurrent"][0][:4]]
         probes = [sequential_prompts[:1], concurrent_prompts]
         history = runs / "save" / "memory-owners.rank0.json.gz"
-        result["diag_bisect"] = diagbisect.run(llm, generate, probes, expected, a.diag_bisect, history)
+        result["diag_bisect"] = diagbisect.run(llm, gen, probes, expected, a.diag_bisect, history)
     return result
 
 
@@ -306,6 +397,7 @@ OPTION_ENV = {
     "diag_save_bytes": "GP_DIAG_SAVE_BYTES",
     "diag_load_profile": "GP_DIAG_LOAD_PROFILE",
 }
+MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # --model-runner v2 sets it to 1; default leaves vLLM's choice
 PLUGINS_ENV, DIAG_PLUGIN = "GRAPHPERSIST_PLUGINS", "gpdiag.vllm"  # the worker's observer (tools/ is on PYTHONPATH)
 # Switches that point a variable at the run's folder, where the workers write their files.
 RUN_FOLDER_ENV = {
@@ -322,8 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--result", required=True, help="where to write result.json")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
     ap.add_argument("--model", help="a real checkpoint directory (default: dummy Qwen3-8B weights)")
+    ap.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), default="qwen3-8b",
+                    help="the dummy model's config without --model (default qwen3-8b)")  # fmt: skip
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager comparison start)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN, help=f"(default {MAX_MODEL_LEN})")
+    ap.add_argument("--quantization", help="vLLM's quantization, e.g. fp8 (online FP8 weights; default: none)")
+    ap.add_argument("--kv-cache-dtype", help="vLLM's kv_cache_dtype, e.g. fp8 (default: vLLM's, auto)")
+    ap.add_argument("--sampling", choices=SAMPLING_MODES, default="greedy",
+                    help="greedy (default), or seeded: temperature 0.8, top-p 0.9, a seed per request")  # fmt: skip
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="a workload of prompts near max_model_len (outputs compared as `long`)")  # fmt: skip
+    ap.add_argument("--model-runner", choices=["default", "v2"], default="default",
+                    help="v2: VLLM_USE_V2_MODEL_RUNNER=1 (vLLM runs Qwen3-MoE on its V1 runner otherwise)")  # fmt: skip
     ap.add_argument("--cudagraph-mode", help="vLLM cudagraph_mode (default: vLLM's choice, FULL_AND_PIECEWISE here)")
     ap.add_argument("--async-scheduling", choices=["default", "on", "off"], default="default",
                     help="vLLM's async scheduling (default: vLLM's choice)")  # fmt: skip
@@ -375,6 +478,8 @@ def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
             environ[name] = "1"
         elif value:
             environ[name] = value
+    if a.model_runner == "v2":
+        environ[MODEL_RUNNER_ENV] = "1"
     if any(name.startswith("GP_DIAG_") for name in environ):  # the diagnosis observer reads them (tools/gpdiag)
         environ[PLUGINS_ENV] = DIAG_PLUGIN
     if a.diag_bisect or a.diag_probe or a.replay_timing:  # functions sent to the worker (LLM.collective_rpc)
@@ -388,7 +493,12 @@ def main() -> NoReturn:
         from graphpersist.memory import region
 
         region.reexec_with_interposer()
-    print(f"driver: run {a.run}: mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}", flush=True)
+    case = {k: v for k, v in (("shape", a.model_shape), ("quantization", a.quantization),
+                              ("kv_cache_dtype", a.kv_cache_dtype), ("max_model_len", a.max_model_len),
+                              ("sampling", a.sampling), ("long_prompts", a.long_prompts),
+                              ("model_runner", a.model_runner)) if v and v != "default"}  # fmt: skip
+    what = f"mode={a.mode} tp={a.tp} archive={a.archive} eager={a.enforce_eager}"
+    print(f"driver: run {a.run}: {what} {case}", flush=True)
     proofkit.run_and_exit(lambda: run(a), a.result)
 
 

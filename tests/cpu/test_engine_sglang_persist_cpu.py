@@ -28,7 +28,7 @@ from archive_fixtures import live_for, write_archive
 
 from graphpersist import engine, switch
 from graphpersist.archive import open_archive
-from graphpersist.archive.validate import evaluate
+from graphpersist.archive.validate import LoadRefused, evaluate
 from graphpersist.errors import PersistError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +120,7 @@ class StandInServerArgs:
     disable_cuda_graph_padding: bool = False
     disable_overlap_schedule: bool = False
     quantization: str | None = None
+    enable_deterministic_inference: bool = False
     load_format: str = "dummy"
     random_seed: int = 12345
 
@@ -303,6 +304,43 @@ def test_load_refuses_an_archive_of_another_sglang_configuration_naming_every_fa
         "flags.cuda_graph_decode_bs": ([1, 2, 4, 8], [1, 2]),
         "flags.custom_all_reduce_v2": (None, "1"),
     }
+
+
+@pytest.mark.parametrize(
+    ("saved", "live", "field", "line"),
+    [
+        ({"quantization": "fp8"}, {}, ("quantization", "fp8", None), "saved 'fp8', live <unset>"),
+        ({"kv_cache_dtype": "fp8_e4m3"}, {}, ("kv_cache_dtype", "fp8_e4m3", "auto"), "saved 'fp8_e4m3', live 'auto'"),
+        (
+            {"context_length": 32768},
+            {"context_length": 4096},
+            ("context_length", 32768, 4096),
+            "saved 32768, live 4096",
+        ),
+        (
+            {"enable_deterministic_inference": True},
+            {},
+            ("enable_deterministic_inference", True, False),
+            "saved true, live false",
+        ),
+    ],
+    ids=["quantization", "kv_cache_dtype", "context_length", "deterministic_inference"],
+)
+def test_load_refuses_an_archive_of_another_model_case_naming_the_setting(
+    srt: SimpleNamespace, tmp_path: Path, saved: dict[str, Any], live: dict[str, Any], field: tuple[Any, ...], line: str
+) -> None:
+    """Issue 34's cases (FP8 weights, FP8 KV cache, long context, seeded sampling): a LOAD started with another value
+    of the case's setting than its SAVE is refused naming it, with the saved and the live value. Deterministic
+    inference puts batch-invariant kernels in the graphs and is what makes SGLang honour per-request seeds."""
+    archive = open_archive(write_archive(tmp_path / "a", flags=srt.facts.config_flags(StandInServerArgs(**saved), {})))
+    same = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(**saved), {}))
+    assert evaluate(archive, same, 0, skip_unknown=True).mismatches == []
+    other = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(**live), {}))
+    mismatches = evaluate(archive, other, 0, skip_unknown=True).mismatches
+    name, saved_value, live_value = field
+    assert {m.field: (m.saved, m.live) for m in mismatches} == {f"flags.{name}": (saved_value, live_value)}
+    # the line the recipes' refused LOADs look for in the engine's log
+    assert str(LoadRefused(tmp_path / "a", mismatches, 0)).splitlines()[1] == f"  flags.{name}: {line}"
 
 
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:

@@ -17,6 +17,7 @@ import difflib
 import json
 import os
 import re
+import tomllib
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 PRELUDE = Path(__file__).resolve().parent / "vllm_persist_prelude.py"
 TOOLS = Path(__file__).resolve().parents[2] / "tools"  # the diagnosis tools (gpdiag) are not in the wheel
 WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
+MOE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vllm-qwen3-30b-a3b-tp1" / "proof.toml"
 
 
 @pytest.fixture(scope="module")
@@ -402,9 +404,13 @@ def test_v1_model_runner_is_refused(vllm: WarmPython) -> None:
     assert got["sets_flag"], "vLLM's Worker no longer sets use_v2_model_runner: the runner check reads a stale name"
     refusal = (
         "graphpersist: this model (it runs on vLLM's V1 model runner) cannot be persisted: serve a dense decoder "
-        "model on the V2 runner"
+        "model on the V2 runner, or set VLLM_USE_V2_MODEL_RUNNER=1 (vLLM 0.26.0 runs MoE models outside its V2 list, "
+        "Qwen3-MoE among them, on V1 unless told)"
     )
     assert got["v1"] == got["unknown"] == refusal
+    # the MoE recipe's refused SAVE (Qwen3-MoE on vLLM's default runner) looks for this refusal in the engine's log
+    [moe_refused] = [r for r in tomllib.loads(MOE_RECIPE.read_text())["run"] if r.get("expect_refusal")]
+    assert re.search(moe_refused["args"][moe_refused["args"].index("--expect-refusal") + 1], got["v1"])
 
 
 # ---------------------------------------------------------------- SAVE's KV-cache budget
@@ -939,11 +945,17 @@ POST_SETUP_FLAGS = {
 }
 
 
-def early_check_snippet(saved_args: dict, live_args: dict, archive: Path, kv_flag: str = "8 * 2**30") -> str:
+def early_check_snippet(
+    saved_args: dict, live_args: dict, archive: Path, kv_flag: str = "8 * 2**30", saved_quantization: str = ""
+) -> str:
     """SAVE of `saved_args` writes `archive`; LOAD of `live_args` runs the worker's early check on it. CPU torch
-    has no CUDA device: torch.cuda.current_device() (which the early check passes on) is stood in by device 0."""
+    has no CUDA device: torch.cuda.current_device() (which the early check passes on) is stood in by device 0.
+    `saved_quantization`: the quantization SAVE's model config holds (set on the resolved config: vLLM's CPU test
+    venv lacks compressed_tensors, which resolving a quantized config imports)."""
     return f"""
 saved = engine_config(**{saved_args!r})
+if {saved_quantization!r}:
+    saved.model_config.quantization = {saved_quantization!r}
 flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "kv_available_bytes": {kv_flag}}}
 if flags["kv_available_bytes"] is None:
     del flags["kv_available_bytes"]
@@ -986,6 +998,31 @@ def test_early_check_refuses_another_configuration_naming_every_fact(vllm: WarmP
         fingerprint,
         "  flags.max_model_len: saved 4096, live 8192",
     ]
+
+
+@pytest.mark.parametrize(
+    "saved, live, line",
+    [
+        ({"kv_cache_dtype": "fp8"}, {}, "  flags.kv_cache_dtype: saved 'fp8', live 'auto'"),
+        ({"max_model_len": 8192}, {"max_model_len": 4096}, "  flags.max_model_len: saved 8192, live 4096"),
+        ({}, {}, "  flags.quantization: saved 'fp8', live <unset>"),  # SAVE's config quantized (saved_quantization)
+    ],
+    ids=["kv_cache_dtype", "max_model_len", "quantization"],
+)
+def test_early_check_refuses_another_model_case_naming_the_setting(
+    vllm: WarmPython, tmp_path: Path, saved: dict, live: dict, line: str
+) -> None:
+    """Issue 34's cases (FP8 KV cache, long context, FP8 weights): a LOAD whose setting differs from its SAVE's is
+    refused before setup, naming the setting with the saved and the live value (vLLM resolves both configs)."""
+    quantized = "fp8" if "quantization" in line else ""
+    assert vllm.run(early_check_snippet(saved, saved, tmp_path / "same")).ok()["kv_bytes"] == 8 * GIB
+    snippet = early_check_snippet(saved, live, tmp_path / "archive", saved_quantization=quantized)
+    message = vllm.run(snippet).raised("LoadRefused")
+    lines = message.splitlines()
+    assert lines[0].startswith(f"graphpersist: cannot LOAD {tmp_path / 'archive'} (rank 0): ")
+    assert line in lines[1:-1]
+    # only the setting and what vLLM derives from it (the model's config hash includes its quantization)
+    assert {x.split(":")[0].strip() for x in lines[1:-1]} <= {line.split(":")[0].strip(), "model.config_fingerprint"}
 
 
 @pytest.mark.parametrize("kv_flag, shown", [("None", "None"), ("0", "0")])

@@ -83,9 +83,15 @@ def refuse_deepep(par: Any) -> None:
 
 
 def refuse_unsupported_runner(worker: Any) -> None:
-    """After the runner exists: only the V2 model runner's capture sites are hooked."""
+    """After the runner exists: only the V2 model runner's capture sites are hooked. vLLM 0.26.0 picks V1 for MoE
+    architectures outside its short V2 list (`DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: Qwen3-MoE is not on it), which
+    VLLM_USE_V2_MODEL_RUNNER=1 overrides; the advice says so."""
     if not getattr(worker, "use_v2_model_runner", False):
-        raise _refuse("this model (it runs on vLLM's V1 model runner)", "serve a dense decoder model on the V2 runner")
+        raise _refuse(
+            "this model (it runs on vLLM's V1 model runner)",
+            "serve a dense decoder model on the V2 runner, or set VLLM_USE_V2_MODEL_RUNNER=1 (vLLM 0.26.0 runs MoE "
+            "models outside its V2 list, Qwen3-MoE among them, on V1 unless told)",
+        )
 
 
 def device_index(worker: Any) -> int:
@@ -120,6 +126,7 @@ def config_flags(cfg: Any) -> dict[str, Any]:
         "max_num_batched_tokens": sched.max_num_batched_tokens,
         "block_size": cache.block_size,
         "kv_cache_dtype": str(cache.cache_dtype),
+        "quantization": cfg.model_config.quantization,
         "gpu_memory_utilization": float(cache.gpu_memory_utilization),
         "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
         "compilation_mode": str(comp.mode),

@@ -193,6 +193,8 @@ def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str,
         "enable_torch_symm_mem": bool(sa.enable_torch_symm_mem),
         "custom_all_reduce_v2": env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2"),
         "disable_overlap_schedule": bool(sa.disable_overlap_schedule),
+        # batch-invariant kernels in the graphs, and the only mode in which SGLang honours per-request seeds
+        "enable_deterministic_inference": bool(sa.enable_deterministic_inference),
         "quantization": sa.quantization,
         "load_format": str(sa.load_format),
         **deepep_flags(sa),
