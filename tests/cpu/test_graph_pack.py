@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -432,8 +433,14 @@ def test_save_refuses_what_load_could_not_rebuild() -> None:
 def test_load_refuses_a_class_it_cannot_rebuild() -> None:
     tree = structure.encode(ModelOutput(Leaf(1)), _spec)
     gone = {**tree, "class": "no_such_module_xyz:ModelOutput"}
-    with pytest.raises(structure.StructureError, match="no_such_module_xyz:ModelOutput cannot be imported here"):
+    with pytest.raises(structure.StructureError, match="no_such_module_xyz:ModelOutput is not loaded in this process"):
         structure.decode(gone, _leaf)
+    # an installed module the process has not imported is never imported for an archive: importing runs its code
+    assert "tabnanny" not in sys.modules
+    unimported = {**tree, "class": "tabnanny:ModelOutput"}
+    with pytest.raises(structure.StructureError, match="LOAD never imports a module an archive names"):
+        structure.decode(unimported, _leaf)
+    assert "tabnanny" not in sys.modules
     not_dc = {**tree, "class": "json:JSONDecoder"}
     with pytest.raises(structure.StructureError, match="json:JSONDecoder is not a dataclass"):
         structure.decode(not_dc, _leaf)

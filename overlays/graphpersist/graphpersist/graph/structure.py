@@ -11,17 +11,19 @@ by the caller's functions, so this module needs neither torch nor CUDA:
     {"kind": "dict", "keys": [...], "items": [...]}       keys: str or int, in insertion order
     {"kind": "dataclass", "class": "module:Qual.Name", "fields": {"name": ..., ...}}
 
-Dataclasses are rebuilt by calling the class with their fields, so only classes importable by their qualified
+Dataclasses are rebuilt by calling the class with their fields, so only classes reachable by their qualified
 name (not defined inside a function) whose fields all take part in __init__ are accepted; SAVE refuses others,
-and LOAD refuses a class it cannot import or that is no longer a dataclass, naming it.
+and LOAD refuses a class it cannot find or that is no longer a dataclass, naming it. LOAD looks a class up only in
+modules the process has already imported: an archive names a module, and reading one must never import (run) code
+the engine did not load itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +37,15 @@ def _qualified(cls: type) -> str:
 
 
 def _resolve(name: str) -> Any:
-    """The object a `module:Qual.Name` string names, or None when it cannot be imported."""
+    """The object a `module:Qual.Name` string names in an already imported module (never importing one), or None."""
     module, _, qual = name.partition(":")
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return None
     try:
-        obj: Any = importlib.import_module(module)
         for part in qual.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError):
+    except AttributeError:
         return None
     return obj
 
@@ -108,8 +112,8 @@ def decode(tree: Any, leaf: Callable[[dict[str, Any]], Any], where: str = "outpu
         cls = _resolve(name)
         if cls is None:
             raise StructureError(
-                f"{where}: output dataclass {name} cannot be imported here: LOAD refused (import the code that "
-                "defines it, or re-run SAVE)"
+                f"{where}: output dataclass {name} is not loaded in this process: LOAD refused (LOAD never imports "
+                "a module an archive names; load the engine code that defines it before LOAD, or re-run SAVE)"
             )
         if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
             raise StructureError(f"{where}: {name} is not a dataclass any more: LOAD refused (re-run SAVE)")
