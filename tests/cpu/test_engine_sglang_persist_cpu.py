@@ -849,7 +849,7 @@ def test_fa3_forward_bytes_it_never_reads_are_written_as_zeros(srt: SimpleNamesp
     zeroed = {i for a, b in ranges for i in range(a, b)}
     assert all(got[i] == 0xAB for i in range(2672) if i not in zeroed)  # every other byte as captured
     assert got[168:172] == b"\xab" * 4 and got[184:192] == b"\xab" * 8  # read by these kernels: kept
-    assert all(112 <= a < b <= 2672 for a, b in ranges) and len(zeroed) == 1524
+    assert all(112 <= a < b <= 2672 for a, b in ranges) and len(zeroed) == 1516
     # the three Params sizes of the matching instances all hold the ranges; the offsets are the buffer's
     assert unused(FA3_FWD_DECODE, [(112, 2688)]) == unused(FA3_FWD_DECODE, [(112, 2944)]) == ranges
     assert unused(FA3_FWD_APPEND_KV, layout) == []  # appends KV: not checked byte by byte, nothing zeroed

@@ -52,15 +52,36 @@ def width(opcode: str) -> int:
     return 4
 
 
-def resolve_index(lines: list[str], at: int, reg: str) -> list[int] | None:
-    """The values register `reg` can hold at line `at`, from the MOV or SEL that last set it; None if not found."""
+def resolve_index(lines: list[str], at: int, reg: str, depth: int = 0) -> list[int] | None:
+    """Every value register `reg` can hold at line `at`, read backwards in straight-line code from the unpredicated
+    MOV or SEL that last set it (predicated MOVs on the way add their values; a SEL that keeps the register's value
+    adds what it held before). None, so the kernel is not used, where that is not certain: a branch target (label)
+    in between, another instruction writing the register, or no definition within 300 lines."""
+    values: list[int] = []
     for j in range(at - 1, max(0, at - 300), -1):
-        mov = re.search(rf"(?:IMAD\.MOV\.U32|MOV) {reg}, (?:RZ, RZ, )?(0x[0-9a-f]+) ;", lines[j])
+        line = lines[j]
+        if line.lstrip().startswith(".L_") or line.lstrip().startswith("$"):
+            return None  # another path may reach `at` with another value
+        op = OPCODE.search(line)
+        if not op or not re.match(rf"\S+ {reg}\b", line[op.start(1) :]):
+            continue
+        predicated = re.search(r"\*/\s+@", line) is not None
+        mov = re.search(rf"(?:IMAD\.MOV\.U32|MOV) {reg}, (?:RZ, RZ, )?(0x[0-9a-f]+) ;", line)
+        sel = re.search(rf"SEL {reg}, (0x[0-9a-f]+|RZ|{reg}), (0x[0-9a-f]+|RZ|{reg}), !?P\d ;", line)
         if mov:
-            return [int(mov.group(1), 16)]
-        sel = re.search(rf"SEL {reg}, (0x[0-9a-f]+|RZ|{reg}), (0x[0-9a-f]+|RZ), !?P\d ;", lines[j])
-        if sel:
-            return [0 if g in ("RZ", reg) else int(g, 16) for g in sel.groups()]
+            values.append(int(mov.group(1), 16))
+            if predicated:
+                continue
+            return values
+        if sel and not predicated:
+            values += [0 if g == "RZ" else int(g, 16) for g in sel.groups() if g != reg]
+            if reg in sel.groups():
+                before = resolve_index(lines, j, reg, depth + 1) if depth < 8 else None
+                if before is None:
+                    return None
+                values += before
+            return values
+        return None  # set by something else (arithmetic, a load): not a constant this reading can bound
     return None
 
 
@@ -71,14 +92,14 @@ def taken_addresses(lines: list[str], at: int, problems: list[str]) -> set[int]:
         problems.append(f"buffer address read otherwise: {lines[at].strip()}")
         return set()
     base, high = load.group(1), f"UR{int(load.group(2)) + 1}"
-    offsets: dict[str, int] = {}
+    offsets: dict[str, tuple[int, int]] = {}  # register -> (buffer offset, the line that set it)
     for k in range(at + 1, min(len(lines), at + 400)):
         line = lines[k]
         if not re.search(rf"\b({base}|{high})\b", line):
             continue
         add = re.search(rf"UIADD3 (UR\d+), UP\d, {base}, (0x[0-9a-f]+), URZ", line)
         if add:
-            offsets[add.group(1)] = int(add.group(2), 16)
+            offsets[add.group(1)] = (int(add.group(2), 16), k)
             if add.group(1) == base:
                 break
             continue
@@ -89,8 +110,7 @@ def taken_addresses(lines: list[str], at: int, problems: list[str]) -> set[int]:
             break  # overwritten without being read
         problems.append(f"buffer address used otherwise: {line.strip()}")
         break
-    for reg, off in offsets.items():
-        start = next(i for i in range(at, len(lines)) if f"UIADD3 {reg}," in lines[i])
+    for reg, (off, start) in offsets.items():
         for k in range(start + 1, min(len(lines), start + 3000)):
             line = lines[k]
             if not re.search(rf"\b{reg}\b", line):
@@ -103,7 +123,7 @@ def taken_addresses(lines: list[str], at: int, problems: list[str]) -> set[int]:
                 break  # redefined
             problems.append(f"address of buffer byte {off} used otherwise: {line.strip()}")
             break
-    return set(offsets.values())
+    return {off for off, _line in offsets.values()}
 
 
 def kernel_reads(lines: list[str]) -> tuple[set[int], list[str]]:

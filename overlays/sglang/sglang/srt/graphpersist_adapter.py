@@ -36,9 +36,10 @@ FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added
 # the garbage lands. The ranges are buffer offsets, read from the pinned wheel's sm_90a code by
 # recipes/diagnosis/fa3-unread-params (cuobjdump + nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 252 matching
 # instances, a byte listed here is touched by no direct constant load (constant bank = buffer + 0x210), by no indexed
-# constant load (all resolved), and lies in no TMA descriptor whose address the kernel takes (c[0x198] + offset, 128
-# bytes each; those addresses reach only UTMA* instructions); no instance takes another parameter address. The 120
-# instances that append KV are left out: 40 of them take the Params block's own address.
+# constant load (each index register traced to the constants it can hold), and lies in no TMA descriptor whose address
+# the kernel takes (c[0x198] + offset, 128 bytes each; those addresses reach only UTMA* instructions); no instance takes
+# another parameter address. The 120 instances that append KV are left out: 40 of them take the Params block's own
+# address. Re-run the script on a new sgl-kernel pin and compare its list with this one.
 _FA3_FWD_V128_BF16 = re.compile(
     r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
 )
@@ -46,7 +47,7 @@ _FA3_FWD_UNREAD = (
     (124, 128), (132, 136), (144, 168), (172, 184), (232, 240), (276, 280), (304, 488), (496, 500), (512, 520),
     (580, 624), (752, 880), (1008, 1136), (1264, 1920), (1924, 2000), (2028, 2032), (2056, 2064), (2088, 2096),
     (2104, 2160), (2176, 2192), (2200, 2232), (2236, 2244), (2280, 2288), (2304, 2328), (2376, 2400), (2416, 2424),
-    (2448, 2456), (2464, 2488), (2532, 2544),
+    (2464, 2488), (2532, 2544),
 )  # fmt: skip
 
 
