@@ -59,6 +59,8 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.gp_free_take.argtypes = [ctypes.POINTER(Free), ctypes.c_uint64, ctypes.c_uint64,
                                  ctypes.POINTER(ctypes.c_uint64)]  # fmt: skip
     lib.gp_knode_size.restype = ctypes.c_size_t
+    lib.gp_knode_layout_check.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                                          ctypes.c_char_p, ctypes.c_size_t]  # fmt: skip
     lib.gp_kattr_size.restype = ctypes.c_size_t
     return lib
 
@@ -217,6 +219,31 @@ def test_native_tables_match_python_packing(core: ctypes.CDLL) -> None:
     """graphformat.pack_kernel_table writes what gp_add_kernel_nodes reads."""
     assert core.gp_knode_size() == graphformat.KNODE.size
     assert core.gp_kattr_size() == graphformat.KATTR.size
+
+
+def layout_check(core: ctypes.CDLL, params_off: int, offsets: list[int], live: list[tuple[int, int]],
+                 blob_size: int) -> str | None:  # fmt: skip
+    """gp_knode_layout_check of one kernel row (its offsets at the start of the offset rows) against `live`."""
+    row = graphformat.KNODE.pack(0, 0, 1, 1, 1, 1, 1, 1, 0, len(offsets), params_off, 0, 0, 0, 0)
+    offs = (ctypes.c_uint32 * max(len(offsets), 1))(*offsets)
+    words = (ctypes.c_uint32 * (1 + 2 * len(live)))(len(live), *[v for p in live for v in p])
+    why = ctypes.create_string_buffer(160)
+    return None if core.gp_knode_layout_check(row, offs, words, blob_size, why, 160) == 0 else why.value.decode()
+
+
+def test_a_kernel_row_must_have_its_functions_layout_and_end_inside_the_blob(core: ctypes.CDLL) -> None:
+    """What gp_add_kernel_nodes checks of every row before adding a node: the driver reads each parameter for as
+    long as the live function says, so the row's count and offsets must be the function's and every end inside."""
+    live = [(0, 8), (8, 4), (16, 8)]
+    assert layout_check(core, 40, [0, 8, 16], live, 64) is None  # ends exactly at the blob's end
+    assert layout_check(core, 41, [0, 8, 16], live, 64) == "parameter 2 (8 bytes at offset 16) ends past the " \
+        "64-byte blob"  # fmt: skip
+    assert layout_check(core, 0, [0, 8], live, 64) == "2 parameters, the function 3"
+    assert layout_check(core, 0, [0, 12, 16], live, 64) == "parameter 1 at offset 12, the function's at 8"
+    # an offset near 2**64 must not wrap around into the blob
+    assert layout_check(core, 2**64 - 8, [0, 8, 16], live, 64) == "parameter 0 (8 bytes at offset 0) ends past " \
+        "the 64-byte blob"  # fmt: skip
+    assert layout_check(core, 60, [], [], 64) is None  # no parameters: nothing is read
 
 
 def test_pack_kernel_table_layout() -> None:

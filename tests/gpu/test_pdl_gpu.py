@@ -9,6 +9,11 @@ elementwise kernel between them gave other results than the captured graph, even
   H200), captured and saved; the captured graph replayed three times, and rebuilt in the same process from its
   serialized form (both rebuild paths) and replayed three times each.
 - `load`: the same setup in a fresh process, load(), five replays compared with SAVE's.
+- `forged-offset`, `forged-end`: that archive with its kernel table forged and every hash recomputed (one row's
+  parameter offset moved; one row's parameters moved so that its last parameter starts inside the blob and ends past
+  it): LOAD refuses, naming the graph, node, kernel and both layouts, before the driver reads a byte past the blob.
+  `save` also checks that the interposer's gp_func_param_layout (LOAD) reads every kernel's layout as SAVE's
+  cuda-bindings walk does.
 
 Run: `python3 -m pytest -m gpu tests/gpu/test_pdl_gpu.py` on a GPU host (torch, cuda-bindings, gcc).
 """
@@ -101,14 +106,20 @@ def step_save(tmp: Path) -> dict[str, Any]:
     rebuilt = {}
     for path in ("python", "native"):
         if path == "python":
-            graph = graphbuild.rebuild("chain", saved.desc, saved.blob, fresh.function, hashed=True)
+            graph = graphbuild.rebuild(
+                "chain", saved.desc, saved.blob, fresh.function, hashed=True, layouts=fresh.layout
+            )
         else:
-            funcs = [fresh.function(*f) for f in saved.desc["funcs"]]
+            funcs = graphbuild.LiveFuncs.of(fresh, saved.desc["funcs"])
             graph = graphbuild.rebuild_native("chain", saved.desc, saved.blob, saved.table, funcs, hashed=True)
         ex = graphbuild.instantiate("chain", graph, graphformat.INSTANTIATE_FLAGS)
         got = _replays(torch, lambda ex=ex: images.check(drv.cuGraphLaunch(ex, stream), "cuGraphLaunch"), outs, 3)
         rebuilt[path] = [_same(torch, r, captured[0]) for r in got]
+    layouts = {f[1]: [list(fresh.layout(*f)), [list(p) for p in graphwalk._param_layout(fresh.function(*f), f[1])]]
+               for f in saved.desc["funcs"]}  # fmt: skip
     return {
+        "layouts_disagree": {k: v for k, v in layouts.items() if v[0] != v[1]},
+        "layouts_read": len(layouts),
         "programmatic_edges": sum(1 for e in saved.desc["edges"] if e[4]),
         "kernels": sorted({f[1][:60] for f in saved.desc["funcs"]}),
         "captured_replays_equal": [
@@ -132,6 +143,42 @@ def step_load(tmp: Path) -> dict[str, Any]:
     }
 
 
+def step_forged(tmp: Path, case: str) -> dict[str, Any]:
+    """LOAD of the saved archive with its kernel table forged as a crafted archive would be (hashes recomputed)."""
+    import json
+    import shutil
+    import struct
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu"))
+    from archive_fixtures import forge
+
+    from graphpersist.graph.format import KNODE, TABLE_HEADER
+
+    _torch, api, t = _setup()
+    root = tmp / f"forged-{case}"
+    shutil.copytree(tmp / "archive", root)
+    entry = next(g for g in json.loads((root / "rank_0/graphs/index.json").read_bytes())["graphs"]
+                 if g["name"] == "chain")  # fmt: skip
+    pack = bytearray((root / "rank_0/graphs/pack.bin").read_bytes())
+    t0, blob_size = entry["table"][0], entry["own"]["blob_size"]
+    n_k = TABLE_HEADER.unpack_from(pack, t0)[0]
+    rows = [KNODE.unpack_from(pack, t0 + TABLE_HEADER.size + r * KNODE.size) for r in range(n_k)]
+    offsets_at = t0 + TABLE_HEADER.size + n_k * KNODE.size
+    if case == "offset":  # the first parameter of a row with several moves 4 bytes: still inside the blob
+        at = offsets_at + 4 * next(r for r in rows if r[9] >= 2)[11]
+        struct.pack_into("<I", pack, at, struct.unpack_from("<I", pack, at)[0] + 4)
+    else:  # a row's parameters move so that its last one starts at the blob's last byte
+        i, r = max(((i, r) for i, r in enumerate(rows) if r[9]), key=lambda ir: ir[1][10])
+        last = max(struct.unpack_from(f"<{r[9]}I", pack, offsets_at + 4 * r[11]))
+        struct.pack_into("<Q", pack, t0 + TABLE_HEADER.size + i * KNODE.size + 40, blob_size - 1 - last)
+    forge(root, "rank_0/graphs/pack.bin", bytes(pack))
+    try:
+        api.load(root, engine=ENGINE, model=MODEL, sizes=[], setup_tensors=t)
+    except Exception as exc:  # what LOAD raised is the result
+        return {"refused": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {"refused": False}
+
+
 STEPS = {"save": step_save, "load": step_load}
 
 
@@ -142,9 +189,16 @@ def test_programmatic_edges_replay_exactly(tmp_path: Path) -> None:
     assert any("splitK" in k for k in saved["kernels"]), f"precondition: cuBLAS picked no split-K GEMM: {saved}"
     assert saved["captured_replays_equal"] == [True] * 3, saved
     assert saved["rebuilt_replays_equal"] == {"python": [True] * 3, "native": [True] * 3}, saved
+    assert saved["layouts_read"] >= 2 and saved["layouts_disagree"] == {}, saved
     loaded, _ = run_step(__file__, ["load", str(tmp_path)], tmp_path / "load.json")
     assert loaded["replays_equal"] == [True] * 5 and loaded["max_abs_diff"] == 0.0, loaded
+    for case, why in (("offset", "the function's at"), ("end", "ends past the")):
+        got, _ = run_step(__file__, [f"forged-{case}", str(tmp_path)], tmp_path / f"forged-{case}.json")
+        assert got["refused"], got
+        assert "graph 'chain' node " in got["error"] and "its saved parameter layout does not fit" in got["error"], got
+        assert why in got["error"] and "live (offset, size)" in got["error"], got
 
 
 if __name__ == "__main__":
-    sys.exit(step_main(lambda args: STEPS[args[0]](Path(args[1]))))
+    sys.exit(step_main(lambda args: step_forged(Path(args[1]), args[0].removeprefix("forged-"))
+                       if args[0].startswith("forged-") else STEPS[args[0]](Path(args[1]))))  # fmt: skip

@@ -289,8 +289,14 @@ def _load_rank(
     loaded = images.LoadedImages()
     for im in rec.images:  # open_archive checked each image file's sha256 against the image's
         loaded.load(im.sha256, im.kind, archive.read_path(im.file), verified=True)
-    resolved = {name: [loaded.function(sha, kname, fattrs) for sha, kname, fattrs in d[0]["funcs"]]
-                for name, d in descs.items()}  # fmt: skip
+    # each function's handle and live parameter layout, packed once per graph shape (its graphs share one list)
+    by_shape: dict[int, graphbuild.LiveFuncs] = {}
+    resolved = {}
+    for name, d in descs.items():
+        funcs = d[0]["funcs"]
+        if id(funcs) not in by_shape:
+            by_shape[id(funcs)] = graphbuild.LiveFuncs.of(loaded, funcs)
+        resolved[name] = by_shape[id(funcs)]
     t_images = time.perf_counter()
 
     views: dict[tuple[Any, ...], torch.Tensor] = {}  # graphs sharing a static buffer share its tensor, as at SAVE
@@ -317,7 +323,7 @@ def _load_rank(
         if native:
             g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
         else:  # reference path: one cuda-bindings call per node (about 5x slower)
-            g = graphbuild.rebuild(name, desc, blob, loaded.function, events, hashed=True)
+            g = graphbuild.rebuild(name, desc, blob, loaded.function, events, hashed=True, layouts=loaded.layout)
         b = time.perf_counter()
         ex = graphbuild.instantiate(name, g, exec_flags[name])
         c = time.perf_counter()

@@ -300,6 +300,76 @@ EXPORT CUresult cuGraphKernelNodeGetAttribute(void *node, int id, unsigned char 
     return OK;
 }
 
+/* Kernel functions and nodes, for LOAD's native rebuild (gp_add_kernel_nodes). fake_make_func(n, offsets, sizes)
+ * makes a function whose cuFuncGetParamInfo answers like the driver's (CUDA_ERROR_INVALID_VALUE past the last
+ * parameter; fake_set_param_info_result makes it fail instead). cuGraphAddKernelNode_v2 reads every parameter from
+ * kernelParams[j] for as many bytes as the *function's* parameter j is long, as the driver does, into the node's
+ * parameter buffer at the function's offset; fake_node_params hands that buffer back. */
+#define MAXF 512
+#define MAXP 32
+#define MAXK 1024
+typedef struct {
+    uint32_t n, off[MAXP], size[MAXP];
+} func_t;
+typedef struct {
+    void *func;
+    unsigned grid[3], block[3], smem;
+    void **kernelParams, **extra;
+    void *kern, *ctx;
+} kparams_t; /* CUDA_KERNEL_NODE_PARAMS_v2 */
+static func_t g_funcs[MAXF];
+static int g_nfuncs, g_nknodes, g_param_info_calls, g_param_info_result = E_INVALID_VALUE, g_set_attrs;
+static struct {
+    int func;
+    unsigned char params[256];
+} g_knodes[MAXK];
+
+EXPORT void *fake_make_func(uint32_t n, const uint32_t *off, const uint32_t *size) {
+    if (g_nfuncs == MAXF || n > MAXP) return NULL;
+    func_t *f = &g_funcs[g_nfuncs++];
+    f->n = n;
+    for (uint32_t j = 0; j < n; j++) f->off[j] = off[j], f->size[j] = size[j];
+    return f;
+}
+EXPORT int fake_param_info_calls(void) { return g_param_info_calls; }
+EXPORT void fake_set_param_info_result(int r) { g_param_info_result = r; }
+EXPORT int fake_kernel_nodes(void) { return g_nknodes; }
+EXPORT int fake_set_attrs(void) { return g_set_attrs; }
+EXPORT int fake_node_params(int i, unsigned char *out, size_t cap) {
+    if (i < 0 || i >= g_nknodes || i >= MAXK) return -1;
+    memcpy(out, g_knodes[i].params, cap < 256 ? cap : 256);
+    return g_knodes[i].func;
+}
+
+EXPORT CUresult cuFuncGetParamInfo(void *func, size_t i, size_t *off, size_t *size) {
+    const func_t *f = func;
+    g_param_info_calls++;
+    if (f < g_funcs || f >= g_funcs + g_nfuncs) return 400; /* CUDA_ERROR_INVALID_HANDLE */
+    if (i >= f->n) return g_param_info_result;
+    *off = f->off[i];
+    *size = f->size[i];
+    return OK;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(void **node, void *graph, const void *deps, size_t ndeps, const kparams_t *p) {
+    const func_t *f = p->func;
+    if (f < g_funcs || f >= g_funcs + g_nfuncs) return 400;
+    int k = g_nknodes++ % MAXK; /* the first MAXK nodes are kept for fake_node_params; later ones reuse slots */
+    g_knodes[k].func = (int)(f - g_funcs);
+    memset(g_knodes[k].params, 0, sizeof g_knodes[k].params);
+    for (uint32_t j = 0; j < f->n; j++) {
+        if (f->off[j] + f->size[j] > sizeof g_knodes[k].params) return E_INVALID_VALUE;
+        memcpy(g_knodes[k].params + f->off[j], p->kernelParams[j], f->size[j]);
+    }
+    *node = (void *)(uintptr_t)(0x1000 * (k + 1));
+    return OK;
+}
+
+EXPORT CUresult cuGraphKernelNodeSetAttribute(void *node, int id, const unsigned char *value) {
+    g_set_attrs++;
+    return OK;
+}
+
 static const struct {
     const char *name;
     void *fn;

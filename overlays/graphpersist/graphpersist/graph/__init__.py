@@ -7,7 +7,7 @@ hold the code; this module re-exports what callers use.
 
 from __future__ import annotations
 
-from graphpersist.graph.build import create_events, instantiate, rebuild, rebuild_native
+from graphpersist.graph.build import LiveFuncs, create_events, instantiate, rebuild, rebuild_native
 from graphpersist.graph.format import (
     EVENT_DISABLE_TIMING,
     NODE_KINDS,
@@ -31,6 +31,7 @@ __all__ = [
     "NODE_KINDS",
     "EventNumbering",
     "GraphFormatError",
+    "LiveFuncs",
     "SavedGraph",
     "address_fingerprint",
     "check_events",

@@ -12,9 +12,11 @@ graph is bit-identical to the captured one and as fast (481.7 µs captured, 476.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from graphpersist.graph.format import (
@@ -27,9 +29,10 @@ from graphpersist.graph.format import (
     check_events,
     driver,
     edge_ends,
+    kernel_row,
     verify_blob,
 )
-from graphpersist.graph.images import check
+from graphpersist.graph.images import LoadedImages, ParamLayout, check
 
 
 def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
@@ -50,14 +53,31 @@ def rebuild(
     events: Sequence[Any] = (),
     *,
     hashed: bool = False,
+    layouts: Callable[[str, str, dict[str, int]], ParamLayout] | None = None,
 ) -> Any:
     """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
 
     `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node; `events[i]` is the live
-    CUevent for event index i (from create_events). `hashed` as for verify_blob.
+    CUevent for event index i (from create_events). `hashed` as for verify_blob. `layouts(sha, name, func_attrs)`
+    (LoadedImages.layout; LOAD always passes it) is each function's live parameter layout: every kernel node's saved
+    layout must equal it and end inside the blob before any node is added, as in rebuild_native.
     """
     verify_blob(name, desc, blob, hashed=hashed)
     _check_event_count(name, desc, events)
+    if layouts is not None:
+        for i, nd in enumerate(desc["nodes"]):
+            if nd["type"] == "kernel":
+                live = layouts(*desc["funcs"][nd["func"]])
+                saved = [o for o, _s in nd["layout"]]
+                why = _layout_problem(saved, nd["params"][0], live, len(blob))
+                sizes = [(j, s, size) for j, ((_o, s), (_lo, size)) in enumerate(zip(nd["layout"], live, strict=False))
+                         if s != size]  # fmt: skip
+                if why is None and sizes:
+                    why = f"parameter {sizes[0][0]} is {sizes[0][1]} bytes, the function's {sizes[0][2]}"
+                if why:
+                    raise GraphFormatError(
+                        _layout_refusal(name, i, nd["name"], why, saved, nd["params"][0], len(blob), live)
+                    )
     drv = driver()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -104,6 +124,66 @@ def rebuild(
         _add_edges(drv, graph, name, made, desc["edges"])
     del keep
     return graph
+
+
+class LiveFuncs:
+    """A description's function table as gp_add_kernel_nodes takes it: each live CUfunction with its parameter layout
+    (cuFuncGetParamInfo), packed once per graph shape (the graphs of one shape share their function table)."""
+
+    def __init__(self, handles: Sequence[Any], layouts: Sequence[ParamLayout]) -> None:
+        if len(handles) != len(layouts):
+            raise ValueError(f"{len(handles)} functions, {len(layouts)} layouts")
+        self.layouts = list(layouts)
+        n = max(len(handles), 1)
+        self.handles = (ctypes.c_void_p * n)(*[int(f) for f in handles])
+        # one u32 array for all (filling a ctypes array element by element costs 10x more): per function its
+        # parameter count, then the offset and size of each parameter
+        words, starts = array.array("I"), []
+        for lay in self.layouts:
+            starts.append(len(words))
+            words.append(len(lay))
+            words.extend(itertools.chain.from_iterable(lay))
+        self._words = (ctypes.c_uint32 * max(len(words), 1)).from_buffer(words or array.array("I", [0]))
+        base = ctypes.addressof(self._words)
+        self.layout_ptrs = (ctypes.c_void_p * n)(*[base + 4 * s for s in starts])
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+    @classmethod
+    def of(cls, loaded: LoadedImages, funcs: Sequence[Sequence[Any]]) -> LiveFuncs:
+        """The live functions of a description's `funcs` ([image sha256, kernel name, attributes] each)."""
+        return cls([loaded.function(*f) for f in funcs], [loaded.layout(*f) for f in funcs])
+
+
+def _layout_problem(saved: Sequence[int], params_off: int, live: ParamLayout, blob_size: int) -> str | None:
+    """What native/gp_core.c gp_knode_layout_check says of a kernel row (the reference rebuild's copy of it)."""
+    if len(saved) != len(live):
+        return f"{len(saved)} parameters, the function {len(live)}"
+    for j, (s, (o, size)) in enumerate(zip(saved, live, strict=True)):
+        if s != o:
+            return f"parameter {j} at offset {s}, the function's at {o}"
+        if params_off + o + size > blob_size:
+            return f"parameter {j} ({size} bytes at offset {o}) ends past the {blob_size}-byte blob"
+    return None
+
+
+def _layout_refusal(
+    name: str, node: int, kernel: str, why: str, saved: Sequence[int], params_off: int, blob_size: int,
+    live: ParamLayout,
+) -> str:  # fmt: skip
+    """LOAD's refusal of a kernel row whose layout is not its live function's: graph, node, kernel, both layouts."""
+    return (
+        f"graph {name!r} node {node} kernel {kernel!r}: its saved parameter layout does not fit the live function "
+        f"({why}): saved {len(saved)} parameters at offsets {_clip(list(saved))} from byte {params_off} of the "
+        f"{blob_size}-byte parameter blob; live (offset, size) {_clip([list(p) for p in live])}. The archive was "
+        "altered after SAVE (its hashes recomputed) or damaged: take archives only from where you would take code, "
+        "or SAVE again"
+    )
+
+
+def _clip(items: list[Any], most: int = 16) -> str:
+    return repr(items) if len(items) <= most else f"{items[:most]!r} (the first {most} of {len(items)})"
 
 
 def _cbuf(data: bytes | memoryview) -> ctypes.Array:
@@ -159,17 +239,21 @@ def rebuild_native(
     desc: dict[str, Any],
     blob: bytes | memoryview,
     table: bytes | memoryview,
-    funcs: Sequence[Any],
+    funcs: LiveFuncs,
     events: Sequence[Any] = (),
     *,
     hashed: bool = False,
 ) -> Any:
     """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
 
-    `funcs[i]` is the live CUfunction for desc["funcs"][i]; `events` as for rebuild(). Non-kernel nodes (event
-    nodes included) are added from Python into the same node-index slots after the kernel nodes, so the edges,
-    which refer to node indices, stay right (all as full dependencies: see the module's docstring). `hashed=True` (bytes
-    from a verified archive file) skips hashing the blob and the table again; their sizes are still compared.
+    `funcs` holds the live CUfunction and parameter layout of each entry of desc["funcs"] (LiveFuncs.of); `events` as
+    for rebuild(). Before any node is added, gp_add_kernel_nodes holds every kernel row to its function's live
+    layout and the blob's end: the driver reads each parameter for as long as the live function says, whatever the
+    archive says (the check is native because it runs for every row, ~80000 for an engine, where the pointers are
+    made; the layouts are learned once per function). Non-kernel nodes (event nodes included) are added from Python
+    into the same node-index slots after the kernel nodes, so the edges, which refer to node indices, stay right (all
+    as full dependencies: see the module's docstring). `hashed=True` (bytes from a verified archive file) skips
+    hashing the blob and the table again; their sizes are still compared.
     """
     from graphpersist.memory import region
 
@@ -182,6 +266,8 @@ def rebuild_native(
     ends, _data = edge_ends(desc)
     if ends and (min(ends) < 0 or max(ends) >= n):  # the native side indexes its node array with them
         raise GraphFormatError(f"graph {name!r}: an edge names a node outside its {n} nodes")
+    if len(funcs) != len(desc["funcs"]):
+        raise GraphFormatError(f"graph {name!r}: {len(funcs)} live functions for its {len(desc['funcs'])}")
     lib = region.lib()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     out = (ctypes.c_void_p * max(n, 1))()
@@ -191,13 +277,15 @@ def rebuild_native(
     t0 = ctypes.addressof(tbuf) + TABLE_HEADER.size
     t_off = t0 + n_k * KNODE.size
     t_attr = t_off + 4 * n_off
-    fn = (ctypes.c_void_p * max(len(funcs), 1))(*[int(f) for f in funcs])
-    rc = lib.gp_add_kernel_nodes(
-        ctypes.c_void_p(int(graph)), ctypes.c_size_t(n_k), ctypes.c_void_p(t0), bbuf, ctypes.c_void_p(t_off),
-        ctypes.c_void_p(t_attr), fn, ctypes.c_size_t(len(funcs)), out,
-    )  # fmt: skip
+    bad = ctypes.c_size_t()
+    rc = lib.gp_add_kernel_nodes(int(graph), n_k, t0, bbuf, len(blob), t_off, t_attr, funcs.handles,
+                                 funcs.layout_ptrs, len(funcs), out, ctypes.byref(bad))  # fmt: skip
     if rc != 0:
-        raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
+        why = region.last_error()
+        drv.cuGraphDestroy(graph)
+        if rc == -2:
+            raise GraphFormatError(_row_refusal(name, desc, table, bad.value, funcs, len(blob), why))
+        raise GraphFormatError(f"graph {name!r}: {why}")
     ctx = None
     for i, nd in enumerate(desc["nodes"]):
         if nd["type"] != "kernel":
@@ -210,6 +298,14 @@ def rebuild_native(
         if lib.gp_add_edges(ctypes.c_void_p(int(graph)), out, ctypes.c_size_t(n_e), frm, to) != 0:
             raise GraphFormatError(f"graph {name!r}: {region.last_error()}")
     return graph
+
+
+def _row_refusal(
+    name: str, desc: dict[str, Any], table: bytes | memoryview, row: int, funcs: LiveFuncs, blob_size: int, why: str
+) -> str:
+    """_layout_refusal for kernel row `row` of a packed table that gp_add_kernel_nodes refused."""
+    node, func, params_off, saved = kernel_row(table, row)
+    return _layout_refusal(name, node, desc["funcs"][func][1], why, saved, params_off, blob_size, funcs.layouts[func])
 
 
 def instantiate(name: str, graph: Any, flags: int) -> Any:

@@ -224,6 +224,16 @@ def pack_kernel_table(desc: dict[str, Any]) -> bytes:
     return head + bytes(nodes) + struct.pack(f"<{len(offsets)}I", *offsets) + bytes(attrs)
 
 
+def kernel_row(table: bytes | memoryview, row: int) -> tuple[int, int, int, list[int]]:
+    """(node index, function index, parameter blob offset, parameter offsets) of row `row` of a packed kernel table
+    (one checked by table_problem): what LOAD names when a row does not fit its live function."""
+    n_k = TABLE_HEADER.unpack_from(table)[0]
+    f = KNODE.unpack_from(table, TABLE_HEADER.size + row * KNODE.size)
+    node, func, n_params, params_off, layout_off = f[0], f[1], f[9], f[10], f[11]
+    at = TABLE_HEADER.size + n_k * KNODE.size + 4 * layout_off
+    return node, func, params_off, list(struct.unpack_from(f"<{n_params}I", table, at))
+
+
 # Node fields that hold values (parameter bytes, copy and memset addresses), not shape: outside the topology.
 VALUE_KEYS = ("params", "dst", "srcDevice", "dstDevice")
 
@@ -370,7 +380,9 @@ def func_problem(j: int, func: Any, images: set[str]) -> str | None:
 def table_problem(light: dict[str, Any], table: bytes | memoryview, blob_size: int, n_funcs: int) -> str | None:
     """Why a kernel table cannot drive gp_add_kernel_nodes for this light description (kernel nodes as stubs):
     its length against its header, each row's node index (exactly the kernel nodes, in order), function index,
-    parameter offsets (inside the blob), and its runs of offsets and attributes (inside the table). None when sound."""
+    parameter offsets (their starts inside the blob), and its runs of offsets and attributes (inside the table). None
+    when sound. How long each parameter is only the live function says: gp_add_kernel_nodes holds every row to its
+    function's layout and every parameter's end to the blob's at LOAD (graph.build.rebuild_native)."""
     if len(table) < TABLE_HEADER.size:
         return f"kernel table of {len(table)} bytes has no header"
     n_k, n_off, n_attr, _zero = TABLE_HEADER.unpack_from(table)

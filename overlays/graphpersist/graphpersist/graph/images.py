@@ -8,6 +8,7 @@ loader to load the function now rather than at first replay.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,9 @@ from graphpersist.memory import region
 # 9 PREFERRED_SHARED_MEMORY_CARVEOUT, 11-13 REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH,
 # 14 NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 15 CLUSTER_SCHEDULING_POLICY_PREFERENCE.
 SETTABLE_FUNC_ATTRS = (8, 9, 11, 12, 13, 14, 15)
+# (offset, size) of each kernel parameter, as cuFuncGetParamInfo answers for a live function.
+ParamLayout = tuple[tuple[int, int], ...]
+_MAX_PARAMS = 4096  # what the native rebuild takes (gp_add_kernel_nodes)
 
 
 class ImageError(RuntimeError):
@@ -81,6 +85,17 @@ class ImageTable:
         return self._sha[mod], name, load
 
 
+def param_layout(func: Any, name: str) -> ParamLayout:
+    """The live function's parameter layout, what the driver reads from each kernelParams entry at launch: one
+    native call (gp_func_param_layout) instead of one cuda-bindings call per parameter. Needs the interposer."""
+    words = (ctypes.c_uint32 * (1 + 2 * _MAX_PARAMS))()
+    n = region.lib().gp_func_param_layout(int(func), words, len(words))
+    if n < 0:
+        raise ImageError(f"kernel {name!r}: cannot read its parameter layout: {region.last_error()}")
+    flat = words[1 : 1 + 2 * n]
+    return tuple(zip(flat[0::2], flat[1::2], strict=True))
+
+
 def func_attributes(func: Any) -> dict[str, int]:
     """The settable function attributes of a live CUfunction (see SETTABLE_FUNC_ATTRS)."""
     drv = _driver()
@@ -99,6 +114,7 @@ class LoadedImages:
     handles: dict[str, Any] = field(default_factory=dict)
     funcs: dict[tuple[str, str], Any] = field(default_factory=dict)
     keep: list[bytes] = field(default_factory=list)
+    layouts: dict[tuple[str, str], ParamLayout] = field(default_factory=dict)
 
     def load(self, sha: str, kind: str, data: bytes, *, verified: bool = False) -> None:
         """Loads one image after checking its bytes hash to `sha` (a tampered image is refused here).
@@ -142,3 +158,12 @@ class LoadedImages:
                 )
         self.funcs[key] = fn
         return fn
+
+    def layout(self, sha: str, name: str, attrs: dict[str, int]) -> ParamLayout:
+        """The parameter layout of function(sha, name, attrs), asked of the driver once per function: LOAD checks
+        every kernel row of the archive against it (gp_add_kernel_nodes), ~80000 rows of a few hundred functions."""
+        key = (sha, name)
+        got = self.layouts.get(key)
+        if got is None:
+            got = self.layouts[key] = param_layout(self.function(sha, name, attrs), name)
+        return got

@@ -282,6 +282,13 @@ def lib() -> ctypes.CDLL:
         cdll.gp_host_events.restype = ctypes.c_size_t
         cdll.gp_kernel_node_attrs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                               ctypes.c_void_p]  # fmt: skip
+        cdll.gp_func_param_layout.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        cdll.gp_func_param_layout.restype = ctypes.c_long
+        cdll.gp_add_kernel_nodes.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_size_t),
+        ]  # fmt: skip
         _lib = cdll
     return _lib
 

@@ -1,11 +1,34 @@
 /* Pure bookkeeping for the interposer (see gp_core.h). */
 #include "gp_core.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 size_t gp_knode_size(void) { return sizeof(gp_knode_t); }
 size_t gp_kattr_size(void) { return sizeof(gp_kattr_t); }
+
+int gp_knode_layout_check(const gp_knode_t *k, const uint32_t *offsets, const uint32_t *layout, uint64_t blob_size,
+                          char *why, size_t cap) {
+    if (k->n_params != layout[0]) {
+        snprintf(why, cap, "%u parameters, the function %u", k->n_params, layout[0]);
+        return -1;
+    }
+    for (uint32_t j = 0; j < k->n_params; j++) {
+        uint64_t off = layout[1 + 2 * j], size = layout[2 + 2 * j];
+        if (offsets[k->layout_off + j] != off) {
+            snprintf(why, cap, "parameter %u at offset %u, the function's at %llu", j, offsets[k->layout_off + j],
+                     (unsigned long long)off);
+            return -1;
+        }
+        if (k->params_off > blob_size || off + size > blob_size - k->params_off) {
+            snprintf(why, cap, "parameter %u (%llu bytes at offset %llu) ends past the %llu-byte blob", j,
+                     (unsigned long long)size, (unsigned long long)off, (unsigned long long)blob_size);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 uint64_t gp_round_up(uint64_t v, uint64_t gran) {
     if (gran == 0) return v;

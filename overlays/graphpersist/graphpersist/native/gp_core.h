@@ -108,6 +108,13 @@ typedef struct {
 
 size_t gp_knode_size(void);
 size_t gp_kattr_size(void);
+/* Whether kernel row `k` may point the driver at its parameters: the driver reads as many bytes as the *live*
+ * function's parameter j is long from kernelParams[j], whatever the archive says, so the row's parameter count and
+ * offsets (offsets[layout_off ..]) must equal the function's layout (`layout`: n, then offset and size of each
+ * parameter, from cuFuncGetParamInfo) and every parameter must end inside the `blob_size`-byte blob. 0 when sound;
+ * else -1 and the first difference in `why`. The caller has checked that the offset run lies inside `offsets`. */
+int gp_knode_layout_check(const gp_knode_t *k, const uint32_t *offsets, const uint32_t *layout, uint64_t blob_size,
+                          char *why, size_t cap);
 
 /* v rounded up to a multiple of gran; 0 when that does not fit in 64 bits. */
 uint64_t gp_round_up(uint64_t v, uint64_t gran);

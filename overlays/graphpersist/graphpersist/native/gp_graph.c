@@ -8,12 +8,48 @@
 
 #define GP_MAX_ATTR 64
 
+/* The live parameter layout of `func`, what the driver reads from kernelParams at launch: out[0] = n, then the
+ * offset and size of each parameter (cuFuncGetParamInfo, which answers CUDA_ERROR_INVALID_VALUE past the last; any
+ * other error refuses, as at SAVE). `cap` words of `out`. Returns n, or -1 (error set). LOAD asks once per function. */
+GP_EXPORT long gp_func_param_layout(void *func, uint32_t *out, size_t cap) {
+    __typeof__(gp_driver()->cuFuncGetParamInfo) info = gp_driver()->cuFuncGetParamInfo;
+    if (!info) {
+        set_error("cuFuncGetParamInfo missing in the driver (it needs CUDA 12.4 or newer)");
+        return -1;
+    }
+    for (size_t j = 0;; j++) {
+        size_t off = 0, size = 0;
+        CUresult r = info((CUfunction)func, j, &off, &size);
+        if (r == CUDA_ERROR_INVALID_VALUE) {
+            out[0] = (uint32_t)j;
+            return (long)j;
+        }
+        if (r != CUDA_SUCCESS) {
+            set_error("cuFuncGetParamInfo(parameter %zu) failed with %d", j, (int)r);
+            return -1;
+        }
+        if (2 + 2 * j >= cap || off > UINT32_MAX || size > UINT32_MAX) {
+            set_error("parameter %zu (%zu bytes at offset %zu) is past what LOAD rebuilds (%zu parameters)", j, size,
+                      off, cap / 2);
+            return -1;
+        }
+        out[1 + 2 * j] = (uint32_t)off;
+        out[2 + 2 * j] = (uint32_t)size;
+    }
+}
+
 /* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. A saved launch attribute
  * is set unless it equals what a fresh node of the same function reads back (learned per function, so a
- * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's). */
+ * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's).
+ * Before the first node is added every row is checked against its function's live layout (`layouts[f]`, from
+ * gp_func_param_layout) and the `blob_size`-byte blob (gp_knode_layout_check): the driver reads each parameter for
+ * as many bytes as the function's own parameter is long, so an archive's row must not point it past the blob or at
+ * another layout. A row that fails returns -2 with its index in *bad (the caller names graph, node and kernel); any
+ * other failure -1. */
 GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
-                                  const uint32_t *offsets, const gp_kattr_t *attrs, void *const *funcs,
-                                  size_t n_funcs, void **out) {
+                                  uint64_t blob_size, const uint32_t *offsets, const gp_kattr_t *attrs,
+                                  void *const *funcs, const uint32_t *const *layouts, size_t n_funcs, void **out,
+                                  size_t *bad) {
     const gp_driver_t *d = gp_driver();
     __typeof__(d->cuGraphAddKernelNode_v2) add = d->cuGraphAddKernelNode_v2;
     __typeof__(d->cuGraphKernelNodeSetAttribute) set = d->cuGraphKernelNodeSetAttribute;
@@ -21,6 +57,20 @@ GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes
     if (!add || !set || !get) {
         set_error("graph entry points missing in the driver");
         return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const gp_knode_t *k = &nodes[i];
+        if (k->n_params > 4096 || k->func_index >= n_funcs || !layouts[k->func_index]) {
+            set_error("node %u: %u parameters, function %u of %zu", k->node_index, k->n_params, k->func_index,
+                      n_funcs);
+            return -1;
+        }
+        char why[160];
+        if (gp_knode_layout_check(k, offsets, layouts[k->func_index], blob_size, why, sizeof why) != 0) {
+            set_error("%s", why);
+            *bad = i;
+            return -2;
+        }
     }
     /* per (function, attribute): 0 unknown, 1 default read, 2 unreadable (always set) */
     unsigned char *known = calloc(n_funcs * GP_MAX_ATTR + 1, 1);
@@ -33,11 +83,6 @@ GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes
     void *ptrs[4096];
     for (size_t i = 0; i < n; i++) {
         const gp_knode_t *k = &nodes[i];
-        if (k->n_params > 4096 || k->func_index >= n_funcs) {
-            set_error("node %u: %u parameters, function %u of %zu", k->node_index, k->n_params, k->func_index,
-                      n_funcs);
-            goto out;
-        }
         for (uint32_t j = 0; j < k->n_params; j++) ptrs[j] = (void *)(blob + k->params_off + offsets[k->layout_off + j]);
         CUDA_KERNEL_NODE_PARAMS p;
         memset(&p, 0, sizeof p);

@@ -22,7 +22,7 @@
  *   gp_image_hooks.c module and library loads
  *   gp_control.c     the gp_* control surface Python calls (region info, enable, events, images, restore,
  *                    set_cursor, freeze)
- *   gp_graph.c       LOAD's graph builder (gp_add_kernel_nodes, gp_add_edges)
+ *   gp_graph.c       LOAD's graph builder (gp_func_param_layout, gp_add_kernel_nodes, gp_add_edges)
  * gp_cuda.h declares the driver API it uses (no CUDA toolkit needed to build), gp_glibc.h pins old glibc symbol
  * versions (the prebuilt library runs on glibc >= 2.28), gp_core.c and gp_ipc.c hold the CUDA-free bookkeeping.
  * Internal, not exported: everything here has hidden visibility (-fvisibility=hidden); GP_EXPORT marks the ABI. */
@@ -91,6 +91,7 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
     X(cuIpcCloseMemHandle) X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary)      \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuGetProcAddress_v2) X(cuGraphAddKernelNode_v2)               \
     X(cuGraphKernelNodeSetAttribute) X(cuGraphKernelNodeGetAttribute) X(cuGraphAddDependencies_v2)                \
+    X(cuFuncGetParamInfo)                                                                                          \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuMemHostAlloc) X(cuMemAllocHost_v2) X(cuMemFreeHost)      \
     X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer_v2)
 
