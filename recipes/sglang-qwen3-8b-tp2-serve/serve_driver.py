@@ -93,12 +93,24 @@ def launch_command(a: argparse.Namespace, model: Path, extra: list[str]) -> list
     return serveproof.with_flags(serveproof.program(a, ENGINE), flags, extra)
 
 
+def stamp_marks(server: serveproof.Server) -> dict[str, float]:
+    """The LLM recipe's stamps, read off the server's lines and processes (seconds since the server's start), with
+    the server's first line (`front_first_line`: launch_server's imports and argument parsing end there)."""
+    found = {name: server.line_time(re.compile(p)) for name, p in llm_driver.STAMPED_FIRST.items()}
+    found |= {name: server.line_time(re.compile(p), last=True) for name, p in llm_driver.STAMPED_LAST.items()}
+    found["front_first_line"] = server.line_time(re.compile(llm_driver.FRONT_FIRST_LINE))
+    found["scheduler_born"] = server.born(llm_driver.SCHEDULER_TITLE)
+    return {name: t for name, t in found.items() if t is not None}
+
+
 def phases(server: serveproof.Server, healthy_s: float, stats: list[dict[str, Any]]) -> dict[str, float]:
-    """The LLM recipe's phases up to "Engine startup timings", then uvicorn's start and SGLang's warm-up."""
+    """The LLM recipe's phases up to "Engine startup timings" (the server's imports as `front_boot`), then uvicorn's
+    start and SGLang's warm-up."""
     engine_ready_s = server.line_time(READINESS.engine_ready)
     if engine_ready_s is None:
         return {}
-    found = llm_driver.start_phases(engine_ready_s, llm_driver.log_phases("\n".join(server.log())), stats)
+    log = llm_driver.log_phases("\n".join(server.log()))
+    found = llm_driver.start_phases(engine_ready_s, log, stats, stamp_marks(server))
     first_200 = min(max(server.line_time(READINESS.first_answer) or healthy_s, engine_ready_s), healthy_s)
     found["serve_start"] = round(first_200 - engine_ready_s, 3)
     found["server_warmup"] = round(healthy_s - first_200, 3)

@@ -230,14 +230,50 @@ def slowest(stats: list[dict[str, Any]], name: str) -> float:
     return max((float(s.get("phases", {}).get(name, 0.0)) for s in stats), default=0.0)
 
 
-def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]]) -> dict[str, float]:
-    """The vLLM driver's vocabulary, adding up to the start-up time: start | weights | profile | kv_warmup |
-    graphs (capture or restore) | save | rest_of_init. With persistence on, graphs, save (with SAVE's kernel warm-up
-    before it), profile and warm-up are the runtime's per-rank numbers (slowest rank); SGLang's graph time then holds
-    them and is not counted twice."""
+# Lines whose appearance the driver stamps (proofkit.LogStamps, the wall clock): the end of weight loading, the
+# graphs' end (capture, or the runtime's save or restore), the summary line (the main process logs it once every
+# scheduler reported ready). STAMPED_FIRST: the first such line; STAMPED_LAST: the last.
+STAMPED_FIRST = {
+    "summary_line": STARTUP_LINE.pattern,
+}
+STAMPED_LAST = {  # the slowest rank's, as the summary line's numbers are
+    "weights_line": WEIGHTS_LINE.pattern,
+    "graphs_end_line": r"Capture (?:target|draft) \w+ (?:\w+ )?graph end\."
+    r"|graphpersist: rank \d+: (?:saved|restored) \d+ graphs",
+}
+FRONT_FIRST_LINE = r"server_args=ServerArgs\("  # a server's first line, once imported (launch_server's stamps)
+SCHEDULER_TITLE = r"sglang::scheduler"  # SGLang retitles its scheduler processes (setproctitle)
+
+
+def stamp_marks(stamps: proofkit.LogStamps, births: list[tuple[float, int, str]], t0_wall: float) -> dict[str, float]:
+    """The start-up's stamps in seconds since the clock started (`t0_wall`, the wall clock): the stamped lines and
+    the first scheduler process's birth (`scheduler_born`). A stamp not found is left out."""
+    found = {name: stamps.first(pattern) for name, pattern in STAMPED_FIRST.items()}
+    found |= {name: stamps.last(pattern) for name, pattern in STAMPED_LAST.items()}
+    found["scheduler_born"] = proofkit.born(births, SCHEDULER_TITLE)
+    return {name: round(t - t0_wall, 3) for name, t in found.items() if t is not None}
+
+
+def _before(mark: float | None, seconds: float | None) -> float | None:
+    return None if mark is None or seconds is None else mark - seconds
+
+
+def start_phases(
+    ready: float, log: dict[str, float], stats: list[dict[str, Any]], marks: dict[str, float] | None = None
+) -> dict[str, float]:
+    """The vLLM driver's vocabulary, adding up to the start-up time: weights | profile | kv_warmup | graphs (capture
+    or restore) | save | rest_of_init. With persistence on, graphs, save (with SAVE's kernel warm-up before it),
+    profile and warm-up are the runtime's per-rank numbers (slowest rank); SGLang's graph time then holds them and
+    is not counted twice. The parts SGLang does not time are measured between stamps on one clock (`marks`, seconds
+    since the clock started: stamp_marks): front_boot (a server's imports, to its first line) | engine_launch (to the
+    scheduler process's birth) | scheduler_boot (its imports, to Scheduler.__init__: the summary line's time less
+    scheduler_e2e) | scheduler_setup (to the weights: model config, distributed init, model runner) | after_graphs
+    (the graphs' end to the scheduler's) | handoff (the summary line to ready). `start` and `rest_of_init` are what
+    remains once the measured parts are taken out: remainders (proof.toml `residual_phases`)."""
     scheduler = log.get("scheduler")
     if scheduler is None:  # the summary line is missing: only what the runtime measured
         return {k: v for s in stats[:1] for k, v in s.get("phases", {}).items()}
+    marks = marks or {}
     weights = log.get("weights", 0.0)
     if stats:
         profile = slowest(stats, "profile")
@@ -246,14 +282,28 @@ def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]
         kv_warmup = max(log.get("kv_cache", 0.0), slowest(stats, "kv_cache")) + slowest(stats, "warmup")
     else:
         profile, save, graphs, kv_warmup = 0.0, 0.0, log.get("graphs", 0.0), log.get("kv_cache", 0.0)
+    summary = marks.get("summary_line")
+    begin = _before(summary, scheduler)
+    front = shared.front_marks(marks)
+    outside = {
+        **proofkit.consecutive([*front, ("engine_launch", marks.get("scheduler_born")), ("scheduler_boot", begin)]),
+        **proofkit.consecutive([("scheduler_end", summary), ("handoff", ready)]),
+    }
+    inside = {
+        **proofkit.consecutive([("scheduler_begin", begin),
+                                ("scheduler_setup", _before(marks.get("weights_line"), log.get("weights")))]),
+        **proofkit.consecutive([("graphs_end", marks.get("graphs_end_line")), ("after_graphs", summary)]),
+    }  # fmt: skip
     phases = {
-        "start": ready - scheduler,
+        "start": ready - scheduler - sum(outside.values()),
+        **outside,
         "weights": weights,
         "profile": profile,
         "kv_warmup": kv_warmup,
         "graphs": graphs,
         "save": save,
-        "rest_of_init": scheduler - weights - profile - kv_warmup - graphs - save,
+        **inside,
+        "rest_of_init": scheduler - weights - profile - kv_warmup - graphs - save - sum(inside.values()),
     }
     return {k: round(v, 3) for k, v in phases.items()}
 
@@ -288,10 +338,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     import_s = time.perf_counter() - t_import
     kwargs = engine_kwargs(a, model_dir(a))
     before = proofkit.cache_snapshot()
-    t0 = time.perf_counter()
+    stamps = proofkit.LogStamps(Path(a.result).parent / "log.txt")  # the run's log: every process writes there
+    stamps.start()
+    t0, t0_wall = time.perf_counter(), time.time()  # the start-up's clock, on the wall clock the stamps share
     try:
         engine = sglang.Engine(**kwargs)
     except Exception as exc:
+        stamps.stop()
         if not a.expect_refusal:
             raise
         print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
@@ -299,6 +352,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if a.expect_refusal:
         return {"ok": False, "error": f"the engine started: it had to be refused ({a.expect_refusal!r})"}
     ready = time.perf_counter() - t0
+    stamps.stop()
+    marks = stamp_marks(stamps, proofkit.process_births(os.getpgid(0)), t0_wall)
     after_start = proofkit.cache_snapshot()
     print(f"driver: engine ready in {ready:.2f} s", flush=True)
     inventory = graph_inventory(engine.server_args)
@@ -328,7 +383,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
-    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
+    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats, marks)
     restored = restored_cache_files(stats)
     new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)
@@ -358,6 +413,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "engine": {"name": "sglang", "version": sglang.__version__},
         "graph_inventory": inventory,
         "graphpersist_stats": stats,
+        "start_marks": marks,
     }
 
 

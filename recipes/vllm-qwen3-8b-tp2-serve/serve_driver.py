@@ -70,12 +70,26 @@ def serve_command(a: argparse.Namespace, model: Path, extra: list[str]) -> list[
     return serveproof.with_flags(cmd, flags, extra)
 
 
+API_SERVER_FIRST_LINE = r"\(APIServer\w* pid=\d+\)"  # vLLM's API server prefixes its lines once it runs (decorate_logs)
+
+
+def stamp_marks(server: serveproof.Server) -> dict[str, float]:
+    """The LLM() recipe's stamps, read off the server's lines and processes (seconds since the server's start),
+    with the API server's first line (`front_first_line`: its imports and argument parsing end there)."""
+    lines = {"front_first_line": API_SERVER_FIRST_LINE, **llm_driver.STAMPED_LINES}
+    found = {name: server.line_time(re.compile(pattern)) for name, pattern in lines.items()}
+    found["core_born"] = server.born(llm_driver.ENGINE_CORE_TITLE)
+    return {name: t for name, t in found.items() if t is not None}
+
+
 def phases(server: serveproof.Server, healthy_s: float, stats: list[dict[str, Any]]) -> dict[str, float]:
-    """The LLM() recipe's phases up to the engine's ready line, then the API server's own start (`serve_start`)."""
+    """The LLM() recipe's phases up to the engine's ready line (the API server's imports as `front_boot`), then the
+    API server's own start (`serve_start`: the engine core's last set-up, the app, uvicorn, to /health's 200)."""
     engine_ready_s = server.line_time(READINESS.engine_ready)
     if engine_ready_s is None:
         return {}
-    found = llm_driver.start_phases(engine_ready_s, llm_driver.log_phases("\n".join(server.log())), stats)
+    log = llm_driver.log_phases("\n".join(server.log()))
+    found = llm_driver.start_phases(engine_ready_s, log, stats, stamp_marks(server))
     found["serve_start"] = round(healthy_s - engine_ready_s, 3)
     return found
 

@@ -238,33 +238,102 @@ def log_phases(text: str) -> dict[str, float]:
     return phases
 
 
-def start_phases(ready: float, log: dict[str, float], stats: list[dict[str, Any]]) -> dict[str, float]:
+# Lines whose first appearance the driver stamps (proofkit.LogStamps, the wall clock), for the phases the engine's own
+# timings leave out: the engine core's first line (vLLM prefixes its output with the process name), the end of
+# weight loading, the end of the memory profile, the first CUDA-graph progress bar, the capture's and the init's end.
+STAMPED_LINES = {
+    "core_first_line": r"\(EngineCore\w* pid=\d+\)",
+    "weights_line": LOG_PHASES["weights"],
+    "kv_line": r"Available KV cache memory",
+    "capture_begin": r"Capturing CUDA graphs",
+    "capture_end": LOG_PHASES["capture"],
+    "init_line": LOG_PHASES["init_engine"],
+}
+ENGINE_CORE_TITLE = r"EngineCore"  # vLLM retitles its engine core process `VLLM::EngineCore` (setproctitle)
+
+
+def stamp_marks(stamps: proofkit.LogStamps, births: list[tuple[float, int, str]], t0_wall: float) -> dict[str, float]:
+    """The start-up's stamps in seconds since the clock started (`t0_wall`, the wall clock): each stamped line's
+    first appearance and the engine core process's birth (`core_born`). A stamp not found is left out."""
+    found = {name: stamps.first(pattern) for name, pattern in STAMPED_LINES.items()}
+    found["core_born"] = proofkit.born(births, ENGINE_CORE_TITLE)
+    return {name: round(t - t0_wall, 3) for name, t in found.items() if t is not None}
+
+
+def _before(mark: float | None, seconds: float | None) -> float | None:
+    """When something that took `seconds` and logged its line at `mark` began (None when either is unknown)."""
+    return None if mark is None or seconds is None else mark - seconds
+
+
+def start_phases(
+    ready: float, log: dict[str, float], stats: list[dict[str, Any]], marks: dict[str, float] | None = None
+) -> dict[str, float]:
     """One vocabulary for every run, adding up to the start-up time, so baseline, eager, SAVE and LOAD compare:
-    start (processes, imports, distributed init) | weights | profile (+ compile) | KV cache + warm-ups | graphs
-    (capture or restore) | save | rest of engine init (vLLM's kernel warm-up after the graphs)."""
+    weights | profile (+ compile) | KV cache + warm-ups | graphs (capture or restore) | save | after_graphs (vLLM's
+    kernel warm-up after the graphs), and the parts of the start the engine does not time, measured between stamps
+    on one clock (`marks`, seconds since the clock started: stamp_marks): front_boot (a server's imports, to its
+    first line) | engine_config (the configuration in the launching process, to the engine core's birth) |
+    core_boot (the engine core's birth to its first line: its imports when spawned) | core_setup (to the weights:
+    executor, worker, CUDA, distributed init) | after_weights (to vLLM's init) | handoff (the init's end to ready).
+    `start` and `rest_of_init` are what remains of the start-up and of vLLM's init once the measured parts are
+    taken out: remainders (proof.toml `residual_phases`)."""
     init, weights = log.get("init_engine"), log.get("weights", 0.0)
     if init is None:  # the engine did not log its init time: only what the runtime measured
         return {k: v for s in stats[:1] for k, v in s.get("phases", {}).items()}
+    marks = marks or {}
     names = stats[0].get("phases", {}) if stats else {}
     slowest = {n: max(float(s.get("phases", {}).get(n, 0.0)) for s in stats) for n in names}
+    init_start = _before(marks.get("init_line"), init)
     if slowest:
         profile = slowest.get("profile", 0.0)
         kv_warmup = slowest.get("kv_cache", 0.0) + slowest.get("warmup", 0.0)
         graphs = slowest.get("capture", 0.0) + slowest.get("restore", 0.0)
         save = slowest.get("save", 0.0)
+        inside = {"after_graphs": slowest["after_graphs"]} if "after_graphs" in slowest else {}
     else:
         profile, kv_warmup, save = log.get("profile", log.get("compile", 0.0)), 0.0, 0.0
         graphs = log.get("capture", 0.0)
+        # persistence off: vLLM's init split at its own lines (capture's logged time is whole seconds)
+        stamped = consecutive_init(init_start, marks)
+        profile, kv_warmup, graphs = (stamped.pop(k, v) for k, v in
+                                      (("profile", profile), ("kv_warmup", kv_warmup), ("graphs", graphs)))  # fmt: skip
+        inside = stamped
+    outside = {
+        **proofkit.consecutive([*front_marks(marks), ("engine_config", marks.get("core_born")),
+                                ("core_boot", marks.get("core_first_line")),
+                                ("core_setup", _before(marks.get("weights_line"), log.get("weights")))]),
+        **proofkit.consecutive([("weights_end", marks.get("weights_line")), ("after_weights", init_start)]),
+        **proofkit.consecutive([("init_end", marks.get("init_line")), ("handoff", ready)]),
+    }  # fmt: skip
+    measured_init = profile + kv_warmup + graphs + save + sum(inside.values())
     phases = {
-        "start": ready - init - weights,
+        "start": ready - init - weights - sum(outside.values()),
+        **outside,
         "weights": weights,
         "profile": profile,
         "kv_warmup": kv_warmup,
         "graphs": graphs,
         "save": save,
-        "rest_of_init": init - profile - kv_warmup - graphs - save,
+        **inside,
+        "rest_of_init": init - measured_init,
     }
     return {k: round(v, 3) for k, v in phases.items()}
+
+
+def front_marks(marks: dict[str, float]) -> list[tuple[str, float | None]]:
+    """Where the clock starts, then, for a server (`front_first_line` stamped), its boot: imports to its first line."""
+    front: list[tuple[str, float | None]] = [("clock", 0.0)]
+    return [*front, ("front_boot", marks["front_first_line"])] if "front_first_line" in marks else front
+
+
+def consecutive_init(init_start: float | None, marks: dict[str, float]) -> dict[str, float]:
+    """Persistence off (no rank stats): vLLM's init between its own lines: profile (the profile run, compile
+    included, to "Available KV cache memory") | kv_warmup (KV cache and warm-up, to the first CUDA-graph progress
+    bar) | graphs (to "Graph capturing finished") | after_graphs (to the init's end line). {} when a line is
+    missing (an eager start captures nothing): the durations vLLM logs stand, the rest stays in rest_of_init."""
+    chain = [("init_start", init_start), ("profile", marks.get("kv_line")), ("kv_warmup", marks.get("capture_begin")),
+             ("graphs", marks.get("capture_end")), ("after_graphs", marks.get("init_line"))]  # fmt: skip
+    return proofkit.consecutive(chain) if all(t is not None for _, t in chain) else {}
 
 
 def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
@@ -283,10 +352,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     import_s = time.perf_counter() - t_import
     before = proofkit.cache_snapshot()
-    t0 = time.perf_counter()
+    stamps = proofkit.LogStamps(Path(a.result).parent / "log.txt")  # the run's log: every process writes there
+    stamps.start()
+    t0, t0_wall = time.perf_counter(), time.time()  # the start-up's clock, on the wall clock the stamps share
     try:
         llm = build_llm(a)
     except Exception as exc:
+        stamps.stop()
         if not a.expect_refusal:
             raise
         print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
@@ -294,6 +366,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if a.expect_refusal:
         return {"ok": False, "error": f"the engine started: it had to be refused ({a.expect_refusal!r})"}
     ready = time.perf_counter() - t0
+    stamps.stop()
+    marks = stamp_marks(stamps, proofkit.process_births(os.getpgid(0)), t0_wall)
     after_start = proofkit.cache_snapshot()
     print(f"driver: engine ready in {ready:.2f} s", flush=True)
 
@@ -327,7 +401,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
-    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats)
+    phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats, marks)
     restored = restored_cache_files(stats)
     new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)
@@ -354,6 +428,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "decode_s": {"b1": [round(x, 4) for x in b1s], "b32": [round(x, 4) for x in b32s]},
         "engine": {"name": "vllm", "version": vllm.__version__},
         "graphpersist_stats": stats,
+        "start_marks": marks,
     }
     if a.replay_timing:  # last: replays overwrite the graphs' static buffers
         from gpdiag import vllm_replaytime

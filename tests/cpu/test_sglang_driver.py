@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gptools import jsonfile
 from gptools.__main__ import main as gptools_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,10 +239,24 @@ def test_restored_cache_files_are_named_as_snapshots_name_them(tmp_path: Path, m
 # ------------------------------------------------------------------------------------------- recipes
 
 FAKE_ENGINE = '''
-"""A stand-in for sglang.srt.entrypoints.engine: what the proof driver asks of SGLang, without a GPU."""
-import json, os
+"""A stand-in for sglang.srt.entrypoints.engine: what the proof driver asks of SGLang, without a GPU.
+
+Its start keeps SGLang's order and clock: a scheduler process (titled as SGLang titles it) is born, "imports", then
+loads weights, allocates the KV cache and captures (or restores) graphs, each taking the time its lines say, and the
+main process prints the summary line with scheduler_e2e from Scheduler.__init__'s begin. FAKE_SGLANG_GAP=S spends
+S seconds between weights and KV cache that no line or stat times (a gap the phase check must see).
+"""
+import json, os, subprocess, sys, time
 from pathlib import Path
 from types import SimpleNamespace
+
+SCHEDULER = "import os, sys, time\\nwhile os.getppid() == int(sys.argv[1]): time.sleep(0.05)"
+
+
+def step(seconds, line=None):
+    time.sleep(seconds)
+    if line:
+        print(line, flush=True)
 
 
 class Engine:
@@ -251,21 +266,41 @@ class Engine:
         if record:
             seen = dict(kwargs, symm_env=os.environ.get("GRAPHPERSIST_SYMM_MEM_NO_MULTICAST"))
             Path(record).write_text(json.dumps(seen))
+        step(0.05)  # ServerArgs, ports
+        self.scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER, str(os.getpid()), "sglang::scheduler_TP0"])
+        step(0.3)  # the scheduler's imports
+        begin = time.perf_counter()
+        step(0.05, "[TP0] Init torch distributed begin.")
+        step(0.1, "[TP0] Load weight end. elapsed=0.10 s, type=Qwen3ForCausalLM, avail mem=60.00 GB")
+        step(float(os.environ.get("FAKE_SGLANG_GAP", "0")))
         mode = kwargs["graph_persist"]
+        step(0.05)  # KV cache
+        eager = kwargs.get("disable_cuda_graph")
         if mode == "save":
             from archive_fixtures import write_archive
 
+            step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed=0.20 s")
+            started = time.perf_counter()
             write_archive(Path(kwargs["graph_persist_dir"]))
+            save_s = time.perf_counter() - started
+            print("[TP0] graphpersist: rank 0: saved 4 graphs", flush=True)
+        elif mode == "load":
+            step(0.04, "[TP0] graphpersist: rank 0: restored 4 graphs")
+        elif not eager:
+            step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed=0.20 s")
         stats = Path(os.environ["GRAPHPERSIST_STATS_DIR"])
         if mode != "off":
             for rank in range(kwargs["tp_size"]):
                 (stats / f"rank_{rank}.json").write_text(json.dumps({
                     "rank": rank, "mode": mode, "captured": 4 if mode == "save" else 0,
                     "restored": 4 if mode == "load" else 0, "capture_calls": 4 if mode == "save" else 0,
-                    "phases": {"capture": 0.5} if mode == "save" else {"restore": 0.1}}))
-        graphs = "prefill=0.00, decode=0.00" if kwargs.get("disable_cuda_graph") else "prefill=0.40, decode=0.10"
-        print("Engine startup timings (s): load_weight=0.01, kv_cache_allocation=0.01, scheduler_e2e=0.60, "
-              f"cuda_graph={{{graphs}}}, tokenizer_e2e=0.70", flush=True)
+                    "phases": {"capture": 0.2, "save": round(save_s, 4)} if mode == "save" else {"restore": 0.04}}))
+        step(0.05)  # the scheduler's set-up after its graphs
+        graphs = "prefill=0.00, decode=0.00" if eager or mode == "load" else "prefill=0.00, decode=0.20"
+        e2e = time.perf_counter() - begin
+        print("Engine startup timings (s): load_weight=0.10, kv_cache_allocation=0.05, "
+              f"scheduler_e2e={e2e:.3f}, cuda_graph={{{graphs}}}, tokenizer_e2e=0.70", flush=True)
+        step(0.02)  # the engine's return
         decode = SimpleNamespace(max_bs=256)
         self.server_args = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=decode, prefill=None))
 
@@ -313,8 +348,21 @@ def test_the_committed_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp
     assert all(len(seq) == driver.GEN for w in save["outputs"].values() for seq in w)
     assert set(save["latency"]) == {"first_request_s", "steady_request_s", "ttft_long_s", "decode_tps_b1",
                                     "decode_tps_b32", "import_sglang_s"}  # fmt: skip
-    assert list(save["phases"]) == ["start", "weights", "profile", "kv_warmup", "graphs", "save", "rest_of_init"]
-    assert save["phases"]["graphs"] == 0.5 and save["engine"] == {"name": "sglang", "version": "0.5.17+gp.1"}
+    assert list(save["phases"]) == [
+        "start",
+        "engine_launch",
+        "scheduler_boot",
+        "handoff",
+        "weights",
+        "profile",
+        "kv_warmup",
+        "graphs",
+        "save",
+        "scheduler_setup",
+        "after_graphs",
+        "rest_of_init",
+    ]
+    assert save["phases"]["graphs"] == 0.2 and save["engine"] == {"name": "sglang", "version": "0.5.17+gp.1"}
     assert save["graph_inventory"]["decode_max_bs"] == 256
     assert (save["jit"]["new_cache_files_later"], save["jit"]["examples_later"]) == (0, [])
     eager = json.loads((out / "eager" / "result.json").read_text())
@@ -416,3 +464,69 @@ def test_the_deepep_recipe_starts_the_engine_with_deepep(fake_sglang: Path, tmp_
         2,
     )
     assert seen["model_path"].endswith("qwen3-30b-a3b-dummy")
+
+
+# ------------------------------------------------------------------------------------------- measured start (issue 32)
+
+
+def test_stamps_turn_the_start_and_the_schedulers_set_up_into_measured_phases() -> None:
+    marks = {"scheduler_born": 1.0, "weights_line": 12.5, "graphs_end_line": 24.0, "summary_line": 26.0}
+    phases = driver.start_phases(27.0, driver.log_phases(SUMMARY), [], marks)
+    # Scheduler.__init__ began at the summary line less scheduler_e2e (26 - 25 = 1.0): right at the birth here
+    assert (phases["engine_launch"], phases["scheduler_boot"], phases["handoff"]) == (1.0, 0.0, 1.0)
+    assert (phases["scheduler_setup"], phases["after_graphs"]) == (10.0, 2.0)  # 12.5 - 1.5 - 1.0; 26 - 24
+    assert phases["start"] == 0.0  # every part of the start measured: nothing remains
+    assert phases["rest_of_init"] == pytest.approx(25.0 - 1.5 - 0.4 - 19.7 - 10.0 - 2.0)
+    assert sum(phases.values()) == pytest.approx(27.0)
+
+
+def test_a_missing_stamp_leaves_its_parts_in_the_remainder() -> None:
+    marks = {"weights_line": 12.5, "summary_line": 26.0}  # no scheduler process seen
+    phases = driver.start_phases(27.0, driver.log_phases(SUMMARY), [], marks)
+    assert "engine_launch" not in phases and "scheduler_boot" not in phases
+    assert phases["start"] == 1.0  # 27 - 25 - handoff 1.0: the launch and the imports, unmeasured
+    assert sum(phases.values()) == pytest.approx(27.0)
+
+
+def tp1_proof(tmp_path: Path) -> Path:
+    """The TP=1 recipe's runs that the phase check names, with the check as a check (not stated), in a folder of
+    its own that runs the recipe's driver."""
+    toml = (RECIPES / "sglang-qwen3-8b-tp1" / "proof.toml").read_text()
+    assert 'phase_check = ["baseline", "load"]' in toml
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    (recipe / "proof.toml").write_text(
+        textwrap.dedent(f"""\
+        title = "sglang tp1 phases"
+        driver = ["{{python}}", "{DRIVER_PATH}", "--tp", "1"]
+        timeout_s = 60
+        archive_dir = "archives"
+        cache_env = ["XDG_CACHE_HOME"]
+        run = [
+          {{ name = "save", mode = "save", archive = "a" }},
+          {{ name = "load", mode = "load", archive = "a" }},
+          {{ name = "baseline", mode = "off" }},
+        ]
+        residual_phases = ["start", "rest_of_init"]
+        phase_check = ["baseline", "load"]
+        """)
+    )
+    return recipe
+
+
+def test_with_every_part_measured_the_phase_check_passes_and_a_gap_fails(
+    fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = tp1_proof(tmp_path)
+    assert gptools_main(["prove", str(recipe), "--out", str(tmp_path / "out")]) == 0
+    checks = {c["name"]: c for c in jsonfile.load(tmp_path / "out" / "report.json")["checks"]}
+    assert checks["load unaccounted <= 5 %"]["status"] == "pass", checks["load unaccounted <= 5 %"]
+    assert checks["baseline unaccounted <= 5 %"]["status"] == "pass", checks["baseline unaccounted <= 5 %"]
+    text = (tmp_path / "out" / "REPORT.md").read_text()
+    assert "| scheduler_boot |" in text and "| rest_of_init (remainder) |" in text
+
+    monkeypatch.setenv("FAKE_SGLANG_GAP", "0.3")  # 0.3 s between weights and KV cache that nothing times
+    assert gptools_main(["prove", str(recipe), "--out", str(tmp_path / "gap")]) == 1
+    checks = {c["name"]: c for c in jsonfile.load(tmp_path / "gap" / "report.json")["checks"]}
+    assert checks["baseline unaccounted <= 5 %"]["status"] == "FAIL"
+    assert "remainders counted as unaccounted: start, rest_of_init" in checks["baseline unaccounted <= 5 %"]["detail"]

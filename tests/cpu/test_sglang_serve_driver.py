@@ -177,8 +177,11 @@ def test_readiness_on_sglangs_lines_counts_any_200_and_not_a_503() -> None:
 class LoggedServer:
     """A Server's lines with read times, for phases() (no process)."""
 
-    def __init__(self, lines: list[tuple[float, str]]) -> None:
-        self.lines = lines
+    def __init__(self, lines: list[tuple[float, str]], births: list[tuple[float, int, str]] | None = None) -> None:
+        self.lines, self.births = lines, births or []
+
+    def born(self, title: str) -> float | None:
+        return serveproof.proofkit.born(self.births, title)
 
     def log(self) -> list[str]:
         return [line for _, line in self.lines]
@@ -195,12 +198,31 @@ def test_phases_add_up_to_healthy_and_split_the_api_start_from_sglangs_warm_up()
     stats = [{"rank": r, "phases": {"restore": 1.2 + r / 10, "kv_cache": 0.5, "warmup": 0.3}} for r in (0, 1)]
     phases = serve_driver.phases(server, 45.0, stats)
     assert list(phases) == [
-        "start", "weights", "profile", "kv_warmup", "graphs", "save", "rest_of_init", "serve_start", "server_warmup",
+        "start", "handoff", "weights", "profile", "kv_warmup", "graphs", "save", "rest_of_init", "serve_start",
+        "server_warmup",
     ]  # fmt: skip
     assert phases["start"] == 15.0 and phases["graphs"] == 1.3  # the slowest rank's restore
+    assert phases["handoff"] == 0.0  # the summary line is the engine's ready line
     assert phases["serve_start"] == 1.5 and phases["server_warmup"] == 3.5
     assert sum(phases.values()) == pytest.approx(45.0, abs=0.01)
     assert serve_driver.phases(LoggedServer([(3.0, MODELS_200)]), 4.0, []) == {}  # no summary line: not measured
+
+
+def test_with_the_servers_first_line_and_the_schedulers_birth_the_start_is_measured() -> None:
+    summary = ("Engine startup timings (s): load_weight=1.50, kv_cache_allocation=0.40, scheduler_e2e=25.00, "
+               "cuda_graph={prefill=1.10, decode=0.50}, tokenizer_e2e=30.00")  # fmt: skip
+    lines = [(9.0, "server_args=ServerArgs(model_path='m')"), (20.0, "[TP0] Load weight end. elapsed=1.50 s"),
+             (38.0, "[TP0] graphpersist: rank 0: restored 3 graphs from a in 1.20 s"), (40.0, MAIN + summary),
+             (41.5, MODELS_200)]  # fmt: skip
+    server = LoggedServer(
+        lines, births=[(0.0, 10, "python -m sglang.launch_server"), (10.0, 11, "sglang::scheduler_TP0")]
+    )
+    stats = [{"rank": 0, "phases": {"restore": 1.2, "kv_cache": 0.5, "warmup": 0.3}}]
+    phases = serve_driver.phases(server, 45.0, stats)
+    assert (phases["front_boot"], phases["engine_launch"], phases["scheduler_boot"]) == (9.0, 1.0, 5.0)
+    assert (phases["scheduler_setup"], phases["after_graphs"], phases["start"]) == (3.5, 2.0, 0.0)
+    assert phases["rest_of_init"] == pytest.approx(25.0 - 1.5 - 0.8 - 1.2 - 3.5 - 2.0)  # weights end to restore end
+    assert sum(phases.values()) == pytest.approx(45.0, abs=0.01)
 
 
 def test_the_refusal_regex_matches_what_a_refused_load_prints() -> None:

@@ -93,3 +93,44 @@ def test_a_run_whose_engine_fails_still_writes_its_result_and_exits_0(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert json.loads(result.read_text()) == {"ok": False, "error": "RuntimeError: no engine on this machine"}
     assert f"driver: wrote {result}" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------- measured start (issue 32)
+
+LOG = {"weights": 1.0, "compile": 5.0, "capture": 4.0, "init_engine": 12.0}
+# seconds since LLM() began: engine core born, its first line, weights done, KV line, capture, the init's end line
+MARKS = {"core_born": 0.5, "core_first_line": 0.6, "weights_line": 3.0, "kv_line": 8.5, "capture_begin": 9.5,
+         "capture_end": 13.6, "init_line": 15.2}  # fmt: skip
+
+
+def test_an_upstream_start_is_measured_from_its_stamps_with_nothing_left() -> None:
+    phases = driver.start_phases(16.0, LOG, [], MARKS)
+    assert {k: phases[k] for k in ("engine_config", "core_boot", "core_setup", "after_weights", "handoff")} == {
+        "engine_config": 0.5, "core_boot": 0.1, "core_setup": 1.4, "after_weights": 0.2, "handoff": 0.8}  # fmt: skip
+    # vLLM's init (3.2 .. 15.2) at its own lines: capture's whole-second log time (4) gives way to the stamps (4.1)
+    assert {k: phases[k] for k in ("profile", "kv_warmup", "graphs", "after_graphs")} == {
+        "profile": 5.3, "kv_warmup": 1.0, "graphs": 4.1, "after_graphs": 1.6}  # fmt: skip
+    assert (phases["start"], phases["rest_of_init"]) == (0.0, 0.0)
+    assert sum(phases.values()) == pytest.approx(16.0)
+
+
+def test_with_persistence_the_rank_stats_time_the_init_and_after_graphs_is_measured() -> None:
+    stats = [{"rank": 0, "phases": {"profile": 5.6, "kv_cache": 0.1, "warmup": 0.3, "restore": 1.5,
+                                    "after_graphs": 0.7}}]  # fmt: skip
+    phases = driver.start_phases(16.0, LOG, stats, {k: v for k, v in MARKS.items() if k != "core_born"})
+    assert (phases["after_graphs"], phases["graphs"]) == (0.7, 1.5)
+    assert phases["rest_of_init"] == pytest.approx(12.0 - 5.6 - 0.4 - 1.5 - 0.7)
+    assert "engine_config" not in phases and "core_boot" not in phases  # the engine core's birth was not seen
+    assert phases["start"] == pytest.approx(0.6)  # so LLM()'s configuration and the core's boot stay a remainder
+    assert sum(phases.values()) == pytest.approx(16.0)
+
+
+def test_without_stamps_the_remainders_are_as_before() -> None:
+    phases = driver.start_phases(16.0, LOG, [])
+    assert phases == {"start": 3.0, "weights": 1.0, "profile": 5.0, "kv_warmup": 0.0, "graphs": 4.0, "save": 0.0,
+                      "rest_of_init": 3.0}  # fmt: skip
+
+
+def test_a_server_adds_its_own_boot_before_the_engine_core() -> None:
+    phases = driver.start_phases(16.0, LOG, [], {**MARKS, "front_first_line": 0.3})
+    assert (phases["front_boot"], phases["engine_config"], phases["start"]) == (0.3, 0.2, 0.0)

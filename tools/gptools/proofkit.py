@@ -22,11 +22,14 @@ A driver typically does::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import re
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -225,3 +228,122 @@ def expected_refusal(log: Path, pattern: str, why: str, *, settle_s: float = 2.0
         "outputs": {},
         "refusal": {"pattern": pattern, "first_line": first, "matched": last, "raised": why[:500]},
     }
+
+
+# ------------------------------------------------------------------------------------------- start-up stamps
+# One clock for every process of a run: the wall clock (time.time(), CLOCK_REALTIME). A driver stamps when a log
+# line first appeared and when an engine process was born, and turns consecutive stamps into measured phases, so
+# that the start-up's remainders (proof.toml `residual_phases`) hold only what no stamp reaches.
+
+
+class LogStamps:
+    """Lines of a growing log file, each with the wall-clock time its first byte was read.
+
+    A thread polls the file (the runner writes the run's log.txt directly from every process of the run, so the
+    engine's processes are not touched); `\\r` ends a piece as `\\n` does, so a progress bar's first state is a
+    line of its own. Start it before the engine starts, stop it once the start-up is over.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], poll_s: float = 0.01) -> None:
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self.lines: list[tuple[float, str]] = []
+        self._offset = 0
+        self._pending = ""
+        self._pending_since = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="log-stamps", daemon=True)
+
+    def __enter__(self) -> LogStamps:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """From the log's current end: what was written before is not this start-up's."""
+        with contextlib.suppress(OSError):
+            self._offset = self.path.stat().st_size
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.read_once()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.read_once()
+
+    def read_once(self) -> None:
+        """Stamps what was appended since the last read (also callable without the thread, as the tests do)."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        if not data:
+            return
+        now = time.time()
+        self._offset += len(data)
+        for piece in re.split(r"([\r\n])", data.decode(errors="replace")):
+            if piece in ("\r", "\n"):
+                if self._pending:
+                    self.lines.append((self._pending_since, self._pending))
+                self._pending = ""
+            elif piece:
+                if not self._pending:
+                    self._pending_since = now
+                self._pending += piece
+
+    def first(self, pattern: re.Pattern[str] | str) -> float | None:
+        """When the first line matching `pattern` appeared (wall clock); None: no such line."""
+        return next((t for t, line in self.lines if re.search(pattern, line)), None)
+
+    def last(self, pattern: re.Pattern[str] | str) -> float | None:
+        """When the last line matching `pattern` appeared (wall clock); None: no such line."""
+        return next((t for t, line in reversed(self.lines) if re.search(pattern, line)), None)
+
+
+def clock_ticks_to_wall(ticks: int) -> float:
+    """A /proc/<pid>/stat start time (clock ticks since boot) on the wall clock, to the tick (10 ms)."""
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else _uptime()
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _uptime() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def process_births(pgid: int) -> list[tuple[float, int, str]]:
+    """(born, pid, command line) of every live process of a process group, born on the wall clock, oldest first.
+    The command line is what the process shows now (engines retitle theirs: `VLLM::EngineCore`,
+    `sglang::scheduler_TP0`). [] without /proc."""
+    births = []
+    for pid in group_members(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        births.append((clock_ticks_to_wall(int(fields[19])), pid, cmdline.strip()))
+    return sorted(births)
+
+
+def born(births: list[tuple[float, int, str]], title: re.Pattern[str] | str) -> float | None:
+    """When the oldest process whose command line matches `title` was born (wall clock); None: none matches."""
+    return next((t for t, _pid, cmd in births if re.search(title, cmd)), None)
+
+
+def consecutive(marks: Sequence[tuple[str, float | None]]) -> dict[str, float]:
+    """Measured phases from stamps on one clock, in order: phase `name` is the time from the stamp before it to
+    its own. The first mark is where the clock starts (its name is not a phase). A phase with either end missing
+    (None) is left out, so what it held stays in the caller's remainder instead of being named wrongly."""
+    phases: dict[str, float] = {}
+    for (_, begin), (name, end) in itertools.pairwise(marks):
+        if begin is not None and end is not None:
+            phases[name] = round(end - begin, 3)
+    return phases

@@ -69,11 +69,13 @@ class Server:
     command: list[str]
     proc: subprocess.Popen[bytes] = field(init=False)
     started: float = field(init=False)
+    started_wall: float = field(init=False)  # the same moment on the wall clock, the clock every process shares
     lines: list[tuple[float, str]] = field(default_factory=list, init=False)  # (seconds since start, line)
+    births: list[tuple[float, int, str]] = field(default_factory=list, init=False)  # (seconds since start, pid, cmd)
     _reader: threading.Thread = field(init=False)
 
     def __post_init__(self) -> None:
-        self.started = time.perf_counter()
+        self.started, self.started_wall = time.perf_counter(), time.time()
         self.proc = subprocess.Popen(
             self.command,
             stdin=subprocess.DEVNULL,
@@ -106,6 +108,17 @@ class Server:
         with OUT_LOCK:
             times = [t for t, line in self.lines if pattern.search(line)]
         return (times[-1] if last else times[0]) if times else None
+
+    def record_births(self) -> None:
+        """When each live process of the server's group was born (seconds since the start): call it while the
+        engine's processes run (at health), so the phases can say when the engine's own process began."""
+        self.births = [(round(t - self.started_wall, 3), pid, cmd)
+                       for t, pid, cmd in proofkit.process_births(self.proc.pid)]  # fmt: skip
+
+    def born(self, title: re.Pattern[str] | str) -> float | None:
+        """When the oldest process of the group whose command line matches `title` was born (seconds since the
+        start); None when none did (or record_births was not called)."""
+        return proofkit.born(self.births, title)
 
     def kill(self) -> None:
         """SIGKILL to the whole group at once (the driver itself is being ended)."""
@@ -440,6 +453,7 @@ def run_serve(engine: ServeEngine, a: argparse.Namespace, extra: list[str]) -> d
             if code is not None:
                 why = f"exited with code {code}" if code >= 0 else f"was {exit_text(code)}"
             raise RuntimeError(f"the server {why} before /health answered 200 (the log says why)")
+        server.record_births()  # the engine's processes run now: their birth times are in /proc
         snapshots["ready"] = proofkit.cache_snapshot()
         say(f"/health answered 200 after {polls.healthy_s:.2f} s")
         model = api.get_json(a.port, "/v1/models")["data"][0]["id"]
