@@ -5,23 +5,17 @@ for real in a child process over the fake driver (tests/cpu/native/fakecuda.c), 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import struct
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from native_fixtures import build_fake_driver
+from native_fixtures import build_fake_driver, child_env, run_child
 
 from graphpersist.graph.format import GraphFormatError
 from graphpersist.graph.walk import HostMemory, _ForeignPointers
 from graphpersist.memory import region
 
-HERE = Path(__file__).resolve().parent / "native"
 OVERLAY = Path(region.__file__).resolve().parents[2]
 LO, HI = 0x500000000000, 0x500000000000 + (1 << 30)
 HOST = 0x4F0000000000
@@ -62,14 +56,8 @@ def run(tmp_path: Path, code: str) -> dict:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: cannot build the fake")
     libs = build_fake_driver(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
-    env.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"],
-               GP_REGION_BASE=hex(LO), GP_REGION_SIZE=str(256 << 20), GP_HOST_BASE=hex(HOST),
-               PYTHONPATH=os.pathsep.join([str(HERE), str(OVERLAY)]))  # fmt: skip
-    script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT ") :])
+    env = child_env(libs, LO, paths=[OVERLAY], GP_HOST_BASE=hex(HOST))
+    return run_child(PRELUDE, code, env, timeout=120)[0]
 
 
 def test_save_keeps_setup_allocations_and_load_checks_them(tmp_path: Path) -> None:

@@ -7,21 +7,13 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
-from native_fixtures import build_fake_driver
+from native_fixtures import build_fake_driver, child_env, run_child
 
-HERE = Path(__file__).resolve().parent / "native"
 BASE = 0x500000000000
 HOST_BASE = 0x4F0000000000
-MIB = 1 << 20
 HOST_ALLOC, HOST_FREE, HOST_OUTSIDE = 12, 13, 14
 PAGE = 4096
 
@@ -42,15 +34,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def run(libs: dict[str, str], code: str, **env: str) -> dict:
     """Runs `code` (after PRELUDE) under the interposer over the fake driver, region enabled unless env says not."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
-    full.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"], GP_REGION_BASE=hex(BASE),
-                GP_REGION_SIZE=str(256 * MIB), GP_HOST_BASE=hex(HOST_BASE), PYTHONPATH=str(HERE))  # fmt: skip
-    full.update(env)
-    script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT ") :]), "stderr": proc.stderr}
+    out, stderr = run_child(PRELUDE, code, child_env(libs, BASE, **{"GP_HOST_BASE": hex(HOST_BASE), **env}))
+    return {**out, "stderr": stderr}
 
 
 SEQUENCE = """

@@ -9,16 +9,12 @@ the driver does and whose cuFuncGetParamInfo answers per fake function."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from native_fixtures import NATIVE, build_fake_driver
+from native_fixtures import build_fake_driver, child_env, run_child
 
 from graphpersist.graph import build as graphbuild
 from graphpersist.graph import format as graphformat
@@ -72,14 +68,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def run(libs: dict[str, str], code: str) -> dict[str, Any]:
     """Runs `code` (after PRELUDE) in a process under the interposer over the fake driver; returns its `out`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
-    env.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"], GP_REGION_BASE=hex(0x500000000000),
-               GP_REGION_SIZE=str(256 << 20), PYTHONPATH=f"{NATIVE}{os.pathsep}{SRC}")  # fmt: skip
-    script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return run_child(PRELUDE, code, child_env(libs, 0x500000000000, paths=[SRC]))[0]
 
 
 def graph(k1_layout: list[list[int]], blob_size: int, k0_layout: list[list[int]] = K0) -> dict[str, Any]:

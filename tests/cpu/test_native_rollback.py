@@ -7,7 +7,6 @@ The same free-while-pending behaviour is tested on the real driver by tests/gpu/
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from native_fixtures import build_fake_driver
+from native_fixtures import build_fake_driver, child_env, run_child
 
 from graphpersist.memory import region
 
@@ -39,21 +38,10 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return build_fake_driver(tmp_path_factory.mktemp("rollback"))
 
 
-def child_env(libs: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GP_")}
-    env.update(LD_PRELOAD=libs["interposer"], GP_LIBCUDA=libs["fake"], GP_REGION_BASE=hex(BASE),
-               GP_REGION_SIZE=str(256 * MIB), PYTHONPATH=str(HERE))  # fmt: skip
-    return env
-
-
 def run(libs: dict[str, str], code: str, **env: str) -> dict:
     """Runs `code` (after PRELUDE) in a process under the interposer over the fake driver; returns its `out`."""
-    full = {**child_env(libs), **env}
-    script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT ") :]), "stderr": proc.stderr}
+    out, stderr = run_child(PRELUDE, code, child_env(libs, BASE, **env))
+    return {**out, "stderr": stderr}
 
 
 def test_fake_driver_and_interposer_basics(libs: dict[str, str]) -> None:
@@ -285,8 +273,8 @@ sys.stdin.readline()  # the importer is done
 
 @pytest.fixture()
 def exporter(libs: dict[str, str]):
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + EXPORTER], env=child_env(libs), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + EXPORTER], env=child_env(libs, BASE), text=True, **pipes)
     line = proc.stdout.readline()
     if not line.startswith("HANDLE "):
         proc.kill()
