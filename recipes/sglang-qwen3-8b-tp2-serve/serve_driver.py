@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent / "vllm-qwen3-8b-tp2-serve"))
 import model_folder  # noqa: E402  (the vLLM serve recipe's model folder: Qwen3-8B config, synthetic tokenizer)
 
 from gptools import openai_http as api  # noqa: E402
-from gptools import serveproof  # noqa: E402
+from gptools import proofkit, serveproof  # noqa: E402
 
 
 def _sglang_recipe() -> ModuleType:
@@ -96,11 +96,9 @@ def launch_command(a: argparse.Namespace, model: Path, extra: list[str]) -> list
 def stamp_marks(server: serveproof.Server) -> dict[str, float]:
     """The LLM recipe's stamps, read off the server's lines and processes (seconds since the server's start), with
     the server's first line (`front_first_line`: launch_server's imports and argument parsing end there)."""
-    found = {name: server.line_time(re.compile(p)) for name, p in llm_driver.STAMPED_FIRST.items()}
-    found |= {name: server.line_time(re.compile(p), last=True) for name, p in llm_driver.STAMPED_LAST.items()}
-    found["front_first_line"] = server.line_time(re.compile(llm_driver.FRONT_FIRST_LINE))
-    found["scheduler_born"] = server.born(llm_driver.SCHEDULER_TITLE)
-    return {name: t for name, t in found.items() if t is not None}
+    lines = {**llm_driver.STAMPED_FIRST, "front_first_line": llm_driver.FRONT_FIRST_LINE}
+    return proofkit.stamp_marks(lambda p, last: server.line_time(re.compile(p), last=last), server.born, lines,
+                                {"scheduler_born": llm_driver.SCHEDULER_TITLE}, llm_driver.STAMPED_LAST)  # fmt: skip
 
 
 def phases(server: serveproof.Server, healthy_s: float, stats: list[dict[str, Any]]) -> dict[str, float]:

@@ -248,14 +248,9 @@ SCHEDULER_TITLE = r"sglang::scheduler"  # SGLang retitles its scheduler processe
 def stamp_marks(stamps: proofkit.LogStamps, births: list[tuple[float, int, str]], t0_wall: float) -> dict[str, float]:
     """The start-up's stamps in seconds since the clock started (`t0_wall`, the wall clock): the stamped lines and
     the first scheduler process's birth (`scheduler_born`). A stamp not found is left out."""
-    found = {name: stamps.first(pattern) for name, pattern in STAMPED_FIRST.items()}
-    found |= {name: stamps.last(pattern) for name, pattern in STAMPED_LAST.items()}
-    found["scheduler_born"] = proofkit.born(births, SCHEDULER_TITLE)
-    return {name: round(t - t0_wall, 3) for name, t in found.items() if t is not None}
-
-
-def _before(mark: float | None, seconds: float | None) -> float | None:
-    return None if mark is None or seconds is None else mark - seconds
+    return proofkit.stamp_marks(lambda p, last: stamps.last(p) if last else stamps.first(p),
+                                lambda title: proofkit.born(births, title), STAMPED_FIRST,
+                                {"scheduler_born": SCHEDULER_TITLE}, STAMPED_LAST, t0_wall)  # fmt: skip
 
 
 def start_phases(
@@ -283,7 +278,7 @@ def start_phases(
     else:
         profile, save, graphs, kv_warmup = 0.0, 0.0, log.get("graphs", 0.0), log.get("kv_cache", 0.0)
     summary = marks.get("summary_line")
-    begin = _before(summary, scheduler)
+    begin = proofkit.before(summary, scheduler)
     front = shared.front_marks(marks)
     outside = {
         **proofkit.consecutive([*front, ("engine_launch", marks.get("scheduler_born")), ("scheduler_boot", begin)]),
@@ -291,7 +286,7 @@ def start_phases(
     }
     inside = {
         **proofkit.consecutive([("scheduler_begin", begin),
-                                ("scheduler_setup", _before(marks.get("weights_line"), log.get("weights")))]),
+                                ("scheduler_setup", proofkit.before(marks.get("weights_line"), log.get("weights")))]),
         **proofkit.consecutive([("graphs_end", marks.get("graphs_end_line")), ("after_graphs", summary)]),
     }  # fmt: skip
     phases = {

@@ -35,7 +35,7 @@ import driver as llm_driver  # noqa: E402  (the LLM() recipe's driver: prompts, 
 import model_folder  # noqa: E402
 
 from gptools import openai_http as api  # noqa: E402
-from gptools import serveproof  # noqa: E402
+from gptools import proofkit, serveproof  # noqa: E402
 
 VLLM_CLI = (sys.executable, "-m", "vllm.entrypoints.cli.main")  # what the `vllm` console script runs
 GRAPHPERSIST_EXEC = [sys.executable, "-m", "graphpersist", "exec", "--"]  # what `graphpersist exec --` runs
@@ -77,9 +77,8 @@ def stamp_marks(server: serveproof.Server) -> dict[str, float]:
     """The LLM() recipe's stamps, read off the server's lines and processes (seconds since the server's start),
     with the API server's first line (`front_first_line`: its imports and argument parsing end there)."""
     lines = {"front_first_line": API_SERVER_FIRST_LINE, **llm_driver.STAMPED_LINES}
-    found = {name: server.line_time(re.compile(pattern)) for name, pattern in lines.items()}
-    found["core_born"] = server.born(llm_driver.ENGINE_CORE_TITLE)
-    return {name: t for name, t in found.items() if t is not None}
+    return proofkit.stamp_marks(lambda p, last: server.line_time(re.compile(p), last=last), server.born, lines,
+                                {"core_born": llm_driver.ENGINE_CORE_TITLE})  # fmt: skip
 
 
 def phases(server: serveproof.Server, healthy_s: float, stats: list[dict[str, Any]]) -> dict[str, float]:

@@ -255,14 +255,8 @@ ENGINE_CORE_TITLE = r"EngineCore"  # vLLM retitles its engine core process `VLLM
 def stamp_marks(stamps: proofkit.LogStamps, births: list[tuple[float, int, str]], t0_wall: float) -> dict[str, float]:
     """The start-up's stamps in seconds since the clock started (`t0_wall`, the wall clock): each stamped line's
     first appearance and the engine core process's birth (`core_born`). A stamp not found is left out."""
-    found = {name: stamps.first(pattern) for name, pattern in STAMPED_LINES.items()}
-    found["core_born"] = proofkit.born(births, ENGINE_CORE_TITLE)
-    return {name: round(t - t0_wall, 3) for name, t in found.items() if t is not None}
-
-
-def _before(mark: float | None, seconds: float | None) -> float | None:
-    """When something that took `seconds` and logged its line at `mark` began (None when either is unknown)."""
-    return None if mark is None or seconds is None else mark - seconds
+    return proofkit.stamp_marks(lambda p, _last: stamps.first(p), lambda title: proofkit.born(births, title),
+                                STAMPED_LINES, {"core_born": ENGINE_CORE_TITLE}, t0=t0_wall)  # fmt: skip
 
 
 def start_phases(
@@ -283,7 +277,7 @@ def start_phases(
     marks = marks or {}
     names = stats[0].get("phases", {}) if stats else {}
     slowest = {n: max(float(s.get("phases", {}).get(n, 0.0)) for s in stats) for n in names}
-    init_start = _before(marks.get("init_line"), init)
+    init_start = proofkit.before(marks.get("init_line"), init)
     if slowest:
         profile = slowest.get("profile", 0.0)
         kv_warmup = slowest.get("kv_cache", 0.0) + slowest.get("warmup", 0.0)
@@ -301,7 +295,7 @@ def start_phases(
     outside = {
         **proofkit.consecutive([*front_marks(marks), ("engine_config", marks.get("core_born")),
                                 ("core_boot", marks.get("core_first_line")),
-                                ("core_setup", _before(marks.get("weights_line"), log.get("weights")))]),
+                                ("core_setup", proofkit.before(marks.get("weights_line"), log.get("weights")))]),
         **proofkit.consecutive([("weights_end", marks.get("weights_line")), ("after_weights", init_start)]),
         **proofkit.consecutive([("init_end", marks.get("init_line")), ("handoff", ready)]),
     }  # fmt: skip

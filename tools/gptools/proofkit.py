@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -336,6 +336,29 @@ def process_births(pgid: int) -> list[tuple[float, int, str]]:
 def born(births: list[tuple[float, int, str]], title: re.Pattern[str] | str) -> float | None:
     """When the oldest process whose command line matches `title` was born (wall clock); None: none matches."""
     return next((t for t, _pid, cmd in births if re.search(title, cmd)), None)
+
+
+def stamp_marks(
+    line_time: Callable[[str, bool], float | None],
+    birth_time: Callable[[str], float | None],
+    lines: Mapping[str, str],
+    births: Mapping[str, str],
+    last_lines: Mapping[str, str] | None = None,
+    t0: float | None = None,
+) -> dict[str, float]:
+    """A run's start-up marks from wherever its lines and processes were seen (a log's LogStamps, a server's
+    output): `line_time(pattern, last)` for each of `lines` (first match) and `last_lines` (last match),
+    `birth_time(title)` for each of `births`; as found, or in seconds since `t0` to the millisecond. A mark not
+    found is left out."""
+    found = {name: line_time(pattern, False) for name, pattern in lines.items()}
+    found |= {name: line_time(pattern, True) for name, pattern in (last_lines or {}).items()}
+    found |= {name: birth_time(title) for name, title in births.items()}
+    return {name: t if t0 is None else round(t - t0, 3) for name, t in found.items() if t is not None}
+
+
+def before(mark: float | None, seconds: float | None) -> float | None:
+    """When something that took `seconds` and logged its line at `mark` began (None when either is unknown)."""
+    return None if mark is None or seconds is None else mark - seconds
 
 
 def consecutive(marks: Sequence[tuple[str, float | None]]) -> dict[str, float]:
