@@ -12,14 +12,13 @@ exactly is what the recipes' GPU runs prove (not yet run).
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
-import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import fake_sglang_site
 import pytest
 
 from gptools import prove
@@ -275,27 +274,7 @@ class Engine:
 
 @pytest.fixture
 def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site"
-    engine_dir = site / "sglang" / "srt" / "entrypoints"
-    engine_dir.mkdir(parents=True)
-    (site / "sglang" / "__init__.py").write_text(
-        textwrap.dedent("""\
-            __version__ = "0.5.17+gp.1"
-
-
-            def Engine(**kwargs):
-                from sglang.srt.entrypoints.engine import Engine
-
-                return Engine(**kwargs)
-            """)
-    )
-    (site / "sglang" / "srt" / "__init__.py").write_text("")
-    (engine_dir / "__init__.py").write_text("")
-    (engine_dir / "engine.py").write_text(FAKE_ENGINE)
-    paths = [str(site), str(REPO / "tests" / "cpu"), str(REPO / "overlays" / "graphpersist")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    return site
+    return fake_sglang_site.install(tmp_path, monkeypatch, FAKE_ENGINE)
 
 
 def test_the_sglang_fp8_proof_passes_with_its_refused_load_against_a_fake_sglang(

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import fake_sglang_site
 import pytest
 
 from gptools import jsonfile
@@ -315,27 +316,7 @@ class Engine:
 @pytest.fixture
 def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A `sglang` package on PYTHONPATH (with the runtime and the archive fixtures the fake Engine uses)."""
-    site = tmp_path / "site"
-    engine_dir = site / "sglang" / "srt" / "entrypoints"
-    engine_dir.mkdir(parents=True)
-    (site / "sglang" / "__init__.py").write_text(
-        textwrap.dedent("""\
-            __version__ = "0.5.17+gp.1"
-
-
-            def Engine(**kwargs):  # sglang.Engine is a lazy import of the engine module's class
-                from sglang.srt.entrypoints.engine import Engine
-
-                return Engine(**kwargs)
-            """)
-    )
-    (site / "sglang" / "srt" / "__init__.py").write_text("")
-    (engine_dir / "__init__.py").write_text("")
-    (engine_dir / "engine.py").write_text(FAKE_ENGINE)
-    paths = [str(site), str(REPO / "tests" / "cpu"), str(REPO / "overlays" / "graphpersist")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    return site
+    return fake_sglang_site.install(tmp_path, monkeypatch, FAKE_ENGINE)
 
 
 def test_the_committed_proof_passes_against_a_fake_sglang(fake_sglang: Path, tmp_path: Path) -> None:
