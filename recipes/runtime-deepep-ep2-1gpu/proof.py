@@ -395,16 +395,11 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         return rank_entry(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prove", help="install our deep_ep, run every group and write the report")
-    p.add_argument("--out", default="out", type=Path)
-    p.add_argument("--report", default=HERE / "REPORT.md", type=Path)
+    ap, p = hostkit.rank_cli(__doc__, HERE, "install our deep_ep, run every group and write the report")
     p.add_argument("--wheel", type=Path, help="the deep_ep wheel (default: the one in dist/ for this Python)")
     p.add_argument("--deep-ep-dir", type=Path, default=Path("/tmp/gp-deep-ep"),
                    help="where to install it, outside the repository (replaced)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the baseline group")
-    sub.add_parser("rank", help="one rank of one group (started by prove)")
     a = ap.parse_args()
     if REPO in a.deep_ep_dir.resolve().parents:
         ap.error(f"--deep-ep-dir {a.deep_ep_dir} lies inside the repository: choose a folder outside it")

@@ -304,14 +304,9 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         return rank_entry(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prove", help="run every group and write the report")
-    p.add_argument("--out", default="out", type=Path)
-    p.add_argument("--report", default=HERE / "REPORT.md", type=Path)
+    ap, p = hostkit.rank_cli(__doc__, HERE, "run every group and write the report")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (for debugging)")
     p.add_argument("--no-drift", action="store_true", help="skip the drift groups (for debugging)")
-    sub.add_parser("rank", help="one rank of one group (started by prove)")
     a = ap.parse_args()
     variants = tuple(v for v in a.variants.split(",") if v)
     if unknown := set(variants) - set(VARIANTS):

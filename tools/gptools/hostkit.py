@@ -257,3 +257,16 @@ def step_main(here: Path, prove: Callable[[Path, Path], int], steps: Mapping[str
     data = steps[a.step](*[Path(p) for p in a.paths])
     Path(a.result).write_text(json.dumps(data, indent=2, default=str))
     return 0
+
+
+def rank_cli(doc: str, here: Path, prove_help: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line of a proof made of rank groups: `proof.py prove [--out DIR] [--report FILE] ...` (the
+    returned `prove` parser takes the recipe's own options) and `proof.py rank ...`, one rank of one group, which
+    the recipe dispatches before parsing (its options are the rank's own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    prove = sub.add_parser("prove", help=prove_help)
+    prove.add_argument("--out", default="out", type=Path)
+    prove.add_argument("--report", default=here / "REPORT.md", type=Path)
+    sub.add_parser("rank", help="one rank of one group (started by prove)")
+    return ap, prove
