@@ -60,3 +60,12 @@ def test_consecutive_stamps_become_phases_and_a_missing_end_drops_both_sides() -
     marks = [("clock", 0.0), ("launch", 1.0), ("boot", 3.5), ("setup", 4.0)]
     assert proofkit.consecutive(marks) == {"launch": 1.0, "boot": 2.5, "setup": 0.5}
     assert proofkit.consecutive([("clock", 0.0), ("launch", None), ("boot", 3.5), ("setup", 4.0)]) == {"setup": 0.5}
+
+
+def test_an_end_a_hair_before_its_begin_is_no_time_and_one_far_before_is_not_a_phase() -> None:
+    """vLLM logs its init time to 0.01 s and a line is stamped when read: an end up to STAMP_SLACK_S early is 0."""
+    assert proofkit.consecutive([("clock", 0.0), ("weights_end", 2.0), ("after_weights", 1.996)]) == {
+        "weights_end": 2.0,
+        "after_weights": 0.0,
+    }
+    assert proofkit.consecutive([("clock", 0.0), ("weights_end", 2.0), ("after_weights", 1.5)]) == {"weights_end": 2.0}

@@ -361,12 +361,18 @@ def before(mark: float | None, seconds: float | None) -> float | None:
     return None if mark is None or seconds is None else mark - seconds
 
 
+STAMP_SLACK_S = 0.05  # how far a stamped end may fall before its begin and still be read as "no time between"
+
+
 def consecutive(marks: Sequence[tuple[str, float | None]]) -> dict[str, float]:
     """Measured phases from stamps on one clock, in order: phase `name` is the time from the stamp before it to
     its own. The first mark is where the clock starts (its name is not a phase). A phase with either end missing
-    (None) is left out, so what it held stays in the caller's remainder instead of being named wrongly."""
+    (None) is left out, so what it held stays in the caller's remainder instead of being named wrongly.
+    A stamp seen a few ms late, or a logged time rounded to 0.01 s, can put an end a hair before its begin: such a
+    phase is 0 (up to STAMP_SLACK_S below); one further below means the stamps are not in the order named, so it
+    is left out like a missing end."""
     phases: dict[str, float] = {}
     for (_, begin), (name, end) in itertools.pairwise(marks):
-        if begin is not None and end is not None:
-            phases[name] = round(end - begin, 3)
+        if begin is not None and end is not None and end - begin >= -STAMP_SLACK_S:
+            phases[name] = round(max(0.0, end - begin), 3)
     return phases
