@@ -9,7 +9,6 @@ The patched Buffer that calls these is exercised in tests/cpu/test_deep_ep_wheel
 from __future__ import annotations
 
 import ast
-import importlib.util
 import itertools
 import logging
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from module_file import load_module
 
 from graphpersist.switch import SwitchError
 
@@ -27,12 +27,7 @@ OVERLAY = Path(__file__).resolve().parents[2] / "overlays" / "deep_ep" / "deep_e
 def gb() -> ModuleType:
     """The overlay module loaded from its file: importing it as deep_ep.graphpersist_buffer would run deep_ep's
     __init__, which needs torch and the CUDA extension."""
-    spec = importlib.util.spec_from_file_location("gp_test_deep_ep_graphpersist_buffer", OVERLAY)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(OVERLAY, "gp_test_deep_ep_graphpersist_buffer", sys.modules.__setitem__)
 
 
 FLAGS = list(itertools.product([False, True], repeat=2))

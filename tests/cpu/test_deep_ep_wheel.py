@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from module_file import load_module
 
 from gpdist.fetch import fetch
 from gpdist.pins import LIBRARY, Pins
@@ -41,11 +41,7 @@ OVERLAY = Path(__file__).resolve().parents[2] / "overlays" / "deep_ep" / "deep_e
 
 
 def _overlay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gp_test_deep_ep_overlay_consts", OVERLAY)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(OVERLAY, "gp_test_deep_ep_overlay_consts")
 
 
 def _python_tag(filename: str) -> str:

@@ -4,7 +4,6 @@ missing or differs), the wheel lookup and the install folder rule. The groups th
 from __future__ import annotations
 
 import copy
-import importlib.util
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from module_file import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 PROOF = REPO / "recipes" / "runtime-deepep-ep2-1gpu" / "proof.py"
@@ -19,10 +19,7 @@ PROOF = REPO / "recipes" / "runtime-deepep-ep2-1gpu" / "proof.py"
 
 @pytest.fixture(scope="module")
 def proof() -> Any:
-    spec = importlib.util.spec_from_file_location("deepep_ep2_proof", PROOF)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(PROOF, "deepep_ep2_proof")
 
 
 def rank(proof: Any, r: int, mode: str) -> dict[str, Any]:

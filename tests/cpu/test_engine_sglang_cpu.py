@@ -17,7 +17,6 @@ import argparse
 import ast
 import dataclasses
 import difflib
-import importlib.util
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from module_file import load_module
 
 from graphpersist.switch import SwitchError
 
@@ -106,11 +106,7 @@ def test_patched_files_compile_with_python_312(built: Path, tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def overlay(built: Path) -> ModuleType:
     """The overlay module from the wheel, loaded on its own (it needs only argparse, logging and graphpersist)."""
-    spec = importlib.util.spec_from_file_location("gp_sglang_overlay_under_test", built / OVERLAY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(built / OVERLAY, "gp_sglang_overlay_under_test")
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from module_file import load_module
 from test_engine_sglang_persist_cpu import (  # noqa: F401
     Key,
     StandInBackend,
@@ -109,12 +110,7 @@ def cuda_graph_config(upstream_tree: Callable[[str], Path], monkeypatch: pytest.
     """The pinned SGLang's own cuda_graph_config module (standard library only): real Backend and PhaseConfig."""
     name = "sglang.srt.model_executor.cuda_graph_config"
     path = upstream_tree("sglang") / "sglang/srt/model_executor/cuda_graph_config.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, name, functools.partial(monkeypatch.setitem, sys.modules))
 
 
 def _graphs(cgc: ModuleType, decode: str, prefill: str) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from archive_fixtures import world, write_archive, write_rank
+from module_file import load_module
 
 from graphpersist import cachefolders, switch
 from graphpersist.archive import ArchiveError, ArchiveWriter, jitcache, open_archive, read_shared
@@ -374,11 +375,7 @@ def vllm_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> types.Module
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     path = REPO / "overlays" / "vllm" / "vllm" / "graphpersist_caches.py"
-    spec = importlib.util.spec_from_file_location("graphpersist_caches_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, "graphpersist_caches_under_test")
 
 
 def test_vllm_cache_folders_follow_the_variables(vllm_caches: types.ModuleType, tmp_path: Path,

@@ -11,15 +11,14 @@ exactly is what the recipes' GPU runs prove (not yet run).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import fake_sglang_site
 import pytest
+from module_file import load_module
 
 from gptools import prove
 from gptools.__main__ import main as gptools_main
@@ -29,16 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 
 
-def load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-VLLM = load(RECIPES / "vllm-qwen3-8b-tp2" / "driver.py", "model_cases_vllm_driver")
-SGLANG = load(RECIPES / "sglang-qwen3-8b-tp2" / "driver.py", "model_cases_sglang_driver")
+VLLM = load_module(RECIPES / "vllm-qwen3-8b-tp2" / "driver.py", "model_cases_vllm_driver")
+SGLANG = load_module(RECIPES / "sglang-qwen3-8b-tp2" / "driver.py", "model_cases_sglang_driver")
 
 # recipe -> (engine, what every started run's engine keywords hold, the refused run's (keywords, the mismatch line))
 CASES: dict[str, tuple[str, dict[str, Any], tuple[dict[str, Any], Mismatch] | None]] = {

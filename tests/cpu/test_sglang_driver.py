@@ -8,7 +8,6 @@ Engine prints SGLang's summary line, writes per-rank stats and, in SAVE, an arch
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 
 import fake_sglang_site
 import pytest
+from module_file import load_module
 
 from gptools import jsonfile
 from gptools.__main__ import main as gptools_main
@@ -34,11 +34,7 @@ DEEPEP = "sglang-qwen3-30b-a3b-ep2-deepep"  # the same driver with --deepep
 
 def load_driver() -> ModuleType:
     """The driver under a name of its own (the vLLM recipes' tests import another `driver`)."""
-    spec = importlib.util.spec_from_file_location("sglang_qwen3_8b_tp2_driver", DRIVER_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(DRIVER_PATH, "sglang_qwen3_8b_tp2_driver")
 
 
 driver = load_driver()
@@ -130,10 +126,7 @@ def test_a_checkpoint_folder_is_used_as_given_and_not_written(tmp_path: Path) ->
 
 
 def test_prompts_and_model_are_the_vllm_recipes() -> None:
-    spec = importlib.util.spec_from_file_location("vllm_recipe_for_test", RECIPES / "vllm-qwen3-8b-tp2" / "driver.py")
-    assert spec is not None and spec.loader is not None
-    vllm_driver = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vllm_driver)
+    vllm_driver = load_module(RECIPES / "vllm-qwen3-8b-tp2" / "driver.py", "vllm_recipe_for_test")
     assert driver.QWEN3_8B == vllm_driver.QWEN3_8B
     assert driver.prompt(3, 50) == vllm_driver.prompt(3, 50)
 

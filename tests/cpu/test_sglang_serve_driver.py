@@ -9,7 +9,6 @@ ends the way SGLang's does (SIGQUIT to the main process, which SIGKILLs its whol
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -19,10 +18,11 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from module_file import load_module
 
 from gptools import jsonfile, proofkit, serveproof
 from gptools.__main__ import main as gptools_main
@@ -33,16 +33,7 @@ RECIPE = REPO / "recipes" / "sglang-qwen3-8b-tp2-serve"
 FAKE = Path(__file__).resolve().with_name("fake_sglang_serve.py")
 
 
-def load(name: str, path: Path) -> ModuleType:
-    """A module from its file under a name of its own (the vLLM serve recipe's tests import another `serve_driver`)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-serve_driver = load("sglang_serve_driver", RECIPE / "serve_driver.py")
+serve_driver = load_module(RECIPE / "serve_driver.py", "sglang_serve_driver")  # not the vLLM recipe's serve_driver
 REFUSED = next(r for r in tomllib.loads((RECIPE / "proof.toml").read_text())["run"] if r["name"] == "serve_refused")
 
 
@@ -227,7 +218,9 @@ def test_with_the_servers_first_line_and_the_schedulers_birth_the_start_is_measu
 
 def test_the_refusal_regex_matches_what_a_refused_load_prints() -> None:
     # The overlay's facts (no SGLang import at module level): context_length is among the flags LOAD compares.
-    graphpersist_facts = load("sglang_graphpersist_facts", REPO / "overlays/sglang/sglang/srt/graphpersist_facts.py")
+    graphpersist_facts = load_module(
+        REPO / "overlays/sglang/sglang/srt/graphpersist_facts.py", "sglang_graphpersist_facts"
+    )
     cfg = SimpleNamespace(decode=SimpleNamespace(backend="full", bs=[1]), prefill=SimpleNamespace(backend="x", bs=[]))
     server_args = SimpleNamespace(context_length=2048, cuda_graph_config=cfg, **dict.fromkeys(
         ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "page_size", "kv_cache_dtype",

@@ -8,31 +8,23 @@ code gets from the patch: on with the opt-in at world size 2, off (with upstream
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import logging
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from module_file import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_PATH = REPO / "overlays" / "sglang" / "sglang" / "srt" / "graphpersist_symm_multicast.py"
 MULTIMEM = {9: [4, 6, 8], 10: [4, 6, 8]}  # TorchSymmMemCommunicator._WORLD_SIZES_MULTIMEM in SGLang 0.5.17
 
 
-def load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-symm = load(OVERLAY_PATH, "sglang_symm_multicast_overlay")
+symm = load_module(OVERLAY_PATH, "sglang_symm_multicast_overlay", sys.modules.__setitem__)
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, False), ("", False), ("0", False), ("1", True)])
@@ -169,20 +161,13 @@ def stand_ins(built: Path, world_size: int, inkling: bool, monkeypatch: pytest.M
         ("sglang.srt.distributed.device_communicators.all_reduce_utils", built / SIZES),
         ("sglang.srt.graphpersist_symm_multicast", built / OVERLAY),
     ):
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, name, module)
-        spec.loader.exec_module(module)
+        load_module(path, name, functools.partial(monkeypatch.setitem, sys.modules))
 
 
 def communicator(built: Path, monkeypatch: pytest.MonkeyPatch, world_size: int, inkling: bool = False) -> Any:
     """A TorchSymmMemCommunicator of the patched module, built for `world_size` ranks."""
     stand_ins(built, world_size, inkling, monkeypatch)
-    spec = importlib.util.spec_from_file_location("patched_torch_symm_mem", built / COMMUNICATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(built / COMMUNICATOR, "patched_torch_symm_mem")
     return module.TorchSymmMemCommunicator(SimpleNamespace(group_name="tp"), 0)
 
 

@@ -6,17 +6,14 @@ LLM() starts anything. Tested without vLLM: the driver imports it only once a ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from module_file import load_module
 
 DRIVER_PATH = Path(__file__).resolve().parents[2] / "recipes" / "vllm-qwen3-8b-tp2" / "driver.py"
-spec = importlib.util.spec_from_file_location("vllm_recipe_driver", DRIVER_PATH)
-assert spec is not None and spec.loader is not None
-driver = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(driver)
+driver = load_module(DRIVER_PATH, "vllm_recipe_driver")
 
 
 PLUGIN = {"GRAPHPERSIST_PLUGINS": "gpdiag.vllm"}  # every diagnosis switch needs the observer that reads it
