@@ -346,24 +346,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     import_s = time.perf_counter() - t_import
     before = proofkit.cache_snapshot()
-    stamps = proofkit.LogStamps(Path(a.result).parent / "log.txt")  # the run's log: every process writes there
-    stamps.start()
-    t0, t0_wall = time.perf_counter(), time.time()  # the start-up's clock, on the wall clock the stamps share
-    try:
-        llm = build_llm(a)
-    except Exception as exc:
-        stamps.stop()
-        if not a.expect_refusal:
-            raise
-        print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
-        return proofkit.expected_refusal(Path(a.result).parent / "log.txt", a.expect_refusal, f"{exc}")
-    if a.expect_refusal:
-        return {"ok": False, "error": f"the engine started: it had to be refused ({a.expect_refusal!r})"}
-    ready = time.perf_counter() - t0
-    stamps.stop()
-    marks = stamp_marks(stamps, proofkit.process_births(os.getpgid(0)), t0_wall)
+    started = proofkit.start_engine(lambda: build_llm(a), Path(a.result).parent / "log.txt", a.expect_refusal)
+    if started.result is not None:
+        return started.result
+    llm, ready = started.engine, started.ready_s
+    marks = stamp_marks(started.stamps, proofkit.process_births(os.getpgid(0)), started.t0_wall)
     after_start = proofkit.cache_snapshot()
-    print(f"driver: engine ready in {ready:.2f} s", flush=True)
 
     gen = functools.partial(generate, sampling=a.sampling)  # every workload samples as --sampling says
     sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]

@@ -69,3 +69,36 @@ def test_an_end_a_hair_before_its_begin_is_no_time_and_one_far_before_is_not_a_p
         "after_weights": 0.0,
     }
     assert proofkit.consecutive([("clock", 0.0), ("weights_end", 2.0), ("after_weights", 1.5)]) == {"weights_end": 2.0}
+
+
+def test_an_engine_start_is_timed_stamped_and_ends_the_run_only_as_the_recipe_expects(tmp_path: Path) -> None:
+    """proofkit.start_engine, the drivers' `LLM(...)` / `sglang.Engine(...)`: ready time and the log's lines stamped
+    while it starts; a raise ends the run only when a refusal was expected and the log names it."""
+    log = tmp_path / "log.txt"
+    log.write_text("")
+
+    def starts() -> str:
+        with log.open("a") as f:
+            f.write("engine: loading weights\n")
+        time.sleep(0.3)
+        return "engine"
+
+    def refused() -> str:
+        with log.open("a") as f:
+            f.write("graphpersist: LOAD refused: flags.max_model_len: saved 4096, live 2048\n")
+        raise RuntimeError("Engine core initialization failed")
+
+    began = time.time()
+    up = proofkit.start_engine(starts, log, None)
+    assert (up.engine, up.result) == ("engine", None) and 0.3 <= up.ready_s < 5
+    assert began <= up.t0_wall <= up.stamps.first("loading weights") <= began + 5
+
+    wrongly_up = proofkit.start_engine(starts, log, r"LOAD refused")
+    assert wrongly_up.result == {"ok": False, "error": "the engine started: it had to be refused ('LOAD refused')"}
+
+    with pytest.raises(RuntimeError, match="initialization failed"):
+        proofkit.start_engine(refused, log, None)
+    down = proofkit.start_engine(refused, log, r"LOAD refused: flags\.max_model_len")
+    assert down.engine is None and down.result is not None and down.result["ok"] is True
+    assert down.result["refusal"]["raised"] == "Engine core initialization failed"
+    assert not proofkit.start_engine(refused, log, r"refused at SAVE").result["ok"]  # the log does not say it

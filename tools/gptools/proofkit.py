@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -35,12 +36,13 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, TypeVar
 
 # Environment the runner sets for each run.
 STATS_DIR_ENV = "GRAPHPERSIST_STATS_DIR"  # engines write <dir>/rank_<r>.json there
 CACHE_DIRS_ENV = "GP_PROOF_CACHE_DIRS"  # os.pathsep-joined folders of the run's JIT/compile caches
 MODES = ("off", "save", "load")
+E = TypeVar("E")  # an engine object: vllm.LLM, sglang.Engine
 
 
 def driver_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -228,6 +230,43 @@ def expected_refusal(log: Path, pattern: str, why: str, *, settle_s: float = 2.0
         "outputs": {},
         "refusal": {"pattern": pattern, "first_line": first, "matched": last, "raised": why[:500]},
     }
+
+
+@dataclasses.dataclass
+class EngineStart(Generic[E]):
+    """An in-process engine start, timed and stamped: `engine` when it started; else `result`, the run's
+    result.json (refused as the recipe expected, or started when it had to be refused)."""
+
+    engine: E | None
+    result: dict[str, Any] | None
+    ready_s: float  # start to ready on the driver's clock
+    stamps: LogStamps  # the log's lines during the start, on the wall clock
+    t0_wall: float  # where the start-up's clock began, on the wall clock
+
+
+def start_engine(build: Callable[[], E], log: Path, expect_refusal: str | None) -> EngineStart[E]:
+    """Runs `build()` (LLM(...), sglang.Engine(...)) with the start-up clock running and `log` (the run's log, where
+    every process of the run writes) stamped. A start that raises is the run's end when the recipe expected a
+    refusal (expected_refusal reads the log for it), and raised on otherwise."""
+    stamps = LogStamps(log)
+    stamps.start()
+    t0, t0_wall = time.perf_counter(), time.time()
+    try:
+        engine = build()
+    except Exception as exc:
+        stamps.stop()
+        if not expect_refusal:
+            raise
+        print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
+        return EngineStart(None, expected_refusal(log, expect_refusal, f"{exc}"), time.perf_counter() - t0, stamps,
+                           t0_wall)  # fmt: skip
+    ready = time.perf_counter() - t0
+    stamps.stop()
+    if expect_refusal:
+        started = {"ok": False, "error": f"the engine started: it had to be refused ({expect_refusal!r})"}
+        return EngineStart(engine, started, ready, stamps, t0_wall)
+    print(f"driver: engine ready in {ready:.2f} s", flush=True)
+    return EngineStart(engine, None, ready, stamps, t0_wall)
 
 
 # ------------------------------------------------------------------------------------------- start-up stamps
