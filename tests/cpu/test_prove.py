@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serve_fixtures import gone
 
 from gptools import jsonfile, proofcheck, proofkit, prove
 from gptools.__main__ import main
@@ -172,15 +173,6 @@ def report(out: Path) -> tuple[str, dict[str, Any], dict[str, dict[str, str]]]:
     text = (out / "REPORT.md").read_text()
     data = jsonfile.load(out / "report.json")  # report.json.gz since reports are gzipped; either reads
     return text, data, {c["name"]: c for c in data["checks"]}
-
-
-def gone(pid: int) -> bool:
-    """A process that no longer runs: absent, or a zombie waiting for its reaper."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
 
 
 def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import serve_fixtures
 
 from gptools.__main__ import main as gptools_main
 
@@ -35,65 +36,14 @@ from gptools import jsonfile, openai_http, serveproof  # noqa: E402
 REFUSED = next(r for r in tomllib.loads((RECIPE / "proof.toml").read_text())["run"] if r["name"] == "serve_refused")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
+DRIVER = serve_fixtures.ServeDriver(RECIPE, FAKE, "max_model_len")
+driver_command, drive, saved_archive = DRIVER.command, DRIVER.drive, DRIVER.saved_archive
+free_port, gone = serve_fixtures.free_port, serve_fixtures.gone
 
 
 @pytest.fixture
 def fake_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake server refuses with graphpersist's own message: the runtime must be importable there."""
-    paths = [str(REPO / "overlays" / "graphpersist"), str(REPO / "tools")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.delenv("FAKE_SERVE", raising=False)
-
-
-def driver_command(tmp_path: Path, run: str, mode: str, *args: str, archive: Path | None = None) -> list[str]:
-    (tmp_path / "model").mkdir(exist_ok=True)
-    cmd = [sys.executable, str(RECIPE / "serve_driver.py"), "--run", run, "--mode", mode]
-    cmd += ["--result", str(tmp_path / run / "result.json"), "--model", str(tmp_path / "model")]
-    cmd += ["--port", str(free_port()), "--server-cmd", f"{sys.executable} {FAKE}"]
-    return cmd + (["--archive", str(archive)] if archive else []) + list(args)
-
-
-def drive(
-    tmp_path: Path,
-    run: str,
-    mode: str,
-    *args: str,
-    behaviour: dict[str, Any] | None = None,
-    archive: Path | None = None,
-) -> tuple[dict[str, Any], str]:
-    """One driver run: its result.json and everything it printed (the server's lines included)."""
-    stats = tmp_path / run / "stats"
-    stats.mkdir(parents=True)
-    env = dict(os.environ, FAKE_SERVE=json.dumps(behaviour or {}), GRAPHPERSIST_STATS_DIR=str(stats))
-    proc = subprocess.run(
-        driver_command(tmp_path, run, mode, *args, archive=archive),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((tmp_path / run / "result.json").read_text()), proc.stdout
-
-
-def saved_archive(tmp_path: Path, max_model_len: int = 4096) -> Path:
-    """What the fake's SAVE leaves: its max_model_len."""
-    archive = tmp_path / "archive"
-    archive.mkdir()
-    (archive / "fake-archive.json").write_text(json.dumps({"max_model_len": max_model_len}))
-    return archive
+    serve_fixtures.runtime_importable(monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------- pure logic
@@ -212,7 +162,7 @@ def test_a_refusal_run_fails_when_the_server_becomes_healthy(tmp_path: Path, fak
 
 
 def test_a_refusal_for_another_reason_fails(tmp_path: Path, fake_env: None) -> None:
-    archive = saved_archive(tmp_path, max_model_len=8192)  # saved 8192, live 4096: refused, but not as expected
+    archive = saved_archive(tmp_path, 8192)  # saved 8192, live 4096: refused, but not as expected
     result, _ = drive(tmp_path, "refused", "load", *REFUSED["args"][:2], archive=archive)
     assert result["ok"] is False
     assert result["error"] == f"the server's log does not match {REFUSED['args'][1]!r}"

@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import serve_fixtures
 from module_file import load_module
 
 from gptools import jsonfile, proofkit, serveproof
@@ -37,74 +36,14 @@ serve_driver = load_module(RECIPE / "serve_driver.py", "sglang_serve_driver")  #
 REFUSED = next(r for r in tomllib.loads((RECIPE / "proof.toml").read_text())["run"] if r["name"] == "serve_refused")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
-def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return gone(pid)
+DRIVER = serve_fixtures.ServeDriver(RECIPE, FAKE, "context_length")
+driver_command, drive, saved_archive = DRIVER.command, DRIVER.drive, DRIVER.saved_archive
+free_port, gone, wait_gone = serve_fixtures.free_port, serve_fixtures.gone, serve_fixtures.wait_gone
 
 
 @pytest.fixture
 def fake_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake server refuses with graphpersist's own message: the runtime must be importable there."""
-    paths = [str(REPO / "overlays" / "graphpersist"), str(REPO / "tools")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    for name in ("FAKE_SERVE", "SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def driver_command(tmp_path: Path, run: str, mode: str, *args: str, archive: Path | None = None) -> list[str]:
-    (tmp_path / "model").mkdir(exist_ok=True)
-    cmd = [sys.executable, str(RECIPE / "serve_driver.py"), "--run", run, "--mode", mode]
-    cmd += ["--result", str(tmp_path / run / "result.json"), "--model", str(tmp_path / "model")]
-    cmd += ["--port", str(free_port()), "--server-cmd", f"{sys.executable} {FAKE}"]
-    return cmd + (["--archive", str(archive)] if archive else []) + list(args)
-
-
-def drive(
-    tmp_path: Path,
-    run: str,
-    mode: str,
-    *args: str,
-    behaviour: dict[str, Any] | None = None,
-    archive: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> tuple[dict[str, Any], str]:
-    """One driver run: its result.json and everything it printed (the server's lines included)."""
-    stats = tmp_path / run / "stats"
-    stats.mkdir(parents=True)
-    full = dict(os.environ, FAKE_SERVE=json.dumps(behaviour or {}), GRAPHPERSIST_STATS_DIR=str(stats), **(env or {}))
-    proc = subprocess.run(
-        driver_command(tmp_path, run, mode, *args, archive=archive),
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((tmp_path / run / "result.json").read_text()), proc.stdout
-
-
-def saved_archive(tmp_path: Path, context_length: int = 4096) -> Path:
-    """What the fake's SAVE leaves: its context length."""
-    archive = tmp_path / "archive"
-    archive.mkdir()
-    (archive / "fake-archive.json").write_text(json.dumps({"context_length": context_length}))
-    return archive
+    serve_fixtures.runtime_importable(monkeypatch, "SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION")
 
 
 # ------------------------------------------------------------------------------------------- pure parts
