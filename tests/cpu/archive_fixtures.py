@@ -198,7 +198,8 @@ def redigest(doc: Any) -> Any:
         from graphpersist.archive import digests as archive_digests
     except ImportError:  # a release before the records' commitments
         return doc
-    digests = doc.get("extra", {}).get(archive_digests.KEY) if isinstance(doc, dict) else None
+    extra = doc.get("extra") if isinstance(doc, dict) else None  # a mutated record's extra may be any JSON
+    digests = extra.get(archive_digests.KEY) if isinstance(extra, dict) else None
     if not isinstance(digests, dict):
         return doc
     try:
