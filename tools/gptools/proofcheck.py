@@ -595,21 +595,14 @@ def check_unaccounted(recipe: Recipe, runs: dict[str, RunData]) -> list[Check]:
             detail += f"; remainders counted as unaccounted: {', '.join(acc['residual'])}"
         if abs(share) <= UNACCOUNTED_MAX:
             checks.append(Check(name, PASS, detail))
-        elif share < 0:
-            checks.append(
-                Check(
-                    name,
-                    FAIL,
-                    detail + "; the phases add up to more than start to ready: one is "
-                    "counted twice, or overlaps another; time them apart in the driver",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    name, FAIL, detail + "; time the missing part of the start-up as a phase of its own in the driver"
-                )
-            )
+            continue
+        fix = (
+            "the phases add up to more than start to ready: one is counted twice, or overlaps another; time them "
+            "apart in the driver"
+            if share < 0
+            else "time the missing part of the start-up as a phase of its own in the driver"
+        )
+        checks.append(Check(name, FAIL, f"{detail}; {fix}"))
     return checks
 
 
