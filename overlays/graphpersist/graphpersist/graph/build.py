@@ -65,19 +65,7 @@ def rebuild(
     verify_blob(name, desc, blob, hashed=hashed)
     _check_event_count(name, desc, events)
     if layouts is not None:
-        for i, nd in enumerate(desc["nodes"]):
-            if nd["type"] == "kernel":
-                live = layouts(*desc["funcs"][nd["func"]])
-                saved = [o for o, _s in nd["layout"]]
-                why = _layout_problem(saved, nd["params"][0], live, len(blob))
-                sizes = [(j, s, size) for j, ((_o, s), (_lo, size)) in enumerate(zip(nd["layout"], live, strict=False))
-                         if s != size]  # fmt: skip
-                if why is None and sizes:
-                    why = f"parameter {sizes[0][0]} is {sizes[0][1]} bytes, the function's {sizes[0][2]}"
-                if why:
-                    raise GraphFormatError(
-                        _layout_refusal(name, i, nd["name"], why, saved, nd["params"][0], len(blob), live)
-                    )
+        _check_layouts(name, desc, len(blob), layouts)
     drv = driver()
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -154,6 +142,25 @@ class LiveFuncs:
     def of(cls, loaded: LoadedImages, funcs: Sequence[Sequence[Any]]) -> LiveFuncs:
         """The live functions of a description's `funcs` ([image sha256, kernel name, attributes] each)."""
         return cls([loaded.function(*f) for f in funcs], [loaded.layout(*f) for f in funcs])
+
+
+def _check_layouts(
+    name: str, desc: dict[str, Any], blob_size: int, layouts: Callable[[str, str, dict[str, int]], ParamLayout]
+) -> None:
+    """rebuild()'s copy of gp_add_kernel_nodes' row check, plus the sizes its full description also holds: every
+    kernel node's saved layout is its live function's and ends inside the blob, or LOAD refuses naming the node."""
+    for i, nd in enumerate(desc["nodes"]):
+        if nd["type"] != "kernel":
+            continue
+        live = layouts(*desc["funcs"][nd["func"]])
+        saved = [o for o, _s in nd["layout"]]
+        why = _layout_problem(saved, nd["params"][0], live, blob_size)
+        if why is None:
+            sizes = [(j, s, size) for j, ((_o, s), (_lo, size)) in enumerate(zip(nd["layout"], live, strict=False))
+                     if s != size]  # fmt: skip
+            why = f"parameter {sizes[0][0]} is {sizes[0][1]} bytes, the function's {sizes[0][2]}" if sizes else None
+        if why:
+            raise GraphFormatError(_layout_refusal(name, i, nd["name"], why, saved, nd["params"][0], blob_size, live))
 
 
 def _layout_problem(saved: Sequence[int], params_off: int, live: ParamLayout, blob_size: int) -> str | None:
