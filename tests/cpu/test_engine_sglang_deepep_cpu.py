@@ -370,7 +370,9 @@ def test_load_compares_the_buffer_in_setup_and_again_before_the_first_replay(
 
 
 def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(srt: SimpleNamespace) -> None:
-    with_deepep = srt.adapter.SglangAdapter(SimpleNamespace(server_args=deepep_args()), deepep_buffer="buffer")
+    with_deepep = srt.adapter.SglangAdapter(
+        SimpleNamespace(server_args=deepep_args()), srt.adapter.SglangRun(deepep_buffer="buffer")
+    )
     names = [type(c).__name__ for c in with_deepep.communicators()]
     assert names == ["CustomAllReduceV2", "DeepEPBuffers"] and with_deepep.communicators()[1].buffer == "buffer"
     without = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
@@ -421,7 +423,7 @@ def test_save_records_breakable_decode_graphs_and_names_a_breaks_module_by_its_p
     sess = open_session(
         srt, switch.Mode.SAVE, tmp_path, saver=StandInSaver(), model_runner=SimpleNamespace(model=model)
     )
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     srt.capture.captured_break(StandInMoE._a2a_forward_with_output_impl, (model.moe, None, 7), {}, None)
     bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph()], _break_fns=[object()])
     srt.capture.captured_breakable(object(), Key(8), bg, ("rows",))

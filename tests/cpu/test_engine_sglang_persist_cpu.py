@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from archive_fixtures import live_for, write_archive
 
-from graphpersist import engine, switch
+from graphpersist import engine, run, switch
 from graphpersist.archive import open_archive
 from graphpersist.archive.validate import LoadRefused, evaluate
 from graphpersist.errors import PersistError
@@ -51,10 +51,8 @@ def srt(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     monkeypatch.setitem(sys.modules, "sglang.srt", srt_pkg)
     monkeypatch.delenv(switch.MODE_ENV, raising=False)
     mods = {m: importlib.import_module(f"sglang.srt.graphpersist_{m}") for m in MODULES}
-    yield SimpleNamespace(**mods)
-    active = engine.current()
-    if active is not None:
-        active.deactivate()
+    with run.activated(run.Run()):  # what a test's sessions gather goes with it
+        yield SimpleNamespace(**mods)
     for name in [m for m in sys.modules if m.startswith("sglang.")]:
         sys.modules.pop(name, None)
 
@@ -251,31 +249,28 @@ def test_models_outside_the_dense_decoder_path_are_refused(
 # ----------------------------------------------------------------------------------------- the memory-pool budget
 
 
-def test_pool_budget_is_the_profile_rounded_down_to_a_gib(srt: SimpleNamespace) -> None:
-    assert srt.facts.pool_budget(37 * GiB + (123 << 20)) == 37 * GiB
-    cold, warm = 41 * GiB + (900 << 20), 41 * GiB + (870 << 20)  # a cold and a warm SAVE profile apart
-    assert srt.facts.pool_budget(cold) == srt.facts.pool_budget(warm) == 41 * GiB
-
-
-def test_pool_budget_below_a_gib_is_refused(srt: SimpleNamespace) -> None:
-    with pytest.raises(PersistError, match=r"leaves 512 MiB for the KV pool.*--mem-fraction-static"):
-        srt.facts.pool_budget(512 << 20)
-
-
-def test_pool_record_round_trips_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
+def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
+    """SAVE records every MemoryPoolConfig field (the session records the byte budget it was sized by); LOAD
+    rebuilds the config from them and refuses a record that lacks or adds a field."""
     config = SimpleNamespace(**{name: 0 for name in srt.facts.POOL_FIELDS})
     config.max_total_num_tokens, config.mem_fraction_static = 123456, 0.83
-    record = srt.facts.pool_record(config, 40 * GiB)
+    record = srt.facts.pool_record(config)
+    assert set(record) == set(srt.facts.POOL_FIELDS) and record["max_total_num_tokens"] == 123456
     assert srt.facts.saved_pool(record, tmp_path) == record
-    for bad in (None, {"budget_bytes": 0, "config": record["config"]}, {"budget_bytes": GiB, "config": {}}):
+    for bad in (
+        None,
+        {},
+        {**record, "budget_bytes": GiB},
+        {k: v for k, v in record.items() if k != "max_running_requests"},
+    ):
         with pytest.raises(PersistError, match=r"records no memory-pool size.*Re-run with mode=save"):
             srt.facts.saved_pool(bad, tmp_path)
 
 
-def test_load_refuses_a_pool_the_gpu_cannot_hold_now(srt: SimpleNamespace) -> None:
-    srt.facts.check_free_memory(40 * GiB, 41 * GiB, 140 * GiB)
-    with pytest.raises(PersistError, match=r"needs 40.00 GiB but only 12.00 GiB of 140.00 GiB are free"):
-        srt.facts.check_free_memory(40 * GiB, 12 * GiB, 140 * GiB)
+def test_the_adapter_names_the_pool_and_the_sglang_settings_that_size_it(srt: SimpleNamespace) -> None:
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace())
+    assert adapter.budget_what == "memory pool" and "--mem-fraction-static" in adapter.budget_advice
+    assert adapter.writes_when_ready and not adapter.pins_kernel_choices
 
 
 # ------------------------------------------------------------------------- the archive's SGLang facts, validated
@@ -508,12 +503,12 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     srt: SimpleNamespace, tmp_path: Path
 ) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.capturing = "prefill"
+    sess.adapter.run.capturing = "prefill"
     bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph(), StandInGraph()], _break_fns=[object(), object()])
     for layer in (0, 1):
         srt.capture.captured_break(standin_break_target, (None, True, layer), {"key_value_num_tokens": None}, None)
     srt.capture.captured_breakable(object(), Key(64), bg, ("rows",))
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     decode = StandInGraph()
     srt.capture.captured_full(object(), Key(8), decode, {"logits": None})
     assert [(n, s, m) for n, _, s, m in sess.saver.added] == [
@@ -527,15 +522,15 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     breaks = sess.notes["prefill"]["prefill/64"]["breaks"]
     assert [b["fn"] for b in breaks] == [f"{__name__}:standin_break_target"] * 2
     assert breaks[1]["args"]["items"][2] == {"kind": "value", "value": 1}
-    assert sess.captured == 4 and sess.adapter.breaks == []
+    assert sess.captured == 4 and sess.adapter.run.breaks == []
 
 
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     with pytest.raises(PersistError, match="stream or variant"):
         srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
-    sess.adapter.capturing = "prefill"
+    sess.adapter.run.capturing = "prefill"
     with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
         srt.capture.captured_breakable(
             object(), Key(64), SimpleNamespace(_segments=[StandInGraph()] * 3, _break_fns=[object()]), None
@@ -606,7 +601,7 @@ def test_load_installs_every_graph_where_the_runners_replay_it(srt: SimpleNamesp
 @pytest.mark.parametrize(
     ("decode_sizes", "prefill_sizes", "message"),
     [
-        ([1, 2, 4], [16], r"decode graphs differ: not in the archive \['decode/4'\], saved but not captured .*none"),
+        ([1, 2, 4], [16], r"decode graphs differ: not in the archive \['decode/4'\], saved but not replayed .*none"),
         ([1, 2], [16, 32], r"prefill graphs differ: not in the archive \['prefill/32'\]"),
     ],
 )

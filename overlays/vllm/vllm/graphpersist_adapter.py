@@ -54,14 +54,20 @@ class VllmAdapter(engine.EngineAdapter):
     name = "vllm"
     note_sections = ("full", "pieces")
     logger = init_logger("vllm.graphpersist")  # vLLM prints its own loggers' lines (vllm serve too)
+    entry_points = "LLM(...) or `vllm serve`"
+    budget_what = "KV cache"
+    budget_advice = "raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
+    pins_kernel_choices = True  # vLLM compiles the model with Inductor
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
-        self.kv_bytes: int | None = None  # the KV-cache size SAVE used (smallest rank's profile); LOAD reuses it
 
     @property
     def config(self) -> Any:
         return self.worker.vllm_config
+
+    def refuse(self) -> None:
+        facts.refuse_unsupported(self.config)
 
     def engine_facts(self) -> dict[str, str]:
         return facts.engine_facts()
@@ -75,8 +81,11 @@ class VllmAdapter(engine.EngineAdapter):
     def config_flags(self) -> dict[str, Any]:
         return facts.config_flags(self.config)
 
-    def flags(self, session: engine.PersistSession) -> dict[str, Any]:
-        return facts.flags(self.worker, self.kv_bytes)
+    def flags(self, session: engine.SessionView) -> dict[str, Any]:
+        return facts.flags(self.worker)
+
+    def rank(self) -> int:
+        return int(self.worker.rank)
 
     def device_index(self) -> int:
         return facts.device_index(self.worker)
@@ -87,16 +96,13 @@ class VllmAdapter(engine.EngineAdapter):
     def setup_tensors(self) -> dict[str, Any]:
         return facts.setup_tensors(self.worker.model_runner)
 
-    def read_saved(self, session: engine.PersistSession, archive: Any) -> None:
-        self.kv_bytes = facts.saved_kv_bytes(session.directory, session.saved_flags)
-
     def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return unused_param_bytes(kernel, layout)
 
     def inventory(self) -> engine.Inventory:
         return capture.expected_inventory(self.worker.model_runner.cudagraph_manager)
 
-    def install(self, session: engine.PersistSession, result: Any) -> int:
+    def install(self, session: engine.SessionView, result: Any) -> int:
         return capture.install(self.worker.model_runner.cudagraph_manager, result, result.notes)
 
     def communicators(self) -> list[engine.Communicator]:

@@ -76,12 +76,8 @@ def _restore_caches_before_engine(resolved: switch.Switch) -> None:
     assert resolved.directory is not None
     written = caches.restore_before_engine(resolved.directory)
     if written:
-        restored_before_engine.extend(written)
         logger.info("graphpersist: %d cache file(s) restored before the engine starts (%s)", len(written),
                     ", ".join(caches.BEFORE_ENGINE))  # fmt: skip
-
-
-restored_before_engine: list[str] = []  # what this process restored (not compiled here: the proof tells them apart)
 
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:

@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import switch
-from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView, bytes_in_param
-from graphpersist.engine.session import KERNEL_WARMUP, PLUGINS_ENV, PersistSession, current
+from graphpersist.engine.adapter import (
+    Communicator,
+    EngineAdapter,
+    Inventory,
+    Resolver,
+    SessionView,
+    bytes_in_param,
+    graphs_differ,
+)
+from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.memory.region import MULTICAST_OFF
@@ -24,7 +32,6 @@ from graphpersist.memory.region import MULTICAST_OFF
 __all__ = [
     "KERNEL_WARMUP",
     "MULTICAST_OFF",
-    "PLUGINS_ENV",
     "Communicator",
     "EngineAdapter",
     "Inventory",
@@ -37,7 +44,10 @@ __all__ = [
     "cache_folders",
     "current",
     "export_environment",
+    "graphs_differ",
     "interposer_loaded",
+    "new_graph",
+    "release_cached",
     "restore_caches_early",
     "structure",
     "switch",
@@ -51,11 +61,14 @@ class Refused(PersistError):
     """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
 
 
-def interposer_loaded() -> bool:
-    """Whether this process runs under the runtime's interposer (LD_PRELOAD), which every model process needs."""
-    from graphpersist.memory import region
+def new_graph() -> Any:
+    """The graph object a capture site records into: one SAVE can serialize while saving, else torch's own."""
+    sess = current()
+    if sess is not None:
+        return sess.new_graph()
+    import torch
 
-    return region.loaded()
+    return torch.cuda.CUDAGraph()
 
 
 def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:

@@ -70,11 +70,10 @@ def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple
 
 
 @dataclass
-class SglangAdapter(engine.EngineAdapter):
-    """One SGLang scheduler process's `ModelRunner`, as the persistence session asks about it."""
+class SglangRun:
+    """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
 
-    model_runner: Any
-    pool: dict[str, Any] | None = None  # the memory pool SAVE sized (MemoryPoolConfig fields + budget); LOAD reuses it
+    pool: dict[str, Any] | None = None  # the MemoryPoolConfig fields SAVE sized; LOAD reuses them
     deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
@@ -83,9 +82,27 @@ class SglangAdapter(engine.EngineAdapter):
     kv_started: float = 0.0  # when the memory pool's sizing began
     deepep_buffer: Any = None  # DeepEP's Buffer, made in setup (graphpersist_deepep.setup_buffer)
 
+
+@dataclass
+class SglangAdapter(engine.EngineAdapter):
+    """One SGLang scheduler process's `ModelRunner`, as the persistence session asks about it."""
+
+    model_runner: Any
+    run: SglangRun = field(default_factory=SglangRun)
+
     name = "sglang"
     note_sections = ("decode", "prefill")
     logger = logging.getLogger("sglang.srt.graphpersist")  # SGLang configures where its loggers' lines go
+    entry_points = "sglang.Engine, launch_server or `sglang serve`"
+    budget_what = "memory pool"
+    budget_advice = "raise --mem-fraction-static or lower --context-length"
+    writes_when_ready = True  # the kernel warm-up runs SGLang's first requests, through the installed graphs
+
+    def refuse(self) -> None:
+        facts.refuse_unsupported(self.server_args)
+        if self.model_runner.is_draft_worker:
+            raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+        facts.refuse_unsupported_model(self.model_runner)
 
     @property
     def server_args(self) -> Any:
@@ -103,8 +120,11 @@ class SglangAdapter(engine.EngineAdapter):
     def config_flags(self) -> dict[str, Any]:
         return facts.config_flags(self.server_args)
 
-    def flags(self, session: engine.PersistSession) -> dict[str, Any]:
-        return facts.flags(self.pool, self.model_runner, self.inventory().by_mode)
+    def flags(self, session: engine.SessionView) -> dict[str, Any]:
+        return facts.flags(self.run.pool, self.model_runner, self.inventory().by_mode)
+
+    def rank(self) -> int:
+        return int(self.model_runner.ps.tp_rank)
 
     def device_index(self) -> int:
         return int(self.model_runner.gpu_id)
@@ -118,37 +138,37 @@ class SglangAdapter(engine.EngineAdapter):
     def setup_tensors(self) -> dict[str, Any]:
         return facts.setup_tensors(self.model_runner)
 
-    def read_saved(self, session: engine.PersistSession, archive: Any) -> None:
-        self.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
+    def read_saved(self, session: engine.SessionView) -> None:
+        self.run.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
 
     def inventory(self) -> engine.Inventory:
-        return capture.expected_inventory(self.runners)
+        return capture.expected_inventory(self.run.runners)
 
-    def install(self, session: engine.PersistSession, result: Any) -> int:
-        return capture.install(self.runners, result, result.notes, self.model_runner.model)
+    def install(self, session: engine.SessionView, result: Any) -> int:
+        return capture.install(self.run.runners, result, result.notes, self.model_runner.model)
 
     def communicators(self) -> list[engine.Communicator]:
         found: list[engine.Communicator] = [customar.CustomAllReduceV2()]
         if facts.uses_deepep(self.server_args):
             from sglang.srt import graphpersist_deepep as deepep
 
-            found.append(deepep.DeepEPBuffers(self.deepep_buffer))
+            found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
         return found
 
     def cache_resolvers(self) -> dict[str, engine.Resolver]:
         return caches.resolvers()
 
-    def warm_kernels_before_save(self, session: engine.PersistSession) -> None:
+    def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
         archive and a LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added."""
         import torch
 
         started = time.perf_counter()
-        before = session.cache_listing() if session.rank == 0 else set()
-        outcome = warmup.run(self.model_runner, self.runners, session.log)
+        before = session.caches.listing() if session.rank == 0 else set()
+        outcome = warmup.run(self.model_runner, self.run.runners, session.log)
         torch.cuda.synchronize()
-        added = sorted(session.cache_listing() - before) if session.rank == 0 else []
+        added = sorted(session.caches.listing() - before) if session.rank == 0 else []
         took = session.timed(engine.KERNEL_WARMUP, started)
         session.stats_extra["kernel_warmup"] = {
             "batches": outcome.batches,

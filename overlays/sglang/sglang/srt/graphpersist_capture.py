@@ -24,15 +24,7 @@ from typing import Any
 from graphpersist import engine
 from graphpersist.engine import PersistError, structure
 
-
-def new_graph() -> Any:
-    """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
-    sess = engine.current()
-    if sess is not None:
-        return sess.new_graph()
-    import torch
-
-    return torch.cuda.CUDAGraph()
+new_graph = engine.new_graph  # the graph object a capture site records into (patch 0005)
 
 
 def defer(runner: Any) -> bool:
@@ -42,7 +34,7 @@ def defer(runner: Any) -> bool:
     sess = engine.current()
     if sess is None:
         return False
-    sess.adapter.deferred.append(runner)
+    sess.adapter.run.deferred.append(runner)
     return True
 
 
@@ -98,7 +90,7 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    phase = sess.adapter.capturing
+    phase = sess.adapter.run.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
     name = _key_name(phase, key)
@@ -168,7 +160,7 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
     where = f"break {name}"
     leaf = _break_leaf(_model(sess))
     try:
-        sess.adapter.breaks.append(
+        sess.adapter.run.breaks.append(
             {
                 "fn": name,
                 "args": structure.encode(tuple(args), leaf, f"{where} args"),
@@ -177,7 +169,7 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
             }
         )
     except structure.StructureError as exc:
-        instead = "serve without --moe-a2a-backend deepep" if sess.adapter.capturing == "decode" else (
+        instead = "serve without --moe-a2a-backend deepep" if sess.adapter.run.capturing == "decode" else (
             "use --cuda-graph-backend-prefill disabled")  # fmt: skip
         raise PersistError(f"graphpersist: {exc}: SAVE refused ({instead})") from None
 
@@ -188,14 +180,14 @@ def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    adapter = sess.adapter
-    phase = adapter.capturing
+    run = sess.adapter.run
+    phase = run.capturing
     if phase not in ("prefill", "decode"):
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners ({phase}): "
                            "refused")  # fmt: skip
     base = _key_name(phase, key)
     segments = list(graph._segments)
-    breaks, adapter.breaks = adapter.breaks, []
+    breaks, run.breaks = run.breaks, []
     if len(breaks) != len(graph._break_fns) or len(segments) != len(breaks) + 1:
         raise PersistError(
             f"graphpersist: {base}: {len(segments)} segments, {len(graph._break_fns)} breaks, {len(breaks)} recorded: "
@@ -218,15 +210,6 @@ def expected_inventory(runners: dict[str, Any]) -> engine.Inventory:
     if runners.get("prefill") is not None:
         out["prefill"] = sorted(runners["prefill"].capture_num_tokens)
     return engine.Inventory(sorted({n for values in out.values() for n in values}), sorted(out), out)
-
-
-def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
-    missing, extra = sorted(live - saved), sorted(saved - live)
-    return PersistError(
-        f"graphpersist: {what} graphs differ: not in the archive {missing[:5] or 'none'}"
-        f"{' ...' if len(missing) > 5 else ''}, saved but not captured by this configuration {extra[:5] or 'none'}"
-        f"{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for this configuration."
-    )
 
 
 def _viewer(model: Any) -> Any:
@@ -281,10 +264,10 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
     saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
     live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
     if set(saved_decode) != live:
-        raise _differ("decode", set(saved_decode), live)
+        raise engine.graphs_differ("decode", set(saved_decode), live)
     live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
     if set(saved_prefill) != live:
-        raise _differ("prefill", set(saved_prefill), live)
+        raise engine.graphs_differ("prefill", set(saved_prefill), live)
     breakables = []
     for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
         for base, rec in saved.items():  # every break function is rebuilt before anything is installed

@@ -257,14 +257,9 @@ POOL_FIELDS = (
 
 
 def saved_pool(value: Any, directory: Any) -> dict[str, Any]:
-    """The memory pool SAVE sized, as recorded in flags.memory_pool; refuses an archive without one."""
-    if (
-        not isinstance(value, dict)
-        or not isinstance(value.get("budget_bytes"), int)
-        or value["budget_bytes"] <= 0
-        or not isinstance(value.get("config"), dict)
-        or set(value["config"]) != set(POOL_FIELDS)
-    ):
+    """The memory pool SAVE sized (every MemoryPoolConfig field), as recorded in flags.memory_pool; refuses an archive
+    without one."""
+    if not isinstance(value, dict) or set(value) != set(POOL_FIELDS):
         raise PersistError(
             f"graphpersist: {directory} records no memory-pool size (flags.memory_pool = {value!r}). "
             "Re-run with mode=save."
@@ -272,36 +267,9 @@ def saved_pool(value: Any, directory: Any) -> dict[str, Any]:
     return value
 
 
-POOL_GRANULE = 1 << 30
-
-
-def pool_budget(profiled_bytes: int) -> int:
-    """SAVE's memory-pool budget: SGLang's profile (already the smallest rank's free memory) rounded down to 1 GiB.
-
-    A cold SAVE (compiling) and a warm one profile a few tens of MiB apart; unrounded, the KV pool and every
-    address after it would differ between their archives. LOAD reuses the recorded budget and never profiles.
-    """
-    if profiled_bytes < POOL_GRANULE:
-        raise PersistError(
-            f"graphpersist: the memory profile leaves {profiled_bytes // 2**20} MiB for the KV pool, less than the "
-            f"{POOL_GRANULE >> 30} GiB SAVE needs: raise --mem-fraction-static or lower --context-length"
-        )
-    return profiled_bytes - profiled_bytes % POOL_GRANULE
-
-
-def pool_record(config: Any, budget: int) -> dict[str, Any]:
-    """The MemoryPoolConfig SAVE used (every field, by name) and its byte budget, as the archive records them."""
-    return {"budget_bytes": int(budget), "config": {name: getattr(config, name) for name in POOL_FIELDS}}
-
-
-def check_free_memory(budget: int, free: int, total: int) -> None:
-    """LOAD reuses SAVE's pool size instead of profiling: refuse when this GPU cannot hold it now."""
-    if free < budget:
-        raise PersistError(
-            f"graphpersist: the archive's memory pool needs {budget / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB "
-            f"of {total / 2**30:.2f} GiB are free on this GPU: free the GPU (other processes?) or re-run with "
-            "mode=save on this host"
-        )
+def pool_record(config: Any) -> dict[str, Any]:
+    """The MemoryPoolConfig SAVE used, every field by name, as the archive records it (LOAD rebuilds it)."""
+    return {name: getattr(config, name) for name in POOL_FIELDS}
 
 
 def cpu_gather() -> Any:
