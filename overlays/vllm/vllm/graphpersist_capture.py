@@ -1,15 +1,5 @@
-"""The capture sites: SAVE keeps every graph vLLM captures; LOAD installs restored graphs where vLLM keeps them.
-
-vLLM 0.26.0's V2 model runner captures two kinds of graphs (FULL_AND_PIECEWISE by default):
-- FULL graphs in `CudaGraphManager.capture` (`vllm/v1/worker/gpu/cudagraph_utils.py`), kept in
-  `manager.graphs[BatchExecutionDescriptor]`, all writing the manager's `hidden_states` buffer;
-- PIECEWISE graphs, one per piece of the split model and batch size, in `CUDAGraphWrapper.__call__`
-  (`vllm/compilation/cuda_graph.py`), kept in `wrapper.concrete_cudagraph_entries[BatchDescriptor]` with the
-  piece's output tensors.
-Names are stable across processes: `full/<tokens>/<reqs>/<uniform>` and `piecewise/<tokens>/<piece index>`
-(the piece index is the split graph's, `PiecewiseBackend.piecewise_compile_index`, not an object id). The
-descriptors themselves travel in the rank's notes, so LOAD rebuilds the exact dispatch keys.
-"""
+"""The capture sites: SAVE keeps every graph vLLM captures; LOAD installs restored graphs where vLLM keeps them
+(patches/vllm/README.md, "The capture sites", has the names and where each graph lives)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What a vLLM archive must agree on, what persistence refuses, and the small engine lookups the worker needs.
-
-Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
-LOAD: a configuration that captures different graphs, or sizes its KV cache differently, is refused naming the
-field, the saved and the live value. The session's `check_before_setup` compares what is known before setup, so a
-wrong TP size or model is refused at start-up with those names rather than as an allocation that landed elsewhere.
-"""
+"""What a vLLM archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up, and
+the small engine lookups the worker needs."""
 
 from __future__ import annotations
 
@@ -57,11 +52,7 @@ def refuse_unsupported(cfg: Any) -> None:
 
 
 def refuse_deepep(par: Any) -> None:
-    """DeepEP in vLLM 0.26.0, refused with its own reason. vLLM makes its all2all manager (and a DeepEP Buffer) only
-    for expert parallelism with data parallelism > 1 (FusedMoEParallelConfig.use_all2all_kernels). Its low-latency
-    manager is captured in the decode graphs and runs on NVSHMEM; with the high-throughput one vLLM turns CUDA graphs
-    off (CompilationConfig, DeepEP high-throughput with data parallelism > 1): nothing to persist. So no DeepEP Buffer
-    ever meets a vLLM persistence session, and the SGLang DeepEPBuffers communicator has no vLLM counterpart."""
+    """DeepEP in vLLM 0.26.0, refused with its own reason (patches/vllm/README.md, "Facts and refusals")."""
     backend = str(getattr(par, "all2all_backend", ""))
     if not getattr(par, "enable_expert_parallel", False) or not backend.startswith("deepep"):
         return
@@ -82,9 +73,8 @@ def refuse_deepep(par: Any) -> None:
 
 
 def refuse_unsupported_runner(worker: Any) -> None:
-    """After the runner exists: only the V2 model runner's capture sites are hooked. vLLM 0.26.0 picks V1 for MoE
-    architectures outside its short V2 list (`DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: Qwen3-MoE is not on it), which
-    VLLM_USE_V2_MODEL_RUNNER=1 overrides; the advice says so."""
+    """After the runner exists: only the V2 model runner's capture sites are hooked (vLLM 0.26.0 runs MoE models
+    outside `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` on V1 unless VLLM_USE_V2_MODEL_RUNNER=1)."""
     if not getattr(worker, "use_v2_model_runner", False):
         raise _refuse(
             "this model (it runs on vLLM's V1 model runner)",
@@ -185,12 +175,4 @@ def compile_forward(runner: Any) -> dict[str, float]:
 
 def setup_tensors(runner: Any) -> dict[str, torch.Tensor]:
     """The setup tensors the graphs read, by name: parameters, buffers and KV caches (LOAD proves their place)."""
-    named: dict[str, torch.Tensor] = {}
-    for name, t in runner.model.named_parameters():
-        named[f"param.{name}"] = t.data
-    for name, t in runner.model.named_buffers():
-        if t.is_cuda:
-            named[f"buffer.{name}"] = t
-    for i, t in enumerate(runner.kv_caches):
-        named[f"kv_cache.{i}"] = t
-    return named
+    return {**engine.model_tensors(runner.model), **{f"kv_cache.{i}": t for i, t in enumerate(runner.kv_caches)}}

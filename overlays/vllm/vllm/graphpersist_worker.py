@@ -1,32 +1,5 @@
-"""The GPU worker that persists (SAVE) or restores (LOAD) its CUDA graphs: vLLM's Worker plus the runtime's phases.
-
-`vllm/graphpersist_switch.py` selects this class (`worker_cls`) only when persistence is on; with it off vLLM
-uses its own Worker untouched. Every worker process (in-process at TP=1, a child of the engine core at TP>1) runs
-under the runtime's interposer (LD_PRELOAD, exported by the switch before vLLM starts any process; a child is
-spawned where its parent lacks it: `graphpersist_switch.start_method`) and starts its address region before
-distributed init. Setup is divided into phases anchored at SAVE's offsets, so work whose allocations
-vary between runs (torch.compile, the memory profile, warm-ups) cannot move the memory the graphs use:
-
-| phase | what | kind |
-|---|---|---|
-| (setup) | NCCL and custom all-reduce buffers, model runner buffers, weights | exact |
-| profile | SAVE: upstream's memory profile (compiles the model); LOAD: its profile run alone | variable, 96 GiB |
-| kv_cache | attention backends, KV cache, block tables | exact |
-| warmup | compile of other size ranges, kernel warm-up | variable, 48 GiB |
-| capture / restore | SAVE captures then writes the archive; LOAD restores every graph, captures nothing | - |
-| custom_all_reduce | graph buffers registered with the peers (TP>1) | post-capture |
-
-The archive also carries the host's JIT and compile caches (`vllm/graphpersist_caches.py`): rank 0 packs them at
-SAVE; every rank of a LOAD puts back what its host lacks in init_device, before anything compiles (timed as
-`jitcache`, inside init_device).
-
-Inductor's timed launch configs (`graphpersist.graph.kernelchoice`): SAVE makes one choice per kernel source and records
-it in the rank's notes; LOAD launches the archive's choices instead of timing again.
-
-SAVE sizes the KV cache by the session's memory budget (the smallest rank's profile rounded down to 1 GiB, so cold and
-warm SAVEs lay out the same archive); LOAD never profiles: it reuses that budget, checked against the GPU's free
-memory. The session (graphpersist.engine.PersistSession) runs every step; each method below is one of its seams.
-"""
+"""vLLM's GPU worker with CUDA-graph persistence: each overridden method is one of the session's seams, in start-up
+order (patches/vllm/README.md, "The worker's start", has the phases and why each is exact or variable)."""
 
 from __future__ import annotations
 

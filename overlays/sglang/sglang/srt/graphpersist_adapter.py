@@ -1,13 +1,5 @@
-"""SGLang as the runtime's persistence session sees it: the answers only SGLang's model runner can give.
-
-The session (graphpersist.engine.PersistSession) owns the SAVE/LOAD lifecycle; this adapter answers its questions
-from one scheduler (TP worker) process's `ModelRunner`: the facts an archive records (`graphpersist_facts`), where
-the graphs live and how LOAD puts them back (`graphpersist_capture`), custom all-reduce v2
-(`graphpersist_customar`), DeepEP's Buffer (`graphpersist_deepep`), the cache folders (`graphpersist_caches`) and
-the first requests a SAVE runs before it packs the caches (`graphpersist_warmup`). It also holds SGLang's own
-bookkeeping of the run: the graph runners whose capture waits, the memory pool SAVE sized, the breaks of the
-breakable graph being captured.
-"""
+"""SGLang as the persistence session sees it: the answers only SGLang's model runner can give (`SglangAdapter`), and
+SGLang's own bookkeeping of the run (`SglangRun`)."""
 
 from __future__ import annotations
 
@@ -27,19 +19,8 @@ from graphpersist import engine
 
 FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
 
-# sgl-kernel 0.4.5's FA3 forward kernels with a 128-wide V head in bf16 (Qwen3-8B's attention) that do not append KV,
-# `device_kernel<enable_sm90_or_later<FlashAttnFwdSm90<CollectiveMainloopFwdSm90<..., 128, bfloat16_t, float, Sm90,
-# b0, ..., b12>, ...>>>(Params)` with b5 (AppendKV) false. The launcher leaves some bytes of their one Params block
-# (128-aligned, at parameter-buffer byte 112: EIATTR_KPARAM_INFO) as its stack held them: TP=1 SAVEs on the reference
-# host (2026-12-03) differed at buffer bytes 816-823 and 1072-1079 in one pair and at 176-183 in another (0x1 vs
-# 0x501a00000001, decode/128). SAVE writes zeros at every byte none of these kernels reads, so two SAVEs agree wherever
-# the garbage lands. The ranges are buffer offsets, read from the pinned wheel's sm_90a code by
-# recipes/diagnosis/fa3-unread-params (cuobjdump + nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 252 matching
-# instances, a byte listed here is touched by no direct constant load (constant bank = buffer + 0x210), by no indexed
-# constant load (each index register traced to the constants it can hold), and lies in no TMA descriptor whose address
-# the kernel takes (c[0x198] + offset, 128 bytes each; those addresses reach only UTMA* instructions); no instance takes
-# another parameter address. The 120 instances that append KV are left out: 40 of them take the Params block's own
-# address. Re-run the script on a new sgl-kernel pin and compare its list with this one.
+# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV: the buffer bytes none of them reads
+# (patches/sglang/README.md, "Parameter bytes never read"; recipes/diagnosis/fa3-unread-params derives the list).
 _FA3_FWD_V128_BF16 = re.compile(
     r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
 )

@@ -1,31 +1,5 @@
-"""The scheduler (TP worker) process's side of CUDA-graph persistence: the seams the patches call, in start-up order.
-
-The runtime's `PersistSession` runs the start; `graphpersist_adapter.SglangAdapter` answers its questions. SGLang
-starts one scheduler process per TP rank with `spawn`; each inherits the runtime's interposer through
-`LD_PRELOAD`, which the switch exports before SGLang launches them (`graphpersist_switch`). The seams:
-
-* `ModelRunner.init_torch_distributed`, first (`before_distributed`): refusals, the session, the address region;
-  LOAD also checks the facts known this early, puts the JIT caches back and anchors the phases at SAVE's offsets.
-* (setup, exact): NCCL, the custom all-reduce workspace, the weights, at the same addresses in SAVE and LOAD.
-* `KVCacheConfigurator.configure`, sizing (`memory_pool_config`): with DeepEP, its Buffer is made first, in the exact
-  phase `deepep` (`graphpersist_deepep.setup_buffer`); then the exact phase `kv_cache` begins; SAVE rounds the
-  profile down to 1 GiB and records the pool; LOAD reuses it, checked against free memory, never profiled.
-* the graph runners' `__init__`, capture (`graphpersist_capture.defer`): deferred, in SAVE and LOAD.
-* `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
-  (so state a layer creates on its first forward exists in setup); the exact phase `attn_shapes` prepares the attention
-  backend's per-shape capture metadata; then the session's `graphs` step marks the end of setup, and SAVE runs the
-  deferred captures and custom all-reduce's registration (post-capture phase `custom_all_reduce`) while LOAD
-  restores, installs the graphs in the runners, re-runs the registration and verifies the state.
-* the end of `ModelRunner.init_cuda_graphs` (`after_graphs`), once SGLang holds its graph runners and a batch can
-  run: the session's `ready` and `finish`. SAVE writes the archive there (the adapter `writes_when_ready`), running
-  SGLang's first requests (`graphpersist_warmup`) after the archive's content is fixed and before rank 0 packs the
-  JIT caches, so the kernels they compile travel with it.
-
-Everything up to `mark_setup` is exact: LOAD's allocations must land at SAVE's addresses, event by event. The
-captures are deferred until every runner has allocated its buffers (upstream captures prefill graphs before the
-decode runner allocates), so SAVE and LOAD run the same setup. Per-rank timings and counts go to
-`GRAPHPERSIST_STATS_DIR` (the session's `finish`).
-"""
+"""The scheduler (TP worker) process's side of CUDA-graph persistence: the seams the patches call, in start-up order,
+each one of the session's steps (patches/sglang/README.md, "The scheduler's start", has the phases)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""What an SGLang archive must agree on, what persistence refuses, and the small engine lookups the engine glue needs.
-
-Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
-LOAD: a configuration that captures different graphs, or sizes its memory pool differently, is refused naming the
-field, the saved and the live value. The session compares what is known before setup (in the scheduler process,
-before distributed init: the session's `start`), so a wrong TP size or model is refused at start-up with those
-names rather than as an allocation that landed elsewhere.
-
-Nothing here imports SGLang or torch at module level: the CPU tests run these functions against stand-ins.
-"""
+"""What an SGLang archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up,
+and the small engine lookups the glue needs. Nothing here imports SGLang or torch at module level (CPU tests)."""
 
 from __future__ import annotations
 
@@ -281,14 +273,8 @@ def cpu_gather() -> Any:
 
 def setup_tensors(model_runner: Any) -> dict[str, Any]:
     """The setup tensors the graphs read, by name: parameters, buffers and the KV pool (LOAD proves their place)."""
-    named: dict[str, Any] = {}
-    for name, t in model_runner.model.named_parameters():
-        named[f"param.{name}"] = t.data
-    for name, t in model_runner.model.named_buffers():
-        if t.is_cuda:
-            named[f"buffer.{name}"] = t
+    named = engine.model_tensors(model_runner.model)
     pool = model_runner.token_to_kv_pool
     for kind in ("k_buffer", "v_buffer"):
-        for i, t in enumerate(getattr(pool, kind, None) or []):
-            named[f"kv_pool.{kind}.{i}"] = t
+        named.update({f"kv_pool.{kind}.{i}": t for i, t in enumerate(getattr(pool, kind, None) or [])})
     return named
