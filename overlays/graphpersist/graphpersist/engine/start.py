@@ -50,16 +50,23 @@ def export_environment(
 
 
 def resolve_switch(
-    mode: Any, directory: Any, logger: logging.Logger, pins: Mapping[str, str] | None = None
+    mode: Any,
+    directory: Any,
+    logger: logging.Logger,
+    pins: Mapping[str, str] | None = None,
+    refuse: Callable[[switch.Switch], None] | None = None,
 ) -> tuple[switch.Switch, bool]:
-    """The engine's switch from its flag or keyword values and the environment (graphpersist.switch decides); on, the
-    environment is exported for the engine's processes (with `pins`). Returns the switch and whether this is its
-    first resolution in this process (logged then, with the pins it set)."""
+    """The engine's switch from its flag or keyword values and the environment (graphpersist.switch decides); on,
+    `refuse(switch)` may refuse it (nothing is exported then), else the environment is exported for the engine's
+    processes (with `pins`). Returns the switch and whether this is its first resolution in this process (logged
+    then, with the pins it set)."""
     resolved = switch.resolve(mode, directory)
     if not resolved.enabled:
         if os.environ.get(switch.MODE_ENV, "off") not in ("", "off"):  # the flag said off: so must every process
             os.environ[switch.MODE_ENV] = "off"
         return resolved, False
+    if refuse is not None:
+        refuse(resolved)
     pinned = export_environment(resolved, os.environ, pins)
     key = (resolved.mode, str(resolved.directory))
     if key in _logged:
