@@ -8,7 +8,9 @@ download cache is a temporary GP_CACHE_DIR. No network except the test marked `n
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from gptools import bundle_archive as ba
 from gptools import bundle_closure as bc
 from gptools import bundle_lock as bl
 
+REPO = Path(__file__).resolve().parents[2]
+GPU_HOST = REPO / "recipes" / "gpu-host"
 UNREACHABLE = "http://127.0.0.1:9/no-index-here"
 
 
@@ -206,3 +210,74 @@ def test_lock_option_misuse_exits_2(scene, capsys, extra, message):
     assert message in capsys.readouterr().err
     i = scene.base.index("--engine")
     assert bundle.main([*scene.base[:i], "--engine", "all", *scene.base[i + 2 :], "--lock", "x.lock"]) == 2
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the committed locks
+
+
+def _recipe_args(engine: str):
+    parser = bundle._ArgFileParser(fromfile_prefix_chars="@")
+    bundle.add_arguments(parser)
+    return parser.parse_args([f"@{GPU_HOST / f'{engine}.args'}", "--host-freeze", str(GPU_HOST / "pip-freeze.txt")])
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_committed_lock_fits_its_options_file_and_the_host_freeze(engine):
+    """An edit of <engine>.args or pip-freeze.txt without `make bundle-lock` would make `make bundle` refuse."""
+    args = _recipe_args(engine)
+    target = bc.Target(python_version="3.12", python_full_version=args.python_version, glibc=args.glibc)
+    lock = bl.load(GPU_HOST / f"{engine}.lock")
+    assert lock.engine == engine
+    assert lock.inputs.differences(bundle._options(args).inputs(args, target)) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_committed_lock_names_each_index_wheel_by_file_and_sha256(engine):
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    lock = bl.load(GPU_HOST / f"{engine}.lock")
+    names = [w.name for w in lock.wheels]
+    assert names == sorted(set(names))
+    assert {w.name for w in lock.wheels if w.from_dist} >= {engine, "graphpersist"}
+    for w in lock.wheels:
+        if w.from_dist:
+            continue
+        name, version, _, _ = parse_wheel_filename(w.file)
+        assert (canonicalize_name(name), str(version)) == (w.name, w.version), w.file
+        assert re.fullmatch(r"[0-9a-f]{64}", w.sha256) and w.size > 0, w.file
+    if engine == "sglang":
+        assert "deep-ep" in {w.name for w in lock.wheels if w.from_dist}  # --with-library: our build, from dist/
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# make bundle
+
+
+def test_make_bundle_of_one_engine_builds_every_engine_and_bundles_from_its_lock():
+    proc = subprocess.run(
+        ["make", "-n", "-C", str(REPO), "bundle", "ENGINE=sglang"], capture_output=True, text=True, check=True
+    )
+    lines = proc.stdout.splitlines()
+    assert any("gpdist build --engine all" in ln for ln in lines), proc.stdout
+    [bundle_line] = [ln for ln in lines if "gptools bundle" in ln]
+    assert "@recipes/gpu-host/sglang.args --lock recipes/gpu-host/sglang.lock" in bundle_line
+    assert "--host-freeze recipes/gpu-host/pip-freeze.txt" in bundle_line and "vllm" not in bundle_line
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_make_bundle_for_sglang_keeps_the_other_wheels_in_dist(tmp_path):
+    """Before: `make bundle ENGINE=sglang` rebuilt dist/ with SGLang's wheel alone, then wanted deep_ep."""
+    dist = tmp_path / "dist"
+    foreign = make_wheel(dist, "someone-else", "1.0")
+    proc = subprocess.run(
+        ["make", "-C", str(REPO), "bundle", "ENGINE=sglang", f"DIST={dist}", "BUNDLE_ARGS=--dry-run"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = {p.name.split("-")[0] for p in dist.glob("*.whl")}
+    assert {"vllm", "sglang", "deep_ep", "graphpersist"} <= names and foreign.exists()
+    assert "== sglang bundle: dry-run" in proc.stdout
