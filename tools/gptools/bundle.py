@@ -420,7 +420,7 @@ def _lock_plan(engine: str, args: argparse.Namespace, target: bc.Target, opts: O
         raise bl.LockError(
             stale,
             f"the lock {args.lock} was resolved for other inputs: refresh it with `make bundle-lock ENGINE={engine}` "
-            "(resolves against the index again; review the diff), or ask for what it was made with",
+            "(resolves against the index again; review the diff), or restore the inputs it was made with",
         )
     log(f"{engine}: {len(lock.wheels)} wheels from the lock {args.lock} (locked {lock.locked}); no resolution")
     if not args.dry_run:
@@ -429,7 +429,7 @@ def _lock_plan(engine: str, args: argparse.Namespace, target: bc.Target, opts: O
     wheels = []
     for e in lock.wheels:
         path = paths.get(e.name)
-        ours = e.from_dist and path is not None
+        ours = e.from_dist  # found in dist/ above; an index wheel's path is None in a --dry-run
         wheels.append(
             {
                 "file": path.name if ours else e.file,

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from gpdist import fetch as gpfetch
+from gptools.bundle_closure import DIST
 
 FORMAT = "gpbundle-lock/1"
-DIST = "dist"  # bundle_closure.DIST: a wheel of ours, from dist/
 CHUNK = 1 << 20
 
 
