@@ -50,6 +50,14 @@ RANK_RECORD_NAME = "rank.json"
 RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")  # a rank's folder at the top of an archive
 IMAGES_DIR = "images"  # kernel images at the top of an archive, one file per sha256 whichever ranks load it
 UINT_MAX = 2**64 - 1  # the largest value of an integer field
+# What the world facts may hold (World.limit_problem): every saved fact is compared with its live value at LOAD and by
+# `graphpersist check`, so the counts and sizes are capped far above what an engine records (vLLM and SGLang record
+# about 25 flags and 10 pins, the longest value a list of a few hundred batch sizes) and far below what would cost
+# time: a padded manifest is refused at once, naming the cap.
+MAX_FLAGS = 1024  # flag fields (a nested flag counts each of its leaves, as they are compared)
+MAX_ENV = 1024  # environment pins
+MAX_FIELD_NAME = 256  # characters of a fact's dotted name ("flags.memory_pool.max_total_num_tokens")
+MAX_FIELD_BYTES = 64 << 10  # one fact's value as JSON text
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -182,8 +190,36 @@ class World:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> World:
-        """Builds the world from a nested mapping (e.g. liveenv.collect_live's); unknown keys are refused."""
+        """Builds the world from a nested mapping (e.g. liveenv.collect_live's); unknown keys and facts past the caps
+        (MAX_FLAGS, MAX_ENV, MAX_FIELD_NAME, MAX_FIELD_BYTES) are refused."""
         return _from_json(cls, data, "world")
+
+    def limit_problem(self, where: str = "world") -> str | None:
+        """Which cap the facts exceed, or None: counted and measured before anything compares them."""
+        if len(self.env) > MAX_ENV:
+            return f"{where}.env holds {len(self.env)} pins, more than the {MAX_ENV} an archive may record (MAX_ENV)"
+        leaves: list[tuple[str, Any]] = []
+        pending: list[tuple[str, Any]] = [("flags", self.flags)]
+        while pending:  # the flags' leaves, named as validate.flatten names them, counted before the walk goes on
+            prefix, mapping = pending.pop()
+            for key, value in mapping.items():
+                if isinstance(value, Mapping):
+                    pending.append((f"{prefix}.{key}", value))
+                else:
+                    leaves.append((f"{prefix}.{key}", value))
+            if len(leaves) + len(pending) > MAX_FLAGS:
+                return f"{where}.flags holds more than the {MAX_FLAGS} flags an archive may record (MAX_FLAGS)"
+        facts = _to_json({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "flags"})
+        leaves += [(f"{section}.{key}", value) for section, values in facts.items() for key, value in values.items()]
+        for name, value in leaves:
+            if len(name) > MAX_FIELD_NAME:
+                return (f"{where}.{_clip(name)}: a name of {len(name)} characters, more than {MAX_FIELD_NAME} "
+                        "(MAX_FIELD_NAME)")  # fmt: skip
+            size = len(value) if isinstance(value, str) else len(json.dumps(value, ensure_ascii=False))
+            if size > MAX_FIELD_BYTES:
+                return (f"{where}.{_clip(name)}: a value of {size} characters, more than {MAX_FIELD_BYTES} "
+                        "(MAX_FIELD_BYTES)")  # fmt: skip
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -633,6 +669,8 @@ def _converter(tp: Any) -> Converter:
         return scalar[1]
     if tp is RankExtra:  # its own parser, naming keys as rank.json does (`extra.phases[1].start`)
         return lambda value, where: RankExtra.from_dict(value)
+    if tp is World:  # its fields, then its caps
+        return _world_converter()
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _union_converter(tp)
@@ -643,6 +681,19 @@ def _converter(tp: Any) -> Converter:
     if origin is dict:
         return _dict_converter(typing.get_args(tp)[1])
     return _identity  # a plain type this module does not check (none of the records use one)
+
+
+def _world_converter() -> Converter:
+    fields = _record_converter(World)
+
+    def convert(value: Any, where: str) -> World:
+        world = fields(value, where)
+        problem = world.limit_problem(where)
+        if problem:
+            raise ManifestError(problem)
+        return world
+
+    return convert
 
 
 def _union_converter(tp: Any) -> Converter:
