@@ -211,15 +211,18 @@ def redigest(doc: Any) -> Any:
 
 
 def forge(root: Path, rel: str, data: bytes) -> None:
-    """Replaces listed file `rel` by `data` as a forger would: the rank record that commits to it (its
-    extra.digests, then its own digest) and the file table made to match, so that the bytes reach the reader that
-    parses them. What a test of that reader needs; what no archive damage or careless edit can do."""
+    """Replaces listed file `rel` (or manifest.json) by `data` as a forger would: the rank record that commits to it
+    (its extra.digests, then its own digest) and the file table made to match, so that the bytes reach the reader
+    that parses them. What a test of that reader needs; what no archive damage or careless edit can do."""
     (root / rel).write_bytes(data)
     changed = [rel]
     try:
         from graphpersist.archive import digests as archive_digests
     except ImportError:  # a release before the records' commitments: the table is all there is to match
         _retable(root, changed)
+        return
+    if rel == "manifest.json":
+        _forge_manifest(root, data)
         return
     top = rel.split("/", 1)[0]
     owner = int(top.removeprefix("rank_")) if RANK_DIR.fullmatch(top) else 0
@@ -239,6 +242,25 @@ def forge(root: Path, rel: str, data: bytes) -> None:
             (root / record_rel).write_text(json.dumps(redigest(doc), indent=2))
             changed.append(record_rel)
     _retable(root, changed)
+
+
+def _forge_manifest(root: Path, data: bytes) -> None:
+    """manifest.json replaced by `data`, rank 0's commitment to it (and rank 0's table entry) made to match, where
+    `data` is a manifest the reader would parse that far."""
+    from graphpersist.archive import digests as archive_digests
+
+    record_rel = "rank_0/rank.json"
+    try:
+        doc = json.loads(data)
+        record = json.loads((root / record_rel).read_bytes())
+        record["extra"][archive_digests.KEY]["manifest"] = archive_digests.manifest_digest(doc)
+        listed = record_rel in doc["files"]
+    except (ValueError, RecursionError, TypeError, KeyError, AttributeError):  # the parser's business
+        return
+    if not listed:
+        return
+    (root / record_rel).write_text(json.dumps(redigest(record), indent=2))
+    _retable(root, [record_rel])
 
 
 def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:

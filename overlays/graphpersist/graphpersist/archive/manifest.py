@@ -43,7 +43,9 @@ from graphpersist.memory.state import StateRecord
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
-FORMAT_VERSION = 2
+# 3: every rank record commits to its files and itself (`extra.digests`, required), rank 0's also to manifest.json
+#    (graphpersist.archive.digests): a format-2 archive may lack them, and an archive without them is refused.
+FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
@@ -296,10 +298,12 @@ class DeviceFacts:
 @dataclass(frozen=True)
 class RecordDigests:
     """What a rank record commits to (graphpersist.archive.digests): the sha256 of every file it owns, by archive
-    path, and of the record itself as canonical JSON without `record`."""
+    path, of the record itself as canonical JSON without `record`, and (rank 0's only) of manifest.json without
+    its file table and creation info."""
 
     files: dict[str, str]
     record: str
+    manifest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,8 @@ class RankExtra:
                 continue
             if f.name in ("phases", "state"):
                 out[f.name] = [row.to_json() for row in value]
+            elif f.name == "digests":  # `manifest` only in rank 0's
+                out[f.name] = {k: v for k, v in _to_json(value).items() if v is not None}
             else:
                 out[f.name] = _to_json(value)
         return out
@@ -477,7 +483,13 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
-        return cls.from_dict(_loads(text, MANIFEST_NAME))
+        return cls.parsed(text)[0]
+
+    @classmethod
+    def parsed(cls, text: str | bytes) -> tuple[Manifest, dict[str, Any]]:
+        """The manifest and the JSON object it was read from (what rank 0's record commits to, without `files`)."""
+        doc = _loads(text, MANIFEST_NAME)
+        return cls.from_dict(doc), doc
 
     def consistency_problems(self) -> list[str]:
         """What contradicts itself across fields: ranks that are not exactly 0 .. parallel.world_size-1, a file
@@ -902,16 +914,17 @@ def _states(value: Any, where: str) -> tuple[StateRecord, ...]:
 
 
 def _digests(value: Any, where: str) -> RecordDigests:
-    if not isinstance(value, Mapping) or set(value) != {"files", "record"}:
-        raise ManifestError(f"{where}: must be an object with exactly `files` and `record`")
-    if not isinstance(value["record"], str) or not _SHA256.fullmatch(value["record"]):
-        raise ManifestError(f"{where}.record: must be a sha256 (64 lower-case hex digits)")
+    if not isinstance(value, Mapping) or not {"files", "record"} <= set(value) <= {"files", "record", "manifest"}:
+        raise ManifestError(f"{where}: must be an object with `files`, `record` and (rank 0's) `manifest`")
+    for key in ("record", "manifest"):
+        if key in value and (not isinstance(value[key], str) or not _SHA256.fullmatch(value[key])):
+            raise ManifestError(f"{where}.{key}: must be a sha256 (64 lower-case hex digits)")
     files = value["files"]
     if not isinstance(files, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and _SHA256.fullmatch(v) for k, v in files.items()
     ):
         raise ManifestError(f"{where}.files: must map archive paths to sha256s")
-    return RecordDigests(files=dict(files), record=value["record"])
+    return RecordDigests(files=dict(files), record=value["record"], manifest=value.get("manifest"))
 
 
 def _host_memory(value: Any, where: str) -> HostMemoryRecord:
