@@ -2,7 +2,8 @@
 
 The payload bytes are stand-ins (no GPU here), but the structure is the real one: world facts, per-rank
 records whose graphs and images point at files that exist, and every file in the manifest's table.
-Run it to make one: `PYTHONPATH=overlays/graphpersist python tests/cpu/archive_fixtures.py /tmp/demo-archive`.
+Run it to make one (write_loadable_archive: what SAVE writes, so `graphpersist check` verifies it as LOAD reads it):
+`PYTHONPATH=overlays/graphpersist python tests/cpu/archive_fixtures.py /tmp/demo-archive`.
 """
 
 from __future__ import annotations
@@ -275,12 +276,6 @@ def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:
     return live
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: archive_fixtures.py OUT_DIR")
-    print(write_archive(Path(sys.argv[1])))
-
-
 # ------------------------------------------------------------------------------------------ loadable archives
 # write_rank's payload is a stand-in (structure only). write_loadable_rank writes what SAVE writes
 # (save.Saver._write): a graph pack and its index, the allocation log, the phases, the pointer inventory, the setup
@@ -418,3 +413,9 @@ def write_loadable_archive(
         for rank in range(facts["parallel"]["world_size"]):
             write_loadable_rank(writer, rank, shared_image)
         return writer.commit()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: archive_fixtures.py OUT_DIR")
+    print(write_loadable_archive(Path(sys.argv[1])))  # what `graphpersist inspect|check|diff` read, as SAVE writes it
