@@ -98,7 +98,7 @@ def refused_everywhere(root: Path, rank: int, says: str) -> None:
 
 def test_comparing_tens_of_thousands_of_facts_is_linear(loadable: Path) -> None:
     """Facts past the caps never reach the comparison; the comparison itself is linear all the same (before: 30k
-    flags took 6 s, 100k 72 s, in evaluate's list of what was not checked)."""
+    flags took 6 s per call, 100k 72 s, in evaluate's list of what was not checked)."""
     archive = open_archive(loadable)
     flags = {f"pad{i}": i for i in range(30_000)}
     padded = dataclasses.replace(archive.manifest.world, flags=flags)
@@ -106,10 +106,10 @@ def test_comparing_tens_of_thousands_of_facts_is_linear(loadable: Path) -> None:
                   archive.ranks})  # fmt: skip
     live = live_for(0)
     live["flags"] = dict(flags)
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: what the comparison costs, whatever else the host runs
     for skip_unknown in (False, True):
         assert evaluate(big, live, 0, skip_unknown=skip_unknown).mismatches == []
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 2.0
 
 
 def pad_flags(root: Path, n: int) -> None:
@@ -121,12 +121,12 @@ def pad_flags(root: Path, n: int) -> None:
 
 def test_a_manifest_padded_with_100k_flags_is_refused_fast(loadable: Path) -> None:
     pad_flags(loadable, 100_000)
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time, as above
     code, _out, err = run_cli("check", str(loadable))
     assert code == 2 and f"more than the {MAX_FLAGS} flags an archive may record (MAX_FLAGS)" in err, err
     with pytest.raises(ArchiveError, match=r"MAX_FLAGS"):
         open_archive(loadable, keep_rank=1)
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
 
 
 def test_a_padded_manifest_under_the_cap_loads() -> None:
@@ -203,7 +203,7 @@ def test_stripped_digests_do_not_let_a_changed_parameter_byte_through(loadable: 
 # ------------------------------------------------------------------------------------------------------ item 4
 
 
-def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+def _tar(*members: Member) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for info, data in members:
@@ -211,8 +211,10 @@ def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
     return out.getvalue()
 
 
-def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", **fields: Any) -> tuple[tarfile.TarInfo,
-                                                                                                    bytes | None]:  # fmt: skip
+Member = tuple[tarfile.TarInfo, bytes | None]
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", **fields: Any) -> Member:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.size = len(data) if kind == tarfile.REGTYPE else 0
