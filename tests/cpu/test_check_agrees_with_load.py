@@ -6,7 +6,8 @@ Each test pins one behaviour with a case that failed before it (main at b5db8b4)
     test_each_cap_on_the_world_facts_is_named, test_save_refuses_world_facts_past_a_cap,
     test_a_manifest_edited_without_rehashing_is_refused
  4  test_check_refuses_the_jit_caches_load_refuses, test_check_refuses_the_allocation_logs_load_refuses,
-    test_check_refuses_the_values_load_cannot_use, test_check_runs_loads_cpu_stage_for_every_rank
+    test_check_refuses_the_phases_load_refuses, test_check_refuses_the_values_load_cannot_use,
+    test_check_runs_loads_cpu_stage_for_every_rank, test_live_ranges_of_a_padded_log_are_linear_and_unchanged
  5  test_stripped_digests_do_not_let_a_changed_parameter_byte_through
  8  test_the_demo_archive_is_checked_as_load_reads_it, test_inspect_of_a_missing_rank_names_the_ranks,
     test_a_mistyped_option_prints_the_subcommands_usage_and_the_closest_option,
@@ -25,6 +26,7 @@ import gzip
 import hashlib
 import io
 import json
+import random
 import re
 import subprocess
 import sys
@@ -43,6 +45,7 @@ from graphpersist.archive.manifest import MAX_ENV, MAX_FIELD_BYTES, MAX_FIELD_NA
 from graphpersist.archive.validate import evaluate
 from graphpersist.errors import JitCacheError
 from graphpersist.memory import layout
+from graphpersist.memory.region import Event, live_ranges
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -349,6 +352,34 @@ def test_check_runs_loads_cpu_stage_for_every_rank(loadable: Path, monkeypatch: 
     assert code != 2 and calls == [(0, True), (1, True)], out + err
     # load() needs torch to import: that its rank's LOAD calls the same stage is read from its source
     assert "loadstage.rank_stage(" in (Path(loadstage.__file__).parent / "load.py").read_text()
+
+
+def _naive_live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
+    """What live_ranges computed before it swept (each unmap looked at every live mapping): the semantics it keeps."""
+    live: dict[int, int] = {}
+    for e in evs:
+        if e.kind in ("alloc", "map_fixed", "ipc_open", "lib_map"):
+            live[e.addr] = e.size
+        elif e.kind in ("free", "ipc_close"):
+            live.pop(e.addr, None)
+        elif e.kind in ("lib_unmap", "unreserve"):
+            for a in [a for a in live if e.addr <= a < e.addr + e.size]:
+                del live[a]
+    return sorted(live.items())
+
+
+def test_live_ranges_of_a_padded_log_are_linear_and_unchanged() -> None:
+    kinds = ["alloc", "map_fixed", "ipc_open", "lib_map", "free", "ipc_close", "lib_unmap", "unreserve", "reserve"]
+    rng = random.Random(41)
+    for _ in range(2000):
+        evs = [Event(i, rng.choice(kinds), rng.randrange(40), rng.randrange(12), 0) for i in range(rng.randrange(60))]
+        assert live_ranges(evs) == _naive_live_ranges(evs), evs
+    n = 100_000  # n mappings, then n unmaps of nothing: n squared before (minutes)
+    evs = [Event(i, "lib_map", REGION_BASE + 4096 * i, 4096, 0) for i in range(n)]
+    evs += [Event(n + i, "lib_unmap", REGION_BASE, 0, 0) for i in range(n)]
+    started = time.process_time()
+    assert len(live_ranges(evs)) == n
+    assert time.process_time() - started < 2.0
 
 
 # ------------------------------------------------------------------------------------------------------ item 8
