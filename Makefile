@@ -66,7 +66,7 @@ test-upstream: build ## vLLM's own tests of what we patch: same outcomes on our 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
 # says how many ("N deselected"; under xdist, its summaries section). The index URL points nowhere so that a fetch
 # that slipped through fails at once.
-test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
+test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (1-3 min on 2 cores)
 	$(TEST_ENV) GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
 	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 

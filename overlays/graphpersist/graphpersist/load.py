@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graphpersist import ranks
+from graphpersist import loadstage, ranks
 from graphpersist.archive import Archive, ArchiveError, open_archive
 from graphpersist.archive.liveenv import collect_live
 from graphpersist.archive.validate import LoadRefused, check_or_refuse, evaluate
@@ -27,7 +27,7 @@ from graphpersist.gcpause import paused_gc
 from graphpersist.graph import build as graphbuild
 from graphpersist.graph import images, structure
 from graphpersist.graph.graphset import GraphSet
-from graphpersist.loadplan import LoadPlan, read_plan
+from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 
@@ -275,9 +275,9 @@ def _load_rank(
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
-    # Everything LOAD takes from the archive is read and checked (loadplan) before anything is mapped or loaded;
-    # the native path never looks at kernel nodes' JSON.
-    plan = read_plan(archive, rank, full=verify_topology or not native)  # ArchiveError naming file and field
+    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
+    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
+    plan = loadstage.rank_stage(archive, rank, full=verify_topology or not native)  # ArchiveError naming the field
     rec, descs = plan.record, plan.graphs
     setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
     setup.check_pointer_blocks(plan.torch_blocks)

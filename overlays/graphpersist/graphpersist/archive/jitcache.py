@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import secrets
@@ -137,6 +138,20 @@ def restore(blob: bytes, dirs: Mapping[str, Path]) -> CacheStats:
     except tarfile.TarError as exc:
         raise JitCacheError(f"graphpersist: the archive's JIT caches are not a readable tar: {exc}") from None
     return stats
+
+
+def validate(blob: bytes) -> int:
+    """Refuses (JitCacheError, as restore() words it) the blobs restore() refuses, writing nothing: a tar that does
+    not parse, or a member that breaks restore's rules (_check_member). What `graphpersist check` runs, so that it
+    refuses the caches a LOAD would. Returns the number of members."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member)
+    except tarfile.TarError as exc:
+        raise JitCacheError(f"graphpersist: the archive's JIT caches are not a readable tar: {exc}") from None
+    return len(members)
 
 
 # ---------------------------------------------------------------------------------------------------- collect
@@ -258,6 +273,8 @@ def _check_member(member: tarfile.TarInfo) -> None:
         problem = "is not a plain relative path ('..', '.', '//' or '\\')"
     elif len(parts) < 2 or not NAME.fullmatch(parts[0]):
         problem = "does not lie in a named cache folder"
+    elif _mtime_ns(member) is None:
+        problem = f"has a modification time ({str(member.mtime)[:40]}) no file can have"
     if problem is not None:
         raise JitCacheError(
             f"graphpersist: the archive's JIT caches hold a member {name[:200]!r} that {problem}: nothing was "
@@ -271,13 +288,19 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return reader.read()
 
 
-def _mtime_ns(member: tarfile.TarInfo) -> int:
+def _mtime_ns(member: tarfile.TarInfo) -> int | None:
+    """The member's modification time in ns (its pax header's, else the header's seconds); None when no file can
+    have it (NaN, infinite, past what os.utime takes)."""
     text = member.pax_headers.get("mtime")
-    if text and re.fullmatch(r"-?\d+\.\d{9}", text):
+    if text and re.fullmatch(r"-?[0-9]{1,12}\.[0-9]{9}", text):
         seconds, frac = text.split(".")
         sign = -1 if seconds.startswith("-") else 1
-        return sign * (abs(int(seconds)) * 1_000_000_000 + int(frac))
-    return int(member.mtime) * 1_000_000_000
+        ns = sign * (abs(int(seconds)) * 1_000_000_000 + int(frac))
+    elif isinstance(member.mtime, int | float) and math.isfinite(member.mtime):
+        ns = int(member.mtime) * 1_000_000_000
+    else:
+        return None
+    return ns if -(2**63) <= ns < 2**63 else None
 
 
 def _write_new(root: Path, rel: str, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bool:
@@ -315,6 +338,7 @@ def _place(dir_fd: int, filename: str, tar: tarfile.TarFile, member: tarfile.Tar
             fh.write(data)
             fh.flush()
             mtime = _mtime_ns(member)
+            assert mtime is not None  # _check_member refused any other
             os.utime(fh.fileno(), ns=(mtime, mtime))
         if _exists(filename, dir_fd):  # another rank (or the engine) put it there meanwhile: keep theirs
             os.unlink(tmp, dir_fd=dir_fd)
