@@ -43,7 +43,10 @@ from graphpersist.memory.state import StateRecord
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
-FORMAT_VERSION = 2
+# 3: names are registry ids, never module paths: an output dataclass is {"kind": "dataclass", "type": <id>} (was
+#    "class": "module:Qual.Name"), an engine's call record (SGLang's breaks) {"kind": "call", "fn": <id>} (was
+#    "fn": "module:Qual.Name" or "torch.ops:ns.op"). Older archives are refused as older ("re-run with mode=save").
+FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
