@@ -6,12 +6,14 @@ test_engine_sglang_persist_cpu.py; hostile variants in test_archive_fuzz.py ("na
 from __future__ import annotations
 
 import builtins
+import importlib
 import json
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from archive_fixtures import REGION_BASE, forge, redigest, write_loadable_archiv
 
 from graphpersist.archive import ArchiveError, open_archive
 from graphpersist.archive.manifest import FORMAT_VERSION
+from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.loadplan import NAMES_ADVICE, read_plan
 
@@ -234,3 +237,33 @@ def test_nothing_here_imports_a_module_an_archive_names() -> None:
     with pytest.raises(structure.StructureError):
         structure.decode({"kind": "dataclass", "type": "tabnanny", "fields": {}}, dict, types=TYPES)
     assert "tabnanny" not in sys.modules
+
+
+class _StandInDtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+def test_a_tensor_specs_dtype_is_looked_up_in_a_table_never_on_the_torch_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's module __getattr__ imports submodules by name (torch._dynamo): a saved dtype name must never reach it."""
+    asked: list[str] = []
+
+    def module_getattr(name: str) -> Any:
+        asked.append(name)
+        raise AttributeError(name)
+
+    torch = ModuleType("torch")
+    torch.__dict__.update(dtype=_StandInDtype, float32=_StandInDtype("float32"), __getattr__=module_getattr)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.delitem(sys.modules, "graphpersist.memory.tensors", raising=False)
+    tensors = importlib.import_module("graphpersist.memory.tensors")
+    assert tensors.dtypes() == {"float32": torch.float32}
+    for name in ("_dynamo", "load", "ops", "__class__"):
+        with pytest.raises(PersistError, match=f"dtype '{name}' is not a torch dtype: LOAD refused"):
+            tensors.tensor_at({"addr": REGION_BASE, "dtype": name, "shape": [1], "stride": [1]})
+    assert asked == []

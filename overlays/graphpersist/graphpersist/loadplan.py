@@ -40,7 +40,7 @@ from graphpersist.memory.region import EVENT_KINDS, Event
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
 # torch's dtype names as tensor specs write them (str(dtype) without "torch."): LOAD looks a name up in its table of
-# torch's dtypes (memory.tensors.DTYPES), never on the torch module; a name outside these families is no dtype.
+# torch's dtypes (memory.tensors.dtypes()), never on the torch module; a name outside these families is no dtype.
 _DTYPE = re.compile(r"(float|bfloat|int|uint|complex|bool|qint|quint|bits)[0-9a-z_]*")
 _MAX_DIMS = 64
 _EVENT_KINDS = frozenset(EVENT_KINDS.values())
