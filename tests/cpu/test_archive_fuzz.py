@@ -693,6 +693,7 @@ def build_cases(p: Pristine, seed: int = SEED) -> list[Case]:
         cases.append(Case("file system", name, apply, refuse=EVERY_READER if refuse else frozenset()))
     cases += forged_cases(p)
     cases += padding_cases()
+    cases += name_resolution_cases()  # its own block, below
     return cases
 
 
@@ -1094,3 +1095,189 @@ def test_the_real_command_refuses_hostile_archives_without_a_traceback(pristine:
             assert not [c for c in CONTROL if c in text], f"{case.name}: {text[:300]!r}"
             if case.refuse == EVERY_READER:
                 assert ran.returncode == 2 and "cannot open archive" in ran.stderr, f"{case.name}: {text[-500:]}"
+
+
+# ----------------------------------------------------------------------------------------------- name resolution
+# An archive is data, never code (issue 41). Forged records (every digest recomputed) of an SGLang-like rank 0 whose
+# break function, or an output dataclass's type (in the graph index or inside a break's arguments), names code: module
+# paths, dunders, os:system, builtins:eval, torch.ops paths, records in format 2's shape, and ids no registry holds.
+# Through the readers above, `check` and rank 0's LOAD refuse whatever is not an id (the closed shape they can know
+# without the engine); test_name_resolution_reaches_nothing_at_the_engine takes every case on to SGLang's glue (its
+# live registry) as LOAD would: each is refused there at the latest, and nothing is ever called or imported.
+
+NAMES: list[Any] = [
+    "os:system", "os:popen", "os.system:__call__", "builtins:eval", "builtins:exec", "builtins:__import__",
+    "__import__", "__builtins__", "os.__dict__", "a.__class__.__init__", "sglang.attention.__globals__",
+    "torch.ops:aten.empty", "torch.ops:sglang.unified_attention_with_output", "torch.ops.aten.empty.default",
+    "sglang.srt.layers.radix_attention:unified_attention_with_output", "graphpersist.load:LoadedGraph",
+    "subprocess:Popen", "importlib:import_module", "pickle:loads", "sys:modules", "SGLANG.ATTENTION",
+    "sglang..attention", "sglang.attention\n", " sglang.attention", "", "x" * 65, 7, None, True, ["os", "system"],
+    {"module": "os"},
+    # id-shaped: check cannot tell them from ids; the live registry lacks them
+    "os.system", "builtins.eval", "sys.modules", "subprocess.popen", "torch.ops.aten.empty", "sglang.no_such_break",
+    "sglang.logits_processor_output", "sglang.attention",
+]  # fmt: skip
+_MIB = 1 << 20
+
+
+def _sglang_notes(fn: Any = "sglang.attention", arg: dict[str, Any] | None = None, kind: bool = True) -> dict:
+    """SGLang's notes of one rank: a decode graph and a breakable prefill graph whose one break is the attention op
+    on a tensor of the rank (plus `arg`), as SAVE writes them (format 2's shape without `kind`)."""
+    from archive_fixtures import REGION_BASE
+
+    spec = {"addr": REGION_BASE + 64 * _MIB + 512, "dtype": "bfloat16", "shape": [8, 64], "stride": [64, 1]}
+    items = [{"kind": "tensor", "spec": spec}, {"kind": "value", "value": True}, *([arg] if arg else [])]
+    record = {
+        "kind": "call",
+        "fn": fn,
+        "args": {"kind": "tuple", "items": items},
+        "kwargs": {"kind": "dict", "keys": [], "items": []},
+        "output": {"kind": "value", "value": None},
+    }
+    if not kind:
+        del record["kind"]
+    return {"decode": {"decode/1": {"size": 1}}, "prefill": {"prefill/16": {"size": 16, "segments": 2,
+                                                                            "breaks": [record]}}}  # fmt: skip
+
+
+def _with_notes(notes: dict[str, Any], outputs: dict[str, Any] | None = None) -> Callable[[Path], None]:
+    def change(record: dict[str, Any], index: dict[str, Any]) -> None:
+        if "extra" in record:
+            record["extra"]["engine_notes"] = notes
+        if outputs is not None:
+            for g in index["graphs"][:1]:
+                g["outputs"] = outputs
+
+    return _edit_record_and_index(change)
+
+
+def name_resolution_cases() -> list[Case]:
+    from graphpersist.graph import structure
+
+    cases = [Case("name resolution", "SGLang notes as SAVE writes them", _with_notes(_sglang_notes()),
+                  binding=frozenset())]  # fmt: skip
+    for name in NAMES:
+        refuse = frozenset() if structure.is_id(name) else rank_readers(0)
+        shown_name = repr(name)[:50]
+        dataclass = {"kind": "dataclass", "type": name, "fields": {}}
+        if name != "sglang.attention":  # SGLang's registered break: the one that installs
+            cases.append(Case("name resolution", f"break fn {shown_name}", _with_notes(_sglang_notes(fn=name)),
+                              refuse=refuse, binding=frozenset()))  # fmt: skip
+        if name != "sglang.logits_processor_output":  # its registered output type
+            cases += [
+                Case("name resolution", f"break arg type {shown_name}", _with_notes(_sglang_notes(arg=dataclass)),
+                     refuse=refuse, binding=frozenset()),
+                Case("name resolution", f"output type {shown_name}", _with_notes(_sglang_notes(), outputs=dataclass),
+                     refuse=refuse, binding=frozenset()),
+            ]  # fmt: skip
+        if isinstance(name, str) and ":" in name:  # format 2's records, as they named code
+            old = {"kind": "dataclass", "class": name, "fields": {}}
+            cases += [
+                Case("name resolution", f"format 2 break fn {shown_name}", _with_notes(_sglang_notes(fn=name,
+                     kind=False)), refuse=rank_readers(0), binding=frozenset()),
+                Case("name resolution", f"format 2 output class {shown_name}", _with_notes(_sglang_notes(),
+                     outputs=old), refuse=rank_readers(0), binding=frozenset()),
+            ]  # fmt: skip
+    return cases
+
+
+@dataclasses.dataclass
+class StandInLogitsProcessorOutput:
+    """The dataclass SGLang's registry names "sglang.logits_processor_output" (a stand-in: no SGLang here)."""
+
+    next_token_logits: Any = None
+
+
+@pytest.fixture
+def sglang_glue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """SGLang's glue imported from the overlay (as test_engine_sglang_persist_cpu does), with stand-ins for the upstream
+    modules install() and the registry import, tensors as their specs, and the sinks a forged name could reach."""
+    import builtins
+    import importlib
+    from types import ModuleType, SimpleNamespace
+
+    from graphpersist import engine
+
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    packages = {"sglang": REPO / "overlays/sglang/sglang", "sglang.srt": REPO / "overlays/sglang/sglang/srt"}
+    for name, folder in packages.items():
+        package = ModuleType(name)
+        package.__path__ = [str(folder)]
+        monkeypatch.setitem(sys.modules, name, package)
+    op_calls: list[Any] = []
+    standins = {
+        "sglang.srt.model_executor.runner.shape_key": {"ShapeKey": lambda size: size},
+        "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph": {
+            "BreakableCUDAGraph": lambda deduped: SimpleNamespace(), "_copy_output": lambda dst, src: src},
+        "sglang.srt.layers.radix_attention": {"unified_attention_with_output": lambda *a: op_calls.append(a)},
+        "sglang.srt.layers.logits_processor": {"LogitsProcessorOutput": StandInLogitsProcessorOutput},
+    }  # fmt: skip
+    for name, attrs in standins.items():
+        module = ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    glue = SimpleNamespace(**{m: importlib.import_module(f"sglang.srt.graphpersist_{m}")
+                              for m in ("capture", "registry", "adapter")})  # fmt: skip
+    monkeypatch.setattr(engine, "tensor_at", lambda spec: ("tensor", spec["addr"]))
+    glue.op_calls, glue.sinks = op_calls, []
+    for owner, name in ((os, "system"), (os, "popen"), (subprocess, "Popen"), (builtins, "eval"),
+                        (importlib, "import_module")):  # fmt: skip
+        monkeypatch.setattr(owner, name, lambda *a, _n=name, **k: glue.sinks.append((_n, a)))
+    yield glue
+    for name in [m for m in sys.modules if m.startswith("sglang.")]:
+        sys.modules.pop(name, None)
+
+
+def _engine_stage(root: Path, glue: Any) -> str:
+    """Rank 0's LOAD as SGLang runs it, up to the first replay: the CPU stage, each graph's outputs rebuilt with the
+    adapter's registry of output types (what load() does), then the glue's install() of the notes into stand-in
+    runners, and each rebuilt break run once. "refused: <by>" or "installed"."""
+    from types import SimpleNamespace
+
+    from graphpersist.errors import PersistError
+    from graphpersist.graph import structure
+
+    try:
+        plan = read_plan(open_archive(root, keep_rank=0), 0)
+    except ArchiveError:
+        return "refused: CPU stage"
+    types = glue.adapter.SglangAdapter(SimpleNamespace()).output_types()
+    runners = {"decode": SimpleNamespace(capture_bs=[1], backend=SimpleNamespace(_graphs={}, _outputs={})),
+               "prefill": SimpleNamespace(capture_num_tokens=[16], backend=SimpleNamespace(
+                   _graphs={}, _outputs={}, _capture_inputs={}))}  # fmt: skip
+    result = {n: SimpleNamespace(outputs=n) for n in ("decode/1", "prefill/16/000", "prefill/16/001")}
+    try:
+        for name, (_desc, _blob, _table, entry) in plan.graphs.items():
+            structure.decode(entry.outputs, lambda spec: spec, f"graph {name!r} outputs", types)
+        glue.capture.install(runners, result, plan.notes)
+    except (PersistError, structure.StructureError):
+        return "refused: engine"
+    for fn in runners["prefill"].backend._graphs[16]._break_fns:
+        fn()
+    return "installed"
+
+
+def test_name_resolution_reaches_nothing_at_the_engine(
+    pristine: Pristine, scratch: Path, sglang_glue: Any, record_property: Callable[[str, object], None]
+) -> None:
+    """Every name-resolution case is refused by rank 0's CPU stage or by SGLang's live registry, and nothing a forged
+    name could reach (os.system, os.popen, subprocess.Popen, eval, importlib.import_module) is called; the notes as
+    SAVE writes them install, and their break calls the registry's attention op."""
+    outcomes: Counter[str] = Counter()
+    failures = []
+    for i, case in enumerate(name_resolution_cases()):
+        work = scratch / "names"
+        if work.exists():
+            shutil.rmtree(work)
+        shutil.copytree(pristine.root, work, symlinks=True, copy_function=os.link)
+        case.apply(work)
+        started = time.perf_counter()
+        outcome = _engine_stage(work, sglang_glue)
+        outcomes[outcome] += 1
+        want = "installed" if i == 0 else "refused: CPU stage" if case.refuse else "refused: engine"
+        if outcome != want or time.perf_counter() - started > CASE_SECONDS:
+            failures.append(f"{case.name}: {outcome}, want {want}")
+    record_property("names", f"name resolution at the engine: {dict(outcomes)}")
+    assert not failures, "\n".join(failures)
+    assert sglang_glue.sinks == [] and len(sglang_glue.op_calls) == 1

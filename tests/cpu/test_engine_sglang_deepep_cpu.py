@@ -401,6 +401,14 @@ def torch_standin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", torch)
 
 
+@pytest.fixture
+def deepep_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for SGLang's ep_moe layer module, whose DeepEPMoE the registry's "sglang.deepep_moe_a2a" names."""
+    module = ModuleType("sglang.srt.layers.moe.ep_moe.layer")
+    module.DeepEPMoE = StandInMoE  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
 class NamedModel:
     def __init__(self) -> None:
         self.moe = StandInMoE()
@@ -409,15 +417,9 @@ class NamedModel:
         yield "", self
         yield "model.layers.3.mlp.experts", self.moe
 
-    def get_submodule(self, name: str) -> Any:
-        found = dict(self.named_modules())
-        if name not in found:
-            raise AttributeError(name)
-        return found[name]
-
 
 def test_save_records_breakable_decode_graphs_and_names_a_breaks_module_by_its_place_in_the_model(
-    srt: SimpleNamespace, tmp_path: Path, torch_standin: None
+    srt: SimpleNamespace, tmp_path: Path, torch_standin: None, deepep_layer: None
 ) -> None:
     model = NamedModel()
     sess = open_session(
@@ -432,18 +434,19 @@ def test_save_records_breakable_decode_graphs_and_names_a_breaks_module_by_its_p
         ("decode/8/001", 8, "decode"),
     ]
     [record] = sess.notes["decode"]["decode/8"]["breaks"]
-    assert record["fn"] == f"{__name__}:StandInMoE._a2a_forward_with_output_impl"
+    assert (record["kind"], record["fn"]) == ("call", "sglang.deepep_moe_a2a")
     assert record["args"]["items"][0] == {"kind": "tensor", "spec": {"module": "model.layers.3.mlp.experts"}}
     with pytest.raises(PersistError, match=r"the module StandInMoE is not part of the model: SAVE refused \(serve"):
         srt.capture.captured_break(StandInMoE._a2a_forward_with_output_impl, (StandInMoE(),), {}, None)
 
 
 def test_load_installs_breakable_decode_graphs_calling_the_live_layer(
-    srt: SimpleNamespace, upstream_standins: None, torch_standin: None
+    srt: SimpleNamespace, upstream_standins: None, torch_standin: None, deepep_layer: None
 ) -> None:
     model = NamedModel()
     record = {
-        "fn": f"{__name__}:StandInMoE._a2a_forward_with_output_impl",
+        "kind": "call",
+        "fn": "sglang.deepep_moe_a2a",
         "args": {"kind": "tuple", "items": [{"kind": "tensor", "spec": {"module": "model.layers.3.mlp.experts"}},
                                             {"kind": "value", "value": 7}]},
         "kwargs": {"kind": "dict", "keys": [], "items": []},

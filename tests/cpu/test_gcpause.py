@@ -118,6 +118,7 @@ def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> N
         def refuse(self): pass
         def rank(self): return 0
         def parallel(self): return {"world_size": 1}
+        def output_types(self): return {}
         def device_index(self): return 0
         def model_facts(self): return {}
         def cache_resolvers(self): return {}

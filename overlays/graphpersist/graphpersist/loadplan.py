@@ -7,7 +7,10 @@ declared state, torch's blocks graphs read, the engine's notes) is checked by it
 is opened; here what spans files: the phases against the allocation log (`alloc_log.json`; `extra.setup_events`/
 `setup_cursor` required before phases), each "bytes" state against its payload, the graph pack and its index
 (graphpack), the setup tensors (`setup_tensors.json`), the pointer inventory (`pointers.json`), each graph's static
-input and output tensors. Needs neither torch nor CUDA.
+input and output tensors, and the records in the engine's notes that LOAD resolves: an archive is data, never code,
+so every output dataclass and every call an engine makes again must name its type or function by a registry id
+(graph.structure); whether the live engine's registry holds that id is LOAD's question, which check cannot answer
+without the engine. Needs neither torch nor CUDA.
 
 `read_plan(archive, rank)` is LOAD's fast path: shapes, ranges and sizes, the bytes hashed once by open_archive.
 `read_plan(..., every_byte=True)` is `graphpersist check`: it also parses every kernel node, recomputes each graph's
@@ -37,7 +40,8 @@ from graphpersist.memory.region import EVENT_KINDS, Event
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
 # torch's dtypes as tensor specs name them (str(dtype) without "torch.", torch 2.9-2.11), with their size in bytes:
-# LOAD makes a tensor with getattr(torch, name), so any other name (`complex`, `float_power`: functions) is refused.
+# LOAD looks a name up in its table of torch's dtypes (memory.tensors.dtypes()), never on the torch module; any other
+# name (`complex`, `float_power`: functions) is refused.
 TORCH_DTYPES: dict[str, int] = {
     "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
     "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex32": 4, "complex64": 8, "complex128": 16,
@@ -70,10 +74,19 @@ class LoadPlan:
 
 
 class _Refusal(Exception):
-    """One problem found while reading a plan: (file, field, what)."""
+    """One problem found while reading a plan: (file, field, what), and advice when its kind's default does not fit."""
 
-    def __init__(self, rel: str, where: str, what: str) -> None:
+    def __init__(self, rel: str, where: str, what: str, advice: str | None = None) -> None:
         super().__init__(f"{rel}: {where}: {what}" if where else f"{rel}: {what}")
+        self.advice = advice
+
+
+# An archive that names code other than by a registry id was not written by a SAVE (graph.structure).
+NAMES_ADVICE = (
+    "An archive names code only by an id of the live engine's registry, never by a module path: this one was edited "
+    "or written by something else than a SAVE of this release. Take archives only from a trusted SAVE, or re-run "
+    "with mode=save."
+)
 
 
 def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
@@ -98,9 +111,10 @@ def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bo
         if every_byte:
             for im in record.images:
                 archive.read_path(im.file)  # verified against its table entry, which equals the image's sha256
+        notes = record.engine_notes()
+        _engine_notes(notes, rec_rel, (record.region.base, record.region.base + record.region.size))
     except _Refusal as exc:
-        raise ArchiveError(archive.root, str(exc)) from None
-    notes = record.engine_notes()
+        raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
     return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, notes)
 
 
@@ -112,7 +126,7 @@ def read_graphs(
     try:
         return _graphs_and_pointers(archive, rank, archive.rank_facts(rank), full or every_byte, every_byte)
     except _Refusal as exc:
-        raise ArchiveError(archive.root, str(exc)) from None
+        raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
 
 
 def _graphs_and_pointers(
@@ -302,8 +316,27 @@ def _graphs(
         try:
             structure.check(entry.outputs, spec, "outputs")
         except structure.StructureError as exc:
-            raise _Refusal(index_rel, where, str(exc)) from None
+            advice = NAMES_ADVICE if isinstance(exc, structure.NotAnId) else None
+            raise _Refusal(index_rel, where, str(exc), advice) from None
     return descs
+
+
+def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> None:
+    """The engine's notes name code only by registry id (structure.check_notes: a call record's function, a
+    dataclass's type); each leaf of their records is a tensor spec in the rank's region or the engine's own leaf, an
+    object of strings (SGLang's `{"module": <name in the model>}`). Whether the live engine's registry holds an id is
+    LOAD's question: the engine's glue asks it (structure.decode_call), check cannot."""
+
+    def leaf(spec: Any, where: str) -> None:
+        if type(spec) is dict and set(spec) == {"addr", "dtype", "shape", "stride"}:
+            _spec_problem(spec, rel, f"extra.{where}", region)
+        elif type(spec) is not dict or not spec or not all(isinstance(v, str) for v in spec.values()):
+            raise _Refusal(rel, f"extra.{where}", "a leaf must be a tensor spec or an object of strings")
+
+    try:
+        structure.check_notes(notes, leaf, "engine_notes")
+    except structure.StructureError as exc:
+        raise _Refusal(rel, "", f"extra.{exc}", NAMES_ADVICE) from None
 
 
 def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:

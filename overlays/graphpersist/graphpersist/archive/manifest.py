@@ -45,6 +45,9 @@ FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
 # 3: every rank record commits to its files and itself (`extra.digests`, required), rank 0's also to manifest.json
 #    (graphpersist.archive.digests): a format-2 archive may lack them, and an archive without them is refused.
+# 3: names are registry ids, never module paths: an output dataclass is {"kind": "dataclass", "type": <id>} (was
+#    "class": "module:Qual.Name"), an engine's call record (SGLang's breaks) {"kind": "call", "fn": <id>} (was
+#    "fn": "module:Qual.Name" or "torch.ops:ns.op"). Older archives are refused as older ("re-run with mode=save").
 FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"

@@ -189,6 +189,12 @@ class EngineAdapter(abc.ABC):
     def install(self, session: SessionView, result: LoadResult) -> int:
         """LOAD: put every restored graph where the engine replays it; refuse a saved inventory that differs."""
 
+    def output_types(self) -> Mapping[str, type]:
+        """The dataclasses the engine's graphs may return, by id (its registry): SAVE stores an output dataclass by
+        its id here and refuses one it lacks; LOAD looks ids up here and nowhere else (an archive is data, never
+        code). Ids are lowercase dotted words (graph.structure.ID), e.g. "sglang.logits_processor_output"."""
+        return {}
+
     def communicators(self) -> list[Communicator]:
         """The communicators whose post-capture registration LOAD must repeat, in a fixed order."""
         return []

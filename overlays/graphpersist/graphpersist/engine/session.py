@@ -141,7 +141,7 @@ class PersistSession:
         if sess.mode is switch.Mode.SAVE:
             from graphpersist.save import Saver
 
-            sess.saver = Saver(unused_param_bytes=adapter.unused_param_bytes)
+            sess.saver = Saver(unused_param_bytes=adapter.unused_param_bytes, output_types=adapter.output_types())
         return sess
 
     def activate(self) -> None:
@@ -410,6 +410,7 @@ class PersistSession:
             flags=self.flags(),
             setup_tensors=self.adapter.setup_tensors(),
             gather=self.adapter.cpu_gather(),
+            output_types=self.adapter.output_types(),
         )
         self.kept.append(result)
         if check is not None:

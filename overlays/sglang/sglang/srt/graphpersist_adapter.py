@@ -13,6 +13,7 @@ from sglang.srt import graphpersist_caches as caches
 from sglang.srt import graphpersist_capture as capture
 from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
+from sglang.srt import graphpersist_registry as registry
 from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import engine
@@ -124,6 +125,9 @@ class SglangAdapter(engine.EngineAdapter):
 
     def inventory(self) -> engine.Inventory:
         return capture.expected_inventory(self.run.runners)
+
+    def output_types(self) -> registry.Registry:
+        return registry.output_types()
 
     def install(self, session: engine.SessionView, result: Any) -> int:
         return capture.install(self.run.runners, result, result.notes, self.model_runner.model)
