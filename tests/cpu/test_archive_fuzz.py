@@ -1239,7 +1239,7 @@ def _engine_stage(root: Path, glue: Any) -> str:
     from graphpersist.graph import structure
 
     try:
-        plan = read_plan(open_archive(root, keep_rank=0), 0)
+        plan = loadstage.rank_stage(open_archive(root, keep_rank=0), 0)
     except ArchiveError:
         return "refused: CPU stage"
     types = glue.adapter.SglangAdapter(SimpleNamespace()).output_types()
