@@ -22,6 +22,7 @@ _PASSTHROUGH = {"list", "tuple", "set", "frozenset", "sorted", "reversed", "iter
                 "min", "max", "filter", "vars"}  # fmt: skip
 _MUTATORS = {"append", "add", "extend", "insert", "update", "setdefault", "appendleft"}
 _REFLECT = {"getattr", "setattr", "hasattr", "delattr"}
+_PROPERTIES = {"property", "cached_property", "functools.cached_property"}
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class Scope:
     globals: set[str] = field(default_factory=set)
     cls: GClass | None = None  # the class of a method or class body
     first: str = ""  # a method's first parameter: "self" (instance) or "cls" (classmethod)
+    prop: bool = False  # a property: reading it on an instance gives what it returns
     entry: bool = False  # a patch calls it: its arguments are upstream's
 
 
@@ -356,6 +358,7 @@ class Analysis:
         decorators = {ast.unparse(d) for d in node.decorator_list}
         if cls is not None and scope.params and "staticmethod" not in decorators:
             scope.first = "cls" if "classmethod" in decorators else "self"
+            scope.prop = bool(decorators & _PROPERTIES)
             cls.methods[node.name] = scope
         scope.entry = parent.parent is None and cls is None and (module.name, node.name) in self.entries
         self._add(scope)
@@ -842,6 +845,8 @@ class Analysis:
         if k == "ginst":
             cls = self.classes[base.ref]
             method = cls.methods.get(name)
+            if method is not None and method.prop:
+                return self.returns.get(method.key, BOTTOM)
             if method is not None:
                 return Origin("gfunc", method.key, "bound" if method.first == "self" else "")
             if name in cls.defined:
