@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gptools.contract import Contract
-from gptools.glueflow import Allow, Analysis, Undeclared, entry_points, ours_names, patch_names, show
+from gptools.glueflow import Allow, Analysis, Site, Undeclared, Use, entry_points, ours_names, patch_names, show
 from gptools.treeast import Tree, own_attributes
 
 ALLOW_FILE = Path(__file__).with_name("gluelint_allow.toml")
@@ -94,6 +94,8 @@ class LintReport:
     hooks_file: str
     modules: int = 0
     touched: set[str] = field(default_factory=set)
+    uses: dict[Use, set[Site]] = field(default_factory=dict)  # each declared name touched, and where
+    computed_sites: set[str] = field(default_factory=set)  # the computed_in sites the glue has
     undeclared: list[Undeclared] = field(default_factory=list)
     modules_read: set[str] = field(default_factory=set)  # upstream modules declared or imported (for suggest)
     suggested: bool = False  # suggest() looked for the classes that define each undeclared name
@@ -117,7 +119,8 @@ class LintReport:
             f"{self.engine}: {len(self.undeclared)} upstream name(s) the glue touches are not declared. Declare each "
             f"in {self.hooks_file}: a name on an upstream class under the [[attrs]] of that class (a method the glue "
             "calls with keywords as a [[hook]] with its params), an imported function or class as a [[hook]], a "
-            "module-level name under the [[attrs]] of its module; each with used_by and why. "
+            "module-level name under the [[attrs]] of its module; each with why (no used_by: the lint finds the glue's "
+            "uses). "
             f"`python -m gptools hooks --engine {self.engine} --undeclared` names the upstream classes that define "
             "each. A name that is not upstream's (ours, torch's, the standard library's) belongs in "
             f"{show(ALLOW_FILE)}, with why."
@@ -200,6 +203,8 @@ def lint(engine: str, contract: Contract, glue: Path, *, runtime: Path | None = 
     analysis.run()
     report.modules = len(analysis.modules)
     report.touched = analysis.touched
+    report.uses = analysis.uses
+    report.computed_sites = analysis.computed_sites
     report.undeclared = sorted(analysis.found.values(), key=lambda u: (u.path, u.line, u.name))
     report.modules_read = analysis.imported_modules | set(contract.modules)
     return report

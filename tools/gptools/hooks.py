@@ -1,9 +1,9 @@
-"""The upstream contract: every upstream name our patches and glue rely on is declared, and still there.
+"""The upstream contract: every upstream name our patches and glue rely on is declared, used, and still there.
 
 `patches/<engine>/hooks.toml` declares each upstream function, class, attribute and module-level name that a patch
 edits or that the engine's glue (`overlays/<engine>/**/*.py`) reads, writes, calls, wraps or subclasses. A new
 upstream release can rename a method, drop a parameter or an attribute without making any patch fail to apply
-(when only the glue uses it); `python -m gptools hooks` catches that, in two parts, both run by `make check`:
+(when only the glue uses it); `python -m gptools hooks` catches that, in three parts, all run by `make check`:
 
 1. the declarations against an unpacked upstream tree (default: the pristine pinned one), by AST, importing
    nothing, so it runs on CPU for every engine (SGLang's wheel is CPython 3.12 only); `make rebase` runs the same
@@ -11,7 +11,12 @@ upstream release can rename a method, drop a parameter or an attribute without m
 2. the glue against the declarations (`gptools.gluelint`): a name the glue touches on upstream code that
    hooks.toml does not declare fails the check. Its rule is in gluelint's docstring;
    `python -m gptools hooks --engine vllm --undeclared` lists what is missing, with the upstream classes that
-   define each name.
+   define each name;
+3. the declarations against their users (`gptools.usage`, with a tree): a declared name nothing uses (no glue line
+   touches it, no `used_by` entry holds) fails, and so does a `used_by` entry that does not hold (a patch not in
+   the series or that neither edits nor names the declaration, a file that does not name it). Who in the glue uses
+   a name is never written: the lint finds it (`python -m gptools hooks --engine vllm --uses` lists each declared
+   name with the glue lines touching it), so it cannot go stale. Its rule is in usage's docstring.
 
 hooks.toml format::
 
@@ -21,6 +26,9 @@ hooks.toml format::
     params = ["parser"]              # optional: every parameter, in order ("*args", "**kw", "*", "/" markers)
     requires = ["model", "**kwargs"] # optional: parameters that must be present (any order, others allowed)
     used_by = "0001-add-graph-persistence-switch.patch"
+                                     # optional (one name or a list): what relies on it out of the lint's sight:
+                                     # a patch of the series that edits it or names it (`EngineArgs.add_cli_args`),
+                                     # or a glue file (`overlays/...py`) that names it; never the glue the lint reads
     why = "the patch adds the flags at the end"
 
     [[attrs]]                        # names the glue touches on an upstream class, or on a module
@@ -31,12 +39,13 @@ hooks.toml format::
                                      # (def, class, assignment, import or re-export)
     optional = ["__commit_id__"]     # optional: read with a fallback (getattr default); need not exist
     computed_in = ["sglang/srt/graphpersist_customar.py:group_communicators"]
-                                     # optional: glue functions that reach these names by a computed getattr
-    used_by = "vllm/graphpersist_worker.py"
+                                     # optional: glue functions that reach these names by a computed getattr (each
+                                     # must make one; every name of the table then counts as used there)
     why = "the worker reads its runner and rank"
 
 A method the glue calls with keywords is best declared as a [[hook]] with its params: the lint then checks the
-keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once.
+keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once. A
+class the glue imports needs no [[hook]] of its own when an [[attrs]] table names it: that table checks the class.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptools import gluelint
+from gptools import gluelint, usage
 from gptools.contract import (
     HOOKS_FILE,
     KINDS,
@@ -158,8 +167,8 @@ class _Checker:
         """Modules of the same file name that are new in this release (a module that moved)."""
         base = module.rsplit(".", 1)[-1]
         found = []
-        for path in sorted(self.tree.root.rglob(f"{base}.py")):
-            rel = path.relative_to(self.tree.root).with_suffix("")
+        for path in sorted(p for root in self.tree.roots for p in root.rglob(f"{base}.py")):
+            rel = Path(self.tree.rel(path)).with_suffix("")
             dotted = ".".join(rel.parts)
             if dotted != module and (self.old is None or self.old.module_file(dotted) is None):
                 found.append(dotted)
@@ -308,7 +317,8 @@ def default_glue(engine: str) -> Path:
 
 @dataclass
 class Report:
-    """What one engine's check found: the declarations against a tree, and the glue against the declarations."""
+    """What one engine's check found: the declarations against a tree, the glue against the declarations, and what
+    uses each declaration."""
 
     engine: str
     tree: Path | None
@@ -317,12 +327,15 @@ class Report:
     declared: int = 0  # declared attribute and module names
     changes: list[Finding] = field(default_factory=list)
     lint: gluelint.LintReport | None = None  # when the glue was linted
+    usage: usage.UsageReport | None = None  # with the lint and a tree
 
     @property
     def findings(self) -> list[str]:
         lines = [f.message for f in self.changes]
         if self.lint is not None:
             lines += [u.text() for u in self.lint.undeclared]
+        if self.usage is not None:
+            lines += self.usage.findings()
         return lines
 
 
@@ -335,8 +348,10 @@ def run(
     check_tree: bool = True,
     lint: bool = True,
 ) -> Report:
-    """Check one engine: the declarations against `tree` (default: the pristine pinned upstream), then the glue
-    (default: overlays/<engine>) against the declarations."""
+    """Check one engine: the declarations against `tree` (default: the pristine pinned upstream), the glue (default:
+    overlays/<engine>) against the declarations, and, with both, that each declaration is used by what it says."""
+    from gpdist import REPO_ROOT
+
     hooks_file = hooks_file if hooks_file is not None else default_hooks_file(engine)
     contract = load_contract(hooks_file)
     if check_tree and tree is None:
@@ -346,6 +361,9 @@ def run(
         report.changes = check_contract(tree, contract)
     if lint:
         report.lint = gluelint.lint(engine, contract, glue if glue is not None else default_glue(engine))
+        if tree is not None:  # where a patch's edits lie: without it, what a patch relies on is not known
+            places = usage.Places(hooks_file.parent, (REPO_ROOT / "overlays",), REPO_ROOT, tree)
+            report.usage = usage.check(contract, report.lint.uses, places, frozenset(report.lint.computed_sites))
     return report
 
 
@@ -365,6 +383,14 @@ def _print_human(r: Report, *, show_tree: bool) -> None:
     if r.lint is not None:
         for line in r.lint.lines():
             print(line)
+    found = r.usage.findings() if r.usage is not None else []
+    for line in found:
+        print(line)
+    if found:
+        print(usage.advice(r.engine, gluelint.show(r.hooks_file)))
+    elif r.usage is not None:
+        print(f"{r.engine}: each of the {r.usage.used} declared names is used: by the glue, or by what its used_by "
+              "names")  # fmt: skip
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
@@ -404,6 +430,10 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
                 entry["lint"] = r.lint.to_json()
             out.append(entry)
         print(json.dumps(out, indent=2))
+    elif args.uses:
+        for r in reports:
+            for line in r.usage.lines() if r.usage is not None else []:
+                print(line)
     else:
         for r in reports:
             _print_human(r, show_tree=not (args.lint_only or args.undeclared))
@@ -431,6 +461,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="list the upstream names the glue touches that hooks.toml does not declare, each with the upstream "
         "classes that define it (reads the pristine tree) and a [[attrs]] line to start from",
+    )
+    p.add_argument(
+        "--uses",
+        action="store_true",
+        help="list each declared name with what uses it: the glue lines that touch it, the used_by entries that hold",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_hooks)
