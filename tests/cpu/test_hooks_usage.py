@@ -1,5 +1,5 @@
 """What uses each declared name: `make check` fails on a declaration nothing uses and on a `used_by` that does not
-hold, each with the line to change.
+hold, each with the line to change; gpdiag's own contract (tools/gpdiag/contract.toml) is checked like an engine's.
 
 Most tests write a small engine ("fakeeng") in a temporary repository: a pristine tree, a patch series that edits it,
 glue under overlays/fakeeng/ and a hooks.toml, then run `gptools hooks` on it as `make check` does.
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gptools import hooks
+from gptools import gluelint, hooks
+from gptools.contract import load_contract
 
 RUNNER = """\
 class Runner:
@@ -222,13 +223,59 @@ def test_uses_lists_each_declared_name_with_the_glue_lines_touching_it(repo: Rep
 
 
 @pytest.mark.network  # reads the pristine upstream trees (downloaded unless cached)
-@pytest.mark.parametrize("contract", ["vllm", "sglang", "deep_ep"])
+@pytest.mark.parametrize("contract", ["vllm", "sglang", "deep_ep", hooks.GPDIAG])
 def test_the_real_contracts_are_used_as_they_say(contract: str, upstream_tree: Callable[[str], Path]) -> None:
     upstream_tree("deep_ep" if contract == "deep_ep" else "sglang" if contract == "sglang" else "vllm")
     report = hooks.run(contract)
     assert report.usage is not None, "checked against the pinned tree"
     assert report.findings == []
     assert report.usage.used == report.checked + report.declared, "every declared name is used"
+
+
+# ------------------------------------------------------------------------------------------------------- gpdiag
+
+
+def test_gpdiag_contract_declares_the_product_names_it_wraps() -> None:
+    contract = load_contract(hooks.subject(hooks.GPDIAG).hooks_file)
+    session = "graphpersist.engine.session:PersistSession"
+    declared = {f"{session}.{n}" for n in contract.members(session)}
+    wrapped = ("begin", "_save", "_restore", "ready", "finish")
+    assert {f"{session}.{n}" for n in wrapped} <= declared
+    assert "_kernel_warmup" in contract.members("vllm.graphpersist_worker:PersistWorker")
+    assert "compile_forward" in contract.members("vllm.graphpersist_facts")
+    assert "restore" in contract.members("graphpersist.memory.region")
+
+
+def test_a_renamed_product_method_breaks_gpdiags_contract(repo_root: Path, tmp_path: Path) -> None:
+    """The product's names are checked against the overlays' source, so renaming a step gpdiag wraps fails `make
+    check` rather than a diagnosis run on a GPU host."""
+    layer = tmp_path / "product"
+    session = layer / "graphpersist" / "engine" / "session.py"
+    session.parent.mkdir(parents=True)
+    source = (repo_root / "overlays" / "graphpersist" / "graphpersist" / "engine" / "session.py").read_text()
+    assert source.count("    def ready(self) -> None:") == 1
+    session.write_text(source.replace("    def ready(self) -> None:", "    def serving(self) -> None:"))
+    sub = hooks.subject(hooks.GPDIAG)
+    contract = load_contract(sub.hooks_file)
+    upstream = tmp_path / "no-vllm"  # gpdiag's vLLM names are the network test's; here only the product's count
+    upstream.mkdir()
+    found = [f.message for f in hooks.check_contract(upstream, contract, layers=(layer, *sub.layers))]
+    product = [m for m in found if not m.startswith("vllm.") or m.startswith("vllm.graphpersist_")]
+    assert product == [
+        "graphpersist.engine.session:PersistSession.ready: attribute not found (searched "
+        "graphpersist.engine.session:PersistSession)"
+    ]
+
+
+def test_gpdiag_touching_a_product_name_its_contract_lacks_fails(repo_root: Path, tmp_path: Path) -> None:
+    sub = hooks.subject(hooks.GPDIAG)
+    tables = sub.hooks_file.read_text().split("\n\n")
+    kept = [t for t in tables if 'target = "graphpersist.engine.session:PersistSession.finish"' not in t]
+    assert len(kept) == len(tables) - 1
+    (tmp_path / "contract.toml").write_text("\n\n".join(kept))
+    report = gluelint.lint(hooks.GPDIAG, load_contract(tmp_path / "contract.toml"), sub.glue, runtime=sub.runtime,
+                           root=sub.root)  # fmt: skip
+    assert {(u.path, u.name) for u in report.undeclared} == {("tools/gpdiag/vllm.py", "finish")}
 
 
 def test_diagnosis_does_not_vouch_for_an_engines_declaration(repo: Repo) -> None:

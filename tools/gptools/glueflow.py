@@ -284,8 +284,10 @@ class Analysis:
     changes; a last pass reports the undeclared names."""
 
     def __init__(self, engine: str, contract: Contract, glue: Path, allow: Allow, ours: set[str],
-                 entries: set[tuple[str, str]], patched: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                 entries: set[tuple[str, str]], patched: frozenset[str] = frozenset(),
+                 root: Path | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self.root = root if root is not None else glue  # module names are paths under it
         self.entries = entries
         self.patched = set(patched)
         self.contract = contract
@@ -316,7 +318,7 @@ class Analysis:
 
     def _load(self) -> None:
         for path in sorted(self.glue.rglob("*.py")):
-            rel = path.relative_to(self.glue).as_posix()
+            rel = path.relative_to(self.root).as_posix()
             parts = rel[:-3].split("/")
             is_pkg = parts[-1] == "__init__"
             if is_pkg:

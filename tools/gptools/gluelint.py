@@ -187,8 +187,9 @@ def _modules_under(tree: Path, packages: list[str]) -> list[str]:
 
 
 def lint(engine: str, contract: Contract, glue: Path, *, runtime: Path | None = None, allow: Allow | None = None,
-         patches_dir: Path | None = None) -> LintReport:  # fmt: skip
-    """Lint an engine's glue (`glue` is overlays/<engine>) against its declared contract."""
+         patches_dir: Path | None = None, root: Path | None = None) -> LintReport:  # fmt: skip
+    """Lint an engine's glue (`glue` is overlays/<engine>) against its declared contract. `root` (default: `glue`)
+    is the folder the glue's module names start from (tools/ for tools/gpdiag, whose modules are gpdiag.*)."""
     from gpdist import REPO_ROOT
 
     report = LintReport(engine, glue, show(contract.path))
@@ -196,10 +197,12 @@ def lint(engine: str, contract: Contract, glue: Path, *, runtime: Path | None = 
         return report
     runtime = runtime if runtime is not None else REPO_ROOT / "overlays" / "graphpersist"
     allow = allow if allow is not None else load_allow()
-    names = {".".join(p.relative_to(glue).with_suffix("").parts) for p in glue.rglob("*.py")}
+    root = root if root is not None else glue
+    names = {".".join(p.relative_to(root).with_suffix("").parts) for p in glue.rglob("*.py")}
     patches = patches_dir or contract.path.parent
     entries = entry_points(patches, names)
-    analysis = Analysis(engine, contract, glue, allow, ours_names(runtime, glue), entries, patch_names(patches))
+    analysis = Analysis(engine, contract, glue, allow, ours_names(runtime, glue), entries, patch_names(patches),
+                        root=root)  # fmt: skip
     analysis.run()
     report.modules = len(analysis.modules)
     report.touched = analysis.touched
