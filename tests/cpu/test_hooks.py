@@ -68,13 +68,13 @@ def test_removed_parameter_is_reported(upstream_tree: Callable[[str], Path], rep
     rel = "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
     path = _copy_module(upstream_tree("sglang"), rel, tmp_path)
     text = path.read_text()
-    old = "def capture_one_shape(self, size: int, *, prefix_num_chunks: int = 0) -> None:"
-    assert old in text
-    path.write_text(text.replace(old, "def capture_one_shape(self, size: int) -> None:"))
+    old = "def __init__(self, model_runner: ModelRunner):"
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, "def __init__(self):"))
     findings = hooks.check_hooks(tmp_path, repo_root / "patches" / "sglang" / "hooks.toml")
     assert (
-        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.capture_one_shape: "
-        "parameters changed: expected (self, size, *, prefix_num_chunks), found (self, size) at line 1334"
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.__init__: "
+        "parameters changed: expected (self, model_runner), found (self) at line 255"
     ) in findings
     # Modules absent from the scratch tree are reported too, never silently skipped.
     assert any(

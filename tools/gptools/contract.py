@@ -8,13 +8,15 @@ Two kinds of tables (the format is documented in `gptools.hooks`, which checks t
   (`target = "module"`).
 
 `gptools.gluelint` reads the index to decide whether a name the glue touches is declared; `gptools.hooks` checks
-each declaration against a tree. Nothing here reads an upstream tree or imports the engine.
+each declaration against a tree, and `gptools.usage` that each is used (by the glue, or by what its `used_by` names).
+Nothing here reads an upstream tree or imports the engine.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -36,8 +38,9 @@ class Hook:
     kind: str | None = None
     params: tuple[str, ...] | None = None
     requires: tuple[str, ...] = ()
-    used_by: str = ""
+    used_by: tuple[str, ...] = ()  # what relies on it out of the lint's sight (a patch, a glue file)
     why: str = ""
+    line: int = field(default=0, compare=False)  # of its [[hook]] header in hooks.toml
 
     @property
     def module(self) -> str:
@@ -67,8 +70,9 @@ class Attrs:
     names: tuple[str, ...]
     optional: tuple[str, ...] = ()  # read with a fallback (getattr default): may be absent upstream
     computed_in: tuple[str, ...] = ()  # glue functions ("path:qualname") that reach these names by a computed getattr
-    used_by: str = ""
+    used_by: tuple[str, ...] = ()  # what relies on these names out of the lint's sight (a patch, a glue file)
     why: str = ""
+    line: int = field(default=0, compare=False)  # of its [[attrs]] header in hooks.toml
 
     @property
     def is_module(self) -> bool:
@@ -104,7 +108,14 @@ def _target(where: str, target: object, *, module_ok: bool) -> str:
     return str(target)
 
 
-def _hook(where: str, entry: dict) -> Hook:
+def _used_by(where: str, value: object) -> tuple[str, ...]:
+    """One name or a list of names."""
+    if isinstance(value, str):
+        return (value,) if value else ()
+    return _strings(where, "used_by", value)
+
+
+def _hook(where: str, entry: dict, line: int = 0) -> Hook:
     target = _target(where, entry.get("target"), module_ok=False)
     where = f"{where} ({target})"
     kind = entry.get("kind")
@@ -122,12 +133,13 @@ def _hook(where: str, entry: dict) -> Hook:
         kind=kind,
         params=tuple(params) if params is not None else None,
         requires=tuple(entry.get("requires", [])),
-        used_by=str(entry.get("used_by", "")),
+        used_by=_used_by(where, entry.get("used_by")),
         why=str(entry.get("why", "")),
+        line=line,
     )
 
 
-def _attrs(where: str, entry: dict) -> Attrs:
+def _attrs(where: str, entry: dict, line: int = 0) -> Attrs:
     target = _target(where, entry.get("target"), module_ok=True)
     where = f"{where} ({target})"
     unknown = set(entry) - ATTRS_KEYS
@@ -144,7 +156,8 @@ def _attrs(where: str, entry: dict) -> Attrs:
     bad = [c for c in computed if c.count(":") != 1 or not all(c.split(":"))]
     if bad:
         raise HooksFileError(f"{where}: computed_in entries must be 'path/inside/overlay.py:function', got {bad}")
-    return Attrs(target, names, optional, computed, str(entry.get("used_by", "")), str(entry.get("why", "")))
+    used_by = _used_by(where, entry.get("used_by"))
+    return Attrs(target, names, optional, computed, used_by, str(entry.get("why", "")), line)
 
 
 @dataclass(frozen=True)
@@ -230,10 +243,18 @@ class Contract:
         return len(self.hooks) + sum(len(a.all_names) for a in self.attrs)
 
 
+def _header_lines(text: str, kind: str, count: int) -> list[int]:
+    """The line of each `[[kind]]` header, in order (as tomllib lists the tables); zeros where the headers cannot be
+    told apart from the text (an inline array of tables)."""
+    found = [i for i, line in enumerate(text.splitlines(), 1) if re.match(rf"\s*\[\[\s*{kind}\s*\]\]", line)]
+    return found if len(found) == count else [0] * count
+
+
 def load_contract(hooks_file: Path) -> Contract:
     """Parse and validate hooks.toml; raise HooksFileError naming the entry on any malformed field."""
     try:
-        data = tomllib.loads(hooks_file.read_text())
+        text = hooks_file.read_text()
+        data = tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise HooksFileError(f"{hooks_file}: {err}") from err
     unknown = set(data) - {"hook", "attrs"}
@@ -244,8 +265,12 @@ def load_contract(hooks_file: Path) -> Contract:
         raise HooksFileError(f"{hooks_file}: hook and attrs must be arrays of tables ([[hook]], [[attrs]])")
     if not hook_entries and not attrs_entries:
         raise HooksFileError(f"{hooks_file}: no [[hook]] tables")
-    hooks = tuple(_hook(f"{hooks_file}: hook #{i}", e) for i, e in enumerate(hook_entries, 1))
-    attrs = tuple(_attrs(f"{hooks_file}: attrs #{i}", e) for i, e in enumerate(attrs_entries, 1))
+    hook_lines = _header_lines(text, "hook", len(hook_entries))
+    attrs_lines = _header_lines(text, "attrs", len(attrs_entries))
+    hooks = tuple(_hook(f"{hooks_file}: hook #{i}", e, line)
+                  for i, (e, line) in enumerate(zip(hook_entries, hook_lines, strict=True), 1))  # fmt: skip
+    attrs = tuple(_attrs(f"{hooks_file}: attrs #{i}", e, line)
+                  for i, (e, line) in enumerate(zip(attrs_entries, attrs_lines, strict=True), 1))  # fmt: skip
     seen: dict[tuple[str, str], int] = {}
     for i, a in enumerate(attrs, 1):
         for name in a.all_names:

@@ -22,6 +22,7 @@ _PASSTHROUGH = {"list", "tuple", "set", "frozenset", "sorted", "reversed", "iter
                 "min", "max", "filter", "vars"}  # fmt: skip
 _MUTATORS = {"append", "add", "extend", "insert", "update", "setdefault", "appendleft"}
 _REFLECT = {"getattr", "setattr", "hasattr", "delattr"}
+_PROPERTIES = {"property", "cached_property", "functools.cached_property"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,27 @@ def _dunder(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------- findings
 
 
+@dataclass(frozen=True)
+class Use:
+    """A declared name the glue touches: `kind` "exact" ("module:Qual" or "module:name", the declaration it is),
+    "name" (an attribute read by name on an upstream value whose class the lint does not know: any declaration of
+    that name) or "module" (an imported upstream module)."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True, order=True)
+class Site:
+    """A line of the glue."""
+
+    path: str  # as the repository names it
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
 @dataclass
 class Undeclared:
     """One upstream name the glue touches that hooks.toml does not declare."""
@@ -135,6 +157,7 @@ class Scope:
     globals: set[str] = field(default_factory=set)
     cls: GClass | None = None  # the class of a method or class body
     first: str = ""  # a method's first parameter: "self" (instance) or "cls" (classmethod)
+    prop: bool = False  # a property: reading it on an instance gives what it returns
     entry: bool = False  # a patch calls it: its arguments are upstream's
 
 
@@ -261,8 +284,10 @@ class Analysis:
     changes; a last pass reports the undeclared names."""
 
     def __init__(self, engine: str, contract: Contract, glue: Path, allow: Allow, ours: set[str],
-                 entries: set[tuple[str, str]], patched: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                 entries: set[tuple[str, str]], patched: frozenset[str] = frozenset(),
+                 root: Path | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self.root = root if root is not None else glue  # module names are paths under it
         self.entries = entries
         self.patched = set(patched)
         self.contract = contract
@@ -281,6 +306,8 @@ class Analysis:
         self.emit = False
         self.found: dict[tuple[str, int, str], Undeclared] = {}
         self.touched: set[str] = set()
+        self.uses: dict[Use, set[Site]] = {}  # each declared name touched, with the lines that touch it
+        self.computed_sites: set[str] = set()  # the computed_in sites that make a computed getattr on upstream's
         self.imported_modules: set[str] = set()
         self._load()
         tops = {m.split(".")[0] for m in self.modules}
@@ -291,7 +318,7 @@ class Analysis:
 
     def _load(self) -> None:
         for path in sorted(self.glue.rglob("*.py")):
-            rel = path.relative_to(self.glue).as_posix()
+            rel = path.relative_to(self.root).as_posix()
             parts = rel[:-3].split("/")
             is_pkg = parts[-1] == "__init__"
             if is_pkg:
@@ -356,6 +383,7 @@ class Analysis:
         decorators = {ast.unparse(d) for d in node.decorator_list}
         if cls is not None and scope.params and "staticmethod" not in decorators:
             scope.first = "cls" if "classmethod" in decorators else "self"
+            scope.prop = bool(decorators & _PROPERTIES)
             cls.methods[node.name] = scope
         scope.entry = parent.parent is None and cls is None and (module.name, node.name) in self.entries
         self._add(scope)
@@ -439,7 +467,9 @@ class Analysis:
         self._block(scope, node.body)
 
     def _params(self, scope: Scope) -> None:
+        self._current = scope
         given = self.args.get(scope.key, {})
+        overridden = self._overridden(scope)
         names = [*scope.params, *scope.kwonly, *(n for n in (scope.vararg, scope.kwarg) if n)]
         for i, name in enumerate(names):
             o = given.get(name, BOTTOM)
@@ -448,16 +478,20 @@ class Analysis:
                 o = Origin("ginst" if scope.first == "self" else "gclass", scope.cls.key)
             elif annotated != BOTTOM:
                 o = annotated  # what the code says it is, whoever calls it
-            elif scope.entry or self._overrides(scope):
+            elif scope.entry or overridden:
                 o = join(o, UPSTREAM)
             self.assign(scope, name, o)
+        if overridden:  # upstream calls it by that name: a use of the declaration
+            self.touch(overridden, scope.node)
 
-    def _overrides(self, scope: Scope) -> bool:
-        """A method of a glue class that overrides a declared method of its upstream base: upstream calls it."""
+    def _overridden(self, scope: Scope) -> str:
+        """The declared method of its upstream base ("module:Class.name") that a method of a glue class overrides:
+        upstream calls it; "" for any other function."""
         if scope.cls is None or not scope.cls.upstream_bases or not isinstance(scope.node, ast.FunctionDef):
-            return False
+            return ""
         name = scope.node.name
-        return any(name in self.contract.members(b) for b in scope.cls.upstream_bases)
+        base = next((b for b in scope.cls.upstream_bases if name in self.contract.members(b)), "")
+        return f"{base}.{name}" if base else ""
 
     def _annotated(self, scope: Scope, name: str) -> Origin:
         """A parameter annotated with a plain class of ours (`sess: gps.Session`, `path: Path`) is ours; one of
@@ -546,9 +580,13 @@ class Analysis:
         if key not in self.found:
             self.found[key] = Undeclared(show(module.path), line, name, how, self.hooks_file, list(owners or []))
 
-    def touch(self, name: str) -> None:
+    def touch(self, name: str, node: ast.AST, kind: str = "exact") -> None:
+        """Record a declared name the glue touches, and where: `kind` "exact" for "module:Qual" or "module:name",
+        "name" for an attribute read by name on an upstream value of unknown class, "module" for a module."""
         if self.emit:
             self.touched.add(name)
+            site = Site(show(self._current.module.path), getattr(node, "lineno", 0))
+            self.uses.setdefault(Use(kind, name), set()).add(site)
 
     # ------------------------------------------------------------------------------------------ statements
 
@@ -792,7 +830,7 @@ class Analysis:
             return LOCAL
         self.imported_modules.add(module)
         if self.contract.is_module(module):
-            self.touch(module)
+            self.touch(module, node, "module")
             return Origin("exact", module, "module")
         self.report(node, module, "an imported upstream module")
         return UPSTREAM
@@ -807,14 +845,14 @@ class Analysis:
             return LOCAL
         self.imported_modules.add(module)
         if self.contract.is_module(full):
-            self.touch(full)
+            self.touch(full, node, "module")
             return Origin("exact", full, "module")
         target = f"{module}:{name}"
         kind = self.contract.kind_of(target)
         if kind is None:
             self.report(node, target, "imported from upstream")
             return UPSTREAM
-        self.touch(target)
+        self.touch(target, node)
         return Origin("exact", target, kind) if kind != "value" else UPSTREAM
 
     # ---------------------------------------------------------------------------------------- attributes
@@ -842,6 +880,8 @@ class Analysis:
         if k == "ginst":
             cls = self.classes[base.ref]
             method = cls.methods.get(name)
+            if method is not None and method.prop:
+                return self.returns.get(method.key, BOTTOM)
             if method is not None:
                 return Origin("gfunc", method.key, "bound" if method.first == "self" else "")
             if name in cls.defined:
@@ -872,8 +912,12 @@ class Analysis:
     def exact_member(self, targets: list[str], name: str, node: ast.AST, how: str, text: str) -> bool:
         if name in self.patched:
             return True
-        if _dunder(name) or any(name in self.contract.members(t) for t in targets):
-            self.touch(f"{targets[0]}.{name}")
+        if _dunder(name):
+            self.touch(f"{targets[0]}.{name}", node)
+            return True
+        owner = next((t for t in targets if name in self.contract.members(t)), None)
+        if owner is not None:
+            self.touch(f"{owner}{'.' if ':' in owner else ':'}{name}", node)
             return True
         self.report(node, name, text, [t for t in targets if ":" in t])
         return False
@@ -885,12 +929,12 @@ class Analysis:
             if sub in self.modules:
                 return Origin("gmod", sub)
             if self.contract.is_module(sub):
-                self.touch(sub)
+                self.touch(sub, node, "module")
                 return Origin("exact", sub, "module")
             if name not in self.contract.members(target):
                 self.report(node, f"{target}:{name}", f"{how} on the upstream module {target}")
                 return UPSTREAM
-            self.touch(f"{target}:{name}")
+            self.touch(f"{target}:{name}", node)
             kind = self.contract.kind_of(f"{target}:{name}")
             return Origin("exact", f"{target}:{name}", kind) if kind in ("class", "function") else UPSTREAM
         if what in ("class", "instance"):
@@ -910,7 +954,7 @@ class Analysis:
         if _dunder(name) or name in self.patched:
             return UNKNOWN if unknown else UPSTREAM
         if name in self.contract.member_names:
-            self.touch(name)
+            self.touch(name, node, "name")
             return UPSTREAM if not (unknown and name in self.ours) else UNKNOWN
         if name in self.allow.library or (not _private(name) and name in self.allow.generic):
             return UNKNOWN if unknown else UPSTREAM
@@ -952,6 +996,8 @@ class Analysis:
         if k == "exact":
             if callee.what in ("class", "function"):
                 self._keywords(node, [callee.ref], callee.what)
+            if callee.what == "class" and self.contract.hook(f"{callee.ref}.__init__") is not None:
+                self.touch(f"{callee.ref}.__init__", node)  # building it calls its declared __init__
             return UPSTREAM
         method = func.attr if isinstance(func, ast.Attribute) and k in ("upstream", "unknown", "bottom") else ""
         if method and (k == "upstream" or method not in self.ours):
@@ -995,6 +1041,8 @@ class Analysis:
                 if what == "class":
                     init = self.contract.hook(f"{target}.__init__")
                     answer = init.accepts(kw.arg) if init is not None else kw.arg in self.contract.members(target)
+                    if answer is not False:  # the declaration that let it pass is used
+                        self.touch(init.target if init is not None else f"{target}.{kw.arg}", kw.value)
                 else:
                     hook = self.contract.hook(target)
                     answer = hook.accepts(kw.arg) if hook is not None else None
@@ -1031,8 +1079,11 @@ class Analysis:
             if base.kind not in _OURS:
                 site = f"{scope.module.rel}:{self._site(scope)}"
                 if site in self.contract.computed or site in self.allow.reflective:
-                    for computed in self.contract.computed.get(site, ()):
-                        self.touch(computed)
+                    if self.emit:
+                        self.computed_sites.add(site)
+                    for entry in (a for a in self.contract.attrs if site in a.computed_in):
+                        for computed in entry.all_names:
+                            self.touch(f"{entry.target}{':' if entry.is_module else '.'}{computed}", node)
                 else:
                     self.report(node, f"{name}(..., {ast.unparse(attr)})",
                                 f"a computed attribute name on a value that is not ours: list {site} in the "

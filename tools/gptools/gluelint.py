@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gptools.contract import Contract
-from gptools.glueflow import Allow, Analysis, Undeclared, entry_points, ours_names, patch_names, show
+from gptools.glueflow import Allow, Analysis, Site, Undeclared, Use, entry_points, ours_names, patch_names, show
 from gptools.treeast import Tree, own_attributes
 
 ALLOW_FILE = Path(__file__).with_name("gluelint_allow.toml")
@@ -94,6 +94,8 @@ class LintReport:
     hooks_file: str
     modules: int = 0
     touched: set[str] = field(default_factory=set)
+    uses: dict[Use, set[Site]] = field(default_factory=dict)  # each declared name touched, and where
+    computed_sites: set[str] = field(default_factory=set)  # the computed_in sites the glue has
     undeclared: list[Undeclared] = field(default_factory=list)
     modules_read: set[str] = field(default_factory=set)  # upstream modules declared or imported (for suggest)
     suggested: bool = False  # suggest() looked for the classes that define each undeclared name
@@ -117,7 +119,8 @@ class LintReport:
             f"{self.engine}: {len(self.undeclared)} upstream name(s) the glue touches are not declared. Declare each "
             f"in {self.hooks_file}: a name on an upstream class under the [[attrs]] of that class (a method the glue "
             "calls with keywords as a [[hook]] with its params), an imported function or class as a [[hook]], a "
-            "module-level name under the [[attrs]] of its module; each with used_by and why. "
+            "module-level name under the [[attrs]] of its module; each with why (no used_by: the lint finds the glue's "
+            "uses). "
             f"`python -m gptools hooks --engine {self.engine} --undeclared` names the upstream classes that define "
             "each. A name that is not upstream's (ours, torch's, the standard library's) belongs in "
             f"{show(ALLOW_FILE)}, with why."
@@ -184,8 +187,9 @@ def _modules_under(tree: Path, packages: list[str]) -> list[str]:
 
 
 def lint(engine: str, contract: Contract, glue: Path, *, runtime: Path | None = None, allow: Allow | None = None,
-         patches_dir: Path | None = None) -> LintReport:  # fmt: skip
-    """Lint an engine's glue (`glue` is overlays/<engine>) against its declared contract."""
+         patches_dir: Path | None = None, root: Path | None = None) -> LintReport:  # fmt: skip
+    """Lint an engine's glue (`glue` is overlays/<engine>) against its declared contract. `root` (default: `glue`)
+    is the folder the glue's module names start from (tools/ for tools/gpdiag, whose modules are gpdiag.*)."""
     from gpdist import REPO_ROOT
 
     report = LintReport(engine, glue, show(contract.path))
@@ -193,13 +197,17 @@ def lint(engine: str, contract: Contract, glue: Path, *, runtime: Path | None = 
         return report
     runtime = runtime if runtime is not None else REPO_ROOT / "overlays" / "graphpersist"
     allow = allow if allow is not None else load_allow()
-    names = {".".join(p.relative_to(glue).with_suffix("").parts) for p in glue.rglob("*.py")}
+    root = root if root is not None else glue
+    names = {".".join(p.relative_to(root).with_suffix("").parts) for p in glue.rglob("*.py")}
     patches = patches_dir or contract.path.parent
     entries = entry_points(patches, names)
-    analysis = Analysis(engine, contract, glue, allow, ours_names(runtime, glue), entries, patch_names(patches))
+    analysis = Analysis(engine, contract, glue, allow, ours_names(runtime, glue), entries, patch_names(patches),
+                        root=root)  # fmt: skip
     analysis.run()
     report.modules = len(analysis.modules)
     report.touched = analysis.touched
+    report.uses = analysis.uses
+    report.computed_sites = analysis.computed_sites
     report.undeclared = sorted(analysis.found.values(), key=lambda u: (u.path, u.line, u.name))
     report.modules_read = analysis.imported_modules | set(contract.modules)
     return report

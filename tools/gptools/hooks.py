@@ -1,9 +1,9 @@
-"""The upstream contract: every upstream name our patches and glue rely on is declared, and still there.
+"""The upstream contract: every upstream name our patches and glue rely on is declared, used, and still there.
 
 `patches/<engine>/hooks.toml` declares each upstream function, class, attribute and module-level name that a patch
 edits or that the engine's glue (`overlays/<engine>/**/*.py`) reads, writes, calls, wraps or subclasses. A new
 upstream release can rename a method, drop a parameter or an attribute without making any patch fail to apply
-(when only the glue uses it); `python -m gptools hooks` catches that, in two parts, both run by `make check`:
+(when only the glue uses it); `python -m gptools hooks` catches that, in three parts, all run by `make check`:
 
 1. the declarations against an unpacked upstream tree (default: the pristine pinned one), by AST, importing
    nothing, so it runs on CPU for every engine (SGLang's wheel is CPython 3.12 only); `make rebase` runs the same
@@ -11,7 +11,16 @@ upstream release can rename a method, drop a parameter or an attribute without m
 2. the glue against the declarations (`gptools.gluelint`): a name the glue touches on upstream code that
    hooks.toml does not declare fails the check. Its rule is in gluelint's docstring;
    `python -m gptools hooks --engine vllm --undeclared` lists what is missing, with the upstream classes that
-   define each name.
+   define each name;
+3. the declarations against their users (`gptools.usage`, with a tree): a declared name nothing uses (no glue line
+   touches it, no `used_by` entry holds) fails, and so does a `used_by` entry that does not hold (a patch not in
+   the series or that neither edits nor names the declaration, a file that does not name it). Who in the glue uses
+   a name is never written: the lint finds it (`python -m gptools hooks --engine vllm --uses` lists each declared
+   name with the glue lines touching it), so it cannot go stale. Its rule is in usage's docstring.
+
+`tools/gpdiag/contract.toml` (`--engine gpdiag`, and `all`) is the diagnosis tools' contract, in the same format and
+checked the same way: the product's names it declares against overlays/graphpersist and overlays/vllm, vLLM's
+against the pinned tree under them, and tools/gpdiag is its glue.
 
 hooks.toml format::
 
@@ -21,6 +30,9 @@ hooks.toml format::
     params = ["parser"]              # optional: every parameter, in order ("*args", "**kw", "*", "/" markers)
     requires = ["model", "**kwargs"] # optional: parameters that must be present (any order, others allowed)
     used_by = "0001-add-graph-persistence-switch.patch"
+                                     # optional (one name or a list): what relies on it out of the lint's sight:
+                                     # a patch of the series that edits it or names it (`EngineArgs.add_cli_args`),
+                                     # or a glue file (`overlays/...py`) that names it; never the glue the lint reads
     why = "the patch adds the flags at the end"
 
     [[attrs]]                        # names the glue touches on an upstream class, or on a module
@@ -31,12 +43,13 @@ hooks.toml format::
                                      # (def, class, assignment, import or re-export)
     optional = ["__commit_id__"]     # optional: read with a fallback (getattr default); need not exist
     computed_in = ["sglang/srt/graphpersist_customar.py:group_communicators"]
-                                     # optional: glue functions that reach these names by a computed getattr
-    used_by = "vllm/graphpersist_worker.py"
+                                     # optional: glue functions that reach these names by a computed getattr (each
+                                     # must make one; every name of the table then counts as used there)
     why = "the worker reads its runner and rank"
 
 A method the glue calls with keywords is best declared as a [[hook]] with its params: the lint then checks the
-keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once.
+keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once. A
+class the glue imports needs no [[hook]] of its own when an [[attrs]] table names it: that table checks the class.
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptools import gluelint
+from gptools import gluelint, usage
 from gptools.contract import (
     HOOKS_FILE,
     KINDS,
@@ -133,9 +146,9 @@ class _Checker:
     """Checks declarations against a tree; with the previous release's tree, a removed name's likely new name is one
     that is new in this release and looks like it."""
 
-    def __init__(self, tree: Path, old_tree: Path | None = None) -> None:
-        self.tree = Tree(tree)
-        self.old = Tree(old_tree) if old_tree is not None else None
+    def __init__(self, tree: Path, old_tree: Path | None = None, layers: tuple[Path, ...] = ()) -> None:
+        self.tree = Tree(*layers, tree)
+        self.old = Tree(*layers, old_tree) if old_tree is not None else None
 
     def _renamed(self, name: str, new: set[str], old: set[str] | None) -> tuple[str, ...]:
         """Names new in this release that look like `name`; when none looks like it but only a few are new in its
@@ -158,8 +171,8 @@ class _Checker:
         """Modules of the same file name that are new in this release (a module that moved)."""
         base = module.rsplit(".", 1)[-1]
         found = []
-        for path in sorted(self.tree.root.rglob(f"{base}.py")):
-            rel = path.relative_to(self.tree.root).with_suffix("")
+        for path in sorted(p for root in self.tree.roots for p in root.rglob(f"{base}.py")):
+            rel = Path(self.tree.rel(path)).with_suffix("")
             dotted = ".".join(rel.parts)
             if dotted != module and (self.old is None or self.old.module_file(dotted) is None):
                 found.append(dotted)
@@ -251,10 +264,12 @@ class _Checker:
         return findings
 
 
-def check_contract(tree: Path, contract: Contract, old_tree: Path | None = None) -> list[Finding]:
+def check_contract(tree: Path, contract: Contract, old_tree: Path | None = None, *,
+                   layers: tuple[Path, ...] = ()) -> list[Finding]:  # fmt: skip
     """Every declaration of `contract` that `tree` does not match; `old_tree` (the release the declarations were
-    written for) lets a removed name point at its likely new name."""
-    checker = _Checker(tree, old_tree)
+    written for) lets a removed name point at its likely new name; `layers` are read before `tree` (our overlays,
+    for a contract that declares our own names too)."""
+    checker = _Checker(tree, old_tree, layers)
     findings: list[Finding] = []
     for hook in contract.hooks:
         findings += checker.hook(hook)
@@ -272,6 +287,9 @@ def check_hooks(tree: Path, hooks_file: Path, old_tree: Path | None = None) -> l
 # ------------------------------------------------------------------------------------------------------- CLI
 
 
+GPDIAG = "gpdiag"  # the diagnosis tools' contract (tools/gpdiag/contract.toml): checked with the engines'
+
+
 def engine_choices() -> list[str]:
     """Pinned engines, then any other folder under patches/ that declares a contract (hooks.toml)."""
     from gpdist import REPO_ROOT
@@ -281,6 +299,32 @@ def engine_choices() -> list[str]:
     patches = REPO_ROOT / "patches"
     names += sorted(p.parent.name for p in patches.glob(f"*/{HOOKS_FILE}") if p.parent.name not in names)
     return names
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What one contract covers: an engine's (patches/<engine>/hooks.toml: its series and its glue,
+    overlays/<engine>) or gpdiag's (tools/gpdiag/contract.toml: the upstream vLLM names and the product's own names
+    the diagnosis tools reach, checked against the pinned vLLM tree under the product's overlays)."""
+
+    name: str
+    hooks_file: Path
+    glue: Path  # the folder the lint reads
+    root: Path  # the glue's module names are its paths under it
+    upstream: str  # the pinned engine whose tree the declarations are checked against
+    layers: tuple[Path, ...] = ()  # our source read before that tree: the overlays whose names the contract declares
+    runtime: Path | None = None  # our classes the lint accepts names of on values it cannot place (None: the runtime)
+
+
+def subject(name: str) -> Subject:
+    from gpdist import REPO_ROOT
+
+    if name == GPDIAG:
+        tools, overlays = REPO_ROOT / "tools", REPO_ROOT / "overlays"
+        layers = (overlays / "graphpersist", overlays / "vllm")
+        return Subject(name, tools / GPDIAG / "contract.toml", tools / GPDIAG, tools, "vllm", layers, tools / GPDIAG)
+    glue = REPO_ROOT / "overlays" / name
+    return Subject(name, REPO_ROOT / "patches" / name / HOOKS_FILE, glue, glue, name)
 
 
 def default_tree(engine: str) -> Path | None:
@@ -294,21 +338,10 @@ def default_tree(engine: str) -> Path | None:
     return upstream_tree(loaded.engine(engine))
 
 
-def default_hooks_file(engine: str) -> Path:
-    from gpdist import REPO_ROOT
-
-    return REPO_ROOT / "patches" / engine / HOOKS_FILE
-
-
-def default_glue(engine: str) -> Path:
-    from gpdist import REPO_ROOT
-
-    return REPO_ROOT / "overlays" / engine
-
-
 @dataclass
 class Report:
-    """What one engine's check found: the declarations against a tree, and the glue against the declarations."""
+    """What one contract's check found: the declarations against a tree, the glue against the declarations, and
+    what uses each declaration."""
 
     engine: str
     tree: Path | None
@@ -317,12 +350,16 @@ class Report:
     declared: int = 0  # declared attribute and module names
     changes: list[Finding] = field(default_factory=list)
     lint: gluelint.LintReport | None = None  # when the glue was linted
+    usage: usage.UsageReport | None = None  # with the lint and a tree
+    layers: tuple[Path, ...] = ()  # our source read before the tree
 
     @property
     def findings(self) -> list[str]:
         lines = [f.message for f in self.changes]
         if self.lint is not None:
             lines += [u.text() for u in self.lint.undeclared]
+        if self.usage is not None:
+            lines += self.usage.findings()
         return lines
 
 
@@ -335,40 +372,65 @@ def run(
     check_tree: bool = True,
     lint: bool = True,
 ) -> Report:
-    """Check one engine: the declarations against `tree` (default: the pristine pinned upstream), then the glue
-    (default: overlays/<engine>) against the declarations."""
-    hooks_file = hooks_file if hooks_file is not None else default_hooks_file(engine)
+    """Check one contract (an engine's, or gpdiag's): the declarations against `tree` (default: the pristine pinned
+    upstream, under our overlays for gpdiag), the glue (default: overlays/<engine>) against the declarations, and,
+    with both, that each declaration is used by what it says."""
+    from gpdist import REPO_ROOT
+
+    sub = subject(engine)
+    hooks_file = hooks_file if hooks_file is not None else sub.hooks_file
     contract = load_contract(hooks_file)
     if check_tree and tree is None:
-        tree = default_tree(engine)
+        tree = default_tree(sub.upstream)
     report = Report(engine, tree, hooks_file, len(contract.hooks), sum(len(a.all_names) for a in contract.attrs))
+    report.layers = sub.layers if tree is not None else ()
     if check_tree and tree is not None:
-        report.changes = check_contract(tree, contract)
+        report.changes = check_contract(tree, contract, layers=sub.layers)
     if lint:
-        report.lint = gluelint.lint(engine, contract, glue if glue is not None else default_glue(engine))
+        glue = glue if glue is not None else sub.glue
+        root = sub.root if glue == sub.glue else glue
+        report.lint = gluelint.lint(engine, contract, glue, runtime=sub.runtime, root=root)
+        if tree is not None:  # where a patch's edits lie: without it, what a patch relies on is not known
+            patches = hooks_file.parent if engine != GPDIAG else None
+            overlays = REPO_ROOT / "overlays"
+            roots = (overlays,) if sub.glue.is_relative_to(overlays) else (overlays, sub.glue)
+            places = usage.Places(patches, roots, REPO_ROOT, tree)
+            report.usage = usage.check(contract, report.lint.uses, places, frozenset(report.lint.computed_sites))
     return report
 
 
 def _print_human(r: Report, *, show_tree: bool) -> None:
     total = r.checked + r.declared
     what = f"{r.checked} hook points, {r.declared} attributes and module names"
+    names = "declared upstream names"
+    if r.layers:
+        what += f"; ours checked in {', '.join(gluelint.show(p) for p in r.layers)}"
+        names = "declared names (upstream's and ours)"
     if show_tree:
         if r.tree is None:
             print(f"{r.engine}: no pinned upstream tree: its {total} declared names ({what}) are not checked against "
                   "one (--tree DIR checks them)")  # fmt: skip
         elif r.changes:
-            print(f"{r.engine}: {len(r.changes)} of {total} declared upstream names ({what}) changed in {r.tree}")
+            print(f"{r.engine}: {len(r.changes)} of {total} {names} ({what}) changed in {r.tree}")
             for f in r.changes:
                 print(f"  {f.message}")
         else:
-            print(f"{r.engine}: all {total} declared upstream names match ({what}; {r.tree})")
+            print(f"{r.engine}: all {total} {names} match ({what}; {r.tree})")
     if r.lint is not None:
         for line in r.lint.lines():
             print(line)
+    found = r.usage.findings() if r.usage is not None else []
+    for line in found:
+        print(line)
+    if found:
+        print(usage.advice(r.engine, gluelint.show(r.hooks_file)))
+    elif r.usage is not None:
+        print(f"{r.engine}: each of the {r.usage.used} declared names is used: by the glue, or by what its used_by "
+              "names")  # fmt: skip
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
-    engines = engine_choices() if args.engine == "all" else [args.engine]
+    engines = [*engine_choices(), GPDIAG] if args.engine == "all" else [args.engine]
     if (args.tree or args.hooks_file or args.glue) and len(engines) > 1:
         print("gptools hooks: --tree/--hooks-file/--glue need a single --engine", file=sys.stderr)
         return 2
@@ -387,7 +449,7 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
             print(f"gptools hooks: {err}", file=sys.stderr)
             return 2
         if args.undeclared and report.lint is not None:
-            report.lint.suggest(Path(args.tree) if args.tree else default_tree(engine))
+            report.lint.suggest(Path(args.tree) if args.tree else default_tree(subject(engine).upstream))
         reports.append(report)
     if args.json:
         out = []
@@ -404,6 +466,10 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
                 entry["lint"] = r.lint.to_json()
             out.append(entry)
         print(json.dumps(out, indent=2))
+    elif args.uses:
+        for r in reports:
+            for line in r.usage.lines() if r.usage is not None else []:
+                print(line)
     else:
         for r in reports:
             _print_human(r, show_tree=not (args.lint_only or args.undeclared))
@@ -420,7 +486,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "then lint the engine's glue (overlays/<engine>) for upstream names it touches that hooks.toml does not "
         "declare. Exit 1 on a finding.",
     )
-    p.add_argument("--engine", default="all", choices=(*engine_choices(), "all"), help="engine name or `all`")
+    p.add_argument(
+        "--engine",
+        default="all",
+        choices=(*engine_choices(), GPDIAG, "all"),
+        help=f"engine name, {GPDIAG} (the diagnosis tools' contract) or `all` (every engine and {GPDIAG})",
+    )
     p.add_argument("--tree", help="unpacked tree to check instead of the pristine pinned upstream")
     p.add_argument("--hooks-file", help="hooks declaration to use instead of patches/<engine>/hooks.toml")
     p.add_argument("--glue", help="overlay folder to lint instead of overlays/<engine>")
@@ -431,6 +502,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="list the upstream names the glue touches that hooks.toml does not declare, each with the upstream "
         "classes that define it (reads the pristine tree) and a [[attrs]] line to start from",
+    )
+    p.add_argument(
+        "--uses",
+        action="store_true",
+        help="list each declared name with what uses it: the glue lines that touch it, the used_by entries that hold",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_hooks)

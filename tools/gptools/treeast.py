@@ -84,10 +84,12 @@ class ClassAttrs:
 
 
 class Tree:
-    """An unpacked package tree (a wheel's contents) read by AST, with every parsed module cached."""
+    """An unpacked package tree (a wheel's contents) read by AST, with every parsed module cached; with `more`
+    roots, a module is looked for in `root` first, then in each of them (our overlays over a pristine upstream)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *more: Path) -> None:
         self.root = root
+        self.roots = (root, *more)
         self._modules: dict[str, ModuleInfo | str] = {}
         self._classes: dict[str, ClassAttrs] = {}
 
@@ -95,14 +97,16 @@ class Tree:
 
     def module_file(self, module: str) -> Path | None:
         """The source file of a dotted module inside the tree, or None."""
-        base = self.root.joinpath(*module.split("."))
-        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return candidate
+        for root in self.roots:
+            base = root.joinpath(*module.split("."))
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
         return None
 
     def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
+        root = next((r for r in self.roots if path.is_relative_to(r)), self.root)
+        return path.relative_to(root).as_posix()
 
     def module(self, module: str) -> ModuleInfo | str:
         """The parsed module, or a reason why it cannot be read."""
