@@ -107,8 +107,10 @@ def _graphs_and_pointers(
     archive: Archive, rank: int, record: RankRecord, full: bool, every_byte: bool
 ) -> tuple[dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]], list[int]]:
     region = (record.region.base, record.region.base + record.region.size)
+    graphs = _graphs(archive, rank, record, region, full, every_byte)
     pointers = _pointers(archive, rank, record)
-    return _graphs(archive, rank, record, region, full, every_byte, set(pointers)), pointers
+    _node_addresses(graphs, f"{rank_dir(rank)}/{graphpack.INDEX_NAME}", region, set(pointers))
+    return graphs, pointers
 
 
 def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.Phase]]:
@@ -253,13 +255,7 @@ def _pointers(archive: Archive, rank: int, record: RankRecord) -> list[int]:
 
 
 def _graphs(
-    archive: Archive,
-    rank: int,
-    record: RankRecord,
-    region: tuple[int, int],
-    full: bool,
-    every_byte: bool,
-    pointers: set[int],
+    archive: Archive, rank: int, record: RankRecord, region: tuple[int, int], full: bool, every_byte: bool
 ) -> dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]]:
     index_rel = f"{rank_dir(rank)}/{graphpack.INDEX_NAME}"
     packed = graphpack.read_graphs(archive, rank, [g.name for g in record.graphs])  # ArchiveError naming the index
@@ -268,12 +264,8 @@ def _graphs(
         descs = graphpack.check_graphs(record.graphs, packed, full=full, images=images, hashes=every_byte)
     except (PersistError, graphformat.GraphFormatError) as exc:
         raise _Refusal(index_rel, "", str(exc)) from None
-    shapes: set[int] = set()  # descriptions checked for their addresses (graphs of one shape share one)
     for name, (_desc, _blob, _table, entry) in descs.items():
         where = f"graph {shown(repr(name), 80)}"
-        if id(entry.shared) not in shapes:
-            shapes.add(id(entry.shared))
-            _node_addresses(entry.shared["nodes"], index_rel, where, region, pointers)
         spec = _spec_checker(index_rel, where, region)
         for i, item in enumerate(_list_at(entry.inputs, index_rel, f"{where} inputs")):
             spec(item, f"inputs[{i}]")
@@ -287,16 +279,27 @@ def _graphs(
 _ADDRESSES = {"memset": ("dst",), "memcpy": ("srcDevice", "dstDevice")}
 
 
-def _node_addresses(nodes: list[Any], rel: str, where: str, region: tuple[int, int], pointers: set[int]) -> None:
+def _node_addresses(
+    descs: dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]],
+    rel: str,
+    region: tuple[int, int],
+    pointers: set[int],
+) -> None:
     """Each memset and memcpy address lies in the rank's region and in its pointer inventory, as SAVE requires
-    (graphwalk refuses others; every one is in the inventory, which LOAD proves backed by memory)."""
-    for i, nd in enumerate(nodes):
-        for key in _ADDRESSES.get(nd["type"], ()):
-            addr, at = nd[key], f"{where} node {i} ({nd['type']}) {key}"
-            if not region[0] <= addr < region[1]:
-                raise _Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
-            if addr not in pointers:
-                raise _Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
+    (graphwalk refuses others and records every one in the inventory, which LOAD proves backed by memory). Once per
+    graph shape: the graphs of one shape share their non-kernel nodes."""
+    shapes: set[int] = set()
+    for name, (_desc, _blob, _table, entry) in descs.items():
+        if id(entry.shared) in shapes:
+            continue
+        shapes.add(id(entry.shared))
+        for i, nd in enumerate(entry.shared["nodes"]):
+            for key in _ADDRESSES.get(nd["type"], ()):
+                addr, at = nd[key], f"graph {shown(repr(name), 80)} node {i} ({nd['type']}) {key}"
+                if not region[0] <= addr < region[1]:
+                    raise _Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
+                if addr not in pointers:
+                    raise _Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
 
 
 def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:
