@@ -8,6 +8,7 @@ several processes at once, and hostile content never writes anything, let alone 
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import importlib.util
 import io
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -234,7 +236,9 @@ def snapshot(root: Path) -> dict[str, tuple[str, bytes, int]]:
     out = {}
     for path in sorted(root.rglob("*")):
         info = path.lstat()
-        kind = "link" if path.is_symlink() else "folder" if path.is_dir() else "file"
+        kind = {stat.S_IFREG: "file", stat.S_IFDIR: "folder", stat.S_IFLNK: "link"}.get(
+            stat.S_IFMT(info.st_mode), "other"
+        )
         data = path.read_bytes() if kind == "file" else b""
         out[path.relative_to(root).as_posix()] = (kind, data, info.st_mtime_ns if kind == "file" else 0)
     return out
@@ -273,6 +277,24 @@ def test_folders_in_the_tar_are_made_below_the_cache_folder(tmp_path: Path) -> N
         "dir/sub/f.json": ("file", b"{}", 0),
         "empty": ("folder", b"", 0),
     }
+
+
+def test_a_read_only_cache_folder_that_has_every_file_is_kept_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm host whose cache is mounted read-only: nothing to write, so nothing is staged and nothing fails."""
+    dirs = make_cache(tmp_path / "cache")
+    blob, _ = collect(dirs)
+    before = snapshot(tmp_path)
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "mkdir", read_only)  # root may write anywhere: the file system says no instead
+    stats = restore(blob, {"triton": dirs["triton"], "flashinfer": dirs["flashinfer"]})
+    monkeypatch.undo()
+    assert stats.files == {} and stats.kept == {"triton": 3, "flashinfer": 3}
+    assert snapshot(tmp_path) == before
 
 
 def test_a_folder_that_cannot_be_written_undoes_the_whole_restore(tmp_path: Path) -> None:

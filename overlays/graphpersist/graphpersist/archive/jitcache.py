@@ -352,8 +352,8 @@ def _check_end(view: memoryview, pos: int, pending_pax: bool) -> None:
     """The end of the archive: two zero blocks, then nothing but zeros to a whole block."""
     if pending_pax:
         raise _Refused(f"are not a readable tar: the pax header before byte {pos} has no member")
-    rest = bytes(view[pos:])
-    if len(rest) < 2 * _BLOCK or rest.count(0) != len(rest) or len(view) % _BLOCK:
+    chunks = (bytes(view[at : at + (1 << 20)]) for at in range(pos, len(view), 1 << 20))  # never the rest at once
+    if len(view) - pos < 2 * _BLOCK or len(view) % _BLOCK or any(c.count(0) != len(c) for c in chunks):
         raise _Refused(f"are not a readable tar: its end at byte {pos} is not two zero blocks and zero padding "
                        "(truncated, or bytes after its end)")  # fmt: skip
 
@@ -538,8 +538,16 @@ class _Job:
         self.at: Path | None = None  # what it was writing: the error names it
 
     def stage(self, root: Path, members: list[Member]) -> None:
-        """Writes `members` into a new staging folder inside `root` (made, with its parents, where missing)."""
+        """Writes the `members` that `root` lacks into a new staging folder inside it (made, with its parents, where
+        missing); the others are kept. Nothing is made when it lacks none (a warm or read-only cache folder)."""
         self.at = root
+        lacking = [m for m in members if not os.path.lexists(root / m.rel)]
+        kept = sum(1 for m in members if not m.folder) - sum(1 for m in lacking if not m.folder)
+        if kept:
+            self.stats.kept[members[0].cache] = kept
+        if not lacking:
+            return
+        members = lacking
         missing, up = [], root
         while not os.path.lexists(up):
             missing.append(up)
