@@ -209,12 +209,14 @@ def field_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
         found: list[tuple[str, Any, Any]] = []
         _differences(x, y, "", found)
         if key.startswith("node ") and isinstance(x, dict):  # a node: its fields by name
-            what = "; ".join(f"{p.lstrip('.')} {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3])
+            what = "; ".join(
+                f"{shown(p.lstrip('.'), 80)} {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3]
+            )
             head = f"{key} ({x.get('type', '?')}): "
         else:
-            what = "; ".join(f"{key}{p}: {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3])
+            what = "; ".join(f"{key}{shown(p, 80)}: {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3])
             head = ""
-        more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+        more = " (and more)" if len(found) > 3 else ""
         return f"{name}: {head}{what}{more}"
     return None
 
@@ -242,7 +244,7 @@ def _field(rank: RankGraphs, path: str, value: Any) -> str:
         return _value(rank, value)
     if isinstance(value, bytes):
         return f"{len(value)} bytes (sha256 {hashlib.sha256(value).hexdigest()[:16]})"
-    return shown(_short(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value, 80))
+    return shown(_short(value, 80))
 
 
 def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
