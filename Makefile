@@ -22,8 +22,18 @@ TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.work/pycache
 OFFLINE ?=
 FINISH ?=
 REBASE_ARGS ?=
+# Offline bundles for a GPU host: BUNDLE_HOST holds each engine's <engine>.args (options) and <engine>.lock (every
+# wheel by name, version and sha256) and the host's pip freeze. ENGINE=all means every engine with an .args file there.
+BUNDLE_HOST ?= recipes/gpu-host
+FREEZE ?= $(BUNDLE_HOST)/pip-freeze.txt
+BUNDLE_ARGS ?=
+BUNDLE_ENGINES = $(if $(filter all,$(ENGINE)),$(patsubst $(BUNDLE_HOST)/%.args,%,$(wildcard $(BUNDLE_HOST)/*.args)),$(ENGINE))
+# One engine's bundle can need another package we build (SGLang's needs deep_ep), so the bundle verbs build every
+# engine into DIST; `gpdist build` replaces only our own wheels there.
+BUNDLE_BUILD = $(PY) -m gpdist build --engine all --out $(DIST) $(if $(filter 1,$(OFFLINE)),--offline)
+BUNDLE_CMD = $(PY) -m gptools bundle --dist $(DIST) --host-freeze $(FREEZE)
 
-.PHONY: help setup build install test test-fast test-upstream check lint rebase edit export bundle gpu-test prove clean
+.PHONY: help setup build install test test-fast test-upstream check lint rebase edit export bundle bundle-lock gpu-test prove clean
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -56,15 +66,16 @@ test-upstream: build ## vLLM's own tests of what we patch: same outcomes on our 
 # No build and no network: tests marked network (downloads, dist/), slow or gpu are deselected, and pytest's summary
 # says how many ("N deselected"; under xdist, its summaries section). The index URL points nowhere so that a fetch
 # that slipped through fails at once.
-test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (< 1 min)
+test-fast: setup ## the CPU tests for the edit loop: no build, no network, no slow or GPU tests (1-3 min on 2 cores)
 	$(TEST_ENV) GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
 	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
-check: setup ## ruff, series lint, Python floor, zero-fuzz dry run on pinned upstream, hooked functions, import loops
+check: setup ## ruff, series lint, Python floor, zero-fuzz dry run, hooked functions, import loops, name resolution
 	$(VENV)/bin/pre-commit run --all-files
 	$(PY) -m gptools apply --engine $(ENGINE) --dry-run
 	$(PY) -m gptools hooks --engine $(ENGINE)
 	$(PY) -m gptools imports
+	$(PY) -m gptools names
 
 lint: check ## the same as make check
 
@@ -78,8 +89,16 @@ edit: setup ## make edit ENGINE=vllm: materialize upstream + series as a git wor
 export: setup ## make export ENGINE=vllm: write the edited work tree back to patches/<engine>/
 	$(PY) -m gptools export --engine $(ENGINE)
 
-bundle: build ## make bundle FREEZE=host-freeze.txt BUNDLE_ARGS=@recipes/gpu-host/vllm.args: offline bundle
-	$(PY) -m gptools bundle --dist $(DIST) --engine $(ENGINE) $(if $(FREEZE),--host-freeze $(FREEZE)) $(BUNDLE_ARGS)
+# From the committed lock: exactly its files (cached by sha256; OFFLINE=1: cache only), never a resolution.
+bundle: setup ## make bundle [ENGINE=vllm|sglang]: offline bundle into .bundle/ from the committed <engine>.lock
+	$(BUNDLE_BUILD)
+	$(foreach e,$(BUNDLE_ENGINES),$(BUNDLE_CMD) @$(BUNDLE_HOST)/$(e).args --lock $(BUNDLE_HOST)/$(e).lock \
+	  $(if $(filter 1,$(OFFLINE)),--offline) $(BUNDLE_ARGS) &&) true
+
+bundle-lock: setup ## make bundle-lock ENGINE=vllm: resolve against the index again, rewrite <engine>.lock
+	$(BUNDLE_BUILD)
+	$(foreach e,$(BUNDLE_ENGINES),$(BUNDLE_CMD) @$(BUNDLE_HOST)/$(e).args --write-lock $(BUNDLE_HOST)/$(e).lock \
+	  $(BUNDLE_ARGS) &&) true
 
 gpu-test: ## GPU tests with the host's own python3 + torch (on the GPU host; no .venv, no network there)
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \

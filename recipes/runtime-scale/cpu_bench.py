@@ -139,11 +139,11 @@ def write(root: Path) -> dict[str, Any]:
             out = addr + 4096 * 2 * layers
             outputs: dict[str, Any] = {"kind": "tensor", "spec": _spec(out, b)}
             if mode == "full":
-                outputs = {"kind": "dataclass", "type": "model.FullOutput", "fields": ["hidden", "extras", "step"],
-                           "items": [outputs, {"kind": "dict", "keys": ["residual", "batch"], "items": [
-                               {"kind": "tuple", "items": [{"kind": "tensor", "spec": _spec(out, 1)},
-                                                           {"kind": "value", "value": None}]},
-                               {"kind": "value", "value": b}]}, {"kind": "value", "value": layers}]}  # fmt: skip
+                outputs = {"kind": "dataclass", "type": "runtime_scale.full_output", "fields": {
+                    "hidden": outputs, "extras": {"kind": "dict", "keys": ["residual", "batch"], "items": [
+                        {"kind": "tuple", "items": [{"kind": "tensor", "spec": _spec(out, 1)},
+                                                    {"kind": "value", "value": None}]},
+                        {"kind": "value", "value": b}]}, "step": {"kind": "value", "value": layers}}}  # fmt: skip
             pack.add(name, desc, blob, table, inputs=[_spec(x, b)], outputs=outputs)
             x = out
             pointers.update(range(addr, out, 4096 * 64))

@@ -28,6 +28,10 @@ class FullOutput:
     step: int
 
 
+# The benchmark engine's registry of output types (an archive names a dataclass only by its id here).
+OUTPUT_TYPES = {"runtime_scale.full_output": FullOutput}
+
+
 class Model:
     """Weights and the static input buffer, allocated in a fixed order (setup)."""
 

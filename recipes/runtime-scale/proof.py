@@ -79,7 +79,7 @@ def _replay_all(torch: Any, model: Any, graphs: dict[str, tuple[Any, Any]]) -> d
 def _capture(torch: Any, model: Any, api: Any) -> tuple[Any, dict[str, tuple[Any, Any]], float]:
     """Setup mark, warm-up, and the capture of every graph into one pool, registered on a Saver (SAVE's part before
     saving); returns the saver, the captured graphs with their outputs, and when the warm-up ended."""
-    from model import PIECES, SIZES
+    from model import OUTPUT_TYPES, PIECES, SIZES
 
     api.mark_setup(model.named_tensors())
     stream = torch.cuda.Stream()
@@ -90,7 +90,7 @@ def _capture(torch: Any, model: Any, api: Any) -> tuple[Any, dict[str, tuple[Any
     torch.cuda.synchronize()
     t_warm = time.perf_counter()
     pool = torch.cuda.graph_pool_handle()
-    saver = api.Saver()
+    saver = api.Saver(output_types=OUTPUT_TYPES)
     captured: dict[str, tuple[Any, Any]] = {}
     for b in sorted(SIZES, reverse=True):
         g = api.PersistentCUDAGraph()
@@ -151,7 +151,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
 def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     torch, model, api = _setup()
-    from model import PIECES, SIZES, FullOutput
+    from model import OUTPUT_TYPES, PIECES, SIZES, FullOutput
 
     from graphpersist.archive import open_archive
     from graphpersist.graph import format as graphformat
@@ -159,7 +159,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
 
     t_setup = time.perf_counter()
     res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors())  # fmt: skip
+                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
     t_load = time.perf_counter()
     digests = _replay_all(torch, model, {n: (lg.replay, lg.outputs) for n, lg in res.graphs.items()})
     want = json.loads(ref.read_text())
@@ -245,12 +245,12 @@ def step_profile(archive: Path) -> dict[str, Any]:
     import pstats
 
     _torch, model, api = _setup()
-    from model import SIZES
+    from model import OUTPUT_TYPES, SIZES
 
     prof = cProfile.Profile()
     prof.enable()
     res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors())  # fmt: skip
+                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)

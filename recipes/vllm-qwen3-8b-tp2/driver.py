@@ -330,13 +330,27 @@ def consecutive_init(init_start: float | None, marks: dict[str, float]) -> dict[
     return proofkit.consecutive(chain) if all(t is not None for _, t in chain) else {}
 
 
-def restored_cache_files(stats: list[dict[str, Any]]) -> set[str]:
+def record_early_restores() -> list[str]:
+    """The list that will hold the cache files vLLM's switch puts back in this process before the engine starts
+    (LOAD; not compiled here): the driver wraps the glue's restore, which returns them."""
+    from vllm import graphpersist_caches
+
+    restored: list[str] = []
+    restore = graphpersist_caches.restore_before_engine
+
+    def recording(directory: Path) -> list[str]:
+        written = restore(directory)
+        restored.extend(written)
+        return written
+
+    graphpersist_caches.restore_before_engine = recording
+    return restored
+
+
+def restored_cache_files(stats: list[dict[str, Any]], early: list[str]) -> set[str]:
     """The cache files LOAD put back from the archive (not compiled here), named as proofkit's snapshots name them:
     the workers' (in their stats) and what the switch restored in this process before the engine started."""
-    from vllm import graphpersist_switch
-
-    paths = [*(p for s in stats for p in s.get("jitcache_restored", [])), *graphpersist_switch.restored_before_engine]
-    return proofkit.snapshot_names(paths)
+    return proofkit.snapshot_names([*(p for s in stats for p in s.get("jitcache_restored", [])), *early])
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -345,6 +359,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM  # noqa: F401  (vLLM imports LLM's module lazily, on first use)
 
     import_s = time.perf_counter() - t_import
+    early = record_early_restores() if a.mode == "load" else []
     before = proofkit.cache_snapshot()
     started = proofkit.start_engine(lambda: build_llm(a), Path(a.result).parent / "log.txt", a.expect_refusal)
     if started.result is not None:
@@ -384,7 +399,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     stats = proofkit.rank_stats()
     log = Path(a.result).parent / "log.txt"
     phases = start_phases(ready, log_phases(log.read_text(errors="replace") if log.is_file() else ""), stats, marks)
-    restored = restored_cache_files(stats)
+    restored = restored_cache_files(stats, early)
     new_start = [f for f in proofkit.new_files(before, after_start) if f not in restored]
     new_first = proofkit.new_files(after_start, after_first)
 
@@ -455,7 +470,8 @@ OPTION_ENV = {
     "diag_load_profile": "GP_DIAG_LOAD_PROFILE",
 }
 MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # --model-runner v2 sets it to 1; default leaves vLLM's choice
-PLUGINS_ENV, DIAG_PLUGIN = "GRAPHPERSIST_PLUGINS", "gpdiag.vllm"  # the worker's observer (tools/ is on PYTHONPATH)
+# A diagnosis run puts gpdiag's site folder first on every process's path: its sitecustomize wraps the session.
+DIAG_SITE = str(Path(__file__).resolve().parents[2] / "tools" / "gpdiag" / "site")
 # Switches that point a variable at the run's folder, where the workers write their files.
 RUN_FOLDER_ENV = {
     "diag": "GP_DIAG_DUMP",  # tools/gpdiag/vllm_state.py
@@ -537,8 +553,8 @@ def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
             environ[name] = value
     if a.model_runner == "v2":
         environ[MODEL_RUNNER_ENV] = "1"
-    if any(name.startswith("GP_DIAG_") for name in environ):  # the diagnosis observer reads them (tools/gpdiag)
-        environ[PLUGINS_ENV] = DIAG_PLUGIN
+    if any(name.startswith("GP_DIAG_") for name in environ):  # gpdiag reads them (tools/gpdiag/vllm.py)
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [DIAG_SITE, environ.get("PYTHONPATH")]))
     if a.diag_bisect or a.diag_probe or a.replay_timing:  # functions sent to the worker (LLM.collective_rpc)
         environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 

@@ -2,7 +2,8 @@
 
 The payload bytes are stand-ins (no GPU here), but the structure is the real one: world facts, per-rank
 records whose graphs and images point at files that exist, and every file in the manifest's table.
-Run it to make one: `PYTHONPATH=overlays/graphpersist python tests/cpu/archive_fixtures.py /tmp/demo-archive`.
+Run it to make one (write_loadable_archive: what SAVE writes, so `graphpersist check` verifies it as LOAD reads it):
+`PYTHONPATH=overlays/graphpersist python tests/cpu/archive_fixtures.py /tmp/demo-archive`.
 """
 
 from __future__ import annotations
@@ -211,15 +212,18 @@ def redigest(doc: Any) -> Any:
 
 
 def forge(root: Path, rel: str, data: bytes) -> None:
-    """Replaces listed file `rel` by `data` as a forger would: the rank record that commits to it (its
-    extra.digests, then its own digest) and the file table made to match, so that the bytes reach the reader that
-    parses them. What a test of that reader needs; what no archive damage or careless edit can do."""
+    """Replaces listed file `rel` (or manifest.json) by `data` as a forger would: the rank record that commits to it
+    (its extra.digests, then its own digest) and the file table made to match, so that the bytes reach the reader
+    that parses them. What a test of that reader needs; what no archive damage or careless edit can do."""
     (root / rel).write_bytes(data)
     changed = [rel]
     try:
         from graphpersist.archive import digests as archive_digests
     except ImportError:  # a release before the records' commitments: the table is all there is to match
         _retable(root, changed)
+        return
+    if rel == "manifest.json":
+        _forge_manifest(root, data)
         return
     top = rel.split("/", 1)[0]
     owner = int(top.removeprefix("rank_")) if RANK_DIR.fullmatch(top) else 0
@@ -241,6 +245,25 @@ def forge(root: Path, rel: str, data: bytes) -> None:
     _retable(root, changed)
 
 
+def _forge_manifest(root: Path, data: bytes) -> None:
+    """manifest.json replaced by `data`, rank 0's commitment to it (and rank 0's table entry) made to match, where
+    `data` is a manifest the reader would parse that far."""
+    from graphpersist.archive import digests as archive_digests
+
+    record_rel = "rank_0/rank.json"
+    try:
+        doc = json.loads(data)
+        record = json.loads((root / record_rel).read_bytes())
+        record["extra"][archive_digests.KEY]["manifest"] = archive_digests.manifest_digest(doc)
+        listed = record_rel in doc["files"]
+    except (ValueError, RecursionError, TypeError, KeyError, AttributeError):  # the parser's business
+        return
+    if not listed:
+        return
+    (root / record_rel).write_text(json.dumps(redigest(record), indent=2))
+    _retable(root, [record_rel])
+
+
 def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:
     """Live facts (as collect_live nests them) that match write_archive()'s archive, with `changes` applied."""
     live = copy.deepcopy(world())
@@ -251,12 +274,6 @@ def live_for(rank: int = 0, **changes: Any) -> dict[str, Any]:
     for dotted, value in changes.items():
         set_field(live, dotted, value)
     return live
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: archive_fixtures.py OUT_DIR")
-    print(write_archive(Path(sys.argv[1])))
 
 
 # ------------------------------------------------------------------------------------------ loadable archives
@@ -396,3 +413,9 @@ def write_loadable_archive(
         for rank in range(facts["parallel"]["world_size"]):
             write_loadable_rank(writer, rank, shared_image)
         return writer.commit()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: archive_fixtures.py OUT_DIR")
+    print(write_loadable_archive(Path(sys.argv[1])))  # what `graphpersist inspect|check|diff` read, as SAVE writes it

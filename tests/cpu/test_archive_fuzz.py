@@ -15,21 +15,33 @@ families, and what each models:
 * escape-laden: terminal control sequences, newlines and bidi overrides in every kind of archive string;
 * file-system oddities: deletions, unlisted files, links, FIFOs, non-UTF-8 names, deep folders;
 * forged: a mutation whose file table *and* rank-record commitments were recomputed, as a forger would (the
-  archive is not signed: see graphpersist.archive.digests). These reach the parsers behind the digests.
-* tar headers (forged): the JIT-cache tar replaced by a hostile one (tests/cpu/hostile_tars.py: pax mtime nan, inf or
-  25 digits, malformed GNU sparse members, links, devices, '..', absolute paths, checksums, garbage, truncation,
-  compression), by header fields rewritten with their checksum, header bytes flipped, or a real tar cut short;
-* bombs (forged): a graph's kernel part replaced by a deflate bomb declaring up to 1.1 GB, or by a stream that
-  inflates to more or less than it declares, or has bytes after its end;
-* diff blind spots (forged): a rank's graphs written again with one field LOAD reads changed (pack_forgery.resave):
-  memset and memcpy fields and addresses (inside the inventory, outside it, outside the region), the function
-  table's names, images and attributes, static tensor records, instantiate flags, events, edges, launch shapes.
+  archive is not signed: see graphpersist.archive.digests). These reach the parsers behind the digests;
+* forged records with regenerated digests (own block, forged_cases): digests stripped and the table regenerated
+  (with and without a changed payload), forgeries that miss one digest, complete forgeries of compared facts (drift)
+  and of values LOAD's CPU stage refuses (dtypes, attribute ids, description keys, allocation logs, phases);
+* padding (own block, padding_cases): counts and sizes far past what an engine records (flags, pins, names, values,
+  capture sizes, notes, node types, log events, functions), refused naming a cap or read in linear time;
+* tar headers (own block, tar_header_cases; forged): the JIT-cache tar replaced by a hostile one
+  (tests/cpu/hostile_tars.py: pax mtime nan, inf or 25 digits, malformed GNU sparse members, links, devices, '..',
+  absolute paths, checksums, garbage, truncation, compression), by header fields rewritten with their checksum,
+  header bytes flipped, or a real tar cut short;
+* bombs (own block, bomb_cases; forged): a graph's kernel part replaced by a deflate bomb declaring up to 1.1 GB, or
+  by a stream that inflates to more or less than it declares, or has bytes after its end;
+* diff blind spots (own block, diff_blind_spot_cases; forged): a rank's graphs written again with one field LOAD
+  reads changed (pack_forgery.resave): memset and memcpy fields and addresses (inside the inventory, outside it,
+  outside the region), the function table's names, images and attributes, static tensor records, instantiate
+  flags, events, edges, launch shapes.
 
 Each case goes through what LOAD does on CPU, rank by rank, up to its first GPU call (open_archive(keep_rank=r), the
-fact check against the live facts SAVE recorded, use_layout's read, loadplan.read_plan), through `graphpersist check`
-(loadplan every_byte, then the CLI), `inspect`, `inspect --json`, `diff` against the original, the engine's
-read_shared, and LOAD's first step, the JIT caches restored into a host's cache folders (read_shared +
-jitcache.restore). What must hold, per case:
+fact check against the live facts SAVE recorded, use_layout's read, loadstage.rank_stage, the shared files and the
+JIT caches' rules, loadstage.shared_stage), through `graphpersist check` (loadstage with every_byte, then the CLI),
+`inspect`, `inspect --json`, `diff` against the original, the engine's read_shared, and the JIT caches restored into
+a host's cache folders (read_shared + jitcache.restore, what LOAD does first). What must hold, per case:
+
+* `check` refuses (exit 2) iff some rank's LOAD CPU stage refuses (ArchiveError): both run loadstage. The one
+  difference allowed, counted as "check only": check's every-byte read refusing what LOAD's fast path leaves to the
+  file table (graph parts' and state payloads' own sha256, kernel nodes against their topology fingerprint), in
+  forged cases only;
 
 * no exception but ArchiveError (the CLI: exit 0-3 and no traceback); each case ends in under 2 s;
 * no raw control character (ESC, CR, BEL, C1, bidi overrides) in any output or error message;
@@ -47,7 +59,7 @@ jitcache.restore). What must hold, per case:
 * no missed difference: `diff` against the original never says "equal" for a case that changes a field LOAD reads.
 
 The counts (per family and outcome) are printed to the terminal. Seed: SEED, or GP_FUZZ_SEED to explore others.
-The whole suite (about 30 s on 2 cores) is marked slow: it runs in `make test` (CI); test_hostile_archives_smoke
+The whole suite (about 55 s on 2 cores shared with other work) is marked slow: it runs in `make test` (CI); test_hostile_archives_smoke
 runs every 25th case in `make test-fast`.
 """
 
@@ -71,6 +83,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +92,10 @@ import pack_forgery
 import pytest
 from archive_fixtures import forge, live_for, redigest, smi_rows, write_loadable_archive
 
-from graphpersist import cli
+from graphpersist import cli, loadstage
 from graphpersist.archive import ArchiveError, jitcache, liveenv, open_archive, read_shared, safejson
+from graphpersist.archive import digests as archive_digests
+from graphpersist.archive.manifest import MAX_ENV, MAX_FLAGS
 from graphpersist.archive.validate import evaluate
 from graphpersist.errors import JitCacheError
 from graphpersist.graph import format as graphformat
@@ -163,7 +178,7 @@ class Hang(Exception):
 
 
 EVERY_READER = frozenset({"open", "load 0", "load 1", "check 0", "check 1"})
-RESTORE = frozenset({"restore"})  # LOAD's first step: the JIT caches put back (read_shared + jitcache.restore)
+RESTORE = frozenset({"restore"})  # the JIT caches put back (read_shared + jitcache.restore), what LOAD does first
 BINDING = frozenset({"load", "check", "shared"})
 
 
@@ -190,6 +205,15 @@ class Pristine:
     json_files: list[str]  # every JSON file but manifest.json
     binary_files: list[str]
     result: Result = field(init=False)
+
+    def event(self, rank: int, i: int) -> list[Any]:
+        """Row i of rank `rank`'s allocation log: [kind, address, size, requested size]."""
+        return json.loads((self.root / f"rank_{rank}" / "alloc_log.json").read_bytes())[i]
+
+    def region(self) -> tuple[int, int]:
+        """(base, size) of rank 0's region (every rank's in the fixture)."""
+        region = json.loads((self.root / "rank_0" / "rank.json").read_bytes())["region"]
+        return region["base"], region["size"]
 
 
 # ----------------------------------------------------------------------------------------------- the readers
@@ -241,11 +265,12 @@ class Result:
 
     load: dict[int, str] = field(default_factory=dict)  # rank -> "refused: ..." | "drift" | digest
     check: dict[int, str] = field(default_factory=dict)
+    fast: dict[int, str] = field(default_factory=dict)  # check's rank stage without every_byte: what LOAD reads
     shared: dict[str, str] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)  # everything printed or raised, to scan for control characters
     crashes: list[str] = field(default_factory=list)
     cli_codes: list[int] = field(default_factory=list)
-    diff_code: int | None = None
+    codes: dict[str, int] = field(default_factory=dict)  # command -> its (last) exit code
     restore: str = ""  # "refused: ...", "absent" or a digest of the cache folders after it
     opened: bool = False
     first_refusal: str = ""
@@ -282,8 +307,7 @@ def _cli(result: Result, *args: str) -> None:
         result.crashes.append(f"graphpersist {args[0]}: {type(exc).__name__}: {str(exc)[:300]}")
         return
     result.cli_codes.append(code)
-    if args[0] == "diff":
-        result.diff_code = code
+    result.codes[args[0]] = code
     result.outputs += [out.getvalue(), err.getvalue()]
     if code not in (0, 1, 2, 3) or "Traceback" in err.getvalue():
         result.crashes.append(f"graphpersist {args[0]} exited {code}: {err.getvalue()[-300:]}")
@@ -308,13 +332,16 @@ def through_everything(root: Path, pristine_root: Path, *, all_commands: bool, e
     for rank in RANKS:
 
         def load_stage(rank: int = rank) -> str:
+            """A rank's LOAD up to its first GPU call, whatever the facts say (drift is told apart at the end)."""
             archive = open_archive(root, keep_rank=rank)
-            if evaluate(archive, live_for(rank), rank).mismatches:
-                return "drift"  # LOAD refuses naming each field (LoadRefused)
+            drift = bool(evaluate(archive, live_for(rank), rank).mismatches)  # LOAD refuses naming each field
             layout.saved_phases(archive, rank)  # what use_layout() reads
-            plan = read_plan(archive, rank)
+            plan = loadstage.rank_stage(archive, rank)
+            for name in SHARED:  # the engine's reads of the shared files, and the JIT caches' restore rules
+                archive.read(None, name)
+            loadstage.shared_stage(archive)
             images = {im.file: archive.read_path(im.file) for im in plan.record.images}
-            return _digest(load_inputs(plan, images))
+            return "drift" if drift else _digest(load_inputs(plan, images))
 
         result.load[rank] = _guarded(result, f"LOAD rank {rank}", load_stage)
 
@@ -324,12 +351,13 @@ def through_everything(root: Path, pristine_root: Path, *, all_commands: bool, e
         archive = open_archive(root)
         for rank in RANKS:
 
-            def check_stage(rank: int = rank) -> str:
-                plan = read_plan(archive, rank, every_byte=True)
+            def check_stage(rank: int = rank, every_byte: bool = True) -> str:
+                plan = loadstage.rank_stage(archive, rank, every_byte=every_byte)
                 images = {im.file: archive.read_path(im.file) for im in plan.record.images}
                 return _digest(load_inputs(plan, images))
 
             result.check[rank] = _guarded(result, f"check rank {rank}", check_stage)
+            result.fast[rank] = _guarded(result, f"check rank {rank} as LOAD reads", partial(check_stage, rank, False))
     for name in SHARED:
         result.shared[name] = _guarded(result, f"read_shared {name}", lambda name=name: _shared(root, name))
     result.restore = restore_caches(result, root)
@@ -521,11 +549,15 @@ def _edit_record_and_index(change: Callable[[dict[str, Any], dict[str, Any]], No
     return apply
 
 
-def _edit_manifest(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+def _edit_manifest(change: Callable[[dict[str, Any]], None], *, forged: bool = False) -> Callable[[Path], None]:
+    """manifest.json changed; `forged`: rank 0's commitment to it recomputed too (else only its file table, which
+    no record commits to, may change unnoticed)."""
+
     def apply(root: Path) -> None:
         manifest = json.loads((root / "manifest.json").read_bytes())
         change(manifest)
-        _replace_file(root / "manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False).encode())
+        data = json.dumps(manifest, indent=2, ensure_ascii=False).encode()
+        _forge(root, "manifest.json", data) if forged else _replace_file(root / "manifest.json", data)
 
     return apply
 
@@ -547,7 +579,7 @@ def build_cases(p: Pristine, seed: int = SEED) -> list[Case]:
     payload_json = [f for f in p.json_files if f not in records]
     docs = {rel: json.loads((p.root / rel).read_bytes()) for rel in p.json_files}
 
-    for _ in range(260):  # manifest.json: no checksum guards it; world facts drift, the table names files
+    for _ in range(260):  # manifest.json: rank 0's record commits to it but for its file table (which names files)
         what, data, _ = json_mutation(rng, p.manifest)
         cases.append(Case("manifest JSON", f"manifest.json: {what}", _write("manifest.json", data, "as is")))
     for i in range(340):  # rank records: the table regenerated, or forged (record digest recomputed too)
@@ -629,7 +661,8 @@ def build_cases(p: Pristine, seed: int = SEED) -> list[Case]:
         elif where == 2:
             cases.append(Case("escape-laden", f"manifest strings {text!r}", _edit_manifest(
                 lambda m, text=text: (m["created"].update(host=text), m["world"]["env"].update({text: text}),
-                                      m["world"]["engine"].update(name=text)))))  # fmt: skip
+                                      m["world"]["engine"].update(name=text)), forged=True),
+                              binding=frozenset()))  # fmt: skip
         else:
             cases.append(Case("escape-laden", f"engine notes and device {text!r}", _edit_record_and_index(
                 lambda r, x, text=text: (r["extra"]["engine_notes"].update({text: text}),
@@ -681,9 +714,223 @@ def build_cases(p: Pristine, seed: int = SEED) -> list[Case]:
     ]
     for name, apply, refuse in oddities:
         cases.append(Case("file system", name, apply, refuse=EVERY_READER if refuse else frozenset()))
-    more = random.Random(seed + 41)  # the families below draw from their own generator: those above stay as they were
+    cases += forged_cases(p)
+    cases += padding_cases()
+    cases += name_resolution_cases()  # its own block, below
+    more = random.Random(seed + 41)  # the blocks below draw from their own generator: those above stay as they were
     cases += tar_header_cases(more) + bomb_cases(p, more) + diff_blind_spot_cases(p, more)
     return cases
+
+
+# ------------------------------------------------- forged records with regenerated digests (issue 41 items 3-5)
+
+
+def _strip_digests(rank: int, rel: str | None = None, change: Callable[[bytes], bytes] | None = None) -> Callable[
+        [Path], None]:  # fmt: skip
+    """Rank `rank`'s record without extra.digests, and (given) `rel` changed, the file table regenerated to match:
+    what deleting the commitments and "repairing" the checksums writes."""
+
+    def apply(root: Path) -> None:
+        record_rel = f"rank_{rank}/rank.json"
+        record = json.loads((root / record_rel).read_bytes())
+        del record["extra"]["digests"]
+        _replace_file(root / record_rel, json.dumps(record, indent=2).encode())
+        _retable(root, record_rel)
+        if rel is not None and change is not None:
+            _replace_file(root / rel, change((root / rel).read_bytes()))
+            _retable(root, rel)
+
+    return apply
+
+
+def _flip(data: bytes) -> bytes:
+    return bytes([data[0] ^ 0xFF]) + data[1:] if data else b"x"
+
+
+def _json_edit(change: Callable[[Any], None]) -> Callable[[bytes], bytes]:
+    def edit(data: bytes) -> bytes:
+        doc = json.loads(data)
+        change(doc)
+        return json.dumps(doc, indent=2).encode()
+
+    return edit
+
+
+def _forge_json(rel: str, change: Callable[[Any], None]) -> Callable[[Path], None]:
+    """A forger's edit of one JSON file (or manifest.json): every digest above it recomputed."""
+
+    def apply(root: Path) -> None:
+        doc = json.loads((root / rel).read_bytes())
+        change(doc)
+        _forge(root, rel, json.dumps(redigest(doc) if rel.endswith("/rank.json") else doc, indent=2).encode())
+
+    return apply
+
+
+def _half_forged(rel: str) -> Callable[[Path], None]:
+    """`rel` (rank 1's) changed and its commitment in rank 1's record updated, but not the record's own digest."""
+
+    def apply(root: Path) -> None:
+        _replace_file(root / rel, _flip((root / rel).read_bytes()))
+        record = json.loads((root / "rank_1/rank.json").read_bytes())
+        record["extra"]["digests"]["files"][rel] = hashlib.sha256((root / rel).read_bytes()).hexdigest()
+        _replace_file(root / "rank_1/rank.json", json.dumps(record, indent=2).encode())
+        _retable(root, rel)
+        _retable(root, "rank_1/rank.json")
+
+    return apply
+
+
+def _with_rank_readers(rank: int) -> frozenset[str]:
+    """Refused by `rank`'s LOAD and by whatever opens the whole archive (inspect, check, diff)."""
+    return frozenset({"open", f"load {rank}"})
+
+
+def forged_cases(p: Pristine) -> list[Case]:
+    """Digests stripped (the table regenerated), forgeries that miss one digest, and complete forgeries of what LOAD
+    uses but cannot use (refused by the CPU stage both LOAD and check run) or compares (drift)."""
+    family = "forged, digests regenerated"
+    cases = []
+    for rank in RANKS:
+        readers = EVERY_READER if rank == 0 else _with_rank_readers(rank)
+        own = [f"rank_{rank}/graphs/pack.bin", f"rank_{rank}/state/0.bin", f"rank_{rank}/alloc_log.json",
+               f"rank_{rank}/pointers.json", f"rank_{rank}/graphs/index.json"]  # fmt: skip
+        cases.append(Case(family, f"rank {rank}'s digests stripped", _strip_digests(rank), refuse=readers))
+        for rel in own + (list(SHARED) if rank == 0 else []):
+            cases.append(Case(family, f"rank {rank}'s digests stripped, {rel} changed",
+                              _strip_digests(rank, rel, _flip), refuse=readers))  # fmt: skip
+    cases += [
+        Case(family, "rank 1's digests stripped, an allocation moved", _strip_digests(1, "rank_1/alloc_log.json",
+             _json_edit(lambda log: log[0].__setitem__(1, log[0][1] + 4096))), refuse=_with_rank_readers(1)),
+        Case(family, "rank 1's state payload changed, its record's own digest not", _half_forged("rank_1/state/0.bin"),
+             refuse=_with_rank_readers(1)),
+        Case(family, "manifest flag changed, rank 0's record's own digest not", _half_manifest(), refuse=EVERY_READER),
+        Case(family, "rank 1's record commits to manifest.json", _forge_json("rank_1/rank.json", lambda r: r["extra"][
+             "digests"].update(manifest="ab" * 32)), refuse=_with_rank_readers(1), binding=frozenset()),
+        Case(family, "rank 0's record without its manifest commitment", _forge_json("rank_0/rank.json", lambda r: r[
+             "extra"]["digests"].pop("manifest")), refuse=EVERY_READER, binding=frozenset()),
+        Case(family, "rank 1's record commits to rank 0's pack", _forge_json("rank_1/rank.json", lambda r: r["extra"][
+             "digests"]["files"].update({"rank_0/graphs/pack.bin": "cd" * 32})), refuse=_with_rank_readers(1),
+             binding=frozenset()),
+    ]  # fmt: skip
+    drift = {  # complete forgeries of compared facts: the archive opens, LOAD refuses the drift
+        "tp_size": lambda m: m["world"]["parallel"].update(tp_size=1),
+        "an env pin": lambda m: m["world"]["env"].update(NCCL_ALGO="Ring"),
+        "a flag": lambda m: m["world"]["flags"].update(enforce_eager=True),
+        "capture sizes": lambda m: m["world"]["capture"].update(sizes=[1, 2]),
+        "the torch version": lambda m: m["world"]["torch"].update(version="0.0"),
+    }
+    for what, change in drift.items():
+        cases.append(Case(family, f"manifest {what} forged", _forge_json("manifest.json", change), binding=frozenset()))
+    cases.append(Case(family, "manifest ranks forged", _forge_json("manifest.json", lambda m: m.update(ranks=[0])),
+                      refuse=EVERY_READER, binding=frozenset()))  # fmt: skip
+    for where, (rel, change) in _unusable(p).items():  # values LOAD's CPU stage refuses, where only it can
+        rank = int(rel.split("/", 1)[0].removeprefix("rank_"))
+        cases.append(Case(family, where, _forge_json(rel, change), refuse=rank_readers(rank), binding=frozenset()))
+    return cases
+
+
+def _half_manifest() -> Callable[[Path], None]:
+    def apply(root: Path) -> None:
+        manifest = json.loads((root / "manifest.json").read_bytes())
+        manifest["world"]["flags"]["enforce_eager"] = True
+        record = json.loads((root / "rank_0/rank.json").read_bytes())
+        record["extra"]["digests"]["manifest"] = archive_digests.manifest_digest(manifest)
+        _replace_file(root / "rank_0/rank.json", json.dumps(record, indent=2).encode())
+        _replace_file(root / "manifest.json", json.dumps(manifest, indent=2).encode())
+        _retable(root, "rank_0/rank.json")
+
+    return apply
+
+
+def _unusable(p: Pristine) -> dict[str, tuple[str, Callable[[Any], None]]]:
+    """What issue 41's fuzzing found check passing and LOAD refusing or crashing on, forged: (file, change) by name."""
+    mib = 1 << 20
+
+    def spec(**fields: Any) -> Callable[[Any], None]:
+        return lambda index: index["graphs"][1]["inputs"][0].update(fields)
+
+    def event(i: int, row: list[Any]) -> Callable[[Any], None]:
+        return lambda log: log.__setitem__(i, row)
+
+    base, size = p.region()
+    return {
+        **{f"dtype {d!r}": ("rank_0/graphs/index.json", spec(dtype=d)) for d in ("complex", "float_power", "floatx")},
+        "a tensor of 2**80 bytes": ("rank_0/graphs/index.json", spec(shape=[1 << 40, 1 << 40], stride=[1 << 40, 1])),
+        "function attribute '²'": ("rank_1/graphs/index.json", lambda x: x["funcs"][1][2].update({"²": 1})),
+        "function attribute 99": ("rank_1/graphs/index.json", lambda x: x["funcs"][0][2].update({"99": 1})),
+        "an extra edges key": ("rank_1/graphs/index.json", lambda x: x["descs"][0].update(edges=[[0, 1, 0, 0, 0]])),
+        "an event past the region": ("rank_1/alloc_log.json", lambda log: log.append(["alloc", base + size, mib, mib])),
+        "an outside event": ("rank_0/alloc_log.json", lambda log: log.append(["outside", 4096, 4096, 4096])),
+        "a capture-time reservation": ("rank_1/alloc_log.json", event(2, ["reserve", *p.event(1, 2)[1:]])),
+        "a graph address in no memory": ("rank_0/alloc_log.json", event(2, ["alloc", base + 512 * mib, 8 * mib,
+                                                                           8 * mib])),
+        "an event kind '²'": ("rank_1/alloc_log.json", event(0, ["²", *p.event(1, 0)[1:]])),
+        "two phases of one name": ("rank_1/rank.json", lambda r: r["extra"]["phases"][1].update(name="(setup)")),
+        "phases out of order": ("rank_0/rank.json", lambda r: r["extra"]["phases"][1].update(start_event=0)),
+        "a phase past the region": ("rank_1/rank.json", lambda r: r["extra"]["phases"][2].update(limit=2 * size)),
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- padding (issue 41 item 3)
+
+
+def padding_cases() -> list[Case]:
+    """Counts and sizes far past what an engine records, forged (every digest recomputed, so only a cap or a linear
+    reader stands between them and a hang): refused at once naming the cap, or read in linear time. A few thousand of
+    a kind, as each case runs every reader up to ten times within CASE_SECONDS (the quadratic readers took seconds at
+    that size; test_check_agrees_with_load takes `check` alone to 100000 flags)."""
+    family = "padding"
+
+    def flags(m: dict[str, Any], n: int) -> None:
+        m["world"]["flags"].update({f"pad{i}": i for i in range(n)})
+
+    over = {
+        f"{MAX_FLAGS + 1} flags": lambda m: flags(m, MAX_FLAGS + 1),
+        "5000 flags": lambda m: flags(m, 5_000),
+        "5000 nested flags": lambda m: m["world"]["flags"].update(nested={f"f{i}": {"x": i} for i in range(5_000)}),
+        f"{MAX_ENV + 1} env pins": lambda m: m["world"]["env"].update({f"PIN{i}": "1" for i in range(MAX_ENV + 1)}),
+        "a flag name of 100000 characters": lambda m: m["world"]["flags"].update({"f" * 100_000: 1}),
+        "a flag of 1 MiB": lambda m: m["world"]["flags"].update(big="v" * (1 << 20)),
+        "20000 capture sizes": lambda m: m["world"]["capture"].update(sizes=list(range(20_000))),
+        "an engine version of 100000 characters": lambda m: m["world"]["engine"].update(version="9" * 100_000),
+    }
+    cases = [Case(family, f"manifest with {what}", _forge_json("manifest.json", change), refuse=EVERY_READER,
+                  binding=frozenset()) for what, change in over.items()]  # fmt: skip
+    cases.append(Case(family, "5000 flags, not even forged", _edit_manifest(lambda m: flags(m, 5_000)),
+                      refuse=EVERY_READER))  # fmt: skip
+    cases.append(Case(family, f"{MAX_FLAGS - 1} flags more (under the cap)", _forge_json(
+        "manifest.json", lambda m: flags(m, MAX_FLAGS - 1)), binding=frozenset()))  # fmt: skip
+    cases += [
+        Case(family, "5000 engine notes", _forge_json("rank_1/rank.json", lambda r: r["extra"]["engine_notes"].update(
+             {f"n{i}": i for i in range(5_000)})), binding=frozenset()),
+        Case(family, "5000 node types", _forge_json("rank_0/rank.json", lambda r: r["graphs"][0][
+             "nodes_by_type"].update({f"t{i}": 1 for i in range(5_000)})), refuse=rank_readers(0),
+             binding=frozenset()),
+        Case(family, "5000 library maps, then 5000 unmaps, in a post-capture phase", _pad_post_capture(5_000),
+             binding=frozenset()),
+        Case(family, "5000 events after the last phase", _forge_json("rank_1/alloc_log.json", lambda log: log.extend(
+             [log[0]] * 5_000)), refuse=rank_readers(1), binding=frozenset()),
+        Case(family, "5000 unused functions", _forge_json("rank_0/graphs/index.json", lambda x: x["funcs"].extend(
+             [x["funcs"][0]] * 5_000)), binding=frozenset()),
+    ]  # fmt: skip
+    return cases
+
+
+def _pad_post_capture(n: int) -> Callable[[Path], None]:
+    """n library maps at n addresses, then n unmaps of nothing, inside rank 1's post-capture phase (its log and phases
+    forged): live_ranges once looked at every live mapping for each unmap (n squared, for each of its readers)."""
+
+    def apply(root: Path) -> None:
+        log = json.loads((root / "rank_1/alloc_log.json").read_bytes())
+        addr = log[3][1]
+        log[4:4] = [["lib_map", addr + 4096 * i, 4096, 0] for i in range(n)] + [["lib_unmap", addr, 0, 0]] * n
+        _forge(root, "rank_1/alloc_log.json", json.dumps(log).encode())
+        record = json.loads((root / "rank_1/rank.json").read_bytes())
+        record["extra"]["phases"][2]["end_event"] += 2 * n
+        _forge(root, "rank_1/rank.json", json.dumps(redigest(record), indent=2).encode())
+
+    return apply
 
 
 # ----------------------------------------------------------------------------------------------- tar headers
@@ -869,16 +1116,6 @@ def diff_blind_spot_cases(p: Pristine, rng: random.Random) -> list[Case]:
 # ----------------------------------------------------------------------------------------------- the test
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise Hang()
-
-
-def _binds(case: Case, what: str) -> bool:
-    """Whether `case` must leave what `what` ("rank r's LOAD", "check of rank r", "read_shared of n") uses unchanged."""
-    kind = {"rank": "load", "check": "check", "read_shared": "shared"}[what.split()[0]]
-    return kind in case.binding
-
-
 def _tree(root: Path) -> dict[str, tuple[Any, ...]]:
     """Every entry below root, links not followed (a loop, not recursion): relative path -> what it is and holds."""
     out: dict[str, tuple[Any, ...]] = {}
@@ -935,8 +1172,42 @@ def restore_caches(result: Result, root: Path) -> str:
     return _digest(after)
 
 
-def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, list[str], float]:
-    """(outcome, failures, seconds) of case number `i`."""
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise Hang()
+
+
+def _binds(case: Case, what: str) -> bool:
+    """Whether `case` must leave what `what` ("rank r's LOAD", "check of rank r", "read_shared of n") uses unchanged."""
+    kind = {"rank": "load", "check": "check", "read_shared": "shared"}[what.split()[0]]
+    return kind in case.binding
+
+
+def agreement(case: Case, got: Result) -> tuple[list[str], bool]:
+    """(failures, check_only): `check` refuses (exit 2) exactly when some rank's LOAD CPU stage refuses (ArchiveError),
+    both running loadstage. The one difference allowed, `check_only`: check's every-byte read refusing what LOAD's
+    fast path leaves to the file table (each graph part's and state payload's own sha256, the kernel nodes against
+    their topology fingerprint), which only a forger who recomputed the digests above them gets past the table."""
+    check_refused = got.codes.get("check") == 2
+    load_refused = any(got.load[r].startswith("refused") for r in RANKS)
+    check_only = (
+        check_refused
+        and not load_refused
+        and got.opened
+        and all(not got.fast[r].startswith(("refused", "crashed")) for r in RANKS)
+        and any(got.check[r].startswith("refused") for r in RANKS)
+    )
+    failures = []
+    if check_refused != load_refused and not check_only:
+        who = "check refused it, every rank's LOAD CPU stage accepted it" if check_refused else (
+            "a rank's LOAD CPU stage refused it, check did not")  # fmt: skip
+        failures.append(f"check and LOAD disagree: {who} ({got.first_refusal[:200]})")
+    if check_only and case.binding == BINDING:
+        failures.append("check's every-byte read refused what LOAD's fast path accepts in a case no forger made")
+    return failures, check_only
+
+
+def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, list[str], float, bool]:
+    """(outcome, failures, seconds, refused by check's every-byte read only) of case number `i`."""
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(pristine.root, work, symlinks=True, copy_function=os.link)
@@ -948,7 +1219,7 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
         got = through_everything(work, pristine.root, all_commands=i % 11 == 0,
                                  every_command=i % 3 == 0 or case.differs)  # fmt: skip
     except Hang:
-        return "hung", [f"ran past {CASE_SECONDS} s"], time.perf_counter() - start
+        return "hung", [f"ran past {CASE_SECONDS} s"], time.perf_counter() - start, False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     seconds = time.perf_counter() - start
@@ -975,8 +1246,10 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
     took |= RESTORE if restored else set()
     if case.refuse & took:
         failures.append(f"accepted by {', '.join(sorted(case.refuse & took))} although it must be refused there")
-    if case.differs and got.diff_code == 0:
+    if case.differs and got.codes.get("diff") == 0:
         failures.append("diff says the archives are equal although this changes what LOAD reads")
+    disagree, check_only = agreement(case, got)
+    failures += disagree
     # The table shows what LOAD did, for the rank it did worst for (a rank whose own files are untouched accepts
     # them; check's acceptances are held to the same rule above): a change accepted (forged cases only), refused
     # (ArchiveError), refused as drift (LoadRefused), or accepted unchanged.
@@ -988,7 +1261,7 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
         outcome = "drift refused"
     else:
         outcome = "accepted, unchanged"
-    return outcome, failures, seconds
+    return outcome, failures, seconds, check_only
 
 
 @pytest.fixture(scope="module")
@@ -1031,18 +1304,20 @@ def _run(cases: list[Case], pristine: Pristine, work: Path, record: Callable[[st
     table: Counter[tuple[str, str]] = Counter()
     slowest = (0.0, "")
     for i, case in enumerate(cases):
-        outcome, problems, seconds = run_case(case, pristine, work, i)
+        outcome, problems, seconds, check_only = run_case(case, pristine, work, i)
         table[(case.family, outcome)] += 1
+        table[(case.family, "check only")] += check_only
         slowest = max(slowest, (seconds, case.name))
         failures += [f"case {i} [{case.family}] {case.name[:120]!r}: {p}" for p in problems]
     wall = time.perf_counter() - started
     families = sorted({f for f, _ in table})
-    outcomes = ["refused", "drift refused", "accepted, unchanged", "accepted, changed", "hung"]
+    # "check only": refused by check's every-byte read alone (counted within the LOAD outcome beside it)
+    outcomes = ["refused", "drift refused", "accepted, unchanged", "accepted, changed", "hung", "check only"]
     lines = [f"\narchive fuzz ({label}): {len(cases)} cases, seed {SEED}, {wall:.1f} s, slowest {slowest[0]:.2f} s "
              f"({slowest[1][:60]!r}); failures {len(failures)}",
-             f"  {'family':<26}" + "".join(f"{o:>21}" for o in outcomes)]  # fmt: skip
+             f"  {'family':<34}" + "".join(f"{o:>21}" for o in outcomes)]  # fmt: skip
     for family in families:
-        lines.append(f"  {family:<26}" + "".join(f"{table[(family, o)]:>21}" for o in outcomes))
+        lines.append(f"  {family:<34}" + "".join(f"{table[(family, o)]:>21}" for o in outcomes))
     record("summary", "\n".join(lines))  # the terminal summary prints it, from any xdist worker: the CI log shows it
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
     assert slowest[0] < CASE_SECONDS
@@ -1088,3 +1363,189 @@ def test_the_real_command_refuses_hostile_archives_without_a_traceback(pristine:
             assert not [c for c in CONTROL if c in text], f"{case.name}: {text[:300]!r}"
             if case.refuse == EVERY_READER:
                 assert ran.returncode == 2 and "cannot open archive" in ran.stderr, f"{case.name}: {text[-500:]}"
+
+
+# ----------------------------------------------------------------------------------------------- name resolution
+# An archive is data, never code (issue 41). Forged records (every digest recomputed) of an SGLang-like rank 0 whose
+# break function, or an output dataclass's type (in the graph index or inside a break's arguments), names code: module
+# paths, dunders, os:system, builtins:eval, torch.ops paths, records in format 2's shape, and ids no registry holds.
+# Through the readers above, `check` and rank 0's LOAD refuse whatever is not an id (the closed shape they can know
+# without the engine); test_name_resolution_reaches_nothing_at_the_engine takes every case on to SGLang's glue (its
+# live registry) as LOAD would: each is refused there at the latest, and nothing is ever called or imported.
+
+NAMES: list[Any] = [
+    "os:system", "os:popen", "os.system:__call__", "builtins:eval", "builtins:exec", "builtins:__import__",
+    "__import__", "__builtins__", "os.__dict__", "a.__class__.__init__", "sglang.attention.__globals__",
+    "torch.ops:aten.empty", "torch.ops:sglang.unified_attention_with_output", "torch.ops.aten.empty.default",
+    "sglang.srt.layers.radix_attention:unified_attention_with_output", "graphpersist.load:LoadedGraph",
+    "subprocess:Popen", "importlib:import_module", "pickle:loads", "sys:modules", "SGLANG.ATTENTION",
+    "sglang..attention", "sglang.attention\n", " sglang.attention", "", "x" * 65, 7, None, True, ["os", "system"],
+    {"module": "os"},
+    # id-shaped: check cannot tell them from ids; the live registry lacks them
+    "os.system", "builtins.eval", "sys.modules", "subprocess.popen", "torch.ops.aten.empty", "sglang.no_such_break",
+    "sglang.logits_processor_output", "sglang.attention",
+]  # fmt: skip
+_MIB = 1 << 20
+
+
+def _sglang_notes(fn: Any = "sglang.attention", arg: dict[str, Any] | None = None, kind: bool = True) -> dict:
+    """SGLang's notes of one rank: a decode graph and a breakable prefill graph whose one break is the attention op
+    on a tensor of the rank (plus `arg`), as SAVE writes them (format 2's shape without `kind`)."""
+    from archive_fixtures import REGION_BASE
+
+    spec = {"addr": REGION_BASE + 64 * _MIB + 512, "dtype": "bfloat16", "shape": [8, 64], "stride": [64, 1]}
+    items = [{"kind": "tensor", "spec": spec}, {"kind": "value", "value": True}, *([arg] if arg else [])]
+    record = {
+        "kind": "call",
+        "fn": fn,
+        "args": {"kind": "tuple", "items": items},
+        "kwargs": {"kind": "dict", "keys": [], "items": []},
+        "output": {"kind": "value", "value": None},
+    }
+    if not kind:
+        del record["kind"]
+    return {"decode": {"decode/1": {"size": 1}}, "prefill": {"prefill/16": {"size": 16, "segments": 2,
+                                                                            "breaks": [record]}}}  # fmt: skip
+
+
+def _with_notes(notes: dict[str, Any], outputs: dict[str, Any] | None = None) -> Callable[[Path], None]:
+    def change(record: dict[str, Any], index: dict[str, Any]) -> None:
+        if "extra" in record:
+            record["extra"]["engine_notes"] = notes
+        if outputs is not None:
+            for g in index["graphs"][:1]:
+                g["outputs"] = outputs
+
+    return _edit_record_and_index(change)
+
+
+def name_resolution_cases() -> list[Case]:
+    from graphpersist.graph import structure
+
+    cases = [Case("name resolution", "SGLang notes as SAVE writes them", _with_notes(_sglang_notes()),
+                  binding=frozenset())]  # fmt: skip
+    for name in NAMES:
+        refuse = frozenset() if structure.is_id(name) else rank_readers(0)
+        shown_name = repr(name)[:50]
+        dataclass = {"kind": "dataclass", "type": name, "fields": {}}
+        if name != "sglang.attention":  # SGLang's registered break: the one that installs
+            cases.append(Case("name resolution", f"break fn {shown_name}", _with_notes(_sglang_notes(fn=name)),
+                              refuse=refuse, binding=frozenset()))  # fmt: skip
+        if name != "sglang.logits_processor_output":  # its registered output type
+            cases += [
+                Case("name resolution", f"break arg type {shown_name}", _with_notes(_sglang_notes(arg=dataclass)),
+                     refuse=refuse, binding=frozenset()),
+                Case("name resolution", f"output type {shown_name}", _with_notes(_sglang_notes(), outputs=dataclass),
+                     refuse=refuse, binding=frozenset()),
+            ]  # fmt: skip
+        if isinstance(name, str) and ":" in name:  # format 2's records, as they named code
+            old = {"kind": "dataclass", "class": name, "fields": {}}
+            cases += [
+                Case("name resolution", f"format 2 break fn {shown_name}", _with_notes(_sglang_notes(fn=name,
+                     kind=False)), refuse=rank_readers(0), binding=frozenset()),
+                Case("name resolution", f"format 2 output class {shown_name}", _with_notes(_sglang_notes(),
+                     outputs=old), refuse=rank_readers(0), binding=frozenset()),
+            ]  # fmt: skip
+    return cases
+
+
+@dataclasses.dataclass
+class StandInLogitsProcessorOutput:
+    """The dataclass SGLang's registry names "sglang.logits_processor_output" (a stand-in: no SGLang here)."""
+
+    next_token_logits: Any = None
+
+
+@pytest.fixture
+def sglang_glue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """SGLang's glue imported from the overlay (as test_engine_sglang_persist_cpu does), with stand-ins for the upstream
+    modules install() and the registry import, tensors as their specs, and the sinks a forged name could reach."""
+    import builtins
+    import importlib
+    from types import ModuleType, SimpleNamespace
+
+    from graphpersist import engine
+
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    packages = {"sglang": REPO / "overlays/sglang/sglang", "sglang.srt": REPO / "overlays/sglang/sglang/srt"}
+    for name, folder in packages.items():
+        package = ModuleType(name)
+        package.__path__ = [str(folder)]
+        monkeypatch.setitem(sys.modules, name, package)
+    op_calls: list[Any] = []
+    standins = {
+        "sglang.srt.model_executor.runner.shape_key": {"ShapeKey": lambda size: size},
+        "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph": {
+            "BreakableCUDAGraph": lambda deduped: SimpleNamespace(), "_copy_output": lambda dst, src: src},
+        "sglang.srt.layers.radix_attention": {"unified_attention_with_output": lambda *a: op_calls.append(a)},
+        "sglang.srt.layers.logits_processor": {"LogitsProcessorOutput": StandInLogitsProcessorOutput},
+    }  # fmt: skip
+    for name, attrs in standins.items():
+        module = ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    glue = SimpleNamespace(**{m: importlib.import_module(f"sglang.srt.graphpersist_{m}")
+                              for m in ("capture", "registry", "adapter")})  # fmt: skip
+    monkeypatch.setattr(engine, "tensor_at", lambda spec: ("tensor", spec["addr"]))
+    glue.op_calls, glue.sinks = op_calls, []
+    for owner, name in ((os, "system"), (os, "popen"), (subprocess, "Popen"), (builtins, "eval"),
+                        (importlib, "import_module")):  # fmt: skip
+        monkeypatch.setattr(owner, name, lambda *a, _n=name, **k: glue.sinks.append((_n, a)))
+    yield glue
+    for name in [m for m in sys.modules if m.startswith("sglang.")]:
+        sys.modules.pop(name, None)
+
+
+def _engine_stage(root: Path, glue: Any) -> str:
+    """Rank 0's LOAD as SGLang runs it, up to the first replay: the CPU stage, each graph's outputs rebuilt with the
+    adapter's registry of output types (what load() does), then the glue's install() of the notes into stand-in
+    runners, and each rebuilt break run once. "refused: <by>" or "installed"."""
+    from types import SimpleNamespace
+
+    from graphpersist.errors import PersistError
+    from graphpersist.graph import structure
+
+    try:
+        plan = read_plan(open_archive(root, keep_rank=0), 0)
+    except ArchiveError:
+        return "refused: CPU stage"
+    types = glue.adapter.SglangAdapter(SimpleNamespace()).output_types()
+    runners = {"decode": SimpleNamespace(capture_bs=[1], backend=SimpleNamespace(_graphs={}, _outputs={})),
+               "prefill": SimpleNamespace(capture_num_tokens=[16], backend=SimpleNamespace(
+                   _graphs={}, _outputs={}, _capture_inputs={}))}  # fmt: skip
+    result = {n: SimpleNamespace(outputs=n) for n in ("decode/1", "prefill/16/000", "prefill/16/001")}
+    try:
+        for name, (_desc, _blob, _table, entry) in plan.graphs.items():
+            structure.decode(entry.outputs, lambda spec: spec, f"graph {name!r} outputs", types)
+        glue.capture.install(runners, result, plan.notes)
+    except (PersistError, structure.StructureError):
+        return "refused: engine"
+    for fn in runners["prefill"].backend._graphs[16]._break_fns:
+        fn()
+    return "installed"
+
+
+def test_name_resolution_reaches_nothing_at_the_engine(
+    pristine: Pristine, scratch: Path, sglang_glue: Any, record_property: Callable[[str, object], None]
+) -> None:
+    """Every name-resolution case is refused by rank 0's CPU stage or by SGLang's live registry, and nothing a forged
+    name could reach (os.system, os.popen, subprocess.Popen, eval, importlib.import_module) is called; the notes as
+    SAVE writes them install, and their break calls the registry's attention op."""
+    outcomes: Counter[str] = Counter()
+    failures = []
+    for i, case in enumerate(name_resolution_cases()):
+        work = scratch / "names"
+        if work.exists():
+            shutil.rmtree(work)
+        shutil.copytree(pristine.root, work, symlinks=True, copy_function=os.link)
+        case.apply(work)
+        started = time.perf_counter()
+        outcome = _engine_stage(work, sglang_glue)
+        outcomes[outcome] += 1
+        want = "installed" if i == 0 else "refused: CPU stage" if case.refuse else "refused: engine"
+        if outcome != want or time.perf_counter() - started > CASE_SECONDS:
+            failures.append(f"{case.name}: {outcome}, want {want}")
+    record_property("names", f"name resolution at the engine: {dict(outcomes)}")
+    assert not failures, "\n".join(failures)
+    assert sglang_glue.sinks == [] and len(sglang_glue.op_calls) == 1

@@ -6,48 +6,22 @@ wheelhouse folder (--wheelhouse) instead of `pip download`.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from bundle_fixtures import make_wheel
 
 from gptools import bundle
 from gptools import bundle_archive as ba
 from gptools import bundle_closure as bc
 
 TARGET = bc.Target(python_version="3.12", python_full_version="3.12.3", glibc="2.39")
-
-
-def make_wheel(folder: Path, name: str, version: str, requires=(), files=None, tag="py3-none-any") -> Path:
-    """A minimal valid wheel: METADATA with Requires-Dist, WHEEL, RECORD with hashes, and a module."""
-    dist = name.replace("-", "_")
-    files = dict(files or {f"{dist}/__init__.py": f"__version__ = {version!r}\n"})
-    info = f"{dist}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires
-    )
-    files[f"{info}/METADATA"] = meta
-    files[f"{info}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"
-    record = []
-    for path, text in files.items():
-        data = text.encode() if isinstance(text, str) else text
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{dist}-{version}-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for p, text in files.items():
-            zf.writestr(p, text)
-    return path
 
 
 def resolve(roots, wheelhouse: Path, host=None, **kw) -> bc.Closure:

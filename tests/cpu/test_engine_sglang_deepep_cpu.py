@@ -370,7 +370,9 @@ def test_load_compares_the_buffer_in_setup_and_again_before_the_first_replay(
 
 
 def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(srt: SimpleNamespace) -> None:
-    with_deepep = srt.adapter.SglangAdapter(SimpleNamespace(server_args=deepep_args()), deepep_buffer="buffer")
+    with_deepep = srt.adapter.SglangAdapter(
+        SimpleNamespace(server_args=deepep_args()), srt.adapter.SglangRun(deepep_buffer="buffer")
+    )
     names = [type(c).__name__ for c in with_deepep.communicators()]
     assert names == ["CustomAllReduceV2", "DeepEPBuffers"] and with_deepep.communicators()[1].buffer == "buffer"
     without = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
@@ -399,6 +401,14 @@ def torch_standin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", torch)
 
 
+@pytest.fixture
+def deepep_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for SGLang's ep_moe layer module, whose DeepEPMoE the registry's "sglang.deepep_moe_a2a" names."""
+    module = ModuleType("sglang.srt.layers.moe.ep_moe.layer")
+    module.DeepEPMoE = StandInMoE  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
 class NamedModel:
     def __init__(self) -> None:
         self.moe = StandInMoE()
@@ -407,21 +417,15 @@ class NamedModel:
         yield "", self
         yield "model.layers.3.mlp.experts", self.moe
 
-    def get_submodule(self, name: str) -> Any:
-        found = dict(self.named_modules())
-        if name not in found:
-            raise AttributeError(name)
-        return found[name]
-
 
 def test_save_records_breakable_decode_graphs_and_names_a_breaks_module_by_its_place_in_the_model(
-    srt: SimpleNamespace, tmp_path: Path, torch_standin: None
+    srt: SimpleNamespace, tmp_path: Path, torch_standin: None, deepep_layer: None
 ) -> None:
     model = NamedModel()
     sess = open_session(
         srt, switch.Mode.SAVE, tmp_path, saver=StandInSaver(), model_runner=SimpleNamespace(model=model)
     )
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     srt.capture.captured_break(StandInMoE._a2a_forward_with_output_impl, (model.moe, None, 7), {}, None)
     bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph()], _break_fns=[object()])
     srt.capture.captured_breakable(object(), Key(8), bg, ("rows",))
@@ -430,18 +434,19 @@ def test_save_records_breakable_decode_graphs_and_names_a_breaks_module_by_its_p
         ("decode/8/001", 8, "decode"),
     ]
     [record] = sess.notes["decode"]["decode/8"]["breaks"]
-    assert record["fn"] == f"{__name__}:StandInMoE._a2a_forward_with_output_impl"
+    assert (record["kind"], record["fn"]) == ("call", "sglang.deepep_moe_a2a")
     assert record["args"]["items"][0] == {"kind": "tensor", "spec": {"module": "model.layers.3.mlp.experts"}}
     with pytest.raises(PersistError, match=r"the module StandInMoE is not part of the model: SAVE refused \(serve"):
         srt.capture.captured_break(StandInMoE._a2a_forward_with_output_impl, (StandInMoE(),), {}, None)
 
 
 def test_load_installs_breakable_decode_graphs_calling_the_live_layer(
-    srt: SimpleNamespace, upstream_standins: None, torch_standin: None
+    srt: SimpleNamespace, upstream_standins: None, torch_standin: None, deepep_layer: None
 ) -> None:
     model = NamedModel()
     record = {
-        "fn": f"{__name__}:StandInMoE._a2a_forward_with_output_impl",
+        "kind": "call",
+        "fn": "sglang.deepep_moe_a2a",
         "args": {"kind": "tuple", "items": [{"kind": "tensor", "spec": {"module": "model.layers.3.mlp.experts"}},
                                             {"kind": "value", "value": 7}]},
         "kwargs": {"kind": "dict", "keys": [], "items": []},

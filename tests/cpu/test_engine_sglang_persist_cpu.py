@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import logging
 import shutil
 import sys
@@ -24,17 +25,19 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from archive_fixtures import live_for, write_archive
+from archive_fixtures import forge, live_for, redigest, write_archive, write_loadable_archive
 
-from graphpersist import engine, switch
-from graphpersist.archive import open_archive
+from graphpersist import cli, engine, run, switch
+from graphpersist.archive import ArchiveError, liveenv, open_archive
 from graphpersist.archive.validate import LoadRefused, evaluate
 from graphpersist.errors import PersistError
+from graphpersist.graph import structure
+from graphpersist.loadplan import read_plan
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
 MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast",
-           "deepep")  # fmt: skip
+           "deepep", "registry")  # fmt: skip
 GiB = 1 << 30
 
 
@@ -51,10 +54,8 @@ def srt(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     monkeypatch.setitem(sys.modules, "sglang.srt", srt_pkg)
     monkeypatch.delenv(switch.MODE_ENV, raising=False)
     mods = {m: importlib.import_module(f"sglang.srt.graphpersist_{m}") for m in MODULES}
-    yield SimpleNamespace(**mods)
-    active = engine.current()
-    if active is not None:
-        active.deactivate()
+    with run.activated(run.Run()):  # what a test's sessions gather goes with it
+        yield SimpleNamespace(**mods)
     for name in [m for m in sys.modules if m.startswith("sglang.")]:
         sys.modules.pop(name, None)
 
@@ -251,31 +252,28 @@ def test_models_outside_the_dense_decoder_path_are_refused(
 # ----------------------------------------------------------------------------------------- the memory-pool budget
 
 
-def test_pool_budget_is_the_profile_rounded_down_to_a_gib(srt: SimpleNamespace) -> None:
-    assert srt.facts.pool_budget(37 * GiB + (123 << 20)) == 37 * GiB
-    cold, warm = 41 * GiB + (900 << 20), 41 * GiB + (870 << 20)  # a cold and a warm SAVE profile apart
-    assert srt.facts.pool_budget(cold) == srt.facts.pool_budget(warm) == 41 * GiB
-
-
-def test_pool_budget_below_a_gib_is_refused(srt: SimpleNamespace) -> None:
-    with pytest.raises(PersistError, match=r"leaves 512 MiB for the KV pool.*--mem-fraction-static"):
-        srt.facts.pool_budget(512 << 20)
-
-
-def test_pool_record_round_trips_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
+def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
+    """SAVE records every MemoryPoolConfig field (the session records the byte budget it was sized by); LOAD
+    rebuilds the config from them and refuses a record that lacks or adds a field."""
     config = SimpleNamespace(**{name: 0 for name in srt.facts.POOL_FIELDS})
     config.max_total_num_tokens, config.mem_fraction_static = 123456, 0.83
-    record = srt.facts.pool_record(config, 40 * GiB)
+    record = srt.facts.pool_record(config)
+    assert set(record) == set(srt.facts.POOL_FIELDS) and record["max_total_num_tokens"] == 123456
     assert srt.facts.saved_pool(record, tmp_path) == record
-    for bad in (None, {"budget_bytes": 0, "config": record["config"]}, {"budget_bytes": GiB, "config": {}}):
+    for bad in (
+        None,
+        {},
+        {**record, "budget_bytes": GiB},
+        {k: v for k, v in record.items() if k != "max_running_requests"},
+    ):
         with pytest.raises(PersistError, match=r"records no memory-pool size.*Re-run with mode=save"):
             srt.facts.saved_pool(bad, tmp_path)
 
 
-def test_load_refuses_a_pool_the_gpu_cannot_hold_now(srt: SimpleNamespace) -> None:
-    srt.facts.check_free_memory(40 * GiB, 41 * GiB, 140 * GiB)
-    with pytest.raises(PersistError, match=r"needs 40.00 GiB but only 12.00 GiB of 140.00 GiB are free"):
-        srt.facts.check_free_memory(40 * GiB, 12 * GiB, 140 * GiB)
+def test_the_adapter_names_the_pool_and_the_sglang_settings_that_size_it(srt: SimpleNamespace) -> None:
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace())
+    assert adapter.budget_what == "memory pool" and "--mem-fraction-static" in adapter.budget_advice
+    assert adapter.writes_when_ready and not adapter.pins_kernel_choices
 
 
 # ------------------------------------------------------------------------- the archive's SGLang facts, validated
@@ -417,54 +415,64 @@ def standin_break_target(*args: Any, **kwargs: Any) -> None:
     """A module-level break function, as SGLang's attention ops are."""
 
 
-class StandInOp:
-    """Like SGLang's CustomOpWrapper: an object that replaced the function it wraps at module level."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.op_func = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.op_func(*args, **kwargs)
+def unregistered_break(*args: Any) -> None:
+    """A module-level function no registry entry returns."""
 
 
-def standin_wrapped_op(*args: Any) -> None:
-    """Replaced at module level by a StandInOp (below)."""
-
-
-standin_wrapped_op = StandInOp(standin_wrapped_op)  # type: ignore[assignment]
-
-
-def test_break_functions_are_named_so_load_can_import_them_again(srt: SimpleNamespace) -> None:
-    here = __name__
-    assert srt.capture.callable_name(standin_break_target) == f"{here}:standin_break_target"
-    assert srt.capture.callable_name(standin_wrapped_op) == f"{here}:standin_wrapped_op"
-
-    def local_break() -> None: ...
-
-    with pytest.raises(PersistError, match=r"cannot be imported by its name.*--cuda-graph-backend-prefill disabled"):
-        srt.capture.callable_name(local_break)
+@pytest.fixture
+def registered(srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's break function in SGLang's registry, as the glue's own entries are (a function returning it)."""
+    monkeypatch.setitem(srt.registry.BREAKS, "test.standin_break", lambda: standin_break_target)
 
 
 class StandInOpPacket:
-    """Like torch's OpOverloadPacket: what `torch.ops.sglang.unified_attention_with_output` returns (the break of
-    SGLang 0.5.17's prefill graphs on the GPU host, 2026-11-30)."""
+    """Like torch's OpOverloadPacket: what `torch.ops.sglang.unified_attention_with_output` returns, which is what
+    `sglang.srt.layers.radix_attention.unified_attention_with_output` is (the break of SGLang 0.5.17's prefill graphs
+    on the GPU host, 2026-11-30)."""
 
     _qualified_op_name = "sglang::unified_attention_with_output"
 
 
-def test_a_break_that_is_a_torch_operator_is_named_and_found_through_torch_ops(
-    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+def attention_module(monkeypatch: pytest.MonkeyPatch) -> StandInOpPacket:
+    """A stand-in for SGLang's radix_attention module, holding its attention op."""
+    module = ModuleType("sglang.srt.layers.radix_attention")
+    module.unified_attention_with_output = StandInOpPacket()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.unified_attention_with_output  # type: ignore[attr-defined]
+
+
+def test_the_attention_op_break_is_stored_by_its_registry_id(
+    srt: SimpleNamespace, tmp_path: Path, attention_module: StandInOpPacket
 ) -> None:
-    packet = StandInOpPacket()
-    fake_torch = SimpleNamespace(ops=SimpleNamespace(sglang=SimpleNamespace(unified_attention_with_output=packet)))
-    monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    name = srt.capture.callable_name(packet)
-    assert name == "torch.ops:sglang.unified_attention_with_output"
-    assert srt.capture.resolve_callable(name) is packet
-    assert srt.capture.resolve_callable("torch.ops:sglang.no_such_op") is None
-    fake_torch.ops.sglang.unified_attention_with_output = StandInOpPacket()  # another object under that name
-    with pytest.raises(PersistError, match="cannot be imported by its name"):
-        srt.capture.callable_name(packet)
+    sess = saving(srt, tmp_path)
+    sess.adapter.run.capturing = "prefill"
+    srt.capture.captured_break(attention_module, (None, True, 3), {}, None)
+    [record] = sess.adapter.run.breaks
+    assert record["kind"] == "call" and record["fn"] == "sglang.attention"
+    assert srt.registry.breaks()["sglang.attention"] is attention_module
+    sys.modules["sglang.srt.layers.radix_attention"].unified_attention_with_output = StandInOpPacket()  # another op
+    with pytest.raises(PersistError, match="not in SGLang's registry of break functions"):
+        srt.capture.captured_break(attention_module, (), {}, None)
+
+
+def test_save_refuses_a_break_the_registry_lacks_naming_it_and_what_to_do(srt: SimpleNamespace, tmp_path: Path) -> None:
+    sess = saving(srt, tmp_path)
+    sess.adapter.run.capturing = "prefill"
+    with pytest.raises(PersistError) as err:
+        srt.capture.captured_break(unregistered_break, (), {}, None)
+    message = str(err.value)
+    assert f"breaks at {__name__}.unregistered_break, which is not in SGLang's registry" in message
+    assert "(sglang.attention, sglang.deepep_moe_a2a)" in message
+    assert "--cuda-graph-backend-prefill disabled" in message and "graphpersist_registry.py" in message
+    assert sess.adapter.run.breaks == []
+
+
+def test_an_unimportable_registry_entry_is_absent_not_an_error(srt: SimpleNamespace) -> None:
+    """Without DeepEP's module (here: SGLang is not installed at all) its entry is simply not in the live registry."""
+    live = srt.registry.breaks()
+    assert list(live) == ["sglang.attention", "sglang.deepep_moe_a2a"]
+    assert "sglang.deepep_moe_a2a" not in live and live.get("sglang.deepep_moe_a2a") is None
 
 
 class StandInSaver:
@@ -505,15 +513,15 @@ def saving(srt: SimpleNamespace, tmp_path: Path) -> Any:
 
 
 def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names(
-    srt: SimpleNamespace, tmp_path: Path
+    srt: SimpleNamespace, tmp_path: Path, registered: None
 ) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.capturing = "prefill"
+    sess.adapter.run.capturing = "prefill"
     bg = SimpleNamespace(_segments=[StandInGraph(), StandInGraph(), StandInGraph()], _break_fns=[object(), object()])
     for layer in (0, 1):
         srt.capture.captured_break(standin_break_target, (None, True, layer), {"key_value_num_tokens": None}, None)
     srt.capture.captured_breakable(object(), Key(64), bg, ("rows",))
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     decode = StandInGraph()
     srt.capture.captured_full(object(), Key(8), decode, {"logits": None})
     assert [(n, s, m) for n, _, s, m in sess.saver.added] == [
@@ -525,22 +533,22 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     assert [o for _, o, _, _ in sess.saver.added] == [None, None, ("rows",), {"logits": None}]
     assert all(g.instantiated for g in (*bg._segments, decode)), "keep_graph=True graphs are instantiated at SAVE"
     breaks = sess.notes["prefill"]["prefill/64"]["breaks"]
-    assert [b["fn"] for b in breaks] == [f"{__name__}:standin_break_target"] * 2
+    assert [(b["kind"], b["fn"]) for b in breaks] == [("call", "test.standin_break")] * 2
     assert breaks[1]["args"]["items"][2] == {"kind": "value", "value": 1}
-    assert sess.captured == 4 and sess.adapter.breaks == []
+    assert sess.captured == 4 and sess.adapter.run.breaks == []
 
 
-def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path) -> None:
+def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path, registered: None) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.capturing = "decode"
+    sess.adapter.run.capturing = "decode"
     with pytest.raises(PersistError, match="stream or variant"):
         srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
-    sess.adapter.capturing = "prefill"
+    sess.adapter.run.capturing = "prefill"
     with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
         srt.capture.captured_breakable(
             object(), Key(64), SimpleNamespace(_segments=[StandInGraph()] * 3, _break_fns=[object()]), None
         )
-    with pytest.raises(PersistError, match=r"break .*args\[0\]: .*object is not a tensor"):
+    with pytest.raises(PersistError, match=r"break test\.standin_break args\[0\]: .*object is not a tensor"):
         srt.capture.captured_break(standin_break_target, (object(),), {}, None)
 
 
@@ -573,40 +581,200 @@ def loaded(name: str) -> Any:
     return SimpleNamespace(name=name, outputs=f"outputs of {name}")
 
 
-def test_load_installs_every_graph_where_the_runners_replay_it(srt: SimpleNamespace, upstream_standins: None) -> None:
+def call_record(fn: Any, *args: Any) -> dict[str, Any]:
+    """A break as SAVE stores it: a call record of `fn` (an id, or whatever a forger writes) with plain arguments."""
+    return {
+        "kind": "call",
+        "fn": fn,
+        "args": {"kind": "tuple", "items": [{"kind": "value", "value": a} for a in args]},
+        "kwargs": {"kind": "dict", "keys": [], "items": []},
+        "output": {"kind": "value", "value": None},
+    }
+
+
+def prefill_notes(*breaks: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's notes of one rank: two decode graphs and one breakable prefill graph with these breaks."""
+    return {"decode": {"decode/1": {"size": 1}, "decode/2": {"size": 2}},
+            "prefill": {"prefill/16": {"size": 16, "segments": len(breaks) + 1, "breaks": list(breaks)}}}  # fmt: skip
+
+
+def install_notes(srt: SimpleNamespace, notes: dict[str, Any]) -> tuple[int, SimpleNamespace]:
+    """install() of `notes` into stand-in runners (decode 1 and 2, prefill 16); (installed, prefill runner)."""
+    segments = notes["prefill"]["prefill/16"]["segments"]
+    result = {n: loaded(n) for n in ("decode/1", "decode/2", *(f"prefill/16/{i:03d}" for i in range(segments)))}
+    decode = SimpleNamespace(capture_bs=[1, 2], backend=StandInBackend())
+    prefill = SimpleNamespace(capture_num_tokens=[16], backend=StandInBackend())
+    return srt.capture.install({"decode": decode, "prefill": prefill}, result, notes), prefill
+
+
+def test_load_installs_every_graph_where_the_runners_replay_it(
+    srt: SimpleNamespace, upstream_standins: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[Any] = []
 
     def recorded_op(*args: Any, **kwargs: Any) -> None:
         calls.append((args, kwargs))
 
-    sys.modules[__name__].recorded_op = recorded_op  # type: ignore[attr-defined]
-    record = {
-        "fn": f"{__name__}:recorded_op",
-        "args": {"kind": "tuple", "items": [{"kind": "value", "value": True}, {"kind": "value", "value": 3}]},
-        "kwargs": {"kind": "dict", "keys": ["key_value_num_tokens"], "items": [{"kind": "value", "value": None}]},
-        "output": {"kind": "value", "value": None},
-    }
-    notes = {
-        "decode": {"decode/1": {"size": 1}, "decode/2": {"size": 2}},
-        "prefill": {"prefill/16": {"size": 16, "segments": 2, "breaks": [record]}},
-    }
-    result = {n: loaded(n) for n in ("decode/1", "decode/2", "prefill/16/000", "prefill/16/001")}
-    decode = SimpleNamespace(capture_bs=[1, 2], backend=StandInBackend())
-    prefill = SimpleNamespace(capture_num_tokens=[16], backend=StandInBackend())
-    assert srt.capture.install({"decode": decode, "prefill": prefill}, result, notes) == 4
-    assert decode.backend._graphs == {Key(1): result["decode/1"], Key(2): result["decode/2"]}
-    assert decode.backend._outputs[Key(2)] == "outputs of decode/2"
+    monkeypatch.setitem(srt.registry.BREAKS, "test.recorded_op", lambda: recorded_op)
+    record = call_record("test.recorded_op", True, 3)
+    record["kwargs"] = {"kind": "dict", "keys": ["key_value_num_tokens"], "items": [{"kind": "value", "value": None}]}
+    installed, prefill = install_notes(srt, prefill_notes(record))
+    assert installed == 4
     bg = prefill.backend._graphs[Key(16)]
-    assert bg._segments == [result["prefill/16/000"], result["prefill/16/001"]]
+    assert [s.name for s in bg._segments] == ["prefill/16/000", "prefill/16/001"]
     assert prefill.backend._outputs[Key(16)] == "outputs of prefill/16/001"
     bg._break_fns[0]()
     assert calls == [((True, 3), {"key_value_num_tokens": None})]
 
 
+def test_load_refuses_a_break_id_the_live_registry_lacks_naming_it_and_the_advice(
+    srt: SimpleNamespace, upstream_standins: None
+) -> None:
+    with pytest.raises(PersistError) as err:
+        install_notes(srt, prefill_notes(call_record("sglang.no_such_break")))
+    message = str(err.value)
+    assert "prefill/16 break 0.fn: function saved 'sglang.no_such_break'" in message
+    assert "live registry holds sglang.attention, sglang.deepep_moe_a2a" in message
+    assert "Re-run with mode=save" in message
+
+
+# ------------------------------------------------------------------- an archive is data, never code (issue 41)
+
+
+@pytest.fixture
+def sinks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """os.system, os.popen, subprocess.Popen, eval and importlib.import_module, recording every call instead of
+    running it (not exec: the import machinery runs every module's code through it)."""
+    import builtins
+    import importlib
+    import os
+    import subprocess
+
+    called: list[Any] = []
+    for owner, name in ((os, "system"), (os, "popen"), (subprocess, "Popen"), (builtins, "eval"),
+                        (importlib, "import_module")):  # fmt: skip
+        monkeypatch.setattr(owner, name, lambda *a, _n=name, **k: called.append((_n, a, k)))
+    return called
+
+
+FORGED_FNS = ["os:system", "os.system", "builtins:eval", "torch.ops:aten.empty", "__import__", "os:system.__call__"]
+
+
+@pytest.mark.parametrize("fn", FORGED_FNS)
+def test_load_calls_nothing_a_forged_break_names(
+    srt: SimpleNamespace, upstream_standins: None, sinks: list[Any], fn: str
+) -> None:
+    with pytest.raises(PersistError, match=r"prefill/16 break 0\.fn: .*(not a registry id|live registry holds)"):
+        install_notes(srt, prefill_notes(call_record(fn, "touch /tmp/gp-pwned")))
+    old_shape = call_record(fn, "touch /tmp/gp-pwned")
+    del old_shape["kind"]  # the record as format 2 wrote it
+    with pytest.raises(PersistError, match=r"prefill/16 break 0: damaged call record"):
+        install_notes(srt, prefill_notes(old_shape))
+    assert sinks == []
+
+
+def forged_sglang_archive(root: Path, change: Callable[[dict[str, Any], dict[str, Any]], None]) -> Path:
+    """A two-rank archive whose rank 0 carries SGLang's notes (a breakable prefill graph whose break is the attention
+    op), then `change(record, index)` applied to rank 0's record and graph index with every digest recomputed, as a
+    forger would (archive_fixtures.forge / redigest)."""
+    write_loadable_archive(root)
+    record = json.loads((root / "rank_0/rank.json").read_text())
+    record["extra"]["engine_notes"] = prefill_notes(call_record("sglang.attention", True, 3))
+    forge(root, "rank_0/rank.json", json.dumps(redigest(record)).encode())
+    index = json.loads((root / "rank_0/graphs/index.json").read_text())
+    record = json.loads((root / "rank_0/rank.json").read_text())
+    change(record, index)
+    forge(root, "rank_0/graphs/index.json", json.dumps(index).encode())
+    record = json.loads((root / "rank_0/rank.json").read_text())  # forge() committed the index
+    change(record, {"graphs": []})
+    forge(root, "rank_0/rank.json", json.dumps(redigest(record)).encode())
+    return root
+
+
+def _break_fn_of(record: dict[str, Any]) -> dict[str, Any]:
+    return record["extra"]["engine_notes"]["prefill"]["prefill/16"]["breaks"][0]
+
+
+def refusals(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """(LOAD's CPU stage's refusal of rank 0, `graphpersist check`'s stderr): both must refuse."""
+    with pytest.raises(ArchiveError) as err:
+        read_plan(open_archive(root, keep_rank=0), 0)
+    capsys.readouterr()
+    assert cli.main(["check", str(root)]) == 2
+    return str(err.value), capsys.readouterr().err
+
+
+def test_check_and_load_refuse_the_forged_os_system_break_and_call_nothing(
+    srt: SimpleNamespace, upstream_standins: None, sinks: list[Any], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(liveenv, "_smi_gpus", lambda: [])  # check's live facts: no nvidia-smi here
+    clean = forged_sglang_archive(tmp_path / "clean", lambda r, i: None)
+    assert read_plan(open_archive(clean, keep_rank=0), 0).notes["prefill"]["prefill/16"]["breaks"][0]["fn"] == (
+        "sglang.attention"
+    )
+    root = forged_sglang_archive(tmp_path / "forged", lambda r, i: _break_fn_of(r).update(fn="os:system")
+                                 if "extra" in r else None)  # fmt: skip
+    plan_error, check_error = refusals(root, capsys)
+    field = "extra.engine_notes.prefill.prefill/16.breaks[0].fn: 'os:system' is not a registry id"
+    assert field in plan_error and field in check_error
+    # and were the runtime's check skipped, the glue itself refuses before anything is called
+    notes = json.loads((root / "rank_0/rank.json").read_text())["extra"]["engine_notes"]
+    with pytest.raises(PersistError, match="'os:system' is not a registry id"):
+        install_notes(srt, notes)
+    assert sinks == []
+
+
+def test_check_and_load_refuse_an_output_record_naming_a_runtime_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`graphpersist.load:LoadedGraph` as an output class (format 2's shape, and as a type) is a refusal, never the
+    TypeError calling that class would raise."""
+    monkeypatch.setattr(liveenv, "_smi_gpus", lambda: [])
+    forged = {"kind": "dataclass", "type": "graphpersist.load:LoadedGraph", "fields": {}}
+
+    def change(record: dict[str, Any], index: dict[str, Any]) -> None:
+        for g in index["graphs"][:1]:
+            g["outputs"] = forged
+
+    root = forged_sglang_archive(tmp_path / "forged", change)
+    plan_error, check_error = refusals(root, capsys)
+    field = "outputs.type: 'graphpersist.load:LoadedGraph' is not a registry id"
+    assert field in plan_error and field in check_error
+    with pytest.raises(structure.StructureError, match=r"output type saved 'graphpersist\.load:LoadedGraph'"):
+        structure.decode(forged, lambda spec: spec, "outputs", {"sglang.logits_processor_output": Key})
+    old = {"kind": "dataclass", "class": "graphpersist.load:LoadedGraph", "fields": {}}
+    with pytest.raises(structure.StructureError, match="output type saved None"):
+        structure.decode(old, lambda spec: spec, "outputs", {})
+
+
+@dataclass
+class StandInLogitsOutput:
+    """Like SGLang's LogitsProcessorOutput: the dataclass the decode graphs return."""
+
+    next_token_logits: Any
+    hidden_states: Any = None
+
+
+def test_decode_outputs_round_trip_through_the_registry_of_output_types(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = ModuleType("sglang.srt.layers.logits_processor")
+    module.LogitsProcessorOutput = StandInLogitsOutput  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    types = srt.adapter.SglangAdapter(SimpleNamespace()).output_types()
+    tree = structure.encode(StandInLogitsOutput("logits"), lambda x: None, "outputs", types)
+    assert tree["type"] == "sglang.logits_processor_output"
+    back = structure.decode(json.loads(json.dumps(tree)), lambda s: s, "outputs", types)
+    assert back == StandInLogitsOutput("logits") and type(back) is StandInLogitsOutput
+    with pytest.raises(structure.StructureError, match="not in the engine's registry of output types"):
+        structure.encode(Key(1), lambda x: None, "outputs", types)
+
+
 @pytest.mark.parametrize(
     ("decode_sizes", "prefill_sizes", "message"),
     [
-        ([1, 2, 4], [16], r"decode graphs differ: not in the archive \['decode/4'\], saved but not captured .*none"),
+        ([1, 2, 4], [16], r"decode graphs differ: not in the archive \['decode/4'\], saved but not replayed .*none"),
         ([1, 2], [16, 32], r"prefill graphs differ: not in the archive \['prefill/32'\]"),
     ],
 )

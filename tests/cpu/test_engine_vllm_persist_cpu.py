@@ -233,7 +233,6 @@ def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_sta
         f"""
         import io, tarfile
         from graphpersist.archive import jitcache
-        from vllm import graphpersist_switch
         root = Path({str(tmp_path)!r})
         os.environ["VLLM_CACHE_ROOT"] = str(root / "fresh-host")  # vLLM reads it when asked
         saved = root / "save-host" / "modelinfos"
@@ -244,7 +243,7 @@ def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_sta
         write_vllm_archive(root / "archive", cfg, facts.config_flags(cfg), {{jitcache.SHARED_NAME: blob}})
         EngineArgs(model=MODEL, graph_persist="load", graph_persist_dir=str(root / "archive"))
         EngineArgs(model=MODEL)  # vLLM builds more; the first restored already
-        result = {{"restored": graphpersist_switch.restored_before_engine,
+        result = {{"restored": sorted(str(p) for p in (root / "fresh-host").rglob("*qwen3*") if p.is_file()),
                    "content": (root / "fresh-host" / "modelinfos" / {inspected!r}).read_text()}}
         """
     )
@@ -418,57 +417,34 @@ def test_v1_model_runner_is_refused(vllm: WarmPython) -> None:
 GIB, MIB = 1 << 30, 1 << 20
 
 
-@pytest.mark.parametrize(
-    "profiled, budget",
-    [
-        ([5 * GIB + 300 * MIB], 5 * GIB),
-        ([5 * GIB + 700 * MIB, 5 * GIB + 660 * MIB], 5 * GIB),  # a cold and a warm profile, 40 MiB apart
-        ([30 * GIB + 20 * MIB, 29 * GIB + 1000 * MIB], 29 * GIB),  # the smallest rank decides, then rounding
-        ([7 * GIB, 9 * GIB], 7 * GIB),
-        ([GIB], GIB),
-    ],
-)
-def test_kv_budget_is_the_smallest_profile_rounded_down_to_a_gib(
-    vllm: WarmPython, profiled: list[int], budget: int
-) -> None:
-    assert vllm.run(f"result = facts.kv_budget({profiled!r})").ok() == budget
-
-
-def test_cold_and_warm_profiles_give_the_same_budget(vllm: WarmPython) -> None:
-    got = vllm.run(
+def test_a_budget_too_small_names_vllms_settings(vllm: WarmPython) -> None:
+    """The session sizes the budget (tests/cpu/test_engine_session.py); vLLM's adapter says what to change."""
+    message = vllm.run(
         """
-        cold, warm = 71 * 2**30 + 512 * 2**20, 71 * 2**30 + 470 * 2**20
-        result = [facts.kv_budget([cold]), facts.kv_budget([warm]), facts.kv_budget([cold, warm])]
+        sess = open_session("save")
+        sess.memory_budget(lambda: 300 * 2**20)
         """
-    ).ok()
-    assert got == [71 * GIB] * 3
-
-
-@pytest.mark.parametrize(
-    "profiled, shown",
-    [([GIB - 1], "1023 MiB"), ([300 * MIB, 40 * GIB], "300 MiB"), ([0], "0 MiB")],
-)
-def test_kv_budget_below_a_gib_is_refused(vllm: WarmPython, profiled: list[int], shown: str) -> None:
-    message = vllm.run(f"facts.kv_budget({profiled!r})").raised("PersistError")
+    ).raised("PersistError")
     assert message == (
-        f"graphpersist: the memory profile leaves {shown} for the KV cache, less than the 1 GiB SAVE needs: raise "
+        "graphpersist: the memory profile leaves 300 MiB for the KV cache, less than the 1 GiB SAVE needs: raise "
         "gpu_memory_utilization or lower max_model_len/max_num_seqs"
     )
 
 
 def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
-    """agree_kv_bytes: TP=1 uses its own profile; TP>1 gathers every rank's over the CPU group (a stand-in here:
-    no process group on CPU), so every rank returns (and records for LOAD) the same budget."""
+    """TP=1 uses its own profile; TP>1 gathers every rank's over vLLM's CPU group (a stand-in here: no process
+    group on CPU), so every rank records (for LOAD) the same budget, among the flags it saves."""
     got = vllm.run(
         """
-        one = facts.agree_kv_bytes(1, 9 * 2**30 + 5)
+        one = open_session("save").memory_budget(lambda: 9 * 2**30 + 5)
+        run.fresh()  # another process
         gathered = []
         facts.cpu_gather = lambda: (lambda mine: gathered.append(mine) or [mine, 8 * 2**30 + 7 * 2**20])
-        two = facts.agree_kv_bytes(2, 9 * 2**30 + 5)
-        result = [one, two, gathered]
+        two = open_session("save", world_size=2)
+        result = [one, two.memory_budget(lambda: 9 * 2**30 + 5), gathered, two.budget_bytes]
         """
     ).ok()
-    assert got == [9 * GIB, 8 * GIB, [9 * GIB + 5]]
+    assert got == [9 * GIB, 8 * GIB, [9 * GIB + 5], 8 * GIB]
 
 
 # A stand-in for the V2 runner's profile path (CPU torch has no CUDA to run a real forward): the dummy forward counts
@@ -497,30 +473,21 @@ runner = Runner()
 """
 
 
-@pytest.mark.parametrize(
-    "how, calls",
-    [
-        ("full", [["forward", 16384, True, True], ["sampler", "sample_hidden"]]),
-        ("small", [["forward", 1, True, True]]),
-        ("lean", [["forward", 256, True, True], ["sampler", "sample_hidden"]]),  # the sampler sees 256 rows, as in full
-        ("default", [["forward", 256, True, True], ["sampler", "sample_hidden"]]),  # LOAD's is lean
-    ],
-)
-def test_loads_compile_forward_reports_its_parts(vllm: WarmPython, how: str, calls: list) -> None:
-    """LOAD's profile phase: what loading the compiled model took (vLLM's own counter), the sampler run and the
-    rest; the timing wrapper leaves the runner's own method in place afterwards."""
+def test_loads_compile_forward_reports_its_parts(vllm: WarmPython) -> None:
+    """LOAD's profile phase: one token per request of the largest batch and the sampler on it (what the first greedy
+    request needs); the parts are what loading the compiled model took (vLLM's own counter), the sampler and the
+    rest. Diagnosis's other variants live in tools/gpdiag (tests/cpu/test_gpdiag.py)."""
     got = vllm.run(
         STAND_IN_RUNNER
-        + f"""
-parts = facts.compile_forward(runner, *([{how!r}] if {how!r} != "default" else []))
-result = {{"parts": parts, "calls": runner.calls, "wrapper_left": "_dummy_sampler_run" in vars(runner)}}
+        + """
+parts = facts.compile_forward(runner)
+result = {"parts": parts, "calls": runner.calls}
 """
     ).ok()
-    assert got["calls"] == calls
-    assert got["wrapper_left"] is False
+    assert got["calls"] == [["forward", 256, True, True], ["sampler", "sample_hidden"]]
     assert sorted(got["parts"]) == ["compile", "forward", "sampler"]
     assert 0.1 <= got["parts"]["compile"] < 1
-    assert (got["parts"]["sampler"] >= 0.05) is (how != "small")
+    assert got["parts"]["sampler"] >= 0.05
     assert got["parts"]["forward"] >= 0
 
 
@@ -533,12 +500,12 @@ def test_the_worker_pins_inductors_kernel_choices_and_counts_them_in_its_stats(v
 from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 sess = open_session({mode!r})
 sess.saved_notes = {{"kernel_choices": {{"cabc": {{"kernel": "k", "candidates": ["a"], "chosen": "a"}}}}}}
-sess.pin_kernel_choices()
-sess.kernel_choices.counts["pinned"] += 2
+sess._pin_kernel_choices()
+sess.run.kernel_choices.counts["pinned"] += 2
 result = {{
     "wrapped": CachingAutotuner.autotune_to_one_config.__module__,
-    "saved": dict(sess.kernel_choices.saved),
-    "in_notes": sess.notes.get("kernel_choices") is sess.kernel_choices.used,
+    "saved": dict(sess.run.kernel_choices.saved),
+    "in_notes": sess.notes.get("kernel_choices") is sess.run.kernel_choices.used,
     "stats": sess.stats()["kernel_choices"],
 }}
 """
@@ -547,11 +514,6 @@ result = {{
     assert got["stats"] == {"pinned": 2}
     assert got["in_notes"] is (mode == "save")
     assert got["saved"] == ({"cabc": {"kernel": "k", "candidates": ["a"], "chosen": "a"}} if mode == "load" else {})
-
-
-def test_loads_compile_forward_refuses_an_unknown_variant(vllm: WarmPython) -> None:
-    message = vllm.run(STAND_IN_RUNNER + "facts.compile_forward(runner, 'tiny')").raised("PersistError")
-    assert message == "graphpersist: LOAD profile 'tiny': use one of lean, full, small"
 
 
 # ---------------------------------------------------------------- persistence off: the capture sites are upstream's
@@ -573,7 +535,7 @@ save.PersistentCUDAGraph = PersistentGraph
 SESSIONS = {
     "no-session": "",  # persistence off: no worker ever opens one
     "load": "open_session('load')",
-    "save-written": "open_session('save').done = True",  # SAVE after its archive is written
+    "save-written": "open_session('save').written = True",  # SAVE after its archive is written
 }
 
 
@@ -886,13 +848,13 @@ ADVICE = "Re-run with mode=save for this configuration."
 INVENTORY_REFUSALS = {
     "full-missing": (
         'del notes["full"]["full/8/8/1"]',
-        f"graphpersist: FULL graphs differ: saved none not captured by this configuration, live ['full/8/8/1'] not "
-        f"in the archive. {ADVICE}",
+        "graphpersist: FULL graphs differ: not in the archive ['full/8/8/1'], saved but not replayed by this "
+        f"configuration none. {ADVICE}",
     ),
     "full-extra": (
         'notes["full"]["full/16/16/1"] = {**notes["full"]["full/8/8/1"], "num_tokens": 16, "num_reqs": 16}',
-        "graphpersist: FULL graphs differ: saved ['full/16/16/1'] not captured by this configuration, live none not "
-        f"in the archive. {ADVICE}",
+        "graphpersist: FULL graphs differ: not in the archive none, saved but not replayed by this configuration "
+        f"['full/16/16/1']. {ADVICE}",
     ),
     "full-descriptor": (
         'notes["full"]["full/2/2/1"]["num_active_loras"] = 1',
@@ -903,18 +865,19 @@ INVENTORY_REFUSALS = {
     ),
     "piece-missing": (
         'del notes["pieces"]["piecewise/4/002"]',
-        "graphpersist: piecewise graphs differ (3 live pieces x 4 sizes): not in the archive ['piecewise/4/002'], "
-        f"saved but not dispatched here none. {ADVICE}",
+        "graphpersist: piecewise (3 live pieces x 4 sizes) graphs differ: not in the archive ['piecewise/4/002'], "
+        f"saved but not replayed by this configuration none. {ADVICE}",
     ),
     "more-live-pieces": (
         "wrappers += piece_wrappers(cfg, 4)[3:]",
-        "graphpersist: piecewise graphs differ (4 live pieces x 4 sizes): not in the archive ['piecewise/1/003', "
-        f"'piecewise/2/003', 'piecewise/4/003', 'piecewise/8/003'], saved but not dispatched here none. {ADVICE}",
+        "graphpersist: piecewise (4 live pieces x 4 sizes) graphs differ: not in the archive ['piecewise/1/003', "
+        f"'piecewise/2/003', 'piecewise/4/003', 'piecewise/8/003'], saved but not replayed by this configuration none. "
+        f"{ADVICE}",
     ),
     "fewer-live-pieces": (
         "import gc; del wrappers[2]; gc.collect()",  # _all_instances holds the wrappers weakly
-        "graphpersist: piecewise graphs differ (2 live pieces x 4 sizes): not in the archive none, saved but not "
-        "dispatched here ['piecewise/1/002', 'piecewise/2/002', 'piecewise/4/002', 'piecewise/8/002']. "
+        "graphpersist: piecewise (2 live pieces x 4 sizes) graphs differ: not in the archive none, saved but not "
+        "replayed by this configuration ['piecewise/1/002', 'piecewise/2/002', 'piecewise/4/002', 'piecewise/8/002']. "
         f"{ADVICE}",
     ),
     "piece-without-index": (
@@ -956,16 +919,16 @@ def early_check_snippet(
 saved = engine_config(**{saved_args!r})
 if {saved_quantization!r}:
     saved.model_config.quantization = {saved_quantization!r}
-flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "kv_available_bytes": {kv_flag}}}
-if flags["kv_available_bytes"] is None:
-    del flags["kv_available_bytes"]
+flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "memory_budget_bytes": {kv_flag}}}
+if flags["memory_budget_bytes"] is None:
+    del flags["memory_budget_bytes"]
 notes = {{"kernel_choices": {{"c4f2": {{"kernel": "triton_red_fused_0", "candidates": ["a", "b"], "chosen": "b"}}}}}}
 write_vllm_archive(Path({str(archive)!r}), saved, flags, notes=notes)
 live = engine_config(**{live_args!r})
 torch.cuda.current_device = lambda: 0
 sess = open_session("load", {str(archive)!r}, cfg=live)
-sess.check_before_setup()
-result = {{"kv_bytes": sess.adapter.kv_bytes, "model": sess.model, "notes": sess.saved_notes}}
+sess._check_before_setup()
+result = {{"kv_bytes": sess.saved_budget, "model": sess.model, "notes": sess.saved_notes}}
 """
 
 
@@ -1032,7 +995,8 @@ def test_early_check_refuses_an_archive_without_a_kv_budget(
     archive = tmp_path / "archive"
     message = vllm.run(early_check_snippet({}, {}, archive, kv_flag=kv_flag)).raised("PersistError")
     assert message == (
-        f"graphpersist: {archive} records no KV-cache size (flags.kv_available_bytes = {shown}). Re-run with mode=save."
+        f"graphpersist: {archive} records no memory budget (flags.memory_budget_bytes = {shown}). "
+        "Re-run with mode=save."
     )
 
 
@@ -1040,7 +1004,7 @@ def test_early_check_refuses_a_folder_that_is_no_archive(vllm: WarmPython, tmp_p
     message = vllm.run(
         f"""
         torch.cuda.current_device = lambda: 0
-        open_session("load", {str(tmp_path)!r}).check_before_setup()
+        open_session("load", {str(tmp_path)!r})._check_before_setup()
         """
     ).raised("PersistError")
     assert message.startswith(f"graphpersist: cannot LOAD {tmp_path}: ")
@@ -1110,7 +1074,7 @@ def test_fa3_combine_padding_is_written_as_zeros(vllm: WarmPython) -> None:
     assert got["other"] == []
 
 
-# ---------------------------------------------------------------- the session: one per process, observers attach to it
+# ---------------------------------------------------------------- the session: one per process, diagnosis from outside
 
 
 def test_two_sessions_in_one_process_share_nothing(vllm: WarmPython, tmp_path: Path) -> None:
@@ -1127,9 +1091,9 @@ def test_two_sessions_in_one_process_share_nothing(vllm: WarmPython, tmp_path: P
             second = None
         except Exception as exc:
             second = f"{{type(exc).__name__}}: {{exc}}"
-        save.deactivate()
+        run.fresh()  # SAVE's process ends: nothing of its run remains
         load = open_session("load", {str(tmp_path)!r})
-        with save.activated():
+        with run.activated(save.run):
             inside = engine.current() is save
         result = {{
             "second": second,
@@ -1148,50 +1112,33 @@ def test_two_sessions_in_one_process_share_nothing(vllm: WarmPython, tmp_path: P
     assert got["active"] == [True, True]
 
 
-def test_an_observer_named_in_the_environment_attaches_and_sees_the_events(vllm: WarmPython, tmp_path: Path) -> None:
-    """GRAPHPERSIST_PLUGINS: the way diagnosis reaches a worker without being in the product (tools/gpdiag)."""
-    (tmp_path / "observer_under_test.py").write_text(
-        "seen = []\n"
-        "def attach(session):\n"
-        "    session.options['load_profile'] = 'small'\n"
-        "    session.on('memory_restored', lambda s, ranges: seen.append((s.rank, ranges)))\n"
-    )
-    got = vllm.run(
-        f"""
-        sys.path.insert(0, {str(tmp_path)!r})
-        os.environ["GRAPHPERSIST_PLUGINS"] = " observer_under_test , "
-        sess = open_session("load", {str(tmp_path)!r})
-        sess.emit("memory_restored", ranges=[(1, 2)])
-        sess.emit("nobody_listens", x=1)
-        import observer_under_test
-        sess.deactivate()
-        os.environ["GRAPHPERSIST_PLUGINS"] = "no_such_observer"
-        try:
-            open_session("load", {str(tmp_path)!r})
-            missing = None
-        except Exception as exc:
-            missing = str(exc)
-        result = {{"seen": observer_under_test.seen, "options": sess.options, "missing": missing}}
-        """
-    ).ok()
-    assert got["seen"] == [[0, [[1, 2]]]]
-    assert got["options"] == {"load_profile": "small"}
-    assert got["missing"].startswith("graphpersist: GRAPHPERSIST_PLUGINS names 'no_such_observer', which cannot be")
-
-
-def test_the_diagnosis_observer_wires_its_switches_to_the_worker(vllm: WarmPython, tmp_path: Path) -> None:
-    """tools/gpdiag/vllm.py: GP_DIAG_EXTRA_WARMUP and GP_DIAG_LOAD_PROFILE become the session options the worker
-    reads; the other switches listen to the session's events (their effects need a GPU)."""
+def test_gpdiag_wraps_the_workers_steps_from_outside(vllm: WarmPython, tmp_path: Path) -> None:
+    """tools/gpdiag/vllm.py (what a diagnosis run's sitecustomize installs): LOAD's profile forward becomes the chosen
+    variant (GP_DIAG_LOAD_PROFILE), LOAD runs SAVE's kernel warm-up too (GP_DIAG_EXTRA_WARMUP), and the session's
+    steps are wrapped; the product keeps no hook for it."""
     got = vllm.run(
         f"""
         sys.path.insert(0, {str(TOOLS)!r})
-        os.environ.update(GRAPHPERSIST_PLUGINS="gpdiag.vllm", GP_DIAG_EXTRA_WARMUP="1", GP_DIAG_LOAD_PROFILE="full")
-        sess = open_session("load", {str(tmp_path)!r})
-        result = {{"options": sess.options, "events": sorted(sess._listeners)}}
+        os.environ.update(GP_DIAG_EXTRA_WARMUP="1", GP_DIAG_LOAD_PROFILE="full")
+        from gpdiag import vllm as diag
+        from vllm import graphpersist_worker
+        diag.install()
+        diag.install()  # a second install wraps nothing twice
+        diag._wire_worker(graphpersist_worker.PersistWorker)
+        cls = engine.PersistSession
+        warmed = []
+        worker = graphpersist_worker.PersistWorker.__new__(graphpersist_worker.PersistWorker)
+        worker._persist = open_session("load", {str(tmp_path)!r})
+        worker._kernel_warmup = lambda: warmed.append("kernel warm-up")
+        worker._warm_up_before_graphs()
+        result = {{
+            "wrapped": [getattr(getattr(cls, n), "_gpdiag", False) for n in ("begin", "_save", "_restore", "ready")],
+            "forward": facts.compile_forward.func.__name__ + ":" + facts.compile_forward.args[0],
+            "warmed": warmed,
+        }}
         """
     ).ok()
-    assert got["options"] == {"warm_kernels_at_load": True, "load_profile": "full"}
-    assert got["events"] == ["memory_restored", "ready", "restored", "saved", "started", "stopped"]
+    assert got == {"wrapped": [True] * 4, "forward": "profile_forward:full", "warmed": ["kernel warm-up"]}
 
 
 def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:

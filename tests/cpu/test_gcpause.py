@@ -94,18 +94,18 @@ def test_the_meter_counts_full_passes_and_younger_ones_apart() -> None:
 
 
 def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> None:
-    """PersistSession.start() freezes before it touches the GPU; its stats carry the freeze and the meter. torch is
+    """PersistSession.begin() freezes before it touches the GPU; its stats carry the freeze and the meter. torch is
     stood in (CPU test host: no CUDA), the region start and LOAD's checks too: what is pinned is the order."""
     code = """
-    import gc, json, sys, types
-    from pathlib import Path
+    import gc, json, os, sys, types
     calls = []
     torch = types.ModuleType("torch")
-    torch.cuda = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (), {}),
+    torch.cuda = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (), {"capture_begin": lambda self: None}),
                                        set_device=lambda i: calls.append(("set_device", gc.get_freeze_count() > 0)))
     sys.modules["torch"] = torch
-    from graphpersist import api, switch
-    from graphpersist.engine import session as session_mod
+    os.environ.update(GRAPHPERSIST_MODE="WHICH", GRAPHPERSIST_DIR="/")
+    from graphpersist import api
+    from graphpersist.engine import caches, session as session_mod
 
     api.start_region = lambda: types.SimpleNamespace(base=0x500000000000, size=1 << 40)
     api.use_layout = lambda directory, rank: calls.append(("use_layout", gc.get_freeze_count() > 0))
@@ -114,27 +114,29 @@ def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> N
         note_sections = ()
         logger = types.SimpleNamespace(info=lambda *a: None)
         unused_param_bytes = None
+        pins_kernel_choices = False
+        def refuse(self): pass
+        def rank(self): return 0
+        def parallel(self): return {"world_size": 1}
+        def output_types(self): return {}
         def device_index(self): return 0
         def model_facts(self): return {}
         def cache_resolvers(self): return {}
-    session_mod.PersistSession._record_caches = lambda self: None
-    session_mod.PersistSession.count_every_capture = lambda self: None
-    session_mod.PersistSession.check_before_setup = lambda self: calls.append(("check", gc.get_freeze_count() > 0))
-    session_mod.PersistSession.restore_caches = lambda self: None
-    resolved = switch.Switch(switch.Mode.MODE, Path("/archive"), "test", "test")
-    sess = session_mod.PersistSession.open(Adapter(), resolved, 0, 1)
-    sess.start()
+    session_mod.interposer_loaded = lambda: True
+    session_mod.PersistSession._check_before_setup = lambda self: calls.append(("check", gc.get_freeze_count() > 0))
+    caches.SessionCaches.restore = lambda self, sess: None
+    sess = session_mod.PersistSession.begin(Adapter())
     gc.collect()
     stats = sess.stats()["gc"]
-    sess.write_stats()
+    sess.finish()
     gc.collect()
     print(json.dumps({"calls": calls, "gc": stats, "after_stop": sess.stats()["gc"]["full_passes"]}))
     """
-    load = run(code.replace("MODE", "LOAD"))
+    load = run(code.replace("WHICH", "load"))
     assert load["calls"] == [["set_device", True], ["check", True], ["use_layout", True]]
     assert load["gc"]["frozen_at_start"] > 1000
     assert load["gc"]["full_passes"] >= 1
-    assert load["after_stop"] == load["gc"]["full_passes"]  # write_stats ends the start: the meter stops
-    save = run(code.replace("MODE", "SAVE"))
+    assert load["after_stop"] == load["gc"]["full_passes"]  # finish ends the start: the meter stops
+    save = run(code.replace("WHICH", "save"))
     assert save["calls"] == [["set_device", False]]
     assert save["gc"]["frozen_at_start"] is None

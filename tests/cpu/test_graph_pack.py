@@ -366,6 +366,9 @@ class WithDerived:
     y: int = dataclasses.field(init=False, default=0)
 
 
+TYPES = {"test.model_output": ModelOutput, "test.with_derived": WithDerived}  # the engine's registry, by id
+
+
 def _spec(x: Any) -> dict[str, Any] | None:
     return {"addr": x.addr} if isinstance(x, Leaf) else None
 
@@ -388,8 +391,8 @@ def _leaf(spec: dict[str, Any]) -> Leaf:
     ],
 )
 def test_output_structure_round_trips_through_json(value: Any) -> None:
-    tree = structure.encode(value, _spec)
-    back = structure.decode(json.loads(json.dumps(tree)), _leaf)
+    tree = structure.encode(value, _spec, types=TYPES)
+    back = structure.decode(json.loads(json.dumps(tree)), _leaf, types=TYPES)
     assert back == value and type(back) is type(value)
     assert [s["addr"] for s in structure.leaves(tree)] == _addrs(value)
 
@@ -418,10 +421,14 @@ def test_save_refuses_what_load_could_not_rebuild() -> None:
     class Local:
         x: Any
 
-    with pytest.raises(structure.StructureError, match=r"outputs\[1\]: dataclass .*Local cannot be imported"):
-        structure.encode((Leaf(1), Local(Leaf(2))), _spec)
+    with pytest.raises(
+        structure.StructureError, match=r"outputs\[1\]: dataclass .*Local is not in the engine's registry"
+    ):
+        structure.encode((Leaf(1), Local(Leaf(2))), _spec, types=TYPES)
+    with pytest.raises(structure.StructureError, match=r"ModelOutput is not in the engine's registry .*holds none"):
+        structure.encode(ModelOutput(Leaf(1)), _spec)  # no registry: no dataclass at all
     with pytest.raises(structure.StructureError, match=r"fields outside __init__ \(y\)"):
-        structure.encode(WithDerived(Leaf(1)), _spec)
+        structure.encode(WithDerived(Leaf(1)), _spec, types=TYPES)
     with pytest.raises(structure.StructureError, match=r"outputs\['k'\]: builtins.set is not a tensor"):
         structure.encode({"k": {1, 2}}, _spec)
     with pytest.raises(structure.StructureError, match="nan"):
@@ -430,23 +437,24 @@ def test_save_refuses_what_load_could_not_rebuild() -> None:
         structure.encode({(1, 2): Leaf(1)}, _spec)
 
 
-def test_load_refuses_a_class_it_cannot_rebuild() -> None:
-    tree = structure.encode(ModelOutput(Leaf(1)), _spec)
-    gone = {**tree, "class": "no_such_module_xyz:ModelOutput"}
-    with pytest.raises(structure.StructureError, match="no_such_module_xyz:ModelOutput is not loaded in this process"):
-        structure.decode(gone, _leaf)
-    # an installed module the process has not imported is never imported for an archive: importing runs its code
+def test_load_finds_a_dataclass_only_in_the_live_registry_by_its_id() -> None:
+    tree = structure.encode(ModelOutput(Leaf(1)), _spec, types=TYPES)
+    assert tree["type"] == "test.model_output"
+    gone = {**tree, "type": "test.no_such_output"}
+    want = r"outputs\.type: output type saved 'test\.no_such_output', live registry holds test\.model_output, "
+    with pytest.raises(structure.StructureError, match=want + r"test\.with_derived: LOAD refused\. Re-run"):
+        structure.decode(gone, _leaf, types=TYPES)
+    # a module path is never resolved, even to a module the process has imported (json) or could import (tabnanny)
+    for name in ("json:JSONDecoder", "tabnanny:NannyNag", f"{__name__}:ModelOutput"):
+        with pytest.raises(structure.StructureError, match="live registry holds"):
+            structure.decode({**tree, "type": name}, _leaf, types=TYPES)
     assert "tabnanny" not in sys.modules
-    unimported = {**tree, "class": "tabnanny:ModelOutput"}
-    with pytest.raises(structure.StructureError, match="LOAD never imports a module an archive names"):
-        structure.decode(unimported, _leaf)
-    assert "tabnanny" not in sys.modules
-    not_dc = {**tree, "class": "json:JSONDecoder"}
-    with pytest.raises(structure.StructureError, match="json:JSONDecoder is not a dataclass"):
-        structure.decode(not_dc, _leaf)
+    not_dc = {**tree, "type": "test.not_a_dataclass"}
+    with pytest.raises(structure.StructureError, match=r"the registry's test\.not_a_dataclass is not a dataclass"):
+        structure.decode(not_dc, _leaf, types={"test.not_a_dataclass": dict})
     changed = {**tree, "fields": {"logits": tree["fields"]["logits"]}}
     with pytest.raises(structure.StructureError, match="now has fields"):
-        structure.decode(changed, _leaf)
+        structure.decode(changed, _leaf, types=TYPES)
     with pytest.raises(structure.StructureError, match="damaged output record"):
         structure.decode({"kind": "set"}, _leaf)
 

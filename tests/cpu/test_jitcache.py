@@ -22,7 +22,6 @@ import sys
 import tarfile
 import time
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -491,7 +490,7 @@ class CachesOnly(EngineAdapter):
     def _unasked(self, *args: Any) -> Any:
         raise AssertionError("the session asked more than its caches")
 
-    engine_facts = model_facts = parallel = config_flags = flags = device_index = _unasked
+    engine_facts = model_facts = parallel = config_flags = flags = rank = device_index = _unasked
     cpu_gather = setup_tensors = inventory = install = _unasked
 
 
@@ -506,34 +505,36 @@ def session(vllm_caches: types.ModuleType, mode: switch.Mode, directory: Path, r
 
 def test_vllm_save_carries_and_load_restores_the_caches(vllm_caches: types.ModuleType, tmp_path: Path) -> None:
     saving = session(vllm_caches, switch.Mode.SAVE, tmp_path / "archive")
-    saving.caches = make_cache(tmp_path / "warm")
-    carry: Callable[[], dict[str, bytes]] = saving.carry_caches  # as the session passes it to the Saver
-    root = shared_archive(saving.directory, carry())
+    saving.caches.folders = make_cache(tmp_path / "warm")
+    root = shared_archive(saving.directory, saving.caches.carry(saving))  # what the session hands the Saver
     assert any(line.startswith("carrying JIT caches") and "triton 3 files" in line for line in saving.lines)
-    saving.report_late()
+    saving.caches.report_late(saving)
     assert not any("after the archive was written" in line for line in saving.lines)
-    late = saving.caches["flashinfer"] / "0.6.14" / "90a" / "cached_ops" / "norm" / "norm.so"
+    late = saving.caches.folders["flashinfer"] / "0.6.14" / "90a" / "cached_ops" / "norm" / "norm.so"
     late.parent.mkdir(parents=True)
     late.write_bytes(b"built by the warm-up after the capture")
-    saving.report_late()
+    saving.caches.report_late(saving)
     assert saving.lines[-1].startswith("1 JIT cache file(s) were compiled after the archive was written"), saving.lines
     assert "flashinfer/0.6.14/90a/cached_ops/norm/norm.so" in saving.lines[-1]
-    session(vllm_caches, switch.Mode.SAVE, tmp_path / "rank1", rank=1).report_late()  # carried nothing: no report
+    rank1 = session(vllm_caches, switch.Mode.SAVE, tmp_path / "rank1", rank=1)
+    rank1.caches.report_late(rank1)  # carried nothing: no report
+    assert rank1.lines == []
 
     loading = session(vllm_caches, switch.Mode.LOAD, root)
-    loading.caches = {"triton": tmp_path / "fresh" / "triton", "flashinfer": tmp_path / "fresh" / "fi"}
-    loading.restore_caches()
+    loading.caches.folders = {"triton": tmp_path / "fresh" / "triton", "flashinfer": tmp_path / "fresh" / "fi"}
+    loading.caches.restore(loading)
     assert "jitcache" in loading.timings
     assert (tmp_path / "fresh" / "fi" / "0.6.14" / "90a" / "cached_ops" / "sampling" / "sampling.so").exists()
     assert "JIT caches restored" in loading.lines[-1] and "triton 3 files" in loading.lines[-1]
 
     old = session(vllm_caches, switch.Mode.LOAD, write_archive(tmp_path / "old"))
-    old.restore_caches()
+    old.caches.restore(old)
     assert "carries no JIT caches" in old.lines[-1] and "jitcache" not in old.timings
 
     (root / jitcache.SHARED_NAME).write_bytes(bytes(len((root / jitcache.SHARED_NAME).read_bytes())))
     with pytest.raises(PersistError, match=r"cannot LOAD .*corrupted file jitcache\.tar"):
-        session(vllm_caches, switch.Mode.LOAD, root).restore_caches()
+        broken = session(vllm_caches, switch.Mode.LOAD, root)
+        broken.caches.restore(broken)
 
 
 def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_in_the_workers(

@@ -164,15 +164,22 @@ def test_a_kernel_without_a_source_file_is_left_to_upstream(torch_py: WarmPython
     assert got == [1024, 1, {"unkeyed": 1}]
 
 
-def test_off_leaves_upstreams_method_and_uninstall_puts_it_back(torch_py: WarmPython) -> None:
+def test_the_wrapper_is_installed_once_and_a_run_that_pins_nothing_times_as_upstream(torch_py: WarmPython) -> None:
+    """The choices belong to the process's run (graphpersist.run): a fresh run (a new session) has none, so the
+    process-wide wrapper hands every kernel to upstream's own timing."""
     got = torch_py.run(
         """
+from graphpersist import run
+
 before = CachingAutotuner.autotune_to_one_config is UPSTREAM
 kernelchoice.install(loading=True, saved={}, log=LOGGED.append)
-wrapped = CachingAutotuner.autotune_to_one_config is not UPSTREAM
+wrapper = CachingAutotuner.autotune_to_one_config
 kernelchoice.install(loading=False, saved=None, log=LOGGED.append)  # a second install wraps nothing twice
-kernelchoice.uninstall()
-result = [before, wrapped, CachingAutotuner.autotune_to_one_config is UPSTREAM]
+same = CachingAutotuner.autotune_to_one_config is wrapper
+run.fresh()
+t = tuner({2048: 0.0990, 1024: 0.0947})
+t.autotune_to_one_config()
+result = [before, wrapper is not UPSTREAM, same, kept(t), t.timed, run.current().kernel_choices, LOGGED]
 """
     ).ok()
-    assert got == [True, True, True]
+    assert got == [True, True, True, 1024, 1, None, []]

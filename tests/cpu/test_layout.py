@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from archive_fixtures import device, world
 
+from graphpersist import run
 from graphpersist.archive import ArchiveWriter
 from graphpersist.errors import PersistError
 from graphpersist.memory import layout, phases, region
@@ -76,14 +77,14 @@ class Processes:
             self.monkeypatch.setattr(region, name, getattr(fake, name))
         self.monkeypatch.setattr(layout, "read_bytes", fake.read)
         self.monkeypatch.setattr(layout, "write_bytes", fake.write)
-        layout.reset()
+        run.fresh()
         return fake
 
 
 @pytest.fixture
 def procs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Processes]:
     yield Processes(monkeypatch)
-    layout.reset()
+    run.fresh()
 
 
 def engine(gpu: FakeInterposer, n_profile: int, *, loading: bool) -> dict[str, int]:

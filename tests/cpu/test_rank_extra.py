@@ -204,7 +204,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("host_memory", [], r"\.host_memory: must be an object with exactly `ranges` and `words`$"),
     ("host_memory.words", -1, r"\.host_memory\.words: must be an integer"),
     ("host_memory.ranges.0", [1], r"\.host_memory\.ranges\[0\]: must be \[address, size\]"),
-    ("digests", "x", r"\.digests: must be an object with exactly `files` and `record`$"),
+    ("digests", "x", r"\.digests: must be an object with `files`, `record` and \(rank 0's\) `manifest`$"),
     ("digests.record", "abc", r"\.digests\.record: must be a sha256 \(64 lower-case hex digits\)$"),
     ("digests.files.rank_0/x", "no", r"\.digests\.files: must map archive paths to sha256s$"),
 ]

@@ -16,7 +16,8 @@ DRIVER_PATH = Path(__file__).resolve().parents[2] / "recipes" / "vllm-qwen3-8b-t
 driver = load_module(DRIVER_PATH, "vllm_recipe_driver")
 
 
-PLUGIN = {"GRAPHPERSIST_PLUGINS": "gpdiag.vllm"}  # every diagnosis switch needs the observer that reads it
+# every diagnosis switch needs gpdiag's site folder on the processes' path (its sitecustomize wraps the session)
+PLUGIN = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "tools" / "gpdiag" / "site")}
 
 
 def exported(tmp_path: Path, *flags: str) -> dict[str, str]:

@@ -28,7 +28,7 @@ from vllm.platforms import current_platform
 from vllm.v1.worker.gpu import cudagraph_utils
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, ModelCudaGraphManager
 
-from graphpersist import engine, switch
+from graphpersist import engine, run, switch
 from graphpersist.archive import ArchiveWriter
 from graphpersist.archive.liveenv import collect_live, merge, world_facts
 
@@ -164,7 +164,7 @@ def record_save(manager: ModelCudaGraphManager, wrappers: list[CUDAGraphWrapper]
             entry = CUDAGraphEntry(batch_descriptor=BatchDescriptor(num_tokens=desc.num_tokens), cudagraph=FakeGraph())
             capture.captured_piece(wrapper, entry, (torch.zeros(desc.num_tokens), 7), torch.ones(desc.num_tokens))
     notes = json.loads(json.dumps(sess.notes))
-    sess.deactivate()  # SAVE's process ends here; LOAD is another process with its own session
+    run.fresh()  # SAVE's process ends here; LOAD is another process with its own session
     return notes, saver
 
 

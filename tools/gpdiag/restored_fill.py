@@ -3,8 +3,8 @@
 `GP_DIAG_FILL_RESTORED=BYTE[:FIRST-LAST]` fills the memory LOAD mapped afresh (or the ranges FIRST..LAST of it, by
 index in address order, to bisect) with one byte value, to test whether a graph reads restored memory before writing
 it (its output then changes with the value). `GP_DIAG_DUMP=DIR` also lists the ranges in
-`DIR/restored-ranges.pid<N>.json`. Runs at the session's `memory_restored` event (graphpersist.load's
-`on_memory_restored`), before anything writes that memory.
+`DIR/restored-ranges.pid<N>.json`. Runs right after LOAD maps them (gpdiag.vllm wraps `memory.region.restore`),
+before anything writes that memory.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 FILL_ENV = "GP_DIAG_FILL_RESTORED"
 DUMP_ENV = "GP_DIAG_DUMP"
 
 
-def fill(session: Any, ranges: list[tuple[int, int]]) -> None:
+def fill(ranges: list[tuple[int, int]]) -> None:
     if where := os.environ.get(DUMP_ENV):
         listing = Path(where) / f"restored-ranges.pid{os.getpid()}.json"
         listing.write_text(json.dumps([[i, a, s] for i, (a, s) in enumerate(sorted(ranges))]))

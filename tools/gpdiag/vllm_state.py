@@ -96,9 +96,12 @@ def dump_runner_state(runner: Any, rank: int, saving: bool) -> None:
     (Path(where) / f"region-sums.rank{rank}.json").write_text(json.dumps(sums, indent=0, sort_keys=True))
     print(f"graphpersist: {DUMP_ENV}: {len(state)} runner tensors and {len(sums)} region allocations fingerprinted "
           f"into {path.parent}", flush=True)  # fmt: skip
-    from graphpersist.memory import setup
+    from graphpersist import run
+    from graphpersist.memory import phases, setup
 
-    count, gone = setup.graph_blocks_now()
+    read = run.current().graph_blocks  # the torch blocks graphs read, checked again now that serving starts
+    segments, blocks = setup._torch_blocks()
+    count, gone = len(read), phases.block_problems(read, blocks, segments)
     print(f"graphpersist: {DUMP_ENV}: {count} torch blocks graphs read, {len(gone)} not live now: {gone[:8]}",
           flush=True)  # fmt: skip
     if os.environ.get(HISTORY_ENV) == "1":

@@ -1,6 +1,6 @@
 """Build-time tooling for the patched vLLM/SGLang distribution: series lint/apply, edit/export, rebase, hook-point
-check, the runtime's Python floor, offline bundles and the engine-agnostic proof runner (with proofkit for engine
-drivers, and hostkit for the runtime recipes' proofs).
+check, the product's run-time name resolution (names), the runtime's Python floor, offline bundles and the
+engine-agnostic proof runner (with proofkit for engine drivers, and hostkit for the runtime recipes' proofs).
 
 Each subcommand lives in its own module that exposes `register(subparsers)`; `python -m gptools` wires them up.
 """
@@ -15,6 +15,7 @@ COMMANDS = (
     "gptools.rebase",
     "gptools.hooks",
     "gptools.importgraph",
+    "gptools.namelint",
     "gptools.pyfloor",
     "gptools.bundle",
     "gptools.install",

@@ -23,14 +23,18 @@ import shlex
 import shutil
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from gpdist.pins import load as load_pins
 from gptools import bundle_archive as ba
 from gptools import bundle_closure as bc
+from gptools import bundle_lock as bl
 
 RUNTIME = load_pins().runtime_name
 # The serving engines: a library such as deep_ep is patched and built like them but gets no bundle of its own.
@@ -88,6 +92,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="X.Y",
         help="the target's glibc: manylinux wheels up to this are accepted (default 2.39)",
     )
+    _add_resolution_arguments(p)
+    _add_output_arguments(p)
+
+
+def _add_resolution_arguments(p: argparse.ArgumentParser) -> None:
+    """How the closure is decided: what `--write-lock` records among the lock's inputs."""
     p.add_argument(
         "--prefer",
         action="append",
@@ -138,6 +148,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="use the host's NAME even where its version does not satisfy a requirement (recorded)",
     )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drop-path",
         action="append",
@@ -171,6 +184,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="where downloaded dependency wheels are kept (default: <gpdist cache>/bundle-wheels)",
+    )
+    p.add_argument(
+        "--lock",
+        type=Path,
+        metavar="FILE",
+        help="bundle exactly the wheels FILE names (e.g. recipes/gpu-host/vllm.lock): index wheels by sha256 from the "
+        "cache or downloaded by file name, never resolved; refused when the options, the host freeze, the target or "
+        "a dist/ version differ from those it was made with",
+    )
+    p.add_argument(
+        "--write-lock",
+        type=Path,
+        metavar="FILE",
+        help="resolve the closure against the index (as without --lock) and write it to FILE; no bundle is written",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="with --lock: take every file from the cache, download nothing (a missing one is an error)",
     )
     p.add_argument("--dry-run", action="store_true", help="compute and print the closure; write no bundle")
     p.add_argument(
@@ -267,29 +299,64 @@ def _why(pick: bc.Pick) -> str:
     return f"{first.by} requires {first.requirement}{more}"
 
 
-def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], target: bc.Target) -> dict:
-    """Resolve, trim, pack and describe one engine's bundle. Returns the manifest."""
-    t0 = time.monotonic()
-    engine_wheel = args.engine_wheel or _find_dist_wheel(args.dist, engine)
-    if engine_wheel is None or not engine_wheel.exists():
-        raise UsageError(f"no {engine} wheel in {args.dist}: run `make build` first (or pass --engine-wheel)")
-    local = {}
-    runtime = _find_dist_wheel(args.dist, RUNTIME) if args.dist.exists() else None
-    if runtime is None:
-        # Never let the resolver fetch "graphpersist" from an index: only our own build is the runtime.
-        raise UsageError(f"no {RUNTIME} wheel in {args.dist}: run `make build` first (the engines require it)")
-    local[RUNTIME] = runtime
-    libraries, library_requires = _library_wheels(args.dist, args.with_library, target)
-    local |= libraries
-    prefer_lines = list(args.prefer) + [c.read_text() for c in args.constraints]
+@dataclass
+class Plan:
+    """What one engine's bundle carries, however it was decided: resolved now, or read from a lock."""
+
+    wheels: list[dict]  # manifest entries; "_path" is the file (None in a --dry-run from a lock)
+    not_bundled: list[dict]
+    conflicts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The resolution options, parsed: the closure walk takes them, a lock records them as its inputs."""
+
+    prefer: dict[str, Requirement]
+    exclude: dict[str, str]
+    require: dict[str, bc.Reason]  # --require only (a --with-library's version comes from dist/)
+
+    def inputs(self, args: argparse.Namespace, target: bc.Target) -> bl.Inputs:
+        freeze = ba.sha256_file(args.host_freeze) if args.host_freeze else ""
+        libraries = {canonicalize_name(v.partition("=")[0].strip()) for v in args.with_library}
+        return bl.Inputs(
+            python=target.python_full_version,
+            glibc=target.glibc,
+            host_freeze_sha256=freeze,
+            prefer=tuple(sorted(str(r) for r in self.prefer.values())),
+            exclude=tuple(sorted(self.exclude)),
+            require=tuple(sorted(f"{n}=={r.requirement.partition('==')[2]}" for n, r in self.require.items())),
+            with_library=tuple(sorted(libraries)),
+            accept_host=tuple(sorted({canonicalize_name(n) for n in args.accept_host})),
+        )
+
+
+def _options(args: argparse.Namespace) -> Options:
     exclude = _parse_excludes(args.exclude)
     try:
-        prefer = bc.parse_prefer(prefer_lines)
-        require = bc.parse_require([*args.require, *library_requires])
+        prefer = bc.parse_prefer(list(args.prefer) + [c.read_text() for c in args.constraints])
+        require = bc.parse_require(args.require)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if both := sorted(set(require) & set(exclude)):
         raise UsageError(f"--require and --exclude both name {', '.join(both)}: keep one")
+    return Options(prefer, exclude, require)
+
+
+def _resolve_plan(
+    engine: str, args: argparse.Namespace, host: dict[str, str], target: bc.Target, opts: Options
+) -> Plan:
+    """Today's walk against the index (or --wheelhouse): what `--write-lock` records and a lock-less bundle carries."""
+    engine_wheel = args.engine_wheel or _find_dist_wheel(args.dist, engine)
+    if engine_wheel is None or not engine_wheel.exists():
+        raise UsageError(f"no {engine} wheel in {args.dist}: run `make build` first (or pass --engine-wheel)")
+    runtime = _find_dist_wheel(args.dist, RUNTIME) if args.dist.exists() else None
+    if runtime is None:
+        # Never let the resolver fetch "graphpersist" from an index: only our own build is the runtime.
+        raise UsageError(f"no {RUNTIME} wheel in {args.dist}: run `make build` first (the engines require it)")
+    libraries, library_requires = _library_wheels(args.dist, args.with_library, target)
+    require = {**opts.require, **bc.parse_require(library_requires)}
     cache = args.download_cache or _default_cache()
     log(f"{engine}: resolving the closure of {engine_wheel.name} for {target.describe()}")
     closure = bc.resolve(
@@ -297,32 +364,31 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         target=target,
         host=host,
         fetcher=bc.WheelhouseFetcher(args.wheelhouse, log=log) if args.wheelhouse else bc.PipFetcher(cache, log=log),
-        local=local,
+        local={RUNTIME: runtime, **libraries},
         pinned=_pinned_wheels(),
-        prefer=prefer,
-        exclude=exclude,
+        prefer=opts.prefer,
+        exclude=opts.exclude,
         accept_host=set(args.accept_host),
         require=require,
         progress=log,
     )
     for w in closure.warnings:
         log(f"warning: {w}")
-    wheels = []
-    for pick in closure.bundled():
-        wheels.append(
-            {
-                "file": pick.path.name,
-                "name": pick.name,
-                "version": pick.version,
-                "sha256": ba.sha256_file(pick.path),
-                "size": pick.path.stat().st_size,
-                "source": pick.source,
-                "why": _why(pick),
-                "required_by": [str(r) for r in pick.reasons],
-                "note": pick.note,
-                "_path": pick.path,
-            }
-        )
+    wheels = [
+        {
+            "file": pick.path.name,
+            "name": pick.name,
+            "version": pick.version,
+            "sha256": ba.sha256_file(pick.path),
+            "size": pick.path.stat().st_size,
+            "source": pick.source,
+            "why": _why(pick),
+            "required_by": [str(r) for r in pick.reasons],
+            "note": pick.note,
+            "_path": pick.path,
+        }
+        for pick in closure.bundled()
+    ]
     not_bundled = [
         {
             "name": p.name,
@@ -334,6 +400,108 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         for p in sorted(closure.picks.values(), key=lambda p: p.name)
         if not p.bundled
     ]
+    return Plan(wheels, not_bundled, closure.conflicts, closure.warnings)
+
+
+def _lock_plan(engine: str, args: argparse.Namespace, target: bc.Target, opts: Options) -> Plan:
+    """The lock's wheels: ours from dist/ (same name and version), the others by sha256 from the cache or the index.
+    Nothing is resolved; a lock made from other inputs is refused as stale."""
+    lock = bl.load(args.lock)
+    stale = [f"engine: locked {lock.engine}, live {engine}"] if lock.engine != engine else []
+    stale += lock.inputs.differences(opts.inputs(args, target))
+    paths: dict[str, Path] = {}
+    for entry in (e for e in lock.wheels if e.from_dist):
+        given = args.engine_wheel if entry.name == engine else None
+        path = given or _dist_wheel(args.dist, entry, target)
+        paths[entry.name] = path
+        if Version(str(parse_wheel_filename(path.name)[1])) != Version(entry.version):
+            stale.append(f"{entry.name}: locked {entry.version}, {path.parent}/ has {path.name}")
+    if stale:
+        raise bl.LockError(
+            stale,
+            f"the lock {args.lock} was resolved for other inputs: refresh it with `make bundle-lock ENGINE={engine}` "
+            "(resolves against the index again; review the diff), or restore the inputs it was made with",
+        )
+    log(f"{engine}: {len(lock.wheels)} wheels from the lock {args.lock} (locked {lock.locked}); no resolution")
+    if not args.dry_run:
+        files = bl.fetch_all(lock.wheels, offline=args.offline, log=log)
+        paths |= {e.name: files[e.file] for e in lock.wheels if not e.from_dist}
+    wheels = []
+    for e in lock.wheels:
+        path = paths.get(e.name)
+        ours = e.from_dist  # found in dist/ above; an index wheel's path is None in a --dry-run
+        wheels.append(
+            {
+                "file": path.name if ours else e.file,
+                "name": e.name,
+                "version": e.version,
+                "sha256": ba.sha256_file(path) if ours else e.sha256,
+                "size": path.stat().st_size if ours else e.size,
+                "source": e.source,
+                "why": e.why,
+                "required_by": list(e.required_by),
+                "note": e.note,
+                "_path": path,
+            }
+        )
+    not_bundled = [{**asdict(h), "required_by": list(h.required_by)} for h in lock.not_bundled]
+    return Plan(wheels, not_bundled)
+
+
+def _dist_wheel(dist: Path, entry: bl.Entry, target: bc.Target) -> Path:
+    ours = [w for w in sorted(dist.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) == entry.name]
+    fits = [w for w in ours if target.accepts_wheel(w.name)]
+    if len(fits) != 1:
+        found = ", ".join(w.name for w in ours) or "none"
+        raise UsageError(f"the lock brings our {entry.name} {entry.version}: {len(fits)} of its wheels in {dist} fit "
+                         f"{target.describe()} (its wheels there: {found}): run `make build` first")  # fmt: skip
+    return fits[0]
+
+
+def _write_lock(engine: str, args: argparse.Namespace, plan: Plan, inputs: bl.Inputs) -> None:
+    """--write-lock: record the resolved plan, once the index is seen to serve every file the lock names, and put the
+    files in the cache the lock path reads (so the bundle after a refresh downloads nothing again)."""
+    entries = []
+    for w in plan.wheels:
+        ours = w["source"] == bc.DIST
+        entries.append(
+            bl.Entry(
+                name=w["name"],
+                version=w["version"],
+                source=w["source"],
+                why=w["why"],
+                note=w["note"],
+                required_by=tuple(w["required_by"]),
+                file="" if ours else w["file"],
+                sha256="" if ours else w["sha256"],
+                size=0 if ours else w["size"],
+            )
+        )
+    log(f"{engine}: checking that the index serves each of the {sum(not e.from_dist for e in entries)} locked files")
+    if problems := bl.check_on_index(entries):
+        raise bl.LockError(problems, "not written: a bundle from this lock could not download these files by name")
+    for entry, w in zip(entries, plan.wheels, strict=True):
+        if not entry.from_dist:
+            bl.seed_cache(entry, w["_path"])
+    held = tuple(
+        bl.Held(h["name"], h["version"], h["source"], h["note"], tuple(h["required_by"])) for h in plan.not_bundled
+    )
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    freeze = str(args.host_freeze) if args.host_freeze else ""
+    bl.write(args.write_lock, bl.Lock(engine, created, freeze, inputs, tuple(entries), held))
+    log(f"{engine}: wrote the lock {args.write_lock}: {len(entries)} wheels; `make bundle` now brings exactly these")
+
+
+def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], target: bc.Target) -> dict:
+    """Decide (resolve, or read the lock), then pack and describe one engine's bundle. Returns the manifest."""
+    t0 = time.monotonic()
+    opts = _options(args)
+    try:
+        plan = _lock_plan(engine, args, target, opts) if args.lock else _resolve_plan(engine, args, host, target, opts)
+    except bl.LockError:
+        if not args.dry_run:
+            _remove_outputs(args.out / engine)  # an older bundle must not be mistaken for this run's result
+        raise
     manifest = {
         "format": ba.FORMAT,
         "engine": engine,
@@ -349,8 +517,9 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
             if args.host_freeze
             else None
         ),
+        "lock": {"file": str(args.lock), "sha256": ba.sha256_file(args.lock)} if args.lock else None,
         "options": {
-            "prefer": [str(r) for r in prefer.values()],
+            "prefer": [str(r) for r in opts.prefer.values()],
             "exclude": args.exclude,
             "require": args.require,
             "with_library": args.with_library,
@@ -359,46 +528,54 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
             "part_size": args.part_size_bytes,
             "compression": args.compression,
         },
-        "conflicts": closure.conflicts,
-        "warnings": closure.warnings,
-        "wheels": wheels,
-        "not_bundled": not_bundled,
+        "conflicts": plan.conflicts,
+        "warnings": plan.warnings,
+        "wheels": plan.wheels,
+        "not_bundled": plan.not_bundled,
     }
-    total = sum(w["size"] for w in wheels)
+    total = sum(w["size"] for w in plan.wheels)
     log(
-        f"{engine}: {len(wheels)} wheels to bundle ({total / ba.MiB:.1f} MiB), "
-        f"{sum(p['source'] == bc.HOST for p in not_bundled)} requirements satisfied by the host, "
-        f"{sum(p['source'] == bc.EXCLUDED for p in not_bundled)} excluded, "
-        f"{sum(p['source'] == bc.HOST_ACCEPTED for p in not_bundled)} host versions accepted"
+        f"{engine}: {len(plan.wheels)} wheels to bundle ({total / ba.MiB:.1f} MiB), "
+        f"{sum(p['source'] == bc.HOST for p in plan.not_bundled)} requirements satisfied by the host, "
+        f"{sum(p['source'] == bc.EXCLUDED for p in plan.not_bundled)} excluded, "
+        f"{sum(p['source'] == bc.HOST_ACCEPTED for p in plan.not_bundled)} host versions accepted"
     )
-    out_dir = args.out / engine
-    if closure.conflicts and not args.dry_run:
-        # Nothing is written, and an older bundle must not be mistaken for this run's result.
-        for old in [
-            *out_dir.glob("*.part[0-9][0-9][0-9]"),
-            *(out_dir / n for n in ("manifest.json", "install.sh", "SHA256SUMS", "requirements.lock")),
-        ]:
-            old.unlink(missing_ok=True)
-    if closure.conflicts:
-        for c in closure.conflicts:
+    if plan.conflicts:
+        if not args.dry_run and not args.write_lock:
+            _remove_outputs(args.out / engine)  # an older bundle must not be mistaken for this run's result
+        for c in plan.conflicts:
             log(f"CONFLICT: {c}")
         log(
             "resolve them with --prefer NAME==VER, --accept-host NAME or --exclude NAME (all recorded); "
             "for a --require: change its version, or --prefer the same version to replace the host's"
         )
         manifest["status"] = "conflicts"
-        return manifest
-    if args.dry_run:
+    elif args.dry_run:
         manifest["status"] = "dry-run"
-        return manifest
+    elif args.write_lock:
+        _write_lock(engine, args, plan, opts.inputs(args, target))
+        manifest["status"] = "locked"
+    else:
+        _write_bundle(engine, args, manifest, t0)
+    for w in plan.wheels:
+        w.pop("_path", None)
+    return manifest
 
-    out_dir = args.out / engine
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _remove_outputs(out_dir: Path) -> None:
     for old in [
         *out_dir.glob("*.part[0-9][0-9][0-9]"),
         *(out_dir / n for n in ("manifest.json", "install.sh", "SHA256SUMS", "requirements.lock")),
     ]:
         old.unlink(missing_ok=True)
+
+
+def _write_bundle(engine: str, args: argparse.Namespace, manifest: dict, t0: float) -> None:
+    """Pack the plan's wheels into parts and write manifest.json, SHA256SUMS, requirements.lock and install.sh."""
+    wheels = manifest["wheels"]
+    out_dir = args.out / engine
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_outputs(out_dir)
     staging = out_dir / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -449,7 +626,6 @@ def build_one(engine: str, args: argparse.Namespace, host: dict[str, str], targe
         f"{engine}: {len(split.parts)} part(s), {split.total / ba.MiB:.1f} MiB in {out_dir} "
         f"({time.monotonic() - t0:.0f} s); install with: bash {out_dir}/install.sh [--target DIR]"
     )
-    return manifest
 
 
 def _trim_engines(wheels: list[dict], args: argparse.Namespace, staging: Path) -> None:
@@ -488,6 +664,10 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"gptools bundle: error: {exc}", file=sys.stderr)
         return 2
+    except bl.LockError as exc:
+        for line in [*exc.lines, exc.advice]:
+            print(f"gptools bundle: {line}", file=sys.stderr)
+        return 1
     except (bc.ClosureError, OSError, RuntimeError) as exc:
         print(f"gptools bundle: failed: {exc}", file=sys.stderr)
         return 1
@@ -523,6 +703,7 @@ def _run(args: argparse.Namespace) -> int:
     target = bc.Target(python_version=".".join(parts[:2]), python_full_version=full, glibc=args.glibc)
     if args.engine_wheel is not None and args.engine == "all":
         raise UsageError("--engine-wheel needs one --engine")
+    _check_lock_options(args)
     engines = list(SERVING) if args.engine == "all" else [args.engine]
     results = [build_one(e, args, host, target) for e in engines]
     if args.json:
@@ -531,6 +712,17 @@ def _run(args: argparse.Namespace) -> int:
         for m in results:
             _print_summary(m)
     return 1 if any(m["status"] == "conflicts" for m in results) else 0
+
+
+def _check_lock_options(args: argparse.Namespace) -> None:
+    if args.lock and args.write_lock:
+        raise UsageError("--lock bundles from a lock, --write-lock writes one: give one of them")
+    if (args.lock or args.write_lock) and args.engine == "all":
+        raise UsageError("a lock is one engine's: give --engine with --lock or --write-lock")
+    if args.lock and (args.wheelhouse or args.download_cache):
+        raise UsageError("--wheelhouse and --download-cache choose versions; --lock names the files: drop them")
+    if args.offline and not args.lock:
+        raise UsageError("--offline needs --lock (a resolution asks the index)")
 
 
 def _print_summary(m: dict) -> None:

@@ -1,21 +1,16 @@
-"""The JIT caches both engines share (Inductor, Triton, FlashInfer), and a session's carrying and restoring of them.
+"""The JIT cache folders both engines share (Inductor, Triton, FlashInfer), and how a resolver list becomes folders.
 
-Each engine's adapter names its folders (its own plus these) as resolvers; this module resolves them, packs them at
-SAVE and puts back at LOAD what the host lacks (`graphpersist.archive.jitcache` does the packing). A resolver answers
-None where its library is not installed; one that raises leaves its folder out, never fails the start.
+Each engine's adapter names its folders (its own plus these) as resolvers; the session's caches
+(graphpersist.engine.caches) resolve them here, pack them at SAVE and put back at LOAD what the host lacks. A resolver
+answers None where its library is not installed; one that raises leaves its folder out, never fails the start.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from graphpersist.archive import ArchiveError, jitcache, read_shared
-from graphpersist.errors import PersistError
 
 Resolver = Callable[[], Path | None]
 
@@ -72,29 +67,3 @@ def resolve_all(resolvers: Mapping[str, Resolver]) -> tuple[dict[str, Path], dic
         else:
             found[name] = Path(os.path.abspath(folder))
     return found, left_out
-
-
-def carry(sess: Any) -> dict[str, bytes]:
-    """SAVE, rank 0 (the ranks of one host share the caches): the archive's shared JIT-cache file."""
-    started = time.perf_counter()
-    blob, stats = jitcache.collect(sess.caches)
-    sess.log("carrying JIT caches (%.1f MiB, %.2f s): %s", len(blob) / 2**20, time.perf_counter() - started,
-             stats.describe())  # fmt: skip
-    return {jitcache.SHARED_NAME: blob}
-
-
-def restore(sess: Any) -> None:
-    """LOAD, every rank, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-    started = time.perf_counter()
-    try:
-        blob = read_shared(sess.directory, jitcache.SHARED_NAME)
-    except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {sess.directory}: {exc}") from None
-    if blob is None:
-        sess.log("%s carries no JIT caches (saved by an older release): what is missing here compiles again",
-                 sess.directory)  # fmt: skip
-        return
-    stats = jitcache.restore(blob, sess.caches)
-    sess.restored_files = stats.written  # not compiled here: the proof tells them from what a LOAD compiles
-    took = sess.timed("jitcache", started)
-    sess.log("JIT caches restored in %.2f s: %s", took, stats.describe())

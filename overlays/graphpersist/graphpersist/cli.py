@@ -26,6 +26,8 @@ from graphpersist.archive.shown import shown, terminal_safe
 
 if TYPE_CHECKING:
     from graphpersist.archive import Archive
+    from graphpersist.archive.validate import CheckResult
+    from graphpersist.loadstage import Verified
 
 EXIT_OK, EXIT_FINDING, EXIT_MISUSE, EXIT_UNCHECKED = 0, 1, 2, 3
 EXIT_CODES = """\
@@ -36,6 +38,11 @@ exit codes:
   3  check only: this host could not report the facts to compare (no torch, CUDA or GPU here)
 """
 # `check` inspects, it does not start an engine: its advice names both ways out (LoadRefused's is for a LOAD).
+# The environment pins are read from check's own environment, which is often not the engine's.
+ENV_ADVICE = (
+    "The live env.* values are this shell's: run `graphpersist check` in the environment the engine starts in (its "
+    "exports, its launcher's), or give them with --set env.NAME=VALUE."
+)
 CHECK_ADVICE = (
     "This archive does not fit this host/configuration: start the engine on a host/configuration that matches, "
     "or re-run SAVE here (GRAPHPERSIST_MODE=save or the engine's --graph-persist save) to write an archive for it."
@@ -101,13 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
         )
         child.add_argument("--version", action="version", version=version_text())
         command.configure(child)
-        child.set_defaults(_run=command.run)
+        child.set_defaults(_run=command.run, _parser=child)
     return parser
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Exits 2 naming the arguments `parser` (the subcommand's, when one was named) does not take, with its usage
+    and the closest option it has, as argparse would for the top-level parser."""
+    options = [o for action in parser._actions for o in action.option_strings]
+    hints = []
+    for arg in extra:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], options, 1) if arg.startswith("-") else []
+        if close:
+            hints.append(f"{arg}: did you mean {close[0]}?")
+    parser.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_unknown(getattr(args, "_parser", parser), extra)
     if getattr(args, "_run", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_MISUSE
@@ -139,6 +160,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from graphpersist.archive import open_archive
 
     archive = open_archive(args.archive, verify_checksums=not args.no_verify)
+    if args.rank is not None and args.rank not in archive.ranks:
+        have = ", ".join(map(str, archive.ranks))
+        out(f"graphpersist inspect: {shown(str(archive.root))} has no rank {args.rank}; ranks {have}", err=True)
+        return EXIT_MISUSE
     ranks = list(archive.ranks) if args.rank is None else [args.rank]
     records = {rank: archive.rank_facts(rank) for rank in ranks}
     if args.json:
@@ -270,102 +295,121 @@ def _configure_check(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    from graphpersist import loadstage
     from graphpersist.archive import open_archive
     from graphpersist.archive.liveenv import collect_live, set_field
-    from graphpersist.archive.validate import MISSING, evaluate, mismatch_report, saved_facts
-    from graphpersist.loadplan import read_plan
+    from graphpersist.archive.validate import evaluate, saved_facts
 
     archive = open_archive(args.archive, verify_checksums=not args.quick)
     rank = args.rank
-    saved = saved_facts(archive, rank)
-    sets: dict[str, Any] = {}
-    for item in args.sets:
-        field, sep, text = item.partition("=")
-        if not sep or not field:
-            out(f"graphpersist check: --set wants FIELD=VALUE, got {shown(repr(item))}", err=True)
-            return EXIT_MISUSE
-        unknown = _unknown_field(field, saved)
-        if unknown:
-            out(unknown, err=True)
-            return EXIT_MISUSE
-        sets[field] = _parse_value(text, saved.get(field, MISSING))
+    sets = _check_sets(args.sets, saved_facts(archive, rank))
+    if isinstance(sets, str):
+        out(sets, err=True)
+        return EXIT_MISUSE
     # The GPU this rank would use: the one given, else the index it saved with (an assumption, so the index
     # itself counts as checked only when given; its UUID and PCI bus id are real lookups).
-    device = sets.get("device.index", saved.get("device.index", 0))
+    device = sets.get("device.index", saved_facts(archive, rank).get("device.index", 0))
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         out(f"graphpersist check: device.index must be a device number, got {shown(repr(device))}", err=True)
         return EXIT_MISUSE
-    payloads = None
-    if not args.quick:  # every byte LOAD would use, for every rank (ArchiveError: exit 2, naming the problem)
-        plans = [read_plan(archive, r, every_byte=True) for r in archive.ranks]
-        payloads = {
-            "graphs": sum(len(p.graphs) for p in plans),
-            "images": len({im.sha256 for p in plans for im in p.record.images}),
-            "bytes": sum(e.size for e in archive.manifest.files.values()),
-        }
+    # LOAD's CPU stage for every rank, every byte, and the shared files (ArchiveError: exit 2, naming the problem)
+    verified = None if args.quick else loadstage.verify_all(archive)
     live = collect_live(device=device)
     live.get("device", {}).pop("index", None)
     for field, value in sets.items():
         set_field(live, field, value)
     set_field(live, "parallel.rank", rank)
     result = evaluate(archive, live, rank, skip_unknown=True)
-    mismatches, checked, not_checked = result.mismatches, result.checked, result.not_checked
-    unmeasured = [f for f in not_checked if f.startswith(HOST_FACTS)]
-    code = EXIT_FINDING if mismatches else EXIT_UNCHECKED if unmeasured else EXIT_OK
-    root = shown(str(archive.root))
-
+    unmeasured = [f for f in result.not_checked if f.startswith(HOST_FACTS)]
+    code = EXIT_FINDING if result.mismatches else EXIT_UNCHECKED if unmeasured else EXIT_OK
     if args.json:
+        out_json(_check_doc(archive, rank, code, result, unmeasured, verified))
+    else:
+        out(_check_text(archive, rank, result, unmeasured, verified, sets))
+    return code
 
-        def side(value: Any) -> Any:
-            return None if value is MISSING else value
 
-        out_json(
-            {
-                "archive": str(archive.root),
-                "rank": rank,
-                "ok": code == EXIT_OK,
-                "verdict": {EXIT_OK: "fits", EXIT_FINDING: "mismatch", EXIT_UNCHECKED: "unchecked"}[code],
-                "mismatches": [
-                    {
-                        "field": m.field,
-                        "saved": side(m.saved),
-                        "live": side(m.live),
-                        "saved_missing": m.saved is MISSING,
-                        "live_missing": m.live is MISSING,
-                        "line": str(m),
-                    }
-                    for m in mismatches
-                ],
-                "checked": checked,
-                "not_checked": not_checked,
-                "unmeasured": unmeasured,
-                "payloads": payloads if payloads is not None else "not verified (--quick)",
-            }
-        )
-        return code
+def _check_sets(items: list[str], saved: dict[str, Any]) -> dict[str, Any] | str:
+    """The facts given with --set, typed like the saved ones; or the line that says why one is refused."""
+    from graphpersist.archive.validate import MISSING
+
+    sets: dict[str, Any] = {}
+    for item in items:
+        field, sep, text = item.partition("=")
+        if not sep or not field:
+            return f"graphpersist check: --set wants FIELD=VALUE, got {shown(repr(item))}"
+        unknown = _unknown_field(field, saved)
+        if unknown:
+            return unknown
+        sets[field] = _parse_value(text, saved.get(field, MISSING))
+    return sets
+
+
+def _check_doc(
+    archive: Archive, rank: int, code: int, result: CheckResult, unmeasured: list[str], verified: Verified | None
+) -> dict[str, Any]:
+    """What `check --json` prints."""
+    from graphpersist.archive.validate import MISSING
+
+    def side(value: Any) -> Any:
+        return None if value is MISSING else value
+
+    mismatches = [
+        {"field": m.field, "saved": side(m.saved), "live": side(m.live), "saved_missing": m.saved is MISSING,
+         "live_missing": m.live is MISSING, "line": str(m)}
+        for m in result.mismatches
+    ]  # fmt: skip
+    payloads: Any = "not verified (--quick)"
+    if verified is not None:
+        payloads = {"graphs": verified.graphs, "images": verified.images, "bytes": verified.bytes,
+                    "shared": verified.shared}  # fmt: skip
+    return {
+        "archive": str(archive.root),
+        "rank": rank,
+        "ok": code == EXIT_OK,
+        "verdict": {EXIT_OK: "fits", EXIT_FINDING: "mismatch", EXIT_UNCHECKED: "unchecked"}[code],
+        "mismatches": mismatches,
+        "checked": result.checked,
+        "not_checked": result.not_checked,
+        "unmeasured": unmeasured,
+        "payloads": payloads,
+    }
+
+
+def _check_text(
+    archive: Archive, rank: int, result: CheckResult, unmeasured: list[str], verified: Verified | None,
+    given: dict[str, Any],
+) -> str:  # fmt: skip
+    """What `check` prints: the verdict (and, where env.* read here differ, that they are this shell's), what was
+    verified, what was not checked."""
+    from graphpersist.archive.validate import mismatch_report
+
+    root = shown(str(archive.root))
     lines = []
-    if mismatches:
-        lines.append(mismatch_report(archive.root, mismatches, rank, CHECK_ADVICE))
+    if result.mismatches:
+        lines.append(mismatch_report(archive.root, result.mismatches, rank, CHECK_ADVICE))
+        if any(m.field.startswith("env.") and m.field not in given for m in result.mismatches):
+            lines.append(ENV_ADVICE)
     elif unmeasured:
         lines += [
             f"graphpersist: cannot tell whether archive {root} fits this host for rank {rank}: this host could not "
-            f"report {', '.join(map(shown, unmeasured))} (no torch, CUDA driver or GPU here?); the {len(checked)} "
-            "fields it could compare match",
+            f"report {', '.join(map(shown, unmeasured))} (no torch, CUDA driver or GPU here?); the "
+            f"{len(result.checked)} fields it could compare match",
             "Run `graphpersist check` on the host that will LOAD it, in the engine's environment, or give those "
             "facts with --set FIELD=VALUE.",
         ]
     else:
-        lines.append(f"graphpersist: archive {root} fits this host for rank {rank}: {len(checked)} fields match")
-    if payloads is not None:
-        lines.append(f"payloads verified: {payloads['graphs']} graphs, {payloads['images']} kernel images, "
-                     f"{payloads['bytes']} bytes, as LOAD reads them")  # fmt: skip
+        lines.append(f"graphpersist: archive {root} fits this host for rank {rank}: {len(result.checked)} fields match")
+    if verified is not None:
+        shared = f", shared {', '.join(verified.shared)}" if verified.shared else ""
+        lines.append(f"payloads verified: {verified.graphs} graphs, {verified.images} kernel images, "
+                     f"{verified.bytes} bytes{shared}, as LOAD reads them")  # fmt: skip
     else:
         lines.append("payloads not verified (--quick): only the manifest and the rank records were read")
-    if not_checked:
-        lines.append(f"not checked ({len(not_checked)}; supply with --set FIELD=VALUE): "
-                     f"{', '.join(map(shown, not_checked))}")  # fmt: skip
-    out("\n".join(lines))
-    return code
+    if result.not_checked:
+        lines.append(f"not checked ({len(result.not_checked)}; supply with --set FIELD=VALUE): "
+                     f"{', '.join(map(shown, result.not_checked))}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _unknown_field(field: str, saved: dict[str, Any]) -> str | None:

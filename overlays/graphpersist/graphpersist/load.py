@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graphpersist import ranks
+from graphpersist import loadstage, ranks
 from graphpersist.archive import Archive, ArchiveError, open_archive
 from graphpersist.archive.liveenv import collect_live
 from graphpersist.archive.validate import LoadRefused, check_or_refuse, evaluate
@@ -27,7 +27,7 @@ from graphpersist.gcpause import paused_gc
 from graphpersist.graph import build as graphbuild
 from graphpersist.graph import images, structure
 from graphpersist.graph.graphset import GraphSet
-from graphpersist.loadplan import LoadPlan, read_plan
+from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 
@@ -196,6 +196,7 @@ def load(
     gather: ranks.Gather | None = None,
     verify_topology: bool = False,
     on_memory_restored: MemoryHook | None = None,
+    output_types: Mapping[str, type] | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
@@ -206,6 +207,8 @@ def load(
     reference path, `native=False`) also parses every kernel node and recomputes each graph's topology
     fingerprint, which costs about as much as the rest of LOAD for engine-sized archives (recipes/runtime-scale).
     `on_memory_restored(ranges)` sees the memory LOAD mapped afresh, before anything writes it (observers).
+    `output_types` (id -> dataclass) is the live engine's registry, the only place an output dataclass the archive
+    names by id is looked up (Saver's, at SAVE); an id it lacks refuses the LOAD.
     """
     par = parallel_layout(parallel)
     coll = collective(par, rank, gather)
@@ -224,6 +227,7 @@ def load(
                 setup_tensors,
                 verify_topology,
                 on_memory_restored,
+                output_types or {},
             )
     except Exception as exc:
         if coll.world_size > 1:
@@ -254,6 +258,7 @@ def _load_rank(
     setup_tensors: Mapping[str, torch.Tensor] | None,
     verify_topology: bool,
     on_memory_restored: MemoryHook | None,
+    output_types: Mapping[str, type],
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
@@ -275,9 +280,9 @@ def _load_rank(
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
-    # Everything LOAD takes from the archive is read and checked (loadplan) before anything is mapped or loaded;
-    # the native path never looks at kernel nodes' JSON.
-    plan = read_plan(archive, rank, full=verify_topology or not native)  # ArchiveError naming file and field
+    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
+    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
+    plan = loadstage.rank_stage(archive, rank, full=verify_topology or not native)  # ArchiveError naming the field
     rec, descs = plan.record, plan.graphs
     setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
     setup.check_pointer_blocks(plan.torch_blocks)
@@ -314,7 +319,7 @@ def _load_rank(
     stream = torch.cuda.current_stream().cuda_stream
     for name, (desc, blob, table, entry) in descs.items():
         try:
-            outputs = structure.decode(entry.outputs, view, f"graph {name!r} outputs")
+            outputs = structure.decode(entry.outputs, view, f"graph {name!r} outputs", output_types)
         except structure.StructureError as exc:
             raise PersistError(str(exc)) from None
         inputs = [view(s) for s in entry.inputs]

@@ -7,7 +7,10 @@ declared state, torch's blocks graphs read, the engine's notes) is checked by it
 is opened; here what spans files: the phases against the allocation log (`alloc_log.json`; `extra.setup_events`/
 `setup_cursor` required before phases), each "bytes" state against its payload, the graph pack and its index
 (graphpack), the setup tensors (`setup_tensors.json`), the pointer inventory (`pointers.json`), each graph's static
-input and output tensors. Needs neither torch nor CUDA.
+input and output tensors, and the records in the engine's notes that LOAD resolves: an archive is data, never code,
+so every output dataclass and every call an engine makes again must name its type or function by a registry id
+(graph.structure); whether the live engine's registry holds that id is LOAD's question, which check cannot answer
+without the engine. Needs neither torch nor CUDA.
 
 `read_plan(archive, rank)` is LOAD's fast path: shapes, ranges and sizes, the bytes hashed once by open_archive.
 `read_plan(..., every_byte=True)` is `graphpersist check`: it also parses every kernel node, recomputes each graph's
@@ -36,11 +39,20 @@ from graphpersist.memory.region import EVENT_KINDS, Event
 
 _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
-# torch's dtype names as tensor specs write them (str(dtype) without "torch."): a name outside these families would
-# make LOAD's getattr(torch, name) find something that is not a dtype.
-_DTYPE = re.compile(r"(float|bfloat|int|uint|complex|bool|qint|quint|bits)[0-9a-z_]*")
+# torch's dtypes as tensor specs name them (str(dtype) without "torch.", torch 2.9-2.11), with their size in bytes:
+# LOAD looks a name up in its table of torch's dtypes (memory.tensors.dtypes()), never on the torch module; any other
+# name (`complex`, `float_power`: functions) is refused.
+TORCH_DTYPES: dict[str, int] = {
+    "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex32": 4, "complex64": 8, "complex128": 16,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1, "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits1x8": 1, "bits2x4": 1, "bits4x2": 1, "bits8": 1, "bits16": 2,
+    **{f"{sign}int{bits}": 1 for sign in ("", "u") for bits in range(1, 8)},
+}  # fmt: skip
 _MAX_DIMS = 64
 _EVENT_KINDS = frozenset(EVENT_KINDS.values())
+_NEW_KIND = re.compile(r"[0-9]{1,9}")  # a kind the native log has and EVENT_KINDS not yet: its number, in ASCII
 
 
 @dataclass
@@ -62,10 +74,19 @@ class LoadPlan:
 
 
 class _Refusal(Exception):
-    """One problem found while reading a plan: (file, field, what)."""
+    """One problem found while reading a plan: (file, field, what), and advice when its kind's default does not fit."""
 
-    def __init__(self, rel: str, where: str, what: str) -> None:
+    def __init__(self, rel: str, where: str, what: str, advice: str | None = None) -> None:
         super().__init__(f"{rel}: {where}: {what}" if where else f"{rel}: {what}")
+        self.advice = advice
+
+
+# An archive that names code other than by a registry id was not written by a SAVE (graph.structure).
+NAMES_ADVICE = (
+    "An archive names code only by an id of the live engine's registry, never by a module path: this one was edited "
+    "or written by something else than a SAVE of this release. Take archives only from a trusted SAVE, or re-run "
+    "with mode=save."
+)
 
 
 def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
@@ -83,12 +104,17 @@ def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bo
         setup_rel = f"{rank_dir(rank)}/setup_tensors.json"
         setup_tensors = _setup_tensors(archive.read_json(rank, "setup_tensors.json"), setup_rel)
         graphs, pointers = _graphs_and_pointers(archive, rank, record, full, every_byte)
+        unbacked = phases.unbacked(pointers, events)
+        if unbacked is not None:
+            rel = f"{rank_dir(rank)}/pointers.json"
+            raise _Refusal(rel, "", f"graph address {unbacked:#x} lies in no memory the allocation log leaves live")
         if every_byte:
             for im in record.images:
                 archive.read_path(im.file)  # verified against its table entry, which equals the image's sha256
+        notes = record.engine_notes()
+        _engine_notes(notes, rec_rel, (record.region.base, record.region.base + record.region.size))
     except _Refusal as exc:
-        raise ArchiveError(archive.root, str(exc)) from None
-    notes = record.engine_notes()
+        raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
     return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, notes)
 
 
@@ -100,7 +126,7 @@ def read_graphs(
     try:
         return _graphs_and_pointers(archive, rank, archive.rank_facts(rank), full or every_byte, every_byte)
     except _Refusal as exc:
-        raise ArchiveError(archive.root, str(exc)) from None
+        raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
 
 
 def _graphs_and_pointers(
@@ -130,9 +156,25 @@ def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.P
             if n > len(events):
                 raise _Refusal(rec_rel, "extra.setup_events", f"{n} events, the allocation log holds {len(events)}")
             saved = phases.legacy(n, cursor)
+        _layout_problems(record, saved, events, rec_rel, log_rel)
     except _Refusal as exc:
         raise ArchiveError(archive.root, str(exc)) from None
     return events, saved
+
+
+def _layout_problems(record: RankRecord, saved: list[phases.Phase], events: list[Event], rec_rel: str,
+                     log_rel: str) -> None:  # fmt: skip
+    """What LOAD's memory stage would refuse of the saved layout alone (phases.phases_problem, log_problem): checked
+    here, before setup (use_layout) and before anything is mapped."""
+    region = record.region
+    if region.final_offset > region.size:
+        raise _Refusal(rec_rel, "region.final_offset", f"{region.final_offset:#x} lies past its size {region.size:#x}")
+    problem = phases.phases_problem(saved, region.size)
+    if problem:
+        raise _Refusal(rec_rel, "", problem)
+    problem = phases.log_problem(saved, events, region.base, region.size)
+    if problem:
+        raise _Refusal(log_rel, "", problem)
 
 
 # ------------------------------------------------------------------------------------------------ the parts
@@ -169,7 +211,7 @@ def _events(log: Any, rel: str) -> list[Event]:
         if type(row) is not list or len(row) != 4:
             raise _Refusal(rel, f"event {i}", f"must be [kind, address, size, requested size], got {_kind(row)}")
         kind, addr, size, req = row
-        if not isinstance(kind, str) or (kind not in _EVENT_KINDS and not kind.isdigit()):  # digits: a new kind
+        if not isinstance(kind, str) or (kind not in _EVENT_KINDS and not _NEW_KIND.fullmatch(kind)):
             raise _Refusal(rel, f"event {i}", f"unknown kind {_kind(kind)}")
         for name, value in (("address", addr), ("size", size), ("requested size", req)):
             _uint_at(value, rel, f"event {i} {name}")
@@ -224,11 +266,16 @@ def _spec_problem(spec: Any, rel: str, where: str, region: tuple[int, int]) -> N
     addr = _uint_at(spec["addr"], rel, f"{where}.addr")
     if not region[0] <= addr < region[1]:
         raise _Refusal(rel, f"{where}.addr", f"{addr:#x} lies outside the rank's region")
-    if not isinstance(spec["dtype"], str) or not _DTYPE.fullmatch(spec["dtype"]):
+    if not isinstance(spec["dtype"], str) or spec["dtype"] not in TORCH_DTYPES:
         raise _Refusal(rel, f"{where}.dtype", f"{_kind(spec['dtype'])} is not a torch dtype name")
     shape = _ints(spec["shape"], rel, f"{where}.shape")
-    if len(_ints(spec["stride"], rel, f"{where}.stride")) != len(shape):
+    stride = _ints(spec["stride"], rel, f"{where}.stride")
+    if len(stride) != len(shape):
         raise _Refusal(rel, where, "shape and stride differ in length")
+    # the bytes the tensor spans (tensor_at's extent): inside the region, so torch is never asked for more
+    items = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
+    if items * TORCH_DTYPES[spec["dtype"]] > region[1] - addr:
+        raise _Refusal(rel, where, f"its {items} {spec['dtype']} elements from {addr:#x} run past the region")
 
 
 def _setup_tensors(rows: Any, rel: str) -> list[list[Any]]:
@@ -272,7 +319,8 @@ def _graphs(
         try:
             structure.check(entry.outputs, spec, "outputs")
         except structure.StructureError as exc:
-            raise _Refusal(index_rel, where, str(exc)) from None
+            advice = NAMES_ADVICE if isinstance(exc, structure.NotAnId) else None
+            raise _Refusal(index_rel, where, str(exc), advice) from None
     return descs
 
 
@@ -300,6 +348,24 @@ def _node_addresses(
                     raise _Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
                 if addr not in pointers:
                     raise _Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
+
+
+def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> None:
+    """The engine's notes name code only by registry id (structure.check_notes: a call record's function, a
+    dataclass's type); each leaf of their records is a tensor spec in the rank's region or the engine's own leaf, an
+    object of strings (SGLang's `{"module": <name in the model>}`). Whether the live engine's registry holds an id is
+    LOAD's question: the engine's glue asks it (structure.decode_call), check cannot."""
+
+    def leaf(spec: Any, where: str) -> None:
+        if type(spec) is dict and set(spec) == {"addr", "dtype", "shape", "stride"}:
+            _spec_problem(spec, rel, f"extra.{where}", region)
+        elif type(spec) is not dict or not spec or not all(isinstance(v, str) for v in spec.values()):
+            raise _Refusal(rel, f"extra.{where}", "a leaf must be a tensor spec or an object of strings")
+
+    try:
+        structure.check_notes(notes, leaf, "engine_notes")
+    except structure.StructureError as exc:
+        raise _Refusal(rel, "", f"extra.{exc}", NAMES_ADVICE) from None
 
 
 def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:

@@ -119,10 +119,15 @@ class Saver:
     `unused_param_bytes(kernel name, parameter layout)` may name byte ranges [start, end) of a kernel's parameters
     that the kernel never reads, e.g. the peer slots of a fixed-size array beyond the world size, which the host
     leaves uninitialised: SAVE writes them as zeros, so two SAVEs write the same bytes and stray host memory is
-    never mistaken for an address. The engine knows its kernels; the runtime only zeroes what it is told."""
+    never mistaken for an address. The engine knows its kernels; the runtime only zeroes what it is told.
+
+    `output_types` (id -> dataclass) is the engine's registry of the dataclasses its graphs may return: an output
+    dataclass is stored by its id there, and one the registry lacks refuses the SAVE (graph.structure: an archive is
+    data, never code, so LOAD finds the class again only in its own registry)."""
 
     entries: GraphSet[_Entry] = field(default_factory=GraphSet)
     unused_param_bytes: graphwalk.UnusedBytes | None = None
+    output_types: Mapping[str, type] = field(default_factory=dict)
 
     def add(
         self,
@@ -146,7 +151,7 @@ class Saver:
             return tensor_spec(x)
 
         try:
-            tree = structure.encode(outputs, leaf, f"graph {name!r} outputs")
+            tree = structure.encode(outputs, leaf, f"graph {name!r} outputs", self.output_types)
             self.entries.add(name, _Entry(graph, list(inputs), tree, tensors, capture_size, mode, capture_s))
         except (structure.StructureError, DuplicateGraph) as exc:
             raise PersistError(f"{exc}: SAVE refused") from None

@@ -1,15 +1,5 @@
-"""The capture sites: SAVE keeps every graph vLLM captures; LOAD installs restored graphs where vLLM keeps them.
-
-vLLM 0.26.0's V2 model runner captures two kinds of graphs (FULL_AND_PIECEWISE by default):
-- FULL graphs in `CudaGraphManager.capture` (`vllm/v1/worker/gpu/cudagraph_utils.py`), kept in
-  `manager.graphs[BatchExecutionDescriptor]`, all writing the manager's `hidden_states` buffer;
-- PIECEWISE graphs, one per piece of the split model and batch size, in `CUDAGraphWrapper.__call__`
-  (`vllm/compilation/cuda_graph.py`), kept in `wrapper.concrete_cudagraph_entries[BatchDescriptor]` with the
-  piece's output tensors.
-Names are stable across processes: `full/<tokens>/<reqs>/<uniform>` and `piecewise/<tokens>/<piece index>`
-(the piece index is the split graph's, `PiecewiseBackend.piecewise_compile_index`, not an object id). The
-descriptors themselves travel in the rank's notes, so LOAD rebuilds the exact dispatch keys.
-"""
+"""The capture sites: SAVE keeps every graph vLLM captures; LOAD installs restored graphs where vLLM keeps them
+(patches/vllm/README.md, "The capture sites", has the names and where each graph lives)."""
 
 from __future__ import annotations
 
@@ -21,11 +11,7 @@ import torch
 from graphpersist import engine
 from graphpersist.engine import PersistError
 
-
-def new_graph() -> torch.cuda.CUDAGraph:
-    """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
-    sess = engine.current()
-    return sess.new_graph() if sess is not None else torch.cuda.CUDAGraph()
+new_graph = engine.new_graph  # the graph object a capture site records into (patch 0002)
 
 
 def full_name(desc: Any) -> str:
@@ -94,12 +80,7 @@ def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:
     live_full = {full_name(d): d for d in manager._capture_descs.get(CUDAGraphMode.FULL, [])}
     saved_full = notes.get("full", {})
     if set(live_full) != set(saved_full):
-        raise PersistError(
-            "graphpersist: FULL graphs differ: saved "
-            f"{sorted(set(saved_full) - set(live_full)) or 'none'} not captured by this configuration, live "
-            f"{sorted(set(live_full) - set(saved_full)) or 'none'} not in the archive. Re-run with mode=save for "
-            "this configuration."
-        )
+        raise engine.graphs_differ("FULL", saved_full, live_full)
     for name, fields in saved_full.items():
         desc = BatchExecutionDescriptor(**{**fields, "cg_mode": CUDAGraphMode[fields["cg_mode"]]})
         if desc != live_full[name]:
@@ -116,13 +97,8 @@ def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:
     saved_pieces = notes.get("pieces", {})
     expected = {piece_name(BatchDescriptor(num_tokens=n), i) for n in live_piece_sizes for i in wrappers}
     if set(saved_pieces) != expected:
-        missing, extra = sorted(expected - set(saved_pieces)), sorted(set(saved_pieces) - expected)
-        raise PersistError(
-            f"graphpersist: piecewise graphs differ ({len(wrappers)} live pieces x {len(live_piece_sizes)} sizes): "
-            f"not in the archive {missing[:5] or 'none'}{' ...' if len(missing) > 5 else ''}, saved but not "
-            f"dispatched here {extra[:5] or 'none'}{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for "
-            "this configuration."
-        )
+        raise engine.graphs_differ(f"piecewise ({len(wrappers)} live pieces x {len(live_piece_sizes)} sizes)",
+                                   saved_pieces, expected)  # fmt: skip
     for name, fields in saved_pieces.items():
         bd = BatchDescriptor(**fields)
         graph = result[name]

@@ -1,14 +1,5 @@
-"""vLLM's custom all-reduce under persistence: its post-capture registration as a phase LOAD re-runs.
-
-After capture, `CustomAllreduce.register_graph_buffers` exports every buffer the captured all-reduces read
-(7446 at TP=2 for Qwen3-8B), exchanges the handles, opens the peers' ones and writes one row of peer pointers
-per buffer into `rank_data`, which the captured kernels read. At SAVE this runs as upstream does, inside the
-post-capture phase `custom_all_reduce`; the rows (`rank_data`, declared state, "bytes") and this rank's buffer
-pointers (notes) go into the archive. LOAD captures nothing, so the C++ side has no buffers to register: it
-re-exports the same buffers, exchanges the handles over the CPU group and opens the peers' ones in the order
-the C++ side does (buffer by buffer, peer by peer, each allocation once), inside the same phase. The runtime
-then proves that every peer mapping landed at its saved address and writes the saved rows back.
-"""
+"""vLLM's custom all-reduce under persistence: its post-capture registration as a phase LOAD re-runs
+(patches/vllm/README.md, "Custom all-reduce")."""
 
 from __future__ import annotations
 
@@ -27,9 +18,7 @@ ROW_BYTES = 64  # RankData: 8 device pointers
 FIRST_GRAPH_ROW = 1  # row 0 holds the eager input buffer registered at init (register_buffer)
 
 
-# `cross_device_reduce_{1,2}stage<T, ngpus>(RankData*, RankSignals, Signal*, T*, int rank, int size)`: its
-# `RankSignals` parameter is 8 peer pointers (64 bytes) by value, of which the kernel reads the first `ngpus`. The
-# C++ side fills those and leaves the rest as the heap left them, so two SAVEs differed in them (2026-11-30).
+# `cross_device_reduce_{1,2}stage<T, ngpus>(RankData*, RankSignals, ...)`: 8 peer pointers by value, `ngpus` read.
 _ALLREDUCE = re.compile(r"cross_device_reduce_[12]stage.*?Li(\d+)EE.*RankSignals")
 _SIGNALS_PARAM, _SIGNAL_SLOTS = 1, 8
 
@@ -105,11 +94,9 @@ class CustomAllReduce(engine.Communicator):
                 f"graphpersist: custom all-reduce is {live} in this LOAD but was "
                 f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
             )
-        from cuda.bindings import driver as drv
-
         own = [int(p) for p in saved["own_pointers"]]
         with session.phase(PHASE):
-            mine = [_export(drv, _range_start(drv, ptr)) for ptr in own]  # one export call per buffer, as C++ does
+            mine = [engine.ipc_export(ptr) for ptr in own]  # one export call per buffer, as C++ does
             everyone = _gather(ca, mine)
             opened: dict[bytes, int] = {}
             for i in range(len(own)):
@@ -118,7 +105,7 @@ class CustomAllReduce(engine.Communicator):
                         continue
                     handle = everyone[peer][i]
                     if handle not in opened:
-                        opened[handle] = _open(drv, handle)
+                        opened[handle] = engine.ipc_open(handle)
             session.kept.append(opened)
         session.declare_state(STATE, ca.rank_data, how="bytes")
         session.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))
@@ -130,28 +117,3 @@ def _gather(ca: Any, mine: list[bytes]) -> list[list[bytes]]:
     out: list[Any] = [None] * ca.world_size
     dist.all_gather_object(out, mine, group=ca.group)
     return out
-
-
-def _check(drv: Any, err: Any, what: str) -> None:
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise PersistError(f"graphpersist: custom all-reduce LOAD: {what} failed ({err.name})")
-
-
-def _range_start(drv: Any, ptr: int) -> int:
-    err, base = drv.cuPointerGetAttribute(drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
-    _check(drv, err, f"cuPointerGetAttribute(RANGE_START_ADDR, {ptr:#x})")
-    return int(base)
-
-
-def _export(drv: Any, base: int) -> bytes:
-    err, handle = drv.cuIpcGetMemHandle(base)
-    _check(drv, err, f"cuIpcGetMemHandle({base:#x})")
-    return bytes(handle.reserved)
-
-
-def _open(drv: Any, raw: bytes) -> int:
-    handle = drv.CUipcMemHandle()
-    handle.reserved = raw
-    err, ptr = drv.cuIpcOpenMemHandle(handle, drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-    _check(drv, err, "cuIpcOpenMemHandle")
-    return int(ptr)

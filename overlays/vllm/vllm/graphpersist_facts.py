@@ -1,10 +1,5 @@
-"""What a vLLM archive must agree on, what persistence refuses, and the small engine lookups the worker needs.
-
-Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
-LOAD: a configuration that captures different graphs, or sizes its KV cache differently, is refused naming the
-field, the saved and the live value. The session's `check_before_setup` compares what is known before setup, so a
-wrong TP size or model is refused at start-up with those names rather than as an allocation that landed elsewhere.
-"""
+"""What a vLLM archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up, and
+the small engine lookups the worker needs."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from typing import Any
 import torch
 
 from graphpersist import engine
-from graphpersist.engine import PersistError
 
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
@@ -58,11 +52,7 @@ def refuse_unsupported(cfg: Any) -> None:
 
 
 def refuse_deepep(par: Any) -> None:
-    """DeepEP in vLLM 0.26.0, refused with its own reason. vLLM makes its all2all manager (and a DeepEP Buffer) only
-    for expert parallelism with data parallelism > 1 (FusedMoEParallelConfig.use_all2all_kernels). Its low-latency
-    manager is captured in the decode graphs and runs on NVSHMEM; with the high-throughput one vLLM turns CUDA graphs
-    off (CompilationConfig, DeepEP high-throughput with data parallelism > 1): nothing to persist. So no DeepEP Buffer
-    ever meets a vLLM persistence session, and the SGLang DeepEPBuffers communicator has no vLLM counterpart."""
+    """DeepEP in vLLM 0.26.0, refused with its own reason (patches/vllm/README.md, "Facts and refusals")."""
     backend = str(getattr(par, "all2all_backend", ""))
     if not getattr(par, "enable_expert_parallel", False) or not backend.startswith("deepep"):
         return
@@ -83,9 +73,8 @@ def refuse_deepep(par: Any) -> None:
 
 
 def refuse_unsupported_runner(worker: Any) -> None:
-    """After the runner exists: only the V2 model runner's capture sites are hooked. vLLM 0.26.0 picks V1 for MoE
-    architectures outside its short V2 list (`DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: Qwen3-MoE is not on it), which
-    VLLM_USE_V2_MODEL_RUNNER=1 overrides; the advice says so."""
+    """After the runner exists: only the V2 model runner's capture sites are hooked (vLLM 0.26.0 runs MoE models
+    outside `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` on V1 unless VLLM_USE_V2_MODEL_RUNNER=1)."""
     if not getattr(worker, "use_v2_model_runner", False):
         raise _refuse(
             "this model (it runs on vLLM's V1 model runner)",
@@ -136,7 +125,7 @@ def config_flags(cfg: Any) -> dict[str, Any]:
     }
 
 
-def flags(worker: Any, kv_bytes: int | None) -> dict[str, Any]:
+def flags(worker: Any) -> dict[str, Any]:
     """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
     from vllm import graphpersist_customar as customar
 
@@ -148,56 +137,10 @@ def flags(worker: Any, kv_bytes: int | None) -> dict[str, Any]:
         "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
         "cudagraph_capture_sizes": sorted(cfg.compilation_config.cudagraph_capture_sizes or []),
         "attention_backends": backends,
-        "kv_available_bytes": kv_bytes,
         "kv_num_blocks": worker.cache_config.num_gpu_blocks,
         "custom_all_reduce": customar.active() is not None,
         "vllm_config_hash": cfg.compute_hash(),
     }
-
-
-def saved_kv_bytes(directory: Any, saved_flags: dict[str, Any]) -> int:
-    """LOAD: the KV-cache size SAVE used (flags.kv_available_bytes); refuses an archive without one."""
-    saved = saved_flags.get("kv_available_bytes")
-    if not isinstance(saved, int) or saved <= 0:
-        raise PersistError(f"graphpersist: {directory} records no KV-cache size (flags.kv_available_bytes "
-                           f"= {saved!r}). Re-run with mode=save.")  # fmt: skip
-    return saved
-
-
-def check_free_memory(kv_bytes: int) -> None:
-    """LOAD reuses SAVE's KV size instead of profiling: refuse when this GPU cannot hold it now."""
-    free, total = torch.cuda.mem_get_info()
-    if free < kv_bytes:
-        raise PersistError(
-            f"graphpersist: the archive's KV cache needs {kv_bytes / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB "
-            f"of {total / 2**30:.2f} GiB are free on this GPU: free the GPU (other processes?) or re-run with "
-            "mode=save on this host"
-        )
-
-
-KV_GRANULE = 1 << 30
-
-
-def kv_budget(profiled: list[int]) -> int:
-    """SAVE's KV-cache budget: the smallest rank's profile (what vLLM would size by), rounded down to 1 GiB.
-
-    A cold SAVE (compiling) and a warm one profile a few tens of MiB apart; unrounded, the KV cache and every
-    address after it would differ between their archives. Rounding gives both the same layout (at most 1 GiB of
-    KV cache less than upstream would use); LOAD reuses the recorded budget and never profiles.
-    """
-    smallest = int(min(profiled))
-    if smallest < KV_GRANULE:
-        raise PersistError(
-            f"graphpersist: the memory profile leaves {smallest // 2**20} MiB for the KV cache, less than the "
-            f"{KV_GRANULE >> 30} GiB SAVE needs: raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
-        )
-    return smallest - smallest % KV_GRANULE
-
-
-def agree_kv_bytes(world_size: int, mine: int) -> int:
-    """SAVE: every rank returns the same budget (kv_budget over all ranks' profiles), which it records for LOAD."""
-    values = cpu_gather()(mine) if world_size > 1 else [mine]
-    return kv_budget(values)
 
 
 def cpu_gather() -> Any:
@@ -207,66 +150,29 @@ def cpu_gather() -> Any:
     return engine.torch_gather(get_world_group().cpu_group)
 
 
-LOAD_PROFILE_OPTION = "load_profile"  # the session option naming which forward LOAD's profile phase runs
-LOAD_PROFILES = ("lean", "full", "small")  # the first is LOAD's; observers may choose another (diagnosis)
-
-
-def compile_forward(runner: Any, how: str = LOAD_PROFILES[0]) -> dict[str, float]:
+def compile_forward(runner: Any) -> dict[str, float]:
     """LOAD: a forward through the compiled model without the memory profiling around it, which loads the compiled
     model as SAVE's profile run compiled it, and the sampler on its output, which compiles the sampler kernels the
     first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
-    the reference host). `lean` (LOAD's): one token per request of the largest batch (max_num_seqs tokens), the
-    sampler's shape in the profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter
-    than the profile run's max_num_batched_tokens forward, first request as fast.
-
-    Variants (diagnosis: an observer sets the session option `load_profile`): `full` runs upstream's profile run
-    (max_num_batched_tokens and the sampler), `small` a one-token forward without the sampler (loading the compiled
-    model alone). Returns the parts
-    in seconds: `compile` (what vLLM's torch.compile monitor counted: loading the compiled model, and the first forward
-    through it), `sampler` and `forward` (the rest)."""
-    if how not in LOAD_PROFILES:
-        raise PersistError(f"graphpersist: LOAD profile {how!r}: use one of {', '.join(LOAD_PROFILES)}")
+    the reference host). One token per request of the largest batch (max_num_seqs tokens), the sampler's shape in the
+    profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the profile run's
+    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `compile` (what vLLM's
+    torch.compile monitor counted: loading the compiled model, and the first forward through it), `sampler` and
+    `forward` (the rest)."""
     comp = runner.vllm_config.compilation_config
     compiled_before = float(comp.compilation_time)
-    sampler_s = 0.0
-    upstream_sampler = runner._dummy_sampler_run
-
-    def timed_sampler(*args: Any, **kwargs: Any) -> Any:
-        nonlocal sampler_s
-        began = time.perf_counter()
-        try:
-            return upstream_sampler(*args, **kwargs)
-        finally:
-            torch.cuda.synchronize()
-            sampler_s += time.perf_counter() - began
-
     started = time.perf_counter()
-    runner._dummy_sampler_run = timed_sampler
-    try:
-        if how == "small":
-            runner._dummy_run(1, skip_attn=True, is_profile=True)
-        elif how == "lean":
-            _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
-            runner._dummy_sampler_run(sample)
-        else:
-            runner.profile_run()
-        torch.cuda.synchronize()
-    finally:
-        del runner._dummy_sampler_run  # the instance attribute goes; the class's method is back
+    _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
+    torch.cuda.synchronize()
+    forward_s = time.perf_counter() - started
+    runner._dummy_sampler_run(sample)
+    torch.cuda.synchronize()
     took = time.perf_counter() - started
     compile_s = float(comp.compilation_time) - compiled_before
-    return {"compile": round(compile_s, 4), "sampler": round(sampler_s, 4),
-            "forward": round(took - compile_s - sampler_s, 4)}  # fmt: skip
+    return {"compile": round(compile_s, 4), "sampler": round(took - forward_s, 4),
+            "forward": round(forward_s - compile_s, 4)}  # fmt: skip
 
 
 def setup_tensors(runner: Any) -> dict[str, torch.Tensor]:
     """The setup tensors the graphs read, by name: parameters, buffers and KV caches (LOAD proves their place)."""
-    named: dict[str, torch.Tensor] = {}
-    for name, t in runner.model.named_parameters():
-        named[f"param.{name}"] = t.data
-    for name, t in runner.model.named_buffers():
-        if t.is_cuda:
-            named[f"buffer.{name}"] = t
-    for i, t in enumerate(runner.kv_caches):
-        named[f"kv_cache.{i}"] = t
-    return named
+    return {**engine.model_tensors(runner.model), **{f"kv_cache.{i}": t for i, t in enumerate(runner.kv_caches)}}

@@ -4,18 +4,26 @@ manifest.json's file table lists every file's sha256, and open_archive refuses a
 catches damage, not an edit followed by a regenerated table (by hand, or by a tool that "repairs" checksums): the
 table then agrees with the edited file. So the writer also records, in each rank record's `extra.digests`:
 
-    "files":  {archive path: sha256} of every file under the rank's folder (rank.json itself excepted) and, in rank
-              0's record, of the shared top-level files (not images/: each image is named by its sha256 already);
-    "record": the sha256 of the record itself as canonical JSON, this one field left out.
+    "files":    {archive path: sha256} of every file under the rank's folder (rank.json itself excepted) and, in
+                rank 0's record, of the shared top-level files (not images/: each image is named by its sha256
+                already);
+    "manifest": rank 0's only: the sha256 of manifest.json as canonical JSON without its file table (`files`) and
+                its creation info (`created`): the format, the world facts LOAD compares and the ranks. The file table
+                commits to each record by its sha256, so the record cannot commit to the table; the creation info
+                (time, host; shown, never compared) is left out so that two SAVEs of the same content write the same
+                records;
+    "record":   the sha256 of the record itself as canonical JSON, this one field left out.
 
-open_archive refuses a record that does not hash to its `record`, a committed file whose table entry says another
-sha256 (or that the table lacks), and a rank or shared file no record commits to. With the pointer inventory's
-fingerprint, each image's and each declared state's sha256, and each graph's part hashes in the graph index,
-every byte LOAD uses is bound to the record that names it, and the records to the table.
+open_archive refuses a record without digests (format 3 requires them: stripping them must not turn the checks off),
+a record that does not hash to its `record`, a manifest.json that does not hash to rank 0's `manifest`, a committed
+file whose table entry says another sha256 (or that the table lacks), and a rank or shared file no record commits
+to. With the pointer inventory's fingerprint, each image's and each declared state's sha256, and each graph's part
+hashes in the graph index, every byte LOAD uses is bound to the record that names it, the records to the table, and
+the rest of manifest.json to rank 0's record: a changed byte anywhere is refused unless every digest on its way up
+is recomputed.
 
 Not a signature: whoever can write an archive can recompute every digest. An archive runs code on the GPU; take one
-only from where you would take code. Archives written before these digests (no `extra.digests`) are checked
-against the file table alone.
+only from where you would take code.
 """
 
 from __future__ import annotations
@@ -54,6 +62,14 @@ def record_digest(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """sha256 of manifest.json in canonical JSON without its file table and creation info: of Manifest.to_dict() when
+    rank 0's record is written, of the JSON object read back when it is checked."""
+    data = {k: v for k, v in manifest.items() if k not in ("files", "created")}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def owned(rel: str, rank: int) -> bool:
     """Whether rank `rank`'s record commits to archive path `rel`: its own folder's files, and rank 0 the shared
     top-level files (kernel images are committed by their sha256 in the image records instead)."""
@@ -63,27 +79,33 @@ def owned(rel: str, rank: int) -> bool:
     return rank == 0 and rel != MANIFEST_NAME and top != IMAGES_DIR and not RANK_DIR.fullmatch(top)
 
 
-def committed(record: RankRecord, files: Mapping[str, str]) -> RankRecord:
-    """`record` with extra.digests set: the sha256 of `files` (what it owns, see owned()) and of itself."""
+def committed(record: RankRecord, files: Mapping[str, str], manifest: Mapping[str, Any] | None = None) -> RankRecord:
+    """`record` with extra.digests set: the sha256 of `files` (what it owns, see owned()), of `manifest` (rank 0's:
+    manifest.json's object, whose file table is left out) and of itself."""
     if record.extra.digests is not None:
         raise ValueError(f"extra.{KEY} is written by the archive writer, not given")
+    if (manifest is None) != (record.rank != 0):
+        raise ValueError("rank 0's record, and only it, commits to manifest.json")
     owned_files = dict(sorted(files.items()))
-    data = record.to_dict()
-    data["extra"][KEY] = {"files": owned_files}
-    digests = RecordDigests(files=owned_files, record=record_digest(data))
+    manifest_sha = None if manifest is None else manifest_digest(manifest)
+    digests = RecordDigests(files=owned_files, record="", manifest=manifest_sha)
+    data = dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests)).to_dict()
+    digests = dataclasses.replace(digests, record=record_digest(data))
     return dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests))
 
 
 def problems(
     records: Mapping[int, RankRecord],
     files: Mapping[str, FileEntry],
+    manifest: Mapping[str, Any],
     check: set[int] | None = None,
     docs: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[str]:
-    """Why the records' commitments do not hold for this file table ([] when they do, or when no record has any).
+    """Why the records' commitments do not hold for this manifest and its file table ([] when they do).
 
-    `check` limits which records are verified (a rank's LOAD needs its own and rank 0's, for the shared files);
-    `docs` are the records' JSON objects as read (hashed as they are; else each record's to_dict())."""
+    `manifest` is manifest.json's object as read (what rank 0's record commits to); `check` limits which records are
+    verified (a rank's LOAD needs its own and rank 0's, for the manifest and the shared files); `docs` are the
+    records' JSON objects as read (hashed as they are; else each record's to_dict())."""
     out: list[str] = []
     trusted: dict[int, dict[str, str]] = {}
     for rank, record in sorted(records.items()):
@@ -92,7 +114,11 @@ def problems(
         where = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
         digests = record.extra.digests
         if digests is None:
-            continue  # written before commitments: the file table alone vouches for its files
+            out.append(
+                f"{where} has no extra.{KEY}: every record of this format commits to its files (digests removed, "
+                "or written by a release before format 3)"
+            )
+            continue
         doc = docs[rank] if docs is not None and rank in docs else record.to_dict()
         if record_digest(doc) != digests.record:
             out.append(
@@ -100,6 +126,14 @@ def problems(
                 f"table regenerated to match)"
             )
             continue
+        if (digests.manifest is None) != (rank != 0):
+            out.append(f"{where}: extra.{KEY}.manifest is rank 0's, and rank 0's only")
+            continue
+        if digests.manifest is not None and digests.manifest != manifest_digest(manifest):
+            out.append(
+                f"{MANIFEST_NAME} does not hash to {where}'s extra.{KEY}.manifest: it was changed after SAVE wrote it "
+                "(its format, world facts or ranks)"
+            )
         trusted[rank] = digests.files
         for rel, sha in sorted(digests.files.items()):
             entry = files.get(rel)

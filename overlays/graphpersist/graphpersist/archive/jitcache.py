@@ -144,6 +144,13 @@ def restore(blob: bytes, dirs: Mapping[str, Path]) -> CacheStats:
     return stats
 
 
+def validate(blob: bytes) -> int:
+    """Refuses (JitCacheError, as restore() words it) the blobs restore() refuses, writing nothing: the same reading
+    (read_members). What `graphpersist check` runs, so that it refuses the caches a LOAD would. Returns the number
+    of members."""
+    return len(read_members(blob))
+
+
 # ---------------------------------------------------------------------------------------------------- collect
 
 

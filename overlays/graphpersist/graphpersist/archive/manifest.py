@@ -43,13 +43,26 @@ from graphpersist.memory.state import StateRecord
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
-FORMAT_VERSION = 2
+# 3: every rank record commits to its files and itself (`extra.digests`, required), rank 0's also to manifest.json
+#    (graphpersist.archive.digests): a format-2 archive may lack them, and an archive without them is refused.
+# 3: names are registry ids, never module paths: an output dataclass is {"kind": "dataclass", "type": <id>} (was
+#    "class": "module:Qual.Name"), an engine's call record (SGLang's breaks) {"kind": "call", "fn": <id>} (was
+#    "fn": "module:Qual.Name" or "torch.ops:ns.op"). Older archives are refused as older ("re-run with mode=save").
+FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({FORMAT_VERSION})
 MANIFEST_NAME = "manifest.json"
 RANK_RECORD_NAME = "rank.json"
 RANK_DIR = re.compile(r"rank_(0|[1-9][0-9]*)")  # a rank's folder at the top of an archive
 IMAGES_DIR = "images"  # kernel images at the top of an archive, one file per sha256 whichever ranks load it
 UINT_MAX = 2**64 - 1  # the largest value of an integer field
+# What the world facts may hold (World.limit_problem): every saved fact is compared with its live value at LOAD and by
+# `graphpersist check`, so the counts and sizes are capped far above what an engine records (vLLM and SGLang record
+# about 25 flags and 10 pins, the longest value a list of a few hundred batch sizes) and far below what would cost
+# time: a padded manifest is refused at once, naming the cap.
+MAX_FLAGS = 1024  # flag fields (a nested flag counts each of its leaves, as they are compared)
+MAX_ENV = 1024  # environment pins
+MAX_FIELD_NAME = 256  # characters of a fact's dotted name ("flags.memory_pool.max_total_num_tokens")
+MAX_FIELD_BYTES = 64 << 10  # one fact's value as JSON text
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -182,8 +195,36 @@ class World:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> World:
-        """Builds the world from a nested mapping (e.g. liveenv.collect_live's); unknown keys are refused."""
+        """Builds the world from a nested mapping (e.g. liveenv.collect_live's); unknown keys and facts past the caps
+        (MAX_FLAGS, MAX_ENV, MAX_FIELD_NAME, MAX_FIELD_BYTES) are refused."""
         return _from_json(cls, data, "world")
+
+    def limit_problem(self, where: str = "world") -> str | None:
+        """Which cap the facts exceed, or None: counted and measured before anything compares them."""
+        if len(self.env) > MAX_ENV:
+            return f"{where}.env holds {len(self.env)} pins, more than the {MAX_ENV} an archive may record (MAX_ENV)"
+        leaves: list[tuple[str, Any]] = []
+        pending: list[tuple[str, Any]] = [("flags", self.flags)]
+        while pending:  # the flags' leaves, named as validate.flatten names them, counted before the walk goes on
+            prefix, mapping = pending.pop()
+            for key, value in mapping.items():
+                if isinstance(value, Mapping):
+                    pending.append((f"{prefix}.{key}", value))
+                else:
+                    leaves.append((f"{prefix}.{key}", value))
+            if len(leaves) + len(pending) > MAX_FLAGS:
+                return f"{where}.flags holds more than the {MAX_FLAGS} flags an archive may record (MAX_FLAGS)"
+        facts = _to_json({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "flags"})
+        leaves += [(f"{section}.{key}", value) for section, values in facts.items() for key, value in values.items()]
+        for name, value in leaves:
+            if len(name) > MAX_FIELD_NAME:
+                return (f"{where}.{_clip(name)}: a name of {len(name)} characters, more than {MAX_FIELD_NAME} "
+                        "(MAX_FIELD_NAME)")  # fmt: skip
+            size = len(value) if isinstance(value, str) else len(json.dumps(value, ensure_ascii=False))
+            if size > MAX_FIELD_BYTES:
+                return (f"{where}.{_clip(name)}: a value of {size} characters, more than {MAX_FIELD_BYTES} "
+                        "(MAX_FIELD_BYTES)")  # fmt: skip
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -260,10 +301,12 @@ class DeviceFacts:
 @dataclass(frozen=True)
 class RecordDigests:
     """What a rank record commits to (graphpersist.archive.digests): the sha256 of every file it owns, by archive
-    path, and of the record itself as canonical JSON without `record`."""
+    path, of the record itself as canonical JSON without `record`, and (rank 0's only) of manifest.json without
+    its file table and creation info."""
 
     files: dict[str, str]
     record: str
+    manifest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +353,8 @@ class RankExtra:
                 continue
             if f.name in ("phases", "state"):
                 out[f.name] = [row.to_json() for row in value]
+            elif f.name == "digests":  # `manifest` only in rank 0's
+                out[f.name] = {k: v for k, v in _to_json(value).items() if v is not None}
             else:
                 out[f.name] = _to_json(value)
         return out
@@ -441,7 +486,13 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
-        return cls.from_dict(_loads(text, MANIFEST_NAME))
+        return cls.parsed(text)[0]
+
+    @classmethod
+    def parsed(cls, text: str | bytes) -> tuple[Manifest, dict[str, Any]]:
+        """The manifest and the JSON object it was read from (what rank 0's record commits to, without `files`)."""
+        doc = _loads(text, MANIFEST_NAME)
+        return cls.from_dict(doc), doc
 
     def consistency_problems(self) -> list[str]:
         """What contradicts itself across fields: ranks that are not exactly 0 .. parallel.world_size-1, a file
@@ -633,6 +684,8 @@ def _converter(tp: Any) -> Converter:
         return scalar[1]
     if tp is RankExtra:  # its own parser, naming keys as rank.json does (`extra.phases[1].start`)
         return lambda value, where: RankExtra.from_dict(value)
+    if tp is World:  # its fields, then its caps
+        return _world_converter()
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _union_converter(tp)
@@ -643,6 +696,19 @@ def _converter(tp: Any) -> Converter:
     if origin is dict:
         return _dict_converter(typing.get_args(tp)[1])
     return _identity  # a plain type this module does not check (none of the records use one)
+
+
+def _world_converter() -> Converter:
+    fields = _record_converter(World)
+
+    def convert(value: Any, where: str) -> World:
+        world = fields(value, where)
+        problem = world.limit_problem(where)
+        if problem:
+            raise ManifestError(problem)
+        return world
+
+    return convert
 
 
 def _union_converter(tp: Any) -> Converter:
@@ -851,16 +917,17 @@ def _states(value: Any, where: str) -> tuple[StateRecord, ...]:
 
 
 def _digests(value: Any, where: str) -> RecordDigests:
-    if not isinstance(value, Mapping) or set(value) != {"files", "record"}:
-        raise ManifestError(f"{where}: must be an object with exactly `files` and `record`")
-    if not isinstance(value["record"], str) or not _SHA256.fullmatch(value["record"]):
-        raise ManifestError(f"{where}.record: must be a sha256 (64 lower-case hex digits)")
+    if not isinstance(value, Mapping) or not {"files", "record"} <= set(value) <= {"files", "record", "manifest"}:
+        raise ManifestError(f"{where}: must be an object with `files`, `record` and (rank 0's) `manifest`")
+    for key in ("record", "manifest"):
+        if key in value and (not isinstance(value[key], str) or not _SHA256.fullmatch(value[key])):
+            raise ManifestError(f"{where}.{key}: must be a sha256 (64 lower-case hex digits)")
     files = value["files"]
     if not isinstance(files, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and _SHA256.fullmatch(v) for k, v in files.items()
     ):
         raise ManifestError(f"{where}.files: must map archive paths to sha256s")
-    return RecordDigests(files=dict(files), record=value["record"])
+    return RecordDigests(files=dict(files), record=value["record"], manifest=value.get("manifest"))
 
 
 def _host_memory(value: Any, where: str) -> HostMemoryRecord:

@@ -191,7 +191,7 @@ def _identity(root: Path) -> tuple[int, ...]:
 
 
 def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identity: tuple[int, ...]) -> Archive:
-    manifest = _read_manifest(root)
+    manifest, manifest_doc = _read_manifest(root)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
     own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
@@ -247,8 +247,9 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
         problems += [problem for _rel, problem in unlisted.result()]
     problems += record_problems
     problems += _reference_problems(records, manifest.files)
-    # A rank's LOAD relies on its own record and on rank 0's (which commits to the shared files).
-    problems += archive_digests.problems(records, manifest.files, None if keep_rank is None else {keep_rank, 0}, docs)
+    # A rank's LOAD relies on its own record and on rank 0's (which commits to the manifest and the shared files).
+    check = None if keep_rank is None else {keep_rank, 0}
+    problems += archive_digests.problems(records, manifest.files, manifest_doc, check, docs)
     if problems:
         raise ArchiveError(root, problems)
     return Archive(root, manifest, records, kept, identity)
@@ -258,12 +259,12 @@ def read_shared(root: Path | str, name: str) -> bytes | None:
     """One shared top-level file, verified against the manifest without hashing the rest; None when not listed.
 
     For what an engine needs before its LOAD proper, such as the JIT caches it restores before anything compiles:
-    that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little. Where rank 0's
-    record commits to the shared files (archive_digests), that record is read and its commitment checked too.
+    that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little. Rank 0's record,
+    which commits to the manifest and the shared files (archive_digests), is read and its commitments checked too.
     """
     root = _archive_root(root)
     rel = archive_path(None, name)
-    manifest = _read_manifest(root)
+    manifest, manifest_doc = _read_manifest(root)
     entry = manifest.files.get(rel)
     if entry is None:
         return None
@@ -272,15 +273,16 @@ def read_shared(root: Path | str, name: str) -> bytes | None:
         raise ArchiveError(root, problem)
     record_rel = f"{rank_dir(0)}/{RANK_RECORD_NAME}"
     record_entry = manifest.files.get(record_rel)
-    if record_entry is not None and record_entry.size <= MAX_RECORD_BYTES:
-        try:
-            record, doc = RankRecord.parsed(_verified_bytes(root, record_rel, record_entry))
-        except ManifestError as exc:
-            raise ArchiveError(root, f"{record_rel}: {exc}") from None
-        owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
-        found = archive_digests.problems({0: record}, owned, docs={0: doc})
-        if found:
-            raise ArchiveError(root, found)
+    if record_entry is None or record_entry.size > MAX_RECORD_BYTES:
+        raise ArchiveError(root, f"{record_rel}, which commits to {_name(rel)}, is not listed or larger than it may be")
+    try:
+        record, doc = RankRecord.parsed(_verified_bytes(root, record_rel, record_entry))
+    except ManifestError as exc:
+        raise ArchiveError(root, f"{record_rel}: {exc}") from None
+    owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
+    found = archive_digests.problems({0: record}, owned, manifest_doc, docs={0: doc})
+    if found:
+        raise ArchiveError(root, found)
     return _verified_bytes(root, rel, entry)
 
 
@@ -304,8 +306,9 @@ def _os_problem(what: str, exc: OSError) -> Problem:
     return Problem(f"{what}: {exc.strerror or exc}", kind)
 
 
-def _read_manifest(root: Path) -> Manifest:
-    """manifest.json parsed and type-checked, or ArchiveError saying why not (with the advice that fits)."""
+def _read_manifest(root: Path) -> tuple[Manifest, dict[str, Any]]:
+    """manifest.json parsed and type-checked, and its JSON object; or ArchiveError saying why not (with the advice
+    that fits)."""
     rel = MANIFEST_NAME
     problem, data = _read_regular(root / rel, rel, None, MAX_RECORD_BYTES)
     if problem is not None:
@@ -314,7 +317,7 @@ def _read_manifest(root: Path) -> Manifest:
                               "incomplete")  # fmt: skip
         raise ArchiveError(root, problem)
     try:
-        return Manifest.from_json(data)
+        return Manifest.parsed(data)
     except UnsupportedFormat as exc:
         raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
     except ManifestError as exc:

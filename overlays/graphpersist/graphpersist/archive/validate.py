@@ -204,7 +204,7 @@ def evaluate(archive: Archive, live: Mapping[str, Any], rank: int, *, skip_unkno
     saved = saved_facts(archive, rank)
     fields = comparable_fields(saved, live_flat)
     checked = [f for f in fields if f in live_flat] if skip_unknown else fields
-    not_checked = [f for f in fields if f not in checked]
+    not_checked = [f for f in fields if f not in live_flat] if skip_unknown else []
     mismatches = compare(saved, live_flat, fields=checked)
     if rank not in archive.ranks:
         mismatches = [m for m in mismatches if m.field not in RANK_FIELDS]

@@ -176,7 +176,8 @@ class ArchiveWriter:
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
         try:
-            record = archive_digests.committed(record, self._owned_files(rank))
+            manifest = self._manifest({}).to_dict() if rank == 0 else None
+            record = archive_digests.committed(record, self._owned_files(rank), manifest)
         except ValueError as exc:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
@@ -310,19 +311,19 @@ class ArchiveWriter:
                 records[rank] = RankRecord.from_json((self.staging / rel).read_bytes())
             except ManifestError as exc:
                 problems.append(f"{rel}: {exc}")
+        manifest = self._manifest(files)
         problems += _reference_problems(records, files)
-        problems += archive_digests.problems(records, files)
-        manifest = Manifest(
-            format_version=FORMAT_VERSION,
-            created=Creation.now(),
-            world=self.world,
-            ranks=tuple(ranks),
-            files=files,
-        )
+        problems += archive_digests.problems(records, files, manifest.to_dict())
         problems = problems or manifest.consistency_problems()  # what open_archive would refuse (e.g. no ranks)
         if problems:
             raise ArchiveError(self.root, problems, action="write", advice="")
         return manifest
+
+    def _manifest(self, files: dict[str, FileEntry]) -> Manifest:
+        """The manifest with this file table: its ranks are the world's (commit() refuses any other set of ranks)."""
+        ranks = tuple(range(self.world.parallel.world_size))
+        created = Creation.now()
+        return Manifest(format_version=FORMAT_VERSION, created=created, world=self.world, ranks=ranks, files=files)
 
     def __enter__(self) -> ArchiveWriter:
         return self

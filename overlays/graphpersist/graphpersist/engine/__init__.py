@@ -10,13 +10,22 @@ Cheap at import (no torch, no CUDA): the engines import their glue while they pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from graphpersist import switch
-from graphpersist.engine.adapter import Communicator, EngineAdapter, Inventory, Resolver, SessionView, bytes_in_param
-from graphpersist.engine.session import KERNEL_WARMUP, PLUGINS_ENV, PersistSession, current
+from graphpersist.engine.adapter import (
+    Communicator,
+    EngineAdapter,
+    Inventory,
+    Resolver,
+    SessionView,
+    bytes_in_param,
+    graphs_differ,
+)
+from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
+from graphpersist.engine.start import add_switch_group, export_environment, resolve_switch
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.memory.region import MULTICAST_OFF
@@ -24,7 +33,6 @@ from graphpersist.memory.region import MULTICAST_OFF
 __all__ = [
     "KERNEL_WARMUP",
     "MULTICAST_OFF",
-    "PLUGINS_ENV",
     "Communicator",
     "EngineAdapter",
     "Inventory",
@@ -33,11 +41,19 @@ __all__ = [
     "Refused",
     "Resolver",
     "SessionView",
+    "add_switch_group",
     "bytes_in_param",
     "cache_folders",
     "current",
     "export_environment",
+    "graphs_differ",
     "interposer_loaded",
+    "ipc_export",
+    "ipc_open",
+    "model_tensors",
+    "new_graph",
+    "release_cached",
+    "resolve_switch",
     "restore_caches_early",
     "structure",
     "switch",
@@ -51,23 +67,14 @@ class Refused(PersistError):
     """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
 
 
-def interposer_loaded() -> bool:
-    """Whether this process runs under the runtime's interposer (LD_PRELOAD), which every model process needs."""
-    from graphpersist.memory import region
+def new_graph() -> Any:
+    """The graph object a capture site records into: one SAVE can serialize while saving, else torch's own."""
+    sess = current()
+    if sess is not None:
+        return sess.new_graph()
+    import torch
 
-    return region.loaded()
-
-
-def export_environment(resolved: switch.Switch, environ: MutableMapping[str, str]) -> None:
-    """What every engine process a persisting start launches needs: the resolved switch and the interposer."""
-    from graphpersist.memory import region
-
-    environ[switch.MODE_ENV] = resolved.mode.value
-    environ[switch.DIR_ENV] = str(resolved.directory)
-    preload = region.preload_env(env=dict(environ))
-    for name in ("LD_PRELOAD", "GP_REGION_BASE", "GP_REGION_SIZE"):
-        if name in preload:
-            environ[name] = preload[name]
+    return torch.cuda.CUDAGraph()
 
 
 def cache_folders() -> dict[str, Resolver]:
@@ -104,6 +111,28 @@ def torch_gather(group: Any = None) -> Callable[[Any], list[Any]]:
     from graphpersist import ranks
 
     return ranks.torch_gather(group)
+
+
+def model_tensors(model: Any) -> dict[str, Any]:
+    """A model's parameters (`param.<name>`) and its CUDA buffers (`buffer.<name>`): the setup tensors every engine's
+    graphs read, named as LOAD compares them (the engine adds its KV cache)."""
+    named = {f"param.{name}": t.data for name, t in model.named_parameters()}
+    named.update({f"buffer.{name}": t for name, t in model.named_buffers() if t.is_cuda})
+    return named
+
+
+def ipc_export(ptr: int) -> bytes:
+    """The legacy CUDA IPC handle of the allocation holding `ptr` (graphpersist.memory.legacyipc)."""
+    from graphpersist.memory import legacyipc
+
+    return legacyipc.export_handle(ptr)
+
+
+def ipc_open(handle: bytes) -> int:
+    """A peer's allocation opened from its legacy CUDA IPC handle, at the address the archive expects."""
+    from graphpersist.memory import legacyipc
+
+    return legacyipc.open_handle(handle)
 
 
 def tensor_spec(t: Any) -> dict[str, Any]:

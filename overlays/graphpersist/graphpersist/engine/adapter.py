@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from graphpersist.engine.caches import SessionCaches
+from graphpersist.errors import PersistError
 
 if TYPE_CHECKING:
     from graphpersist.load import LoadResult
@@ -35,9 +38,12 @@ class SessionView(Protocol):
     world_size: int
     directory: Path
     notes: dict[str, Any]
+    saved_notes: dict[str, Any]
     saved_flags: dict[str, Any]
     stats_extra: dict[str, Any]
     kept: list[Any]
+    budget_bytes: int | None
+    caches: SessionCaches
 
     @property
     def loading(self) -> bool: ...
@@ -51,8 +57,6 @@ class SessionView(Protocol):
     ) -> AbstractContextManager[None]: ...
 
     def declare_state(self, name: str, what: Any, how: str = "bytes") -> None: ...
-
-    def cache_listing(self) -> set[str]: ...
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,17 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def restore(self, session: SessionView, notes: Mapping[str, Any]) -> None:
         """LOAD, once the graphs are restored: re-create the registration SAVE recorded in `notes`."""
+
+
+def graphs_differ(what: str, saved: Iterable[str], live: Iterable[str]) -> PersistError:
+    """LOAD's refusal when the saved graphs of one kind are not exactly those this configuration replays."""
+    saved, live = set(saved), set(live)
+    missing, extra = sorted(live - saved), sorted(saved - live)
+    return PersistError(
+        f"graphpersist: {what} graphs differ: not in the archive {missing[:5] or 'none'}"
+        f"{' ...' if len(missing) > 5 else ''}, saved but not replayed by this configuration {extra[:5] or 'none'}"
+        f"{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for this configuration."
+    )
 
 
 def bytes_in_param(
@@ -104,6 +119,20 @@ class EngineAdapter(abc.ABC):
     logger: logging.Logger = logging.getLogger("graphpersist")
     #: where the engine keeps its graphs, by mode, for the rank's notes ({"full": {}, "pieces": {}})
     note_sections: tuple[str, ...] = ()
+    #: the entry points that start the engine under the runtime (named when a process lacks the interposer)
+    entry_points: str = "its own entry points"
+    #: what the memory budget sizes, and what to change when the profile leaves less than SAVE needs
+    budget_what: str = "KV cache"
+    budget_advice: str = "give the engine more GPU memory"
+    #: the engine compiles with Inductor, whose timed launch configs the session pins (graphpersist.graph.kernelchoice)
+    pins_kernel_choices: bool = False
+    #: SAVE writes the archive when the engine is ready (`PersistSession.ready`), not right after the capture: the
+    #: engine's kernel warm-up (`warm_kernels_before_save`) runs requests, which need the graphs installed
+    writes_when_ready: bool = False
+
+    def refuse(self) -> None:  # noqa: B027 (an engine that refuses nothing)
+        """Raises `Refused` for a configuration this integration cannot restore exactly (before anything is
+        allocated), saying what to use instead."""
 
     # -- facts (the archive's manifest; LOAD compares them field by field) --------------------------------------------
     @abc.abstractmethod
@@ -127,6 +156,10 @@ class EngineAdapter(abc.ABC):
         """Every flag SAVE records and LOAD compares, once the engine's memory and graph runners exist."""
 
     @abc.abstractmethod
+    def rank(self) -> int:
+        """This process's rank in the engine's world (its archive part is `rank_<r>/`)."""
+
+    @abc.abstractmethod
     def device_index(self) -> int:
         """The CUDA device this rank uses: its address region belongs to that GPU."""
 
@@ -139,8 +172,9 @@ class EngineAdapter(abc.ABC):
     def setup_tensors(self) -> dict[str, Any]:
         """The setup tensors the graphs read, by name (weights, buffers, KV cache): LOAD proves their place."""
 
-    def read_saved(self, session: SessionView, archive: Any) -> None:  # noqa: B027 (optional)
-        """LOAD, before setup: what the engine reuses from SAVE instead of measuring again (KV-cache size)."""
+    def read_saved(self, session: SessionView) -> None:  # noqa: B027 (optional)
+        """LOAD, before setup: what the engine reuses from SAVE (`session.saved_flags`, `session.saved_notes`) instead
+        of measuring again; refuses what it cannot reuse."""
 
     def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Byte ranges of `kernel`'s parameters it never reads, which SAVE writes as zeros (see Saver)."""
@@ -154,6 +188,12 @@ class EngineAdapter(abc.ABC):
     @abc.abstractmethod
     def install(self, session: SessionView, result: LoadResult) -> int:
         """LOAD: put every restored graph where the engine replays it; refuse a saved inventory that differs."""
+
+    def output_types(self) -> Mapping[str, type]:
+        """The dataclasses the engine's graphs may return, by id (its registry): SAVE stores an output dataclass by
+        its id here and refuses one it lacks; LOAD looks ids up here and nowhere else (an archive is data, never
+        code). Ids are lowercase dotted words (graph.structure.ID), e.g. "sglang.logits_processor_output"."""
+        return {}
 
     def communicators(self) -> list[Communicator]:
         """The communicators whose post-capture registration LOAD must repeat, in a fixed order."""

@@ -1,32 +1,29 @@
-"""One engine process's persistence session: the SAVE/LOAD lifecycle, owned by the runtime, the same for every engine.
+"""One engine process's persistence session: the SAVE/LOAD lifecycle, run by the runtime in one order for every engine.
 
-An engine's glue builds an `EngineAdapter` (graphpersist.engine.adapter) around its live objects and opens a
-`PersistSession` with it; from then on the glue only calls the session at its seams, in start-up order:
+An engine's glue builds an `EngineAdapter` (graphpersist.engine.adapter) around its live objects and hands it to
+`PersistSession.begin` at its first seam; from then on each upstream seam calls one session step, and the session
+does the work and keeps the order (a step out of order is refused, naming both steps):
 
-| seam | SAVE | LOAD |
-|---|---|---|
-| `open` (before distributed init) | the Saver, capture counting, model facts, cache folders | the same |
-| `start` | address region on the rank's GPU | region; early facts checked; caches back; phases anchored |
-| `phase` / `begin_phase` / `end_phase` | setup divided into phases, each anchored | the same, at SAVE's offsets |
-| `mark_setup` | setup ends: what graphs may read from setup is fixed | the same |
-| `new_graph` / `add_graph` (capture sites) | keeps every captured graph with its static tensors | never reached |
-| `after_capture` | communicators register what the graphs read (post-capture phase) | - |
-| `save` / `restore` | writes the archive | validates; restores memory, images, graphs; installs; communicators |
+| step (the glue calls it from)       | SAVE                                    | LOAD                                 |
+|-------------------------------------|-----------------------------------------|--------------------------------------|
+| `begin` (before distributed init)   | refusals, interposer, region            | + early facts, caches back, anchors  |
+| `phase`, `begin_phase`, `end_phase` | setup in anchored phases                | the same, at SAVE's offsets          |
+| `memory_budget` (KV-cache sizing)   | profile, round down, agree, record      | SAVE's budget, checked against free  |
+| `graphs` (where upstream captures)  | mark setup, capture, communicators;     | mark setup, restore, install,        |
+|                                     | write (unless written when ready)       | communicators, declared state        |
+| `ready` (the engine can serve)      | write if not yet; name late compiles    | -                                    |
+| `finish` (end of start, or failure) | stats                                   | stats                                |
 
-All of a run's state lives on the session (mode, archive, rank and world, notes, timings, counts, what LOAD keeps
-alive). The one process-wide thing is which session is active (`current()`), as the address region is process-wide:
-an engine process has one; tests activate each of theirs in turn (`activated()`), and two sessions share nothing.
-
-Optional observers (diagnosis, profiling) attach through `GRAPHPERSIST_PLUGINS`, a comma-separated list of
-importable modules each with `attach(session)`; they subscribe to the events the session emits (`on`). The product
-ships none. No torch at import: the engine glue imports this while it parses arguments.
+The adapter answers questions (facts, refusals, its graphs, where restored graphs go, communicators, caches); the
+session never asks it to drive. Everything a run gathers lives on the session and its `run` (graphpersist.run),
+the process's one slot: `current()` finds the session, and two sessions share nothing. No torch at import: the
+engine glue imports this while it parses arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,17 +31,38 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import gcpause, rankstats, switch
+from graphpersist.engine import budget
 from graphpersist.engine.adapter import EngineAdapter
+from graphpersist.engine.caches import SessionCaches
 from graphpersist.errors import PersistError
+from graphpersist.run import Run, active, fresh
 
-PLUGINS_ENV = "GRAPHPERSIST_PLUGINS"
+KERNEL_WARMUP = "kernel_warmup_before_save"  # the stats phase of the SAVE's kernel warm-up (both engines)
 
-_active: PersistSession | None = None  # the process-wide slot: which session this engine process runs
+# The lifecycle's steps in order; a step may repeat itself (phases) but never go back.
+STEPS = ("begin", "budget", "graphs", "ready", "finish")
 
 
 def current() -> PersistSession | None:
-    """The active session of this process, or None when persistence is off (or this process runs no model)."""
-    return _active
+    """The session of this process, or None when persistence is off (or this process runs no model)."""
+    now = active()
+    return now.session if now is not None else None
+
+
+def release_cached() -> None:
+    """Drops torch's cached free blocks, so the next phase allocates fresh at its anchor, as in the other run."""
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def interposer_loaded() -> bool:
+    """Whether this process runs under the runtime's interposer (LD_PRELOAD), which every model process needs."""
+    from graphpersist.memory import region
+
+    return region.loaded()
 
 
 @dataclass
@@ -56,138 +74,105 @@ class PersistSession:
     directory: Path
     rank: int
     world_size: int
+    run: Run = field(default_factory=Run, repr=False)  # what the runtime gathers for this session
     saver: Any = None  # graphpersist.save.Saver while saving
     notes: dict[str, Any] = field(default_factory=dict)  # the engine's bookkeeping SAVE stores for this rank
-    saved_notes: dict[str, Any] = field(default_factory=dict)  # LOAD: SAVE's notes of this rank (read at start)
-    saved_flags: dict[str, Any] = field(default_factory=dict)  # LOAD: SAVE's flags (read at start)
+    saved_notes: dict[str, Any] = field(default_factory=dict)  # LOAD: SAVE's notes of this rank (read at begin)
+    saved_flags: dict[str, Any] = field(default_factory=dict)  # LOAD: SAVE's flags (read at begin)
     timings: dict[str, float] = field(default_factory=dict)  # phases in seconds, in order
     stats_extra: dict[str, Any] = field(default_factory=dict)  # engine-specific keys of the stats file
-    options: dict[str, Any] = field(default_factory=dict)  # what observers may change (e.g. LOAD's profile forward)
     captured: int = 0
     restored: int = 0
     capture_calls: int = 0
-    model: dict[str, str] = field(default_factory=dict)  # model facts, computed at open in SAVE and LOAD alike
-    restored_files: list[str] = field(default_factory=list)  # LOAD: JIT cache files put back from the archive
-    caches: dict[str, Path] = field(default_factory=dict)  # JIT cache folders by name
-    carried: set[str] | None = None  # SAVE, rank 0: the cache files the archive carries
-    kernel_choices: Any = None  # graphpersist.graph.kernelchoice.Choices when the engine pins Inductor's choices
-    done: bool = False
+    budget_bytes: int | None = None  # the memory budget the engine sized its KV cache by (memory_budget)
+    saved_budget: int | None = None  # LOAD: SAVE's budget (read at begin)
+    model: dict[str, str] = field(default_factory=dict)  # model facts, computed at begin in SAVE and LOAD alike
+    caches: SessionCaches = field(default_factory=SessionCaches)
+    written: bool = False  # SAVE: the archive is written (later captures are upstream's own)
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
     frozen: int | None = None  # LOAD: objects of the start-up heap gc.freeze() moved out of the collector's way
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
-    _listeners: dict[str, list[Callable[..., None]]] = field(default_factory=dict, repr=False)
+    step: str = "begin"
+    _graphs_done: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for section in self.adapter.note_sections:  # where the engine's capture sites note each graph
             self.notes.setdefault(section, {})
 
-    # -- opening ------------------------------------------------------------------------------------------------------
+    # -- begin ------------------------------------------------------------------------------------------------------
+    @classmethod
+    def begin(cls, adapter: EngineAdapter) -> PersistSession | None:
+        """The engine process's first seam, before distributed init. Persistence off: None, and upstream runs
+        untouched. On: the adapter's refusals, the interposer check, then the session (activated: `current()`), the
+        address region on the rank's GPU and, at LOAD, the facts known this early, the JIT caches and the phases'
+        anchors."""
+        resolved = switch.resolve()
+        if not resolved.enabled or resolved.directory is None:
+            return None
+        started = time.perf_counter()
+        adapter.refuse()
+        if not interposer_loaded():
+            raise PersistError(
+                f"graphpersist: this {adapter.name} process runs without the runtime's interposer (LD_PRELOAD); "
+                f"start {adapter.name} through {adapter.entry_points}, which resolve --graph-persist so its processes "
+                "inherit it, or under `python -m graphpersist exec`"
+            )
+        sess = cls.open(adapter, resolved, adapter.rank(), adapter.parallel()["world_size"])
+        sess._start()
+        sess.timed("start", started)
+        return sess
+
     @classmethod
     def open(cls, adapter: EngineAdapter, resolved: switch.Switch, rank: int, world_size: int) -> PersistSession:
-        """Opens and activates this process's session (persistence on); refuses a second one in the process."""
-        if _active is not None:
+        """The session of a resolved switch, activated (`current()`), before its region: SAVE's Saver, the model's
+        facts, the cache folders as this process resolves them, every capture counted."""
+        assert resolved.directory is not None
+        if current() is not None:
             raise PersistError(
                 f"graphpersist: a second {adapter.name} model runner in one process (a draft model?) cannot be "
                 "persisted: serve without speculative decoding"
             )
-        if not resolved.enabled or resolved.directory is None:
-            raise PersistError("graphpersist: a persistence session opened with persistence off")
         sess = cls(adapter, resolved.mode, resolved.directory, rank, world_size)
+        sess.activate()
+        sess.timings["process_start"] = rankstats.seconds_since_process_start()
+        sess.model = adapter.model_facts()
+        sess.caches.record(adapter.cache_resolvers(), sess.log)
+        rankstats.count_captures(sess._count_capture)
         if sess.mode is switch.Mode.SAVE:
             from graphpersist.save import Saver
 
-            sess.saver = Saver(unused_param_bytes=adapter.unused_param_bytes)
-        sess.timings["process_start"] = rankstats.seconds_since_process_start()
-        sess.model = adapter.model_facts()
-        sess._record_caches()
-        sess.count_every_capture()
-        sess.activate()
-        sess._attach_plugins()
+            sess.saver = Saver(unused_param_bytes=adapter.unused_param_bytes, output_types=adapter.output_types())
         return sess
 
     def activate(self) -> None:
-        global _active
-        _active = self
+        """Makes this session the process's (`current()`), with a fresh run: nothing of an earlier one carries over."""
+        self.run = fresh(session=self)
 
-    def deactivate(self) -> None:
-        global _active
-        if _active is self:
-            _active = None
-
-    @contextlib.contextmanager
-    def activated(self) -> Iterator[PersistSession]:
-        """This session active for a block, the one before it afterwards (tests; an engine keeps its one)."""
-        global _active
-        before, _active = _active, self
-        try:
-            yield self
-        finally:
-            _active = before
-
-    # -- state ----------------------------------------------------------------------------------------------------
-    @property
-    def saving(self) -> bool:
-        """SAVE, until the archive is written (later captures are upstream's own)."""
-        return self.mode is switch.Mode.SAVE and not self.done
-
-    @property
-    def loading(self) -> bool:
-        return self.mode is switch.Mode.LOAD
-
-    def log(self, message: str, *args: Any) -> None:
-        """One line in the engine's own log (its logger: the engine configures where its lines go)."""
-        self.adapter.logger.info("graphpersist: rank %d: " + message, self.rank, *args)
-
-    def timed(self, name: str, started: float) -> float:
-        """Records the time since `started` as phase `name`; returns it."""
-        took = time.perf_counter() - started
-        self.timings[name] = round(took, 4)
-        return took
-
-    # -- observers ------------------------------------------------------------------------------------------------
-    def on(self, event: str, listener: Callable[..., None]) -> None:
-        """Calls `listener(session, **payload)` at every `event` (see `emit`'s callers for the events)."""
-        self._listeners.setdefault(event, []).append(listener)
-
-    def emit(self, event: str, **payload: Any) -> None:
-        for listener in self._listeners.get(event, []):
-            listener(self, **payload)
-
-    def _attach_plugins(self) -> None:
-        for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
-            try:
-                module = importlib.import_module(name)
-            except ImportError as exc:
-                raise PersistError(f"graphpersist: {PLUGINS_ENV} names {name!r}, which cannot be imported ({exc}): "
-                                   f"fix the name or unset {PLUGINS_ENV}") from None  # fmt: skip
-            module.attach(self)
-            self.log("observer %s attached", name)
-
-    # -- start ----------------------------------------------------------------------------------------------------
-    def start(self) -> Any:
-        """Before distributed init: the address region on this rank's GPU; LOAD also freezes the start-up heap
+    def _start(self) -> None:
+        """The region on this rank's GPU (before any library allocates); LOAD also freezes the start-up heap
         (graphpersist.gcpause), refuses what the facts known this early contradict, puts the JIT caches back before
-        anything compiles, and anchors the phases."""
+        anything compiles, and anchors the phases; then Inductor's kernel choices are pinned where the engine
+        compiles with it."""
         import torch
 
         from graphpersist import api
 
         self.gc_meter.start()
         self.frozen = gcpause.freeze_at_start(self.loading)  # the imports' heap, before any device memory exists
-        torch.cuda.set_device(self.adapter.device_index())  # the region belongs to this rank's GPU
+        torch.cuda.set_device(self.adapter.device_index())
         info = api.start_region()
         if self.loading:
-            self.check_before_setup()
-            self.restore_caches()
+            self._check_before_setup()
+            self.caches.restore(self)
             api.use_layout(self.directory, rank=self.rank)
-        self.emit("started", region=info)
+        if self.adapter.pins_kernel_choices:
+            self._pin_kernel_choices()
         self.log("%s %s, region %#x + %d GiB", self.mode.value, self.directory, info.base, info.size >> 30)
-        return info
 
-    def check_before_setup(self) -> None:
-        """LOAD, before the engine sets anything up (`start` calls it): versions, GPU, layout, model and the
-        configuration flags known this early, each named with its saved and live value; then the engine reads
-        what it reuses from SAVE (`read_saved`)."""
+    def _check_before_setup(self) -> None:
+        """LOAD: versions, GPU, layout, model and the flags known this early, each named with its saved and live
+        value; then what the session and the engine reuse from SAVE (the memory budget, the engine's notes), refused
+        where the archive lacks it."""
         import torch
 
         from graphpersist import api
@@ -203,19 +188,59 @@ class PersistSession:
         archive = api.check_before_setup(self.directory, live, self.rank)
         self.saved_flags = dict(archive.manifest.world.flags)
         self.saved_notes = archive.rank_facts(self.rank).engine_notes()
-        self.adapter.read_saved(self, archive)
+        self.saved_budget = budget.saved(self.saved_flags, self.directory)
+        self.adapter.read_saved(self)
 
-    def pin_kernel_choices(self) -> None:
+    def _pin_kernel_choices(self) -> None:
         """Inductor's timed launch configs (graphpersist.graph.kernelchoice): SAVE records its choices in the rank's
         notes, LOAD launches the archive's instead of timing again."""
         from graphpersist.graph import kernelchoice
 
         saved = self.saved_notes.get(kernelchoice.NOTES_KEY) if self.loading else None
-        self.kernel_choices = kernelchoice.install(loading=self.loading, saved=saved, log=lambda m: self.log("%s", m))
+        choices = kernelchoice.install(loading=self.loading, saved=saved, log=lambda m: self.log("%s", m))
         if not self.loading:
-            self.notes[kernelchoice.NOTES_KEY] = self.kernel_choices.used  # filled as kernels first launch
+            self.notes[kernelchoice.NOTES_KEY] = choices.used  # filled as kernels first launch
 
-    # -- phases ---------------------------------------------------------------------------------------------------
+    def _count_capture(self) -> None:
+        if current() is self:  # LOAD must begin no capture; the proof reads the count
+            self.capture_calls += 1
+
+    # -- order ------------------------------------------------------------------------------------------------------
+    def _enter(self, step: str) -> None:
+        """Moves the lifecycle to `step`, refusing a step that comes back to an earlier one (a seam that moved)."""
+        if STEPS.index(step) < STEPS.index(self.step):
+            raise PersistError(
+                f"graphpersist: {self.adapter.name} reached the step {step!r} after {self.step!r}: the engine's "
+                f"seams run out of order (an upstream change the patch series does not know?); refused"
+            )
+        self.step = step
+
+    # -- state ------------------------------------------------------------------------------------------------------
+    @property
+    def saving(self) -> bool:
+        """SAVE, until the archive is written (later captures are upstream's own)."""
+        return self.mode is switch.Mode.SAVE and not self.written
+
+    @property
+    def loading(self) -> bool:
+        return self.mode is switch.Mode.LOAD
+
+    @property
+    def finished(self) -> bool:
+        """The start is over (`finish` ran): what the engine does from now on is upstream's own."""
+        return self.step == "finish"
+
+    def log(self, message: str, *args: Any) -> None:
+        """One line in the engine's own log (its logger: the engine configures where its lines go)."""
+        self.adapter.logger.info("graphpersist: rank %d: " + message, self.rank, *args)
+
+    def timed(self, name: str, started: float) -> float:
+        """Records the time since `started` as phase `name`; returns it."""
+        took = time.perf_counter() - started
+        self.timings[name] = round(took, 4)
+        return took
+
+    # -- setup phases -----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def phase(
         self, name: str, *, exact: bool = True, span: int | None = None, timed: str | None = None
@@ -245,13 +270,26 @@ class PersistSession:
 
         api.declare_state(name, what, how=how)
 
-    def mark_setup(self) -> int:
-        """Setup ends here: everything allocated so far is placed exactly at LOAD; the graphs come next."""
-        from graphpersist import api
+    # -- memory budget ----------------------------------------------------------------------------------------------
+    def memory_budget(self, profile: Callable[[], int] | None) -> int:
+        """The bytes the engine sizes its KV cache (memory pool) by. SAVE: `profile()` (upstream's memory profile),
+        the smallest rank's, rounded down to 1 GiB so that a cold and a warm SAVE lay out the same archive;
+        recorded in the archive (flags.memory_budget_bytes). LOAD: SAVE's budget, never profiled (`profile` is not
+        called), refused when this GPU's free memory cannot hold it."""
+        self._enter("budget")
+        if self.loading:
+            assert self.saved_budget is not None  # read (and refused if absent) at begin
+            budget.check_free(self.saved_budget, self.adapter.budget_what)
+            self.budget_bytes = self.saved_budget
+            return self.budget_bytes
+        if profile is None:
+            raise PersistError("graphpersist: SAVE needs the engine's memory profile to size its budget")
+        mine = int(profile())
+        values = self.adapter.cpu_gather()(mine) if self.world_size > 1 else [mine]
+        self.budget_bytes = budget.rounded(values, self.adapter.budget_what, self.adapter.budget_advice)
+        return self.budget_bytes
 
-        return api.mark_setup(self.adapter.setup_tensors())
-
-    # -- capture (SAVE) -------------------------------------------------------------------------------------------
+    # -- graphs -----------------------------------------------------------------------------------------------------
     def new_graph(self) -> Any:
         """The graph object a capture site records into: one SAVE can serialize while saving, else torch's own."""
         import torch
@@ -269,22 +307,56 @@ class PersistSession:
         self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
         self.captured += 1
 
-    def count_every_capture(self) -> None:
-        """Counts every CUDA-graph capture this process begins: LOAD must begin none, and the proof reads it."""
+    def graphs(self, capture: Callable[[], Any], *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
+        """Where upstream captures: setup ends here (what graphs may read from it is fixed). SAVE runs `capture()`
+        (upstream's capture; its sites call `add_graph`), then each communicator's post-capture registration, and
+        writes the archive unless the adapter writes once the engine is ready. LOAD captures nothing: it restores
+        every graph (`check(notes)` first runs the engine's own comparisons), installs them where the engine
+        replays them, repeats the communicators' registration and proves the declared state. Returns `capture()`'s
+        result (None at LOAD)."""
+        from graphpersist import api
 
-        def counted() -> None:
-            if _active is self:
-                self.capture_calls += 1
+        self._enter("graphs")
+        api.mark_setup(self.adapter.setup_tensors())
+        started = time.perf_counter()
+        if self.loading:
+            self._restore(check)
+            result = None
+        else:
+            result = capture()
+            for comm in self.adapter.communicators():
+                comm.after_capture(self)
+            self.timed("capture", started)
+            if not self.adapter.writes_when_ready:
+                self._save()
+        self._graphs_done = time.perf_counter()
+        return result
 
-        rankstats.count_captures(counted)
+    def ready(self) -> None:
+        """The engine can serve: SAVE writes the archive now if the adapter writes when ready (its kernel warm-up runs
+        first requests), then names what the engine compiled after the archive's caches were packed."""
+        self._enter("ready")
+        if self._graphs_done is not None:
+            self.timed("after_graphs", self._graphs_done)  # the engine's own work between its graphs and serving
+        if self.saving:
+            self._save()
+        if self.mode is switch.Mode.SAVE:
+            self.caches.report_late(self)
 
-    def after_capture(self) -> None:
-        """SAVE, once every graph is captured: each communicator registers what the graphs read."""
-        for comm in self.adapter.communicators():
-            comm.after_capture(self)
+    def finish(self) -> None:
+        """The end of the start (also when it failed): the collection meter stops and the rank's stats are written."""
+        if self.finished:
+            return
+        self.step = "finish"
+        self.gc_meter.stop()
+        rankstats.write(self.rank, self.stats())
 
-    # -- SAVE -----------------------------------------------------------------------------------------------------
-    def save(self) -> dict[str, Any]:
+    # -- SAVE -------------------------------------------------------------------------------------------------------
+    def flags(self) -> dict[str, Any]:
+        """Every flag SAVE records and LOAD compares: the engine's, and the memory budget the session sized."""
+        return {**self.adapter.flags(self), budget.FLAG: self.budget_bytes}
+
+    def _save(self) -> dict[str, Any]:
         """Writes this rank's archive; rank 0 also carries the host's JIT caches. Once the archive's content is fixed
         and before those caches are packed, the adapter runs its kernel warm-up (`warm_kernels_before_save`)."""
         from graphpersist import breakdown
@@ -305,26 +377,24 @@ class PersistSession:
             model=self.model,
             rank=self.rank,
             parallel=self.adapter.parallel(),
-            flags=self.adapter.flags(self),
+            flags=self.flags(),
             overwrite=True,
             gather=self.adapter.cpu_gather(),
             notes=self.notes,
-            shared=self.carry_caches if self.rank == 0 else None,  # the ranks of one host share its caches
+            shared=(lambda: self.caches.carry(self)) if self.rank == 0 else None,  # the host's ranks share them
             before_write=warm,
         )
-        self.done = True
+        self.written = True
         took = time.perf_counter() - started
         self.timings["save"] = round(took - warm_s, 4)
-        self.emit("saved", saver=self.saver)
         self.log("saved %d graphs to %s in %.2f s (kernel warm-up %.2f s; %s)", self.captured, self.directory, took,
                  warm_s, breakdown.of_save(summary))  # fmt: skip
         return summary
 
-    # -- LOAD -----------------------------------------------------------------------------------------------------
-    def restore(self, *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
-        """Validates the archive against this process, restores memory, images and graphs, installs them where the
-        engine replays them, repeats the communicators' registration and proves the declared state. `check(notes)`
-        runs the engine's own comparisons against the rank's saved notes before anything is installed."""
+    # -- LOAD -------------------------------------------------------------------------------------------------------
+    def _restore(self, check: Callable[[dict[str, Any]], None] | None) -> Any:
+        """Validates the archive against this process, restores memory, images and graphs, installs them, repeats
+        the communicators' registration and proves the declared state."""
         from graphpersist import api, breakdown
 
         started = time.perf_counter()
@@ -337,10 +407,10 @@ class PersistSession:
             modes=inventory.modes,
             rank=self.rank,
             parallel=self.adapter.parallel(),
-            flags=self.adapter.flags(self),
+            flags=self.flags(),
             setup_tensors=self.adapter.setup_tensors(),
             gather=self.adapter.cpu_gather(),
-            on_memory_restored=lambda ranges: self.emit("memory_restored", ranges=ranges),
+            output_types=self.adapter.output_types(),
         )
         self.kept.append(result)
         if check is not None:
@@ -349,55 +419,12 @@ class PersistSession:
         for comm in self.adapter.communicators():
             comm.restore(self, result.notes)
         api.verify_state()
-        self.done = True
         took = self.timed("restore", started)
-        self.emit("restored", result=result)
         self.log("restored %d graphs from %s in %.2f s (%s)", self.restored, self.directory, took,
                  breakdown.of_load(result.timings))  # fmt: skip
         return result
 
-    # -- caches ---------------------------------------------------------------------------------------------------
-    def _record_caches(self) -> None:
-        """The engine's cache folders as this process resolves them at start, before the engine redirects any."""
-        from graphpersist import cachefolders
-
-        self.caches, left_out = cachefolders.resolve_all(self.adapter.cache_resolvers())
-        if left_out:
-            self.log("JIT caches not carried: %s", "; ".join(f"{n} ({why})" for n, why in left_out.items()))
-
-    def carry_caches(self) -> dict[str, bytes]:
-        """SAVE, rank 0: the archive's shared JIT-cache file; what it carries is kept for `report_late`."""
-        from graphpersist import cachefolders
-        from graphpersist.archive import jitcache
-
-        shared = cachefolders.carry(self)
-        self.carried = jitcache.listing(self.caches)
-        return shared
-
-    def restore_caches(self) -> None:
-        """LOAD, before anything compiles: puts back the cache files this host lacks, keeps its own."""
-        from graphpersist import cachefolders
-
-        cachefolders.restore(self)
-
-    def cache_listing(self) -> set[str]:
-        """The cache files this process's folders hold now (what a warm-up added is the difference)."""
-        from graphpersist.archive import jitcache
-
-        return jitcache.listing(self.caches)
-
-    def report_late(self) -> None:
-        """SAVE, rank 0, once the engine's own warm-up is done: names what it compiled after the archive was written,
-        which a LOAD on a fresh host would compile again."""
-        if self.carried is None:
-            return
-        late = sorted(self.cache_listing() - self.carried)
-        if late:
-            self.log("%d JIT cache file(s) were compiled after the archive was written, so it lacks them (e.g. %s): "
-                     "a LOAD on a fresh host compiles them again. SAVE once more on this host (its caches hold them "
-                     "now) to carry them", len(late), ", ".join(late[:3]))  # fmt: skip
-
-    # -- stats ----------------------------------------------------------------------------------------------------
+    # -- stats ------------------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """The per-rank stats file's keys (the proof runner and the recipe drivers read them)."""
         stats: dict[str, Any] = {
@@ -407,18 +434,9 @@ class PersistSession:
             "restored": self.restored,
             "capture_calls": self.capture_calls,
             "phases": self.timings,
-            "jitcache_restored": self.restored_files,
+            "jitcache_restored": self.caches.restored,
+            "gc": {"frozen_at_start": self.frozen, **self.gc_meter.summary()},  # collections since begin
         }
-        stats["gc"] = {"frozen_at_start": self.frozen, **self.gc_meter.summary()}  # collections since start()
-        if self.kernel_choices is not None:  # only an engine that pins Inductor's choices counts them (vLLM)
-            stats["kernel_choices"] = dict(self.kernel_choices.counts)
+        if self.run.kernel_choices is not None:  # only an engine that pins Inductor's choices counts them
+            stats["kernel_choices"] = dict(self.run.kernel_choices.counts)
         return {**stats, **self.stats_extra}
-
-    def write_stats(self) -> None:
-        """Per-rank counts for the proof runner (only when GRAPHPERSIST_STATS_DIR is set); the end of the start, so
-        the collection meter stops here."""
-        self.gc_meter.stop()
-        rankstats.write(self.rank, self.stats())
-
-
-KERNEL_WARMUP = "kernel_warmup_before_save"  # the stats phase of the SAVE's kernel warm-up (both engines)

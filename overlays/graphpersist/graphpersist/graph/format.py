@@ -22,6 +22,13 @@ from operator import itemgetter
 from typing import Any
 
 ATTR_BYTES = 64  # sizeof(CUlaunchAttributeValue)
+# Function attributes a library may raise on its kernels before launching them (cuFuncSetAttribute); a freshly
+# loaded copy starts from the defaults, so LOAD sets them again: 8 MAX_DYNAMIC_SHARED_SIZE_BYTES,
+# 9 PREFERRED_SHARED_MEMORY_CARVEOUT, 11-13 REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH,
+# 14 NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 15 CLUSTER_SCHEDULING_POLICY_PREFERENCE. SAVE records only these, and a
+# description naming another is refused (LOAD would hand its number to the driver's enum).
+SETTABLE_FUNC_ATTRS = (8, 9, 11, 12, 13, 14, 15)
+_FUNC_ATTR_KEYS = frozenset(map(str, SETTABLE_FUNC_ATTRS))
 MEMCPY_FIELDS = (
     "srcXInBytes", "srcY", "srcZ", "srcLOD", "srcPitch", "srcHeight", "srcDevice",
     "dstXInBytes", "dstY", "dstZ", "dstLOD", "dstPitch", "dstHeight", "dstDevice",
@@ -371,9 +378,10 @@ def func_problem(j: int, func: Any, images: set[str]) -> str | None:
     if not isinstance(name, str) or not name or "\0" in name:
         return f"function {j}: kernel name {name!r:.80} is not a non-empty string without NUL"
     if not isinstance(attrs, dict) or not all(
-        isinstance(k, str) and k.isdigit() and type(v) is int and -(2**31) <= v < 2**31 for k, v in attrs.items()
+        k in _FUNC_ATTR_KEYS and type(v) is int and -(2**31) <= v < 2**31 for k, v in attrs.items()
     ):
-        return f"function {j}: attributes must map attribute numbers to 32-bit integers"
+        return (f"function {j}: attributes must map attribute numbers ({', '.join(sorted(_FUNC_ATTR_KEYS, key=int))}) "
+                "to 32-bit integers")  # fmt: skip
     return None
 
 
@@ -465,8 +473,14 @@ def _pair_in(pair: Any, size: int) -> bool:
     )  # fmt: skip
 
 
+def attr_id(key: Any) -> bool:
+    """Whether `key` names a launch attribute as descriptions do: ASCII digits of a 32-bit number (str.isdigit also
+    takes "²", which int() refuses)."""
+    return isinstance(key, str) and 0 < len(key) <= 10 and key.isascii() and key.isdigit() and int(key) < 2**32
+
+
 def _attr_ok(key: Any, value: Any) -> bool:
-    if not isinstance(key, str) or not key.isdigit() or int(key) >= 2**32 or not isinstance(value, str):
+    if not attr_id(key) or not isinstance(value, str):
         return False
     try:
         return len(bytes.fromhex(value)) <= ATTR_BYTES

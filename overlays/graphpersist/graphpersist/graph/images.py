@@ -13,13 +13,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist.graph.format import SETTABLE_FUNC_ATTRS
 from graphpersist.memory import region
 
-# Function attributes a library may raise on its kernels before launching them (cuFuncSetAttribute); a freshly
-# loaded copy starts from the defaults, so LOAD sets them again: 8 MAX_DYNAMIC_SHARED_SIZE_BYTES,
-# 9 PREFERRED_SHARED_MEMORY_CARVEOUT, 11-13 REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH,
-# 14 NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 15 CLUSTER_SCHEDULING_POLICY_PREFERENCE.
-SETTABLE_FUNC_ATTRS = (8, 9, 11, 12, 13, 14, 15)
 # (offset, size) of each kernel parameter, as cuFuncGetParamInfo answers for a live function.
 ParamLayout = tuple[tuple[int, int], ...]
 _MAX_PARAMS = 4096  # what the native rebuild takes (gp_add_kernel_nodes)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist import run
 from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
 
@@ -124,13 +125,13 @@ def _keep(tuner: Any, upstream: Callable[..., None], args: tuple, kwargs: dict, 
             tuner.benchmark_all_configs = own
 
 
-_active: Choices | None = None
-_upstream: Callable[..., None] | None = None
+_upstream: Callable[..., None] | None = None  # Inductor's own method, once wrapped (the wrapper is process-wide)
 
 
 def install(*, loading: bool, saved: Mapping[str, Any] | None, log: Callable[[str], None]) -> Choices:
-    """Routes Inductor's timing of launch configs through a Choices for the rest of the process (save or load)."""
-    global _active, _upstream
+    """Routes Inductor's timing of launch configs through a Choices, held by the process's run (graphpersist.run):
+    the wrapper is installed once per process and defers to upstream whenever the current run pins nothing."""
+    global _upstream
     try:
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     except ImportError as exc:
@@ -145,20 +146,12 @@ def install(*, loading: bool, saved: Mapping[str, Any] | None, log: Callable[[st
 
         def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> None:
             assert _upstream is not None
-            if _active is None:
+            active = run.active()
+            choices = active.kernel_choices if active is not None else None
+            if choices is None:
                 return _upstream(self, *args, **kwargs)
-            return _active.choose(self, _upstream, args, kwargs)
+            return choices.choose(self, _upstream, args, kwargs)
 
         CachingAutotuner.autotune_to_one_config = autotune_to_one_config
-    _active = Choices(loading, dict(saved or {}), log)
-    return _active
-
-
-def uninstall() -> None:
-    """Puts upstream's method back (tests; a process never leaves its mode)."""
-    global _active, _upstream
-    if _upstream is not None:
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-        CachingAutotuner.autotune_to_one_config = _upstream
-    _active = _upstream = None
+    choices = run.current().kernel_choices = Choices(loading, dict(saved or {}), log)
+    return choices

@@ -131,6 +131,9 @@ _PARAM_JSON = 24  # one parameter's [offset, size] (32-bit numbers) and its comm
 _ATTR_JSON = 16 + 2 * graphformat.ATTR_BYTES  # one attribute: its number, its value in hex, quotes, comma
 _CHAR_JSON = 12  # one character of a name as json.dumps escapes it (outside the BMP: two \uXXXX)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# What compact_desc stores of a description: any other key would pass into the light description unchecked (an
+# `edges` key, say, is what edge_ends() would read instead of the checked `edge_ends`).
+_STORED_KEYS = frozenset({"format", "events", "node_count", "other_nodes", "edge_ends", "edge_data", "func_ids"})
 
 
 def compact_desc(light: Mapping[str, Any], func_ids: list[int]) -> dict[str, Any]:
@@ -154,7 +157,10 @@ def expand_desc(where: str, stored: Any, funcs: list[Any], max_nodes: int) -> di
     as they are, full_desc() turns them back into `edges`). PackError naming `where` when the parts do not fit;
     `max_nodes` bounds the node count (a count no pack could back must not allocate a list that long)."""
     try:
-        out = {k: v for k, v in stored.items() if k not in ("node_count", "other_nodes", "func_ids", *_OWN)}
+        unknown = sorted(str(k)[:40] for k in stored if k not in _STORED_KEYS)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown[:8]}")
+        out = {k: v for k, v in stored.items() if k not in ("node_count", "other_nodes", "func_ids")}
         n, ids = stored["node_count"], stored["func_ids"]
         if type(n) is not int or not 0 <= n <= max_nodes:
             raise ValueError(f"node count {n!r} (at most {max_nodes} here)")

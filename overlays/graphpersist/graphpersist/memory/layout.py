@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphpersist import run
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
 from graphpersist.memory import phases, region, state
 
 # torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
-
-_rec = phases.Recorder()
-_declared: dict[str, state.Declared] = {}
+# What a SAVE or LOAD gathers here (recorder, declarations, pending checks) lives on the process's run
+# (graphpersist.run), so a new session starts from nothing.
 
 
 @dataclass
@@ -38,19 +38,8 @@ class Pending:
     done: list[str] = field(default_factory=list)
 
 
-_pending: Pending | None = None
-
-
 def recorder() -> phases.Recorder:
-    return _rec
-
-
-def reset() -> None:
-    """Forgets this process's phases, declarations and pending checks (a new SAVE or LOAD in the same process)."""
-    global _rec, _pending
-    _rec = phases.Recorder()
-    _declared.clear()
-    _pending = None
+    return run.current().recorder
 
 
 def _refuse(exc: Exception) -> PersistError:
@@ -66,11 +55,12 @@ def _move(target: int, n_events: int) -> None:
 
 
 def _step(call: Any) -> int:
-    """Runs one recorder step over the current log and cursor, then moves the native cursor where it says."""
+    """Runs one step of the run's recorder, `call(recorder, events, cursor, granularity)`, over the current log and
+    cursor, then moves the native cursor where it says."""
     evs = region.events()
     info = region.info()
     try:
-        target = call(evs, info.cursor, info.granularity)
+        target = call(recorder(), evs, info.cursor, info.granularity)
     except phases.PhaseError as exc:
         raise _refuse(exc) from None
     _move(target, len(evs))
@@ -90,11 +80,12 @@ def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:
     """LOAD: reads the archive's phases before setup, so each phase begins at its saved anchor and a variable
     phase cannot shift the ones after it. Call it after start_region(), before the first phase. Returns the
     saved phase names."""
-    if _rec.phases or _rec.setup_done:
+    rec = recorder()
+    if rec.phases or rec.setup_done:
         raise PersistError("use_layout() must come before the first phase and before mark_setup()")
     archive = open_archive(root, verify_checksums=False)  # load() verifies it all; read() checks what it returns
     saved, evs = saved_phases(archive, rank)
-    _rec.saved, _rec.saved_events = saved, evs
+    rec.saved, rec.saved_events = saved, evs
     return [p.name for p in saved]
 
 
@@ -107,15 +98,16 @@ def begin_phase(
     this run allocated, e.g. a cold and a warm compile); `skip_on_load=True`: LOAD may leave it out (capture-only
     work; its memory still live at SAVE is mapped from the archive). After mark_setup() it is a post-capture
     phase, which LOAD re-runs after load(). Returns the region offset the phase starts at."""
-    return _step(lambda evs, cur, gran: _rec.begin(name, evs, cur, gran, exact=exact, skip_on_load=skip_on_load,
-                                                   headroom=headroom, span=span))  # fmt: skip
+    return _step(lambda rec, evs, cur, gran: rec.begin(name, evs, cur, gran, exact=exact, skip_on_load=skip_on_load,
+                                                       headroom=headroom, span=span))  # fmt: skip
 
 
 def end_phase() -> None:
     """Ends the open phase (a variable phase's headroom is left now)."""
-    _step(_rec.end)
-    if _pending is not None and not any(p.post_capture for p in _rec.remaining_saved()):
-        _verify_memory(_pending)
+    _step(phases.Recorder.end)
+    pending = run.current().pending
+    if pending is not None and not any(p.post_capture for p in recorder().remaining_saved()):
+        _verify_memory(pending)
 
 
 @contextmanager
@@ -130,13 +122,13 @@ def phase(
 
 def finish_setup() -> None:
     """mark_setup() (or load() when the engine did not call it): ends setup's last phase."""
-    if not _rec.setup_done:
-        _step(_rec.finish_setup)
+    if not recorder().setup_done:
+        _step(phases.Recorder.finish_setup)
 
 
 def close_open() -> None:
     """SAVE: ends a post-capture phase left open."""
-    _step(_rec.close)
+    _step(phases.Recorder.close)
 
 
 def declare_state(name: str, what: Any, how: str = "bytes") -> None:
@@ -152,13 +144,13 @@ def declare_state(name: str, what: Any, how: str = "bytes") -> None:
         addr, nbytes = int(what[0]), int(what[1])
     cur = recorder().current
     try:
-        state.declare(_declared, state.Declared(name, addr, nbytes, how, cur.name if cur else None))
+        state.declare(run.current().declared, state.Declared(name, addr, nbytes, how, cur.name if cur else None))
     except state.StateError as exc:
         raise _refuse(exc) from None
 
 
 def declared() -> list[state.Declared]:
-    return list(_declared.values())
+    return list(run.current().declared.values())
 
 
 def read_bytes(addr: int, nbytes: int) -> bytes:
@@ -183,19 +175,18 @@ def write_bytes(addr: int, data: bytes) -> None:
 def records_for_save() -> list[tuple[state.StateRecord, bytes]]:
     """SAVE: each declared state with its content (stored for "bytes", hashed for both)."""
     out = []
-    for i, d in enumerate(_declared.values()):
+    for i, d in enumerate(run.current().declared.values()):
         data = read_bytes(d.addr, d.nbytes)
         out.append((state.record(d, data, file=f"state/{i}.bin"), data))
     return out
 
 
 def set_pending(p: Pending | None) -> None:
-    global _pending
-    _pending = p
+    run.current().pending = p
 
 
 def needs_verify() -> bool:
-    return _pending is not None
+    return run.current().pending is not None
 
 
 def _verify_memory(p: Pending) -> None:
@@ -211,12 +202,13 @@ def verify_state() -> list[str]:
     """LOAD, after the post-capture phases: proves the memory they made where graphs read it, writes "bytes"
     state back and checks "recreated" state against SAVE's hashes; then the layout is final (freed ranges may
     be reused). Runs by itself before the first replay. Returns the names of the state it handled."""
-    p = _pending
+    p = run.current().pending
     if p is None:
         return []
-    left = [q.name for q in _rec.remaining_saved() if q.post_capture]
-    if _rec.current is not None and _rec.current.post_capture:
-        left.insert(0, _rec.current.name)
+    rec = recorder()
+    left = [q.name for q in rec.remaining_saved() if q.post_capture]
+    if rec.current is not None and rec.current.post_capture:
+        left.insert(0, rec.current.name)
     if left:
         raise PersistError(
             f"post-capture phase(s) {', '.join(map(repr, left))} of SAVE have not run (to their end) in this LOAD: "
@@ -225,7 +217,7 @@ def verify_state() -> list[str]:
         )
     _verify_memory(p)
     try:
-        state.check_declarations(p.states, _declared)
+        state.check_declarations(p.states, run.current().declared)
         done = state.restore(p.states, lambda r: p.archive.read(p.rank, r.file), write_bytes,
                              read_bytes)  # fmt: skip
     except state.StateError as exc:

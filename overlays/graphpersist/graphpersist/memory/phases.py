@@ -413,6 +413,73 @@ def restore_ranges(saved: Sequence[Phase], saved_evs: Sequence[Event], live_evs:
     return out
 
 
+# ------------------------------------------------------------------------------------------- saved layout
+# What no SAVE writes and LOAD's memory stage would refuse (or trip over) later, decided from the archive alone, so
+# that LOAD's CPU stage (graphpersist.loadstage) and `graphpersist check` refuse it before anything is mapped. Each
+# check is linear in the log (n log n with the sorts): a padded log costs no more than an engine's.
+
+MAPPINGS = ("alloc", "map_fixed", "reserve", "ipc_open", "lib_map")  # events that make a range at their address
+
+
+def phases_problem(saved: Sequence[Phase], region_size: int) -> str | None:
+    """Why the saved phases are not a layout the recorder makes: names unique, events in order without overlap, each
+    anchor at or after the previous phase's limit, every limit inside the region, setup phases before post-capture
+    ones. None when they are."""
+    names: set[str] = set()
+    prev: Phase | None = None
+    post = False
+    for i, ph in enumerate(saved):
+        where = f"extra.phases[{i}] ({ph.name[:60]!r})"
+        if ph.name in names:
+            return f"{where}: a second phase of that name"
+        names.add(ph.name)
+        if ph.limit > region_size:
+            return f"{where}: its limit {ph.limit:#x} lies past the region's {region_size:#x} bytes"
+        if prev is not None and (ph.start_event < prev.end_event or ph.start < prev.limit):
+            return (f"{where}: events {ph.start_event}.. and anchor {ph.start:#x} before the end of the phase before "
+                    f"(events ..{prev.end_event}, limit {prev.limit:#x})")  # fmt: skip
+        if post and not ph.post_capture:
+            return f"{where}: a setup phase after a post-capture phase"
+        post = post or ph.post_capture
+        prev = ph
+    return None
+
+
+def log_problem(saved: Sequence[Phase], evs: Sequence[Event], base: int, size: int) -> str | None:
+    """Why the allocation log (with phases_problem's phases) is not one SAVE writes or LOAD can restore: an event
+    outside the region, or one SAVE refuses (`outside`, `refused`); a reservation or IPC mapping after setup that no
+    post-capture phase holds, or in a skip_on_load phase (restore_ranges, skip_problems); an event after the first
+    post-capture phase began outside every phase (after_post_problems). None when it is sound."""
+    end = base + size
+    for i, e in enumerate(evs):
+        if e.kind in ("outside", "refused"):
+            return f"event {i}: {e.describe()}: SAVE refuses any such event"
+        if not base <= e.addr < end or (e.kind in MAPPINGS and e.addr + e.size > end):
+            return f"event {i}: {describe(e)} lies outside the region {base:#x}+{size:#x}"
+    inside: set[int] = set()
+    for p in saved:
+        inside.update(range(p.start_event, p.end_event))
+    setup_end = max((p.end_event for p in saved if not p.post_capture), default=0)
+    for i in range(setup_end, len(evs)):
+        if i not in inside and evs[i].kind not in ALLOC_FREE:
+            return (f"event {i}: capture-time {describe(evs[i])} is not restorable: reservations and IPC mappings "
+                    "after setup need a declared post-capture phase")  # fmt: skip
+    skipped = skip_problems(saved, evs)
+    if skipped:
+        return f"{skipped[0]}: a skip_on_load phase may only allocate and free (LOAD maps its memory)"
+    late = after_post_problems(saved, evs)
+    if late:
+        return f"{describe(late[0])} happened after a post-capture phase began, outside any phase"
+    return None
+
+
+def unbacked(pointers: Iterable[int], evs: Sequence[Event]) -> int | None:
+    """The lowest graph address in no memory SAVE had live at its end (check_backed's "inconsistent" case); None when
+    every one lies in some."""
+    live = live_ranges(list(evs))
+    return next((p for p in sorted(set(pointers)) if find_range(live, p) is None), None)
+
+
 def find_range(ranges: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
     """The (start, size) in sorted, disjoint `ranges` holding `addr`, or None."""
     i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import heapq
 import os
 import subprocess
 import sys
@@ -397,16 +398,32 @@ def live_ranges(evs: list[Event]) -> list[tuple[int, int]]:
     IPC (opened in setup, same place every time) or mapped by a library into a reservation the region carved
     (`lib_map`), and not freed, closed or unmapped since. A reservation alone is address space, not memory: a graph
     pointer into it is backed only where something is mapped there."""
-    live: dict[int, int] = {}
-    for e in evs:
+    made: dict[int, tuple[int, int]] = {}  # address -> (when, size) of the last mapping made there
+    gone: dict[int, int] = {}  # address -> when it was last freed or closed
+    unmaps: list[tuple[int, int, int]] = []  # (start, end, when) of each unmap, which may span several mappings
+    for i, e in enumerate(evs):
         if e.kind in ("alloc", "map_fixed", "ipc_open", "lib_map"):
-            live[e.addr] = e.size
+            made[e.addr] = (i, e.size)
         elif e.kind in ("free", "ipc_close"):
-            live.pop(e.addr, None)
-        elif e.kind in ("lib_unmap", "unreserve"):  # an unmap may span several mappings
-            for a in [a for a in live if e.addr <= a < e.addr + e.size]:
-                del live[a]
-    return sorted(live.items())
+            gone[e.addr] = i
+        elif e.kind in ("lib_unmap", "unreserve"):
+            unmaps.append((e.addr, e.addr + e.size, i))
+    # A mapping is live when nothing removed it after it was made: its own free, or an unmap over its address. The
+    # latest unmap over each address comes from one sweep in address order (a heap of the unmaps begun so far), so a
+    # log of many mappings and unmaps costs n log n, not n squared.
+    unmaps.sort()
+    latest: list[tuple[int, int]] = []  # (-when, end) of the unmaps begun at or before the address
+    k, out = 0, []
+    for addr in sorted(made):
+        when, size = made[addr]
+        while k < len(unmaps) and unmaps[k][0] <= addr:
+            heapq.heappush(latest, (-unmaps[k][2], unmaps[k][1]))
+            k += 1
+        while latest and latest[0][1] <= addr:  # ended below this address: it covers no later one either
+            heapq.heappop(latest)
+        if gone.get(addr, -1) < when and (not latest or -latest[0][0] < when):
+            out.append((addr, size))
+    return out
 
 
 # NVLink multicast objects (NVLS, torch symmetric-memory multicast, NVSHMEM NVLS) are not placed in the region:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from graphpersist import run
 from graphpersist.errors import PersistError
 from graphpersist.memory import layout, region
 from graphpersist.memory.phases import block_problems, find_range, held_blocks
@@ -31,13 +32,10 @@ class SetupMark:
     host_events: int = 0  # the pinned host memory log's length (memory.hostmem)
 
 
-_mark: SetupMark | None = None
-_graph_blocks: list[tuple[int, int]] = []  # the torch blocks graphs read (SAVE: found, LOAD: checked)
-
-
 def current() -> SetupMark | None:
-    """The mark of this process, or None before mark_setup()."""
-    return _mark
+    """The mark of this process's run, or None before mark_setup()."""
+    mark: SetupMark | None = run.current().mark
+    return mark
 
 
 def start_region() -> region.RegionInfo:
@@ -58,7 +56,6 @@ def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = Fal
     torch's segments hold live blocks now: SAVE refuses graph addresses in the rest (see Saver.save). Returns the
     number of allocation events.
     """
-    global _mark
     if tensors is None or (not tensors and not allow_unnamed):
         raise PersistError(
             "mark_setup() needs the named setup tensors the graphs use (parameters, buffers, static inputs), so "
@@ -69,7 +66,8 @@ def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = Fal
     evs = region.events()
     segments, blocks = _torch_blocks()
     named = [[name, *tensor_key(t)] for name, t in tensors.items()]
-    _mark = SetupMark(len(evs), region.info().cursor, named, segments, blocks, region.host_info().n_events)
+    run.current().mark = SetupMark(len(evs), region.info().cursor, named, segments, blocks,
+                                   region.host_info().n_events)  # fmt: skip
     return len(evs)
 
 
@@ -91,7 +89,8 @@ def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) 
     """Every in-region address a graph uses must be memory LOAD recreates exactly and nobody else can take:
     live at SAVE, and, inside a torch segment that existed at mark_setup(), inside a block that was live then
     (the rest of such a segment is free space torch may hand to any later tensor at LOAD)."""
-    segments, blocks = (_mark.segments, _mark.blocks) if _mark is not None else ([], [])
+    mark = current()
+    segments, blocks = (mark.segments, mark.blocks) if mark is not None else ([], [])
     for p in sorted(pointers):
         if find_range(live, p) is None:
             raise PersistError(f"graph {name!r}: address {p:#x} is not backed by live region memory at SAVE "
@@ -109,18 +108,19 @@ def check_ownership(name: str, pointers: set[int], live: list[tuple[int, int]]) 
 def pointer_blocks(pointers: Iterable[int]) -> list[tuple[int, int]]:
     """SAVE: the torch blocks, live at mark_setup(), that hold graph addresses (phases.held_blocks); LOAD checks
     them (check_pointer_blocks)."""
-    global _graph_blocks
-    _graph_blocks = held_blocks(pointers, _mark.segments, _mark.blocks) if _mark is not None else []
-    return _graph_blocks
+    mark = current()
+    found = held_blocks(pointers, mark.segments, mark.blocks) if mark is not None else []
+    run.current().graph_blocks = found
+    return found
 
 
 def check_pointer_blocks(saved: Sequence[Sequence[int]]) -> None:
     """LOAD: refuses when a torch block holding graph addresses at SAVE's end of setup is not live at LOAD's."""
-    global _graph_blocks
-    _graph_blocks = sorted((int(a), int(s)) for a, s in saved)
+    run.current().graph_blocks = sorted((int(a), int(s)) for a, s in saved)
     if not saved:
         return
-    segments, blocks = (_mark.segments, _mark.blocks) if _mark is not None else _torch_blocks()
+    mark = current()
+    segments, blocks = (mark.segments, mark.blocks) if mark is not None else _torch_blocks()
     problems = block_problems(saved, blocks, segments)
     if problems:
         shown = "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
@@ -131,13 +131,6 @@ def check_pointer_blocks(saved: Sequence[Sequence[int]]) -> None:
             "read it. Name that tensor in mark_setup() and create it at LOAD too, or allocate it inside the graph "
             "pool: LOAD refused"
         )
-
-
-def graph_blocks_now() -> tuple[int, list[str]]:
-    """(number of torch blocks graphs read, those not live now): the same check at any later point, e.g. when
-    serving starts, for a tensor freed after setup."""
-    segments, blocks = _torch_blocks()
-    return len(_graph_blocks), block_problems(_graph_blocks, blocks, segments)
 
 
 def check_setup_tensors(saved: list[list[Any]], live: Mapping[str, torch.Tensor] | None) -> None:

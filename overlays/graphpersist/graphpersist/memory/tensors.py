@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from graphpersist.archive.shown import shown
+from graphpersist.errors import PersistError
+
+
+@functools.cache
+def dtypes() -> dict[str, torch.dtype]:
+    """torch's dtypes by the name tensor specs write (str(dtype) without "torch."). LOAD finds a saved name in this
+    table, never by getattr on the torch module: an archive string must not pick a module attribute (torch's
+    __getattr__ even imports submodules by name). Made on first use (stand-in torch modules in tests have no dtypes)."""
+    return {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def tensor_key(t: torch.Tensor) -> list[Any]:
@@ -31,7 +43,9 @@ class _RawCuda:
 
 def tensor_at(spec: Mapping[str, Any]) -> torch.Tensor:
     """A tensor over the recorded address (memory owned by the region, not by torch's allocator)."""
-    dtype = getattr(torch, spec["dtype"])
+    dtype = dtypes().get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+    if dtype is None:
+        raise PersistError(f"tensor spec: dtype {shown(repr(spec['dtype']), 60)} is not a torch dtype: LOAD refused")
     item = torch.empty(0, dtype=dtype).element_size()
     extent = 1 + sum((s - 1) * st for s, st in zip(spec["shape"], spec["stride"], strict=True) if s > 0)
     if any(s == 0 for s in spec["shape"]):

@@ -1,13 +1,5 @@
-"""SGLang as the runtime's persistence session sees it: the answers only SGLang's model runner can give.
-
-The session (graphpersist.engine.PersistSession) owns the SAVE/LOAD lifecycle; this adapter answers its questions
-from one scheduler (TP worker) process's `ModelRunner`: the facts an archive records (`graphpersist_facts`), where
-the graphs live and how LOAD puts them back (`graphpersist_capture`), custom all-reduce v2
-(`graphpersist_customar`), DeepEP's Buffer (`graphpersist_deepep`), the cache folders (`graphpersist_caches`) and
-the first requests a SAVE runs before it packs the caches (`graphpersist_warmup`). It also holds SGLang's own
-bookkeeping of the run: the graph runners whose capture waits, the memory pool SAVE sized, the breaks of the
-breakable graph being captured.
-"""
+"""SGLang as the persistence session sees it: the answers only SGLang's model runner can give (`SglangAdapter`), and
+SGLang's own bookkeeping of the run (`SglangRun`)."""
 
 from __future__ import annotations
 
@@ -21,25 +13,15 @@ from sglang.srt import graphpersist_caches as caches
 from sglang.srt import graphpersist_capture as capture
 from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
+from sglang.srt import graphpersist_registry as registry
 from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import engine
 
 FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
 
-# sgl-kernel 0.4.5's FA3 forward kernels with a 128-wide V head in bf16 (Qwen3-8B's attention) that do not append KV,
-# `device_kernel<enable_sm90_or_later<FlashAttnFwdSm90<CollectiveMainloopFwdSm90<..., 128, bfloat16_t, float, Sm90,
-# b0, ..., b12>, ...>>>(Params)` with b5 (AppendKV) false. The launcher leaves some bytes of their one Params block
-# (128-aligned, at parameter-buffer byte 112: EIATTR_KPARAM_INFO) as its stack held them: TP=1 SAVEs on the reference
-# host (2026-12-03) differed at buffer bytes 816-823 and 1072-1079 in one pair and at 176-183 in another (0x1 vs
-# 0x501a00000001, decode/128). SAVE writes zeros at every byte none of these kernels reads, so two SAVEs agree wherever
-# the garbage lands. The ranges are buffer offsets, read from the pinned wheel's sm_90a code by
-# recipes/diagnosis/fa3-unread-params (cuobjdump + nvdisasm over flash_ops.abi3.so, 2026-12-03): in all 252 matching
-# instances, a byte listed here is touched by no direct constant load (constant bank = buffer + 0x210), by no indexed
-# constant load (each index register traced to the constants it can hold), and lies in no TMA descriptor whose address
-# the kernel takes (c[0x198] + offset, 128 bytes each; those addresses reach only UTMA* instructions); no instance takes
-# another parameter address. The 120 instances that append KV are left out: 40 of them take the Params block's own
-# address. Re-run the script on a new sgl-kernel pin and compare its list with this one.
+# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV: the buffer bytes none of them reads
+# (patches/sglang/README.md, "Parameter bytes never read"; recipes/diagnosis/fa3-unread-params derives the list).
 _FA3_FWD_V128_BF16 = re.compile(
     r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
 )
@@ -70,11 +52,10 @@ def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple
 
 
 @dataclass
-class SglangAdapter(engine.EngineAdapter):
-    """One SGLang scheduler process's `ModelRunner`, as the persistence session asks about it."""
+class SglangRun:
+    """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
 
-    model_runner: Any
-    pool: dict[str, Any] | None = None  # the memory pool SAVE sized (MemoryPoolConfig fields + budget); LOAD reuses it
+    pool: dict[str, Any] | None = None  # the MemoryPoolConfig fields SAVE sized; LOAD reuses them
     deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
@@ -83,9 +64,27 @@ class SglangAdapter(engine.EngineAdapter):
     kv_started: float = 0.0  # when the memory pool's sizing began
     deepep_buffer: Any = None  # DeepEP's Buffer, made in setup (graphpersist_deepep.setup_buffer)
 
+
+@dataclass
+class SglangAdapter(engine.EngineAdapter):
+    """One SGLang scheduler process's `ModelRunner`, as the persistence session asks about it."""
+
+    model_runner: Any
+    run: SglangRun = field(default_factory=SglangRun)
+
     name = "sglang"
     note_sections = ("decode", "prefill")
     logger = logging.getLogger("sglang.srt.graphpersist")  # SGLang configures where its loggers' lines go
+    entry_points = "sglang.Engine, launch_server or `sglang serve`"
+    budget_what = "memory pool"
+    budget_advice = "raise --mem-fraction-static or lower --context-length"
+    writes_when_ready = True  # the kernel warm-up runs SGLang's first requests, through the installed graphs
+
+    def refuse(self) -> None:
+        facts.refuse_unsupported(self.server_args)
+        if self.model_runner.is_draft_worker:
+            raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+        facts.refuse_unsupported_model(self.model_runner)
 
     @property
     def server_args(self) -> Any:
@@ -103,8 +102,11 @@ class SglangAdapter(engine.EngineAdapter):
     def config_flags(self) -> dict[str, Any]:
         return facts.config_flags(self.server_args)
 
-    def flags(self, session: engine.PersistSession) -> dict[str, Any]:
-        return facts.flags(self.pool, self.model_runner, self.inventory().by_mode)
+    def flags(self, session: engine.SessionView) -> dict[str, Any]:
+        return facts.flags(self.run.pool, self.model_runner, self.inventory().by_mode)
+
+    def rank(self) -> int:
+        return int(self.model_runner.ps.tp_rank)
 
     def device_index(self) -> int:
         return int(self.model_runner.gpu_id)
@@ -118,37 +120,40 @@ class SglangAdapter(engine.EngineAdapter):
     def setup_tensors(self) -> dict[str, Any]:
         return facts.setup_tensors(self.model_runner)
 
-    def read_saved(self, session: engine.PersistSession, archive: Any) -> None:
-        self.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
+    def read_saved(self, session: engine.SessionView) -> None:
+        self.run.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
 
     def inventory(self) -> engine.Inventory:
-        return capture.expected_inventory(self.runners)
+        return capture.expected_inventory(self.run.runners)
 
-    def install(self, session: engine.PersistSession, result: Any) -> int:
-        return capture.install(self.runners, result, result.notes, self.model_runner.model)
+    def output_types(self) -> registry.Registry:
+        return registry.output_types()
+
+    def install(self, session: engine.SessionView, result: Any) -> int:
+        return capture.install(self.run.runners, result, result.notes, self.model_runner.model)
 
     def communicators(self) -> list[engine.Communicator]:
         found: list[engine.Communicator] = [customar.CustomAllReduceV2()]
         if facts.uses_deepep(self.server_args):
             from sglang.srt import graphpersist_deepep as deepep
 
-            found.append(deepep.DeepEPBuffers(self.deepep_buffer))
+            found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
         return found
 
     def cache_resolvers(self) -> dict[str, engine.Resolver]:
         return caches.resolvers()
 
-    def warm_kernels_before_save(self, session: engine.PersistSession) -> None:
+    def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
         archive and a LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added."""
         import torch
 
         started = time.perf_counter()
-        before = session.cache_listing() if session.rank == 0 else set()
-        outcome = warmup.run(self.model_runner, self.runners, session.log)
+        before = session.caches.listing() if session.rank == 0 else set()
+        outcome = warmup.run(self.model_runner, self.run.runners, session.log)
         torch.cuda.synchronize()
-        added = sorted(session.cache_listing() - before) if session.rank == 0 else []
+        added = sorted(session.caches.listing() - before) if session.rank == 0 else []
         took = session.timed(engine.KERNEL_WARMUP, started)
         session.stats_extra["kernel_warmup"] = {
             "batches": outcome.batches,

@@ -10,9 +10,11 @@ With DeepEP in normal mode the decode graphs are breakable too (graphpersist_dee
 experts and combine are a break.
 Names are stable across processes: `decode/<bs>`, `decode/<bs>/<segment>` (breakable) and
 `prefill/<tokens>/<segment>` (segments numbered from 0).
-A break is persisted as the importable function it calls and its arguments (tensors at their addresses, modules of
-the model by their name in it, plain values), so LOAD rebuilds the same replay function; a break whose function or
-arguments cannot be named that way refuses the SAVE. With persistence off every hook returns at once and the code
+A break is persisted as a call record (graphpersist.graph.structure): the function it calls by its id in SGLang's
+registry (graphpersist_registry: an archive is data, never code) and its arguments (tensors at their addresses,
+modules of the model by their name in it, plain values), so LOAD rebuilds the same replay function from the live
+registry alone; a break whose function is not registered or whose arguments cannot be recorded that way refuses the
+SAVE, and LOAD refuses an id the live registry lacks. With persistence off every hook returns at once and the code
 path is upstream's.
 """
 
@@ -21,18 +23,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from sglang.srt import graphpersist_registry as registry
+
 from graphpersist import engine
 from graphpersist.engine import PersistError, structure
 
-
-def new_graph() -> Any:
-    """The graph object a capture site records into: one SAVE can serialize while saving, else upstream's."""
-    sess = engine.current()
-    if sess is not None:
-        return sess.new_graph()
-    import torch
-
-    return torch.cuda.CUDAGraph()
+new_graph = engine.new_graph  # the graph object a capture site records into (patch 0005)
 
 
 def defer(runner: Any) -> bool:
@@ -42,7 +38,7 @@ def defer(runner: Any) -> bool:
     sess = engine.current()
     if sess is None:
         return False
-    sess.adapter.deferred.append(runner)
+    sess.adapter.run.deferred.append(runner)
     return True
 
 
@@ -98,7 +94,7 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    phase = sess.adapter.capturing
+    phase = sess.adapter.run.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
     name = _key_name(phase, key)
@@ -109,77 +105,30 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     sess.notes["decode"][name] = {"size": key.size}
 
 
-# A break that is a registered torch operator (SGLang's attention op `torch.ops.sglang.unified_attention_with_output`)
-# is named `torch.ops:<namespace>.<op>[.<overload>]` and found again through torch.ops (it is registered once the
-# model's modules are imported, before any graph is restored).
-TORCH_OPS = "torch.ops:"
-
-
-def _op_name(fn: Any) -> str | None:
-    packet = getattr(fn, "overloadpacket", fn)  # an OpOverload knows its packet; a packet is its own
-    qualified = getattr(packet, "_qualified_op_name", None)
-    if not isinstance(qualified, str) or "::" not in qualified:
-        return None
-    name = TORCH_OPS + qualified.replace("::", ".")
-    overload = getattr(fn, "_overloadname", None) if packet is not fn else None
-    return f"{name}.{overload}" if overload else name
-
-
-def resolve_callable(name: str) -> Any:
-    """The function or torch operator `callable_name` named, or None when it cannot be found here."""
-    if not name.startswith(TORCH_OPS):
-        return structure._resolve(name)
-    import torch
-
-    obj: Any = torch.ops
-    try:
-        for part in name.removeprefix(TORCH_OPS).split("."):
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError):
-        return None
-    return obj
-
-
-def callable_name(fn: Any) -> str:
-    """The name under which `fn` itself can be found again: a registered torch operator (`torch.ops:ns.op`), a
-    plain function, or a wrapper object (SGLang's custom-op wrapper) that replaced the function it wraps at module
-    level (`module:Qual.Name`); refuses anything else."""
-    op = _op_name(fn)
-    if op is not None and resolve_callable(op) is fn:
-        return op
-    for named in (fn, getattr(fn, "op_func", None), getattr(fn, "__wrapped__", None)):
-        module, qual = getattr(named, "__module__", None), getattr(named, "__qualname__", None)
-        if isinstance(module, str) and isinstance(qual, str) and "<locals>" not in qual:
-            name = f"{module}:{qual}"
-            if structure._resolve(name) is fn:
-                return name
-    raise PersistError(
-        f"graphpersist: the breakable CUDA graph breaks at {fn!r}, which cannot be imported by its name, so LOAD could "
-        "not call it again: SAVE refused (use --cuda-graph-backend-prefill disabled)"
-    )
-
-
 def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
     """SAVE: the breakable capture ran `inner(*args, **kwargs)` eagerly between two segments (replayed so)."""
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    name = callable_name(inner)
-    where = f"break {name}"
+    instead = "serve without --moe-a2a-backend deepep" if sess.adapter.run.capturing == "decode" else (
+        "use --cuda-graph-backend-prefill disabled")  # fmt: skip
+    functions = registry.breaks()
+    fn_id = structure.registered_id(inner, functions)
+    if fn_id is None:
+        name = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__qualname__)}"
+        raise PersistError(
+            f"graphpersist: the breakable CUDA graph breaks at {name}, which is not in SGLang's registry of break "
+            f"functions ({', '.join(functions)}), so LOAD could not call it again: SAVE refused ({instead}, or add "
+            "it to sglang/srt/graphpersist_registry.py and declare it in patches/sglang/hooks.toml)"
+        )
     leaf = _break_leaf(_model(sess))
     try:
-        sess.adapter.breaks.append(
-            {
-                "fn": name,
-                "args": structure.encode(tuple(args), leaf, f"{where} args"),
-                "kwargs": structure.encode(dict(kwargs), leaf, f"{where} kwargs"),
-                "output": structure.encode(output, leaf, f"{where} output"),
-            }
+        record = structure.encode_call(
+            inner, args, kwargs, output, leaf, f"break {fn_id}", functions, registry.output_types()
         )
     except structure.StructureError as exc:
-        instead = "serve without --moe-a2a-backend deepep" if sess.adapter.capturing == "decode" else (
-            "use --cuda-graph-backend-prefill disabled")  # fmt: skip
         raise PersistError(f"graphpersist: {exc}: SAVE refused ({instead})") from None
+    sess.adapter.run.breaks.append(record)
 
 
 def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
@@ -188,14 +137,14 @@ def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    adapter = sess.adapter
-    phase = adapter.capturing
+    run = sess.adapter.run
+    phase = run.capturing
     if phase not in ("prefill", "decode"):
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners ({phase}): "
                            "refused")  # fmt: skip
     base = _key_name(phase, key)
     segments = list(graph._segments)
-    breaks, adapter.breaks = adapter.breaks, []
+    breaks, run.breaks = run.breaks, []
     if len(breaks) != len(graph._break_fns) or len(segments) != len(breaks) + 1:
         raise PersistError(
             f"graphpersist: {base}: {len(segments)} segments, {len(graph._break_fns)} breaks, {len(breaks)} recorded: "
@@ -220,44 +169,34 @@ def expected_inventory(runners: dict[str, Any]) -> engine.Inventory:
     return engine.Inventory(sorted({n for values in out.values() for n in values}), sorted(out), out)
 
 
-def _differ(what: str, saved: set[str], live: set[str]) -> PersistError:
-    missing, extra = sorted(live - saved), sorted(saved - live)
-    return PersistError(
-        f"graphpersist: {what} graphs differ: not in the archive {missing[:5] or 'none'}"
-        f"{' ...' if len(missing) > 5 else ''}, saved but not captured by this configuration {extra[:5] or 'none'}"
-        f"{' ...' if len(extra) > 5 else ''}. Re-run with mode=save for this configuration."
-    )
-
-
 def _viewer(model: Any) -> Any:
-    """LOAD: a leaf spec back to its live object: a tensor at its address, or the model's module of that name."""
+    """LOAD: a leaf spec back to its live object: a tensor at its address, or the model's module of that name (looked
+    up among `model.named_modules()`: data of the live model, never an attribute walk by the archive's string)."""
+    modules: dict[str, Any] | None = None
 
     def view(spec: dict[str, Any]) -> Any:
+        nonlocal modules
         if MODULE_KEY not in spec:
             return engine.tensor_at(spec)
-        try:
-            return model.get_submodule(spec[MODULE_KEY])
-        except AttributeError:
-            raise structure.StructureError(f"the model has no module {spec[MODULE_KEY]!r}") from None
+        if modules is None:
+            modules = dict(model.named_modules()) if model is not None else {}
+        found = modules.get(spec[MODULE_KEY])
+        if found is None:
+            raise structure.StructureError(f"the model has no module {structure.shown(repr(spec[MODULE_KEY]), 80)}")
+        return found
 
     return view
 
 
-def _break_fn(record: dict[str, Any], where: str, model: Any = None) -> Any:
-    """LOAD: the replay function of one break, as the breakable capture built it (same function, same arguments)."""
+def _break_fn(record: Any, where: str, view: Any, functions: registry.Registry, types: registry.Registry) -> Any:
+    """LOAD: the replay function of one break, as the breakable capture built it (same function, same arguments),
+    its function from SGLang's live registry (`functions`) by the saved id alone."""
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
         _copy_output,
     )
 
-    inner = resolve_callable(record["fn"])
-    if inner is None or not callable(inner):
-        raise PersistError(f"graphpersist: {where}: break function {record['fn']} cannot be imported: LOAD refused "
-                           "(re-run with mode=save)")  # fmt: skip
-    view = _viewer(model)
     try:
-        args = structure.decode(record["args"], view, f"{where} args")
-        kwargs = structure.decode(record["kwargs"], view, f"{where} kwargs")
-        output = structure.decode(record["output"], view, f"{where} output")
+        inner, args, kwargs, output = structure.decode_call(record, view, where, functions, types)
     except structure.StructureError as exc:
         raise PersistError(f"graphpersist: {exc}") from None
 
@@ -281,18 +220,19 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
     saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
     live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
     if set(saved_decode) != live:
-        raise _differ("decode", set(saved_decode), live)
+        raise engine.graphs_differ("decode", set(saved_decode), live)
     live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
     if set(saved_prefill) != live:
-        raise _differ("prefill", set(saved_prefill), live)
+        raise engine.graphs_differ("prefill", set(saved_prefill), live)
     breakables = []
+    found = (_viewer(model), registry.breaks(), registry.output_types())  # one of each for every break
     for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
         for base, rec in saved.items():  # every break function is rebuilt before anything is installed
             if "segments" not in rec:
                 continue
             bg = BreakableCUDAGraph(None)
             bg._segments = [result[f"{base}/{i:03d}"] for i in range(int(rec["segments"]))]
-            bg._break_fns = [_break_fn(b, f"{base} break {i}", model) for i, b in enumerate(rec["breaks"])]
+            bg._break_fns = [_break_fn(b, f"{base} break {i}", *found) for i, b in enumerate(rec["breaks"])]
             breakables.append((runner, ShapeKey(size=int(rec["size"])), bg))
 
     installed = 0

@@ -1,22 +1,5 @@
-"""SGLang's custom all-reduce (v2, the default on CUDA) under persistence: its graph-input registration as a phase
-that LOAD re-runs.
-
-`CustomAllReduceV2` gives every all-reduce captured in a graph a row of `graph_params` (one peer pointer per rank)
-and, when the capture context ends, registers the captured inputs with its peers: it exports the allocations
-holding them, opens the peers' ones (under the runtime's interposer every region allocation is a VMM allocation,
-so upstream takes its POSIX-fd path: export, SCM_RIGHTS exchange, import, reserve, map) and writes the rows, which
-the captured kernels read at replay.
-
-SGLang enters a capture context once per graph runner (prefill, then decode), and a registration after the first
-would be a post-capture phase with captures after it, which LOAD could not replay in order. So with persistence on
-the registration waits (the inputs keep accumulating, their rows keep counting up) until every graph is captured,
-and then runs once, as upstream's own code, inside the post-capture phase `custom_all_reduce`; SAVE records each
-communicator's pending inputs and first row. LOAD captures nothing: it gives each communicator the saved inputs and
-first row and runs the same upstream registration inside the same phase, so every import lands at its saved address;
-the rows it writes are declared "recreated" state, so LOAD proves they equal SAVE's before the first replay.
-
-The legacy custom all-reduce (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0) is refused at start-up (graphpersist_facts).
-"""
+"""SGLang's custom all-reduce (v2, the default on CUDA) under persistence: its graph-input registration as one
+post-capture phase that LOAD re-runs (patches/sglang/README.md, "Custom all-reduce v2")."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
-"""SGLang's DeepEP expert parallelism (`--moe-a2a-backend deepep`) under persistence: which mode, which graphs, and
-the Buffer's facts an archive records.
-
-Which DeepEP kernels could sit in a graph, read from SGLang 0.5.17:
-- low-latency mode (`--deepep-mode low_latency`, and `auto` for decode batches) is captured in the decode graphs and
-  runs on NVSHMEM with IBGDA (an InfiniBand NIC, even within one node): refused, here at start-up and by deep_ep's
-  own Buffer (patches/deep_ep);
-- normal mode is never captured: in a breakable graph `DeepEPMoE.forward` runs dispatch, experts and combine as an
-  eager break (`a2a_forward_with_output`), and upstream turns every CUDA graph off for `--deepep-mode normal`.
-  `num_worst_tokens` would make the dispatch itself capturable, but SGLang's normal-mode expert runner sizes its
-  buffers from the per-expert counts DeepEP returns on the host (`pre_permute_deepep_normal_to_deep_gemm`:
-  `sum(num_recv_tokens_per_expert)`), which that mode leaves empty; a worst-case layout would be another expert
-  runner with other GEMM shapes, not upstream's forward, so it is not done.
-So persistence takes normal mode within one node, keeps SGLang's graphs on with the breakable backend for decode and
-prefill (`keep_graphs_in_normal_mode`, patch 0009), and no graph holds a DeepEP kernel: the breaks call DeepEP
-eagerly at replay, against the same Buffer at the same address.
-
-The Buffer is made in setup (`setup_buffer`, before the memory pool is sized) by upstream's own code path, the one
-its first dispatch would take, so SAVE and LOAD place its NVL buffer identically; its facts (`buffer_facts`) are
-recorded at SAVE and compared at LOAD (`DeepEPBuffers`, a Communicator) before the first replay.
-"""
+"""SGLang's DeepEP expert parallelism (`--moe-a2a-backend deepep`) under persistence: normal mode only, its Buffer made
+in setup, its facts recorded and compared (patches/sglang/README.md, "DeepEP")."""
 
 from __future__ import annotations
 

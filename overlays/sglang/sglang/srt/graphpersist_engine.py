@@ -1,30 +1,5 @@
-"""The scheduler (TP worker) process's side of CUDA-graph persistence: the seams the patches call, in start-up order.
-
-The runtime's `PersistSession` owns the lifecycle; `graphpersist_adapter.SglangAdapter` answers its questions. SGLang
-starts one scheduler process per TP rank with `spawn`; each inherits the runtime's interposer through
-`LD_PRELOAD`, which the switch exports before SGLang launches them (`graphpersist_switch`). The seams:
-
-* `ModelRunner.init_torch_distributed`, first (`before_distributed`): refusals, the session, the address region;
-  LOAD also checks the facts known this early, puts the JIT caches back and anchors the phases at SAVE's offsets.
-* (setup, exact): NCCL, the custom all-reduce workspace, the weights, at the same addresses in SAVE and LOAD.
-* `KVCacheConfigurator.configure`, sizing (`memory_pool_config`): with DeepEP, its Buffer is made first, in the exact
-  phase `deepep` (`graphpersist_deepep.setup_buffer`); then the exact phase `kv_cache` begins; SAVE rounds the
-  profile down to 1 GiB and records the pool; LOAD reuses it, checked against free memory, never profiled.
-* the graph runners' `__init__`, capture (`graphpersist_capture.defer`): deferred, in SAVE and LOAD.
-* `capture_cuda_graphs`, after the runners (`graphs`): the variable phase `warmup` runs one eager decode forward
-  (so state a layer creates on its first forward exists in setup); the exact phase `attn_shapes` prepares the attention
-  backend's per-shape capture metadata; `mark_setup`; SAVE runs the deferred captures and custom all-reduce's
-  registration (post-capture phase `custom_all_reduce`); LOAD runs the session's `restore`, which installs the
-  graphs in the runners, re-runs the registration and verifies the state.
-* the end of `ModelRunner.init_cuda_graphs` (`after_graphs`), once SGLang holds its graph runners and a batch can
-  run: SAVE writes the archive, running SGLang's first requests (`graphpersist_warmup`) after the archive's content
-  is fixed and before rank 0 packs the JIT caches, so the kernels they compile travel with it; LOAD does nothing.
-
-Everything up to `mark_setup` is exact: LOAD's allocations must land at SAVE's addresses, event by event. The
-captures are deferred until every runner has allocated its buffers (upstream captures prefill graphs before the
-decode runner allocates), so SAVE and LOAD run the same setup. Per-rank timings and counts go to
-`GRAPHPERSIST_STATS_DIR` (the session's `write_stats`).
-"""
+"""The scheduler (TP worker) process's side of CUDA-graph persistence: the seams the patches call, in start-up order,
+each one of the session's steps (patches/sglang/README.md, "The scheduler's start", has the phases)."""
 
 from __future__ import annotations
 
@@ -32,7 +7,7 @@ import time
 from typing import Any
 
 from sglang.srt import graphpersist_facts as facts
-from sglang.srt.graphpersist_adapter import SglangAdapter
+from sglang.srt.graphpersist_adapter import SglangAdapter, SglangRun
 
 from graphpersist import engine
 from graphpersist.engine import PersistError
@@ -46,26 +21,9 @@ def _adapter(sess: engine.PersistSession) -> SglangAdapter:
 
 def before_distributed(model_runner: Any) -> None:
     """First thing of `ModelRunner.init_torch_distributed`: with persistence off, nothing."""
-    resolved = engine.switch.resolve()
-    if not resolved.enabled:
-        return
-    started = time.perf_counter()
-    facts.refuse_unsupported(model_runner.server_args)
-    if model_runner.is_draft_worker:
-        raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
-    facts.refuse_unsupported_model(model_runner)
-    if not engine.interposer_loaded():
-        raise PersistError(
-            "graphpersist: this scheduler process runs without the runtime's interposer (LD_PRELOAD); start SGLang "
-            "through an entry point that resolves --graph-persist (sglang.Engine, launch_server, sglang serve) so "
-            "its processes inherit it, or under `python -m graphpersist exec`"
-        )
-    ps = model_runner.ps
-    adapter = SglangAdapter(model_runner)
-    sess = engine.PersistSession.open(adapter, resolved, ps.tp_rank, ps.tp_size)
-    sess.start()
-    sess.timed("start", started)
-    adapter.setup_started = time.perf_counter()
+    sess = engine.PersistSession.begin(SglangAdapter(model_runner))
+    if sess is not None:
+        _adapter(sess).run.setup_started = time.perf_counter()
 
 
 def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
@@ -73,54 +31,52 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     sess = engine.current()
     if sess is None:
         return configurator._resolve_memory_pool_config(pre_model_load_memory)
-    import torch
     from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
     adapter = _adapter(sess)
-    if facts.uses_deepep(adapter.server_args):  # its NVL buffer before the pool is profiled, sized and placed
+    run = adapter.run
+    if facts.uses_deepep(adapter.server_args):
         from sglang.srt import graphpersist_deepep as deepep
 
-        adapter.deepep_buffer = deepep.setup_buffer(sess, configurator.model)
-    sess.timed("setup", adapter.setup_started)
-    adapter.kv_started = time.perf_counter()
+        run.deepep_buffer = deepep.setup_buffer(sess, configurator.model)  # before the pool is sized and placed
+    sess.timed("setup", run.setup_started)
+    run.kv_started = time.perf_counter()
     sess.begin_phase("kv_cache")
     if sess.loading:
-        assert adapter.pool is not None  # read_saved read it
-        free, total = torch.cuda.mem_get_info()
-        facts.check_free_memory(int(adapter.pool["budget_bytes"]), free, total)
-        config = MemoryPoolConfig(**adapter.pool["config"])
+        budget = sess.memory_budget(None)  # SAVE's, checked against this GPU's free memory
+        config = MemoryPoolConfig(**run.pool)
         sess.log("memory pool from the archive: %d tokens (budget %.2f GiB, not profiled)",
-                 config.max_total_num_tokens, adapter.pool["budget_bytes"] / 2**30)  # fmt: skip
+                 config.max_total_num_tokens, budget / 2**30)  # fmt: skip
         return config
     # KVCacheConfigurator has __slots__: its profile is wrapped on the class, for this one call (one thread).
     cls = type(configurator)
     profiled = cls._profile_available_bytes
-    budget: list[int] = []
+    calls: list[int] = []
 
-    def rounded(self: Any, pre: Any) -> int:
-        budget.append(facts.pool_budget(int(profiled(self, pre))))
-        return budget[-1]
+    def budgeted(self: Any, pre: Any) -> int:
+        calls.append(sess.memory_budget(lambda: int(profiled(self, pre))))
+        return calls[-1]
 
-    cls._profile_available_bytes = rounded
+    cls._profile_available_bytes = budgeted
     try:
         config = configurator._resolve_memory_pool_config(pre_model_load_memory)
     finally:
         cls._profile_available_bytes = profiled
-    if len(budget) != 1:
-        raise PersistError(f"graphpersist: SGLang profiled the memory pool {len(budget)} times (once expected): the "
+    if len(calls) != 1:
+        raise PersistError(f"graphpersist: SGLang profiled the memory pool {len(calls)} times (once expected): the "
                            "sizing changed upstream; SAVE refused")  # fmt: skip
-    adapter.pool = facts.pool_record(config, budget[0])
+    run.pool = facts.pool_record(config)
     sess.log("memory pool: %d tokens (budget %.2f GiB, rounded down to 1 GiB)", config.max_total_num_tokens,
-             budget[0] / 2**30)  # fmt: skip
+             calls[0] / 2**30)  # fmt: skip
     return config
 
 
-def _runners(adapter: SglangAdapter) -> dict[str, Any]:
+def _runners(run: SglangRun) -> dict[str, Any]:
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 
     found: dict[str, Any] = {}
-    for runner in adapter.deferred:
+    for runner in run.deferred:
         phase = "decode" if isinstance(runner, DecodeCudaGraphRunner) else None
         phase = "prefill" if isinstance(runner, PrefillCudaGraphRunner) else phase
         if phase is None or phase in found:
@@ -196,18 +152,9 @@ def _warm_forward(runner: Any) -> None:
     torch.cuda.synchronize()
 
 
-def _release_cached(torch: Any) -> None:
-    """Drop torch's cached free blocks, inside the exact phase (SAVE and LOAD alike)."""
-    import gc
-
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
-def _capture(adapter: SglangAdapter, phase: str, runner: Any) -> None:
+def _capture(run: SglangRun, phase: str, runner: Any) -> None:
     """SAVE: the capture upstream's runner __init__ would have run, as it runs it."""
-    adapter.capturing = phase
+    run.capturing = phase
     try:
         if phase == "decode":
             from sglang.srt.model_executor.runner_backend_utils import CUDA_GRAPH_CAPTURE_FAILED_MSG
@@ -221,7 +168,7 @@ def _capture(adapter: SglangAdapter, phase: str, runner: Any) -> None:
         else:
             runner.capture()
     finally:
-        adapter.capturing = None
+        run.capturing = None
 
 
 def graphs(model_runner: Any) -> None:
@@ -230,40 +177,29 @@ def graphs(model_runner: Any) -> None:
     sess = engine.current()
     if sess is None:
         return
-    import torch
-
-    adapter = _adapter(sess)
-    runners = _runners(adapter)
+    run = _adapter(sess).run
+    runners = _runners(run)
     if "decode" not in runners:
         raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
                              "persist; turn persistence off")  # fmt: skip
-    sess.timed("kv_cache", adapter.kv_started)  # pool, attention backends, runners' buffers
+    sess.timed("kv_cache", run.kv_started)  # pool, attention backends, runners' buffers
     with sess.phase("warmup", exact=False, span=WARMUP_SPAN, timed="warmup"):
         _warm_forward(runners["decode"])
-        _release_cached(torch)
-    started = time.perf_counter()
-    with sess.phase("attn_shapes"):
+        engine.release_cached()
+    with sess.phase("attn_shapes", timed="attn_shapes"):
         _prepare_attention_shapes(runners["decode"])
-        _release_cached(torch)  # so what the captures allocate never lands in a setup segment's free space
+        engine.release_cached()  # so what the captures allocate never lands in a setup segment's free space
     prepared = _attention_state(runners["decode"])
-    sess.mark_setup()
-    sess.timed("attn_shapes", started)
-    adapter.runners = runners
-    if sess.loading:
-        _restore(sess, prepared)
-        sess.write_stats()
-    else:
-        _capture_all(sess, adapter, prepared)  # the archive is written by after_graphs, once a batch can run
+    run.runners = runners
+    sess.graphs(lambda: _capture_all(sess, run, prepared), check=lambda notes: _same_attention_state(prepared, notes))
 
 
-def _capture_all(sess: engine.PersistSession, adapter: SglangAdapter, prepared: dict[str, list[Any]]) -> None:
-    """SAVE: every deferred capture, in upstream's order, then the communicators' registration."""
-    started = time.perf_counter()
+def _capture_all(sess: engine.PersistSession, run: SglangRun, prepared: dict[str, list[Any]]) -> None:
+    """SAVE: every deferred capture, in upstream's order; the attention state they read must not have moved."""
     for phase in ("prefill", "decode"):  # upstream's order
-        if phase in adapter.runners:
-            _capture(adapter, phase, adapter.runners[phase])
-    sess.after_capture()
-    after = _attention_state(adapter.runners["decode"])
+        if phase in run.runners:
+            _capture(run, phase, run.runners[phase])
+    after = _attention_state(run.runners["decode"])
     if changed := _differences(prepared, after):
         raise PersistError(
             f"graphpersist: the attention backend's per-shape state changed during the capture ({changed[0]}: "
@@ -271,7 +207,17 @@ def _capture_all(sess: engine.PersistSession, adapter: SglangAdapter, prepared: 
             "LOAD could not prepare it exactly: SAVE refused (use --attention-backend fa3)"
         )
     sess.notes["attn_shapes"] = prepared
-    sess.timed("capture", started)
+
+
+def _same_attention_state(prepared: dict[str, list[Any]], notes: dict[str, Any]) -> None:
+    """LOAD, before anything is installed: the attention state prepared here is SAVE's."""
+    saved_state = notes.get("attn_shapes", {})
+    if changed := _differences(prepared, saved_state):
+        raise PersistError(
+            f"graphpersist: the attention backend's per-shape state differs from SAVE's ({changed[0]}: saved "
+            f"{saved_state.get(changed[0])}, live {prepared.get(changed[0])}; {len(changed)} in all): LOAD "
+            "refused. Re-run with mode=save for this configuration."
+        )
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -280,28 +226,16 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def after_graphs(model_runner: Any) -> None:
-    """End of `ModelRunner.init_cuda_graphs`: SAVE writes the archive (LOAD restored in `graphs`, nothing to do),
-    running SGLang's first requests once its content is fixed (the adapter's `warm_kernels_before_save`)."""
+    """End of `ModelRunner.init_cuda_graphs`, once SGLang holds its graph runners and a batch can run: SAVE writes the
+    archive, running SGLang's first requests once its content is fixed (the adapter's `warm_kernels_before_save`);
+    the start ends for the session."""
     sess = engine.current()
-    if sess is None or not sess.saving:
+    if sess is None or sess.finished:  # graphs set up again after the start are upstream's own
         return
-    if not _adapter(sess).runners:
-        raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
-                           "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
-    sess.save()
-    sess.write_stats()
-
-
-def _restore(sess: engine.PersistSession, prepared: dict[str, list[Any]]) -> None:
-    """LOAD: the session restores and installs the graphs, once the attention state matches SAVE's."""
-
-    def same_attention_state(notes: dict[str, Any]) -> None:
-        saved_state = notes.get("attn_shapes", {})
-        if changed := _differences(prepared, saved_state):
-            raise PersistError(
-                f"graphpersist: the attention backend's per-shape state differs from SAVE's ({changed[0]}: saved "
-                f"{saved_state.get(changed[0])}, live {prepared.get(changed[0])}; {len(changed)} in all): LOAD "
-                "refused. Re-run with mode=save for this configuration."
-            )
-
-    sess.restore(check=same_attention_state)
+    try:
+        if sess.saving and not _adapter(sess).run.runners:
+            raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
+                               "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
+        sess.ready()
+    finally:
+        sess.finish()

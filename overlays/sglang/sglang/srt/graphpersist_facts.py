@@ -1,13 +1,5 @@
-"""What an SGLang archive must agree on, what persistence refuses, and the small engine lookups the engine glue needs.
-
-Facts go into the archive's manifest (`engine`, `model`, `parallel`, `flags`) and are compared field by field at
-LOAD: a configuration that captures different graphs, or sizes its memory pool differently, is refused naming the
-field, the saved and the live value. The session compares what is known before setup (in the scheduler process,
-before distributed init: the session's `start`), so a wrong TP size or model is refused at start-up with those
-names rather than as an allocation that landed elsewhere.
-
-Nothing here imports SGLang or torch at module level: the CPU tests run these functions against stand-ins.
-"""
+"""What an SGLang archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up,
+and the small engine lookups the glue needs. Nothing here imports SGLang or torch at module level (CPU tests)."""
 
 from __future__ import annotations
 
@@ -257,14 +249,9 @@ POOL_FIELDS = (
 
 
 def saved_pool(value: Any, directory: Any) -> dict[str, Any]:
-    """The memory pool SAVE sized, as recorded in flags.memory_pool; refuses an archive without one."""
-    if (
-        not isinstance(value, dict)
-        or not isinstance(value.get("budget_bytes"), int)
-        or value["budget_bytes"] <= 0
-        or not isinstance(value.get("config"), dict)
-        or set(value["config"]) != set(POOL_FIELDS)
-    ):
+    """The memory pool SAVE sized (every MemoryPoolConfig field), as recorded in flags.memory_pool; refuses an archive
+    without one."""
+    if not isinstance(value, dict) or set(value) != set(POOL_FIELDS):
         raise PersistError(
             f"graphpersist: {directory} records no memory-pool size (flags.memory_pool = {value!r}). "
             "Re-run with mode=save."
@@ -272,36 +259,9 @@ def saved_pool(value: Any, directory: Any) -> dict[str, Any]:
     return value
 
 
-POOL_GRANULE = 1 << 30
-
-
-def pool_budget(profiled_bytes: int) -> int:
-    """SAVE's memory-pool budget: SGLang's profile (already the smallest rank's free memory) rounded down to 1 GiB.
-
-    A cold SAVE (compiling) and a warm one profile a few tens of MiB apart; unrounded, the KV pool and every
-    address after it would differ between their archives. LOAD reuses the recorded budget and never profiles.
-    """
-    if profiled_bytes < POOL_GRANULE:
-        raise PersistError(
-            f"graphpersist: the memory profile leaves {profiled_bytes // 2**20} MiB for the KV pool, less than the "
-            f"{POOL_GRANULE >> 30} GiB SAVE needs: raise --mem-fraction-static or lower --context-length"
-        )
-    return profiled_bytes - profiled_bytes % POOL_GRANULE
-
-
-def pool_record(config: Any, budget: int) -> dict[str, Any]:
-    """The MemoryPoolConfig SAVE used (every field, by name) and its byte budget, as the archive records them."""
-    return {"budget_bytes": int(budget), "config": {name: getattr(config, name) for name in POOL_FIELDS}}
-
-
-def check_free_memory(budget: int, free: int, total: int) -> None:
-    """LOAD reuses SAVE's pool size instead of profiling: refuse when this GPU cannot hold it now."""
-    if free < budget:
-        raise PersistError(
-            f"graphpersist: the archive's memory pool needs {budget / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB "
-            f"of {total / 2**30:.2f} GiB are free on this GPU: free the GPU (other processes?) or re-run with "
-            "mode=save on this host"
-        )
+def pool_record(config: Any) -> dict[str, Any]:
+    """The MemoryPoolConfig SAVE used, every field by name, as the archive records it (LOAD rebuilds it)."""
+    return {name: getattr(config, name) for name in POOL_FIELDS}
 
 
 def cpu_gather() -> Any:
@@ -313,14 +273,8 @@ def cpu_gather() -> Any:
 
 def setup_tensors(model_runner: Any) -> dict[str, Any]:
     """The setup tensors the graphs read, by name: parameters, buffers and the KV pool (LOAD proves their place)."""
-    named: dict[str, Any] = {}
-    for name, t in model_runner.model.named_parameters():
-        named[f"param.{name}"] = t.data
-    for name, t in model_runner.model.named_buffers():
-        if t.is_cuda:
-            named[f"buffer.{name}"] = t
+    named = engine.model_tensors(model_runner.model)
     pool = model_runner.token_to_kv_pool
     for kind in ("k_buffer", "v_buffer"):
-        for i, t in enumerate(getattr(pool, kind, None) or []):
-            named[f"kv_pool.{kind}.{i}"] = t
+        named.update({f"kv_pool.{kind}.{i}": t for i, t in enumerate(getattr(pool, kind, None) or [])})
     return named

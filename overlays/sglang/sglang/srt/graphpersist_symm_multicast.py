@@ -1,24 +1,5 @@
-"""Torch symmetric-memory all-reduce on a host without NVLink multicast (called from the patched
-``sglang/srt/distributed/device_communicators/torch_symm_mem.py``, patch 0007).
-
-Upstream SGLang 0.5.17 turns ``TorchSymmMemCommunicator`` off whenever torch's ``rendezvous()`` returns no
-multicast address. But the communicator runs one of two kernels: ``multimem_all_reduce_``, which reduces through an
-NVLink multicast address, for the world sizes SGLang lists per compute capability (``_WORLD_SIZES_MULTIMEM``: 4, 6
-and 8 on SM90 and SM100), and ``two_shot_all_reduce_``, which reads and writes the peers' buffers directly and needs
-no multicast, for every other world size (2 among them). On a host without multicast (ours: multicast is off, see
-REFERENCE-GPU.md) the two-shot kernel works and replays from a CUDA graph, measured on the reference host.
-
-``GRAPHPERSIST_SYMM_MEM_NO_MULTICAST=1`` keeps the communicator on in that case when its kernel is the two-shot
-one; it stays off, as upstream, where the multimem kernel would run, and where SGLang's Inkling all-reduce
-(``SGLANG_OPT_USE_INKLING_CUSTOM_AR``), which reads the communicator's multicast address, is on. The decision is
-logged either way. Without the variable nothing here runs and nothing is logged: upstream's check decides.
-
-Why an explicit variable rather than "on whenever persistence is": persistence off must mean upstream, and a SAVE or
-LOAD must reduce exactly as the upstream start it is compared with. Tied to the persistence mode, a baseline start
-would reduce through custom all-reduce or NCCL while SAVE and LOAD use symmetric memory: other kernels, other
-rounding, another proof. With the variable, every start that sets it (persistence off included) runs the same
-collectives, and the archive records it (a pinned environment variable), so a LOAD without it is refused.
-"""
+"""Torch symmetric-memory all-reduce on a host without NVLink multicast (patch 0007): the two-shot communicator stays
+on when `GRAPHPERSIST_SYMM_MEM_NO_MULTICAST=1` says so (patches/sglang/README.md, "Torch symmetric memory")."""
 
 from __future__ import annotations
 

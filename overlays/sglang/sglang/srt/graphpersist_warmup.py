@@ -1,34 +1,5 @@
-"""SAVE's first requests: dummy batches through SGLang's own request path, so the archive's JIT caches hold what a
-fresh host's first requests would otherwise compile.
-
-SGLang compiles some kernels only when it serves, not when it captures (SGLang 0.5.17, dense model, TP=2, fa3,
-flashinfer sampling, page size 1, radix cache, overlap scheduler; the GPU host's baseline compiled 26 Triton cache
-files on its first request):
-
-* batch preparation, which the graph runners' capture never runs (they fill their own buffers):
-  `write_req_to_token_pool_triton` (Triton, every prefill, `mem_cache/allocation.py:write_cache_indices`; Triton
-  specialises it on whether `out_cache_loc`, a slice of the allocator's free list, is 16-byte aligned, so an odd
-  number of slots handed out before a prefill compiles a second variant), `compute_position_kernel` (Triton, every
-  prefill, `ForwardBatch.init_new`), `clamp_position` (tvm-ffi, nvcc, every decode, `ForwardBatch.init_new`);
-* sampling: FlashInfer's JIT sampling module (top-k / top-p, and min-p after sgl-kernel's renormalisation), the
-  repetition penalty (torch.compile); greedy sampling is torch.argmax;
-* whatever else a real batch runs outside the captured graphs: the eager logits processor on top of a prefill
-  graph, the eager attention breaks, decode-graph replay preparation, and the eager forward of a batch no graph
-  covers (a 1-token prefill, which the prefill graphs refuse to pad 4x; more requests than the largest decode
-  graph; more prefill tokens than the largest prefill graph where chunked prefill allows them).
-
-So SAVE runs the batches of `plan()` once, after every graph is captured and after SAVE has fixed what the
-archive holds, and before rank 0 packs the caches (`graphpersist_engine.after_graphs`, through
-`Saver.save(before_write=...)`): through the calls SGLang's own one-batch benchmark makes
-(`sglang/benchmark/one_batch.py`: `Req`, `ScheduleBatch.init_new`, `prepare_for_extend` / `prepare_for_decode`,
-`ForwardBatch.init_new`, `ModelRunner.forward` (graph replay or eager, as SGLang dispatches), `ModelRunner.sample`),
-on the forward stream and in the grad mode of SGLang's scheduler. What the batches change is put back: the request
-and KV-slot pools' bookkeeping, the CPU and GPU random generators, the forward counter; the KV cache and the
-request-to-token table keep the dummy values in slots no request reads before writing them. LOAD never runs this.
-
-Not covered (each compiles at its first use, on any host): logprobs, structured output (grammars), LoRA, seeded
-(deterministic) sampling, custom logit processors, multimodal inputs.
-"""
+"""SAVE's first requests: dummy batches through SGLang's own request path, so the archive's JIT caches hold what a fresh
+host's first requests would otherwise compile (patches/sglang/README.md, "The first requests a SAVE runs")."""
 
 from __future__ import annotations
 
