@@ -559,3 +559,19 @@ def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_
     old = write_archive(tmp_path / "old")  # saved before archives carried the caches
     assert vllm_caches.restore_before_engine(old) == []
     assert vllm_caches.restore_before_engine(tmp_path / "nowhere") == []  # the workers refuse it, naming why
+
+
+def test_a_hostile_tar_refuses_both_of_loads_restores_writing_nothing(
+    vllm_caches: types.ModuleType, tmp_path: Path
+) -> None:
+    """The early restore (vLLM's configuration process) and the session's (each worker) raise the JitCacheError, a
+    PersistError, in the process that runs them; neither writes a file."""
+    blob, problem = hostile_tars.HOSTILE["pax mtime nan"]
+    root = shared_archive(tmp_path / "archive", {jitcache.SHARED_NAME: blob})
+    with pytest.raises(JitCacheError, match=re.escape(problem)):
+        vllm_caches.restore_before_engine(root)
+    loading = session(vllm_caches, switch.Mode.LOAD, root)
+    loading.caches.folders = {"triton": tmp_path / "fresh" / "triton"}
+    with pytest.raises(PersistError, match="nothing was restored"):
+        loading.caches.restore(loading)
+    assert not (tmp_path / "vllm-root").exists() and not (tmp_path / "fresh").exists()
