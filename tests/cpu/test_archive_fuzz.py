@@ -59,8 +59,8 @@ a host's cache folders (read_shared + jitcache.restore, what LOAD does first). W
 * no missed difference: `diff` against the original never says "equal" for a case that changes a field LOAD reads.
 
 The counts (per family and outcome) are printed to the terminal. Seed: SEED, or GP_FUZZ_SEED to explore others.
-The whole suite (about 55 s on 2 cores shared with other work) is marked slow: it runs in `make test` (CI); test_hostile_archives_smoke
-runs every 25th case in `make test-fast`.
+The whole suite (about 55 s on 2 cores shared with other work) is marked slow: it runs in `make test` (CI);
+test_hostile_archives_smoke runs every 25th case in `make test-fast`.
 """
 
 from __future__ import annotations
