@@ -59,7 +59,8 @@ def prepared(save: ModuleType) -> tuple[Any, Any]:
     for name, size in GRAPHS.items():
         desc, blob, table = loadable_graph(size, 0, funcs, buffers)
         in_region = {w for w in (int.from_bytes(blob[i : i + 8], "little") for i in range(0, len(blob), 8))}
-        used = {w for w in in_region if REGION_BASE <= w < REGION_BASE + REGION_SIZE} | set(buffers[:2])
+        memset = {buffers[2]} if size == 8 else set()  # graphwalk records every memset and memcpy address
+        used = {w for w in in_region if REGION_BASE <= w < REGION_BASE + REGION_SIZE} | set(buffers[:2]) | memset
         saved[name] = graphwalk.SavedGraph(desc, blob, used, table)
         pointers |= used
         inputs = [StandInTensor(buffers[1], (8, 64))]

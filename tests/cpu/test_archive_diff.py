@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
+import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from archive_fixtures import REGION_BASE, REGION_SIZE, device, world
+import pytest
+from archive_fixtures import REGION_BASE, REGION_SIZE, device, world, write_loadable_archive
+from pack_forgery import Graph, resave
 
-from graphpersist.archive import ArchiveWriter
+from graphpersist.archive import ArchiveWriter, diff, open_archive
+from graphpersist.archive.manifest import GraphRecord
 from graphpersist.graph import format as graphformat
 from graphpersist.graph import pack as graphpack
+from graphpersist.loadplan import read_plan
 
 REPO = Path(__file__).resolve().parents[2]
 BUF = REGION_BASE + (1 << 30)  # an address in the region
 IMAGE = b"the kernel image both archives load"
+EQUAL = (
+    "the ranks, world facts, graphs (every field LOAD reads: nodes, edges, kernel parameters, functions, static "
+    "tensors) and pointer inventories are equal"
+)
 SHA = hashlib.sha256(IMAGE).hexdigest()
 
 
@@ -96,7 +109,7 @@ def test_equal_archives_exit_0_saying_so(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == [
         f"graphpersist diff: {a} (A) vs {b} (B), rank(s) 0",
-        "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal",
+        EQUAL,
     ]
 
 
@@ -200,7 +213,72 @@ def test_a_save_that_chose_nothing_does_not_differ_in_its_choices(tmp_path: Path
     cold, warm = write(tmp_path / "cold", SAME, notes=notes), write(tmp_path / "warm", SAME)
     out = graphpersist("diff", str(cold), str(warm))
     assert out.returncode == 0, out.stdout
-    assert (
-        out.stdout.splitlines()[1]
-        == "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
-    )
+    assert out.stdout.splitlines()[1] == EQUAL
+
+
+# ------------------------------------------------------------------- what LOAD reads that diff once did not compare
+# Issue 41: two archives that differed only in these said "equal". Each edit is SAVE's archive written again with one
+# field changed (pack_forgery.resave: every hash and digest recomputed), an archive `check` accepts.
+
+B0, B1, B2 = REGION_BASE + 4096, REGION_BASE + (64 << 20) + 512, REGION_BASE + (96 << 20)  # the fixture's buffers
+IN = r"\(region\)"
+
+
+def _on(name: str, change: Callable[[Graph], None]) -> Callable[[list[Graph]], None]:
+    def edit(graphs: list[Graph]) -> None:
+        change(next(g for g in graphs if g.record["name"] == name))
+
+    return edit
+
+
+def _node(index: int, **fields: Any) -> Callable[[Graph], None]:
+    return lambda g: g.desc["nodes"][index].update(fields)
+
+
+BLIND_SPOTS: dict[str, tuple[Callable[[Graph], None], str]] = {
+    "memcpy source": (_node(12, srcDevice=B2), rf"node 12 \(memcpy\): srcDevice {B0:#x} {IN} vs {B2:#x} {IN}"),
+    "memcpy destination": (_node(12, dstDevice=B0), rf"node 12 \(memcpy\): dstDevice {B1:#x} {IN} vs {B0:#x} {IN}"),
+    "memset destination": (_node(1, dst=B0), rf"node 1 \(memset\): dst {B2:#x} {IN} vs {B0:#x} {IN}"),
+    "function-table name": (lambda g: g.desc["funcs"][0].__setitem__(1, "k_own_v2"),
+                            r'description\.funcs\[0\]\[1\]: "k_own" vs "k_own_v2"'),
+    "function attributes": (lambda g: g.desc["funcs"][1].__setitem__(2, {"8": 1024}),
+                            r"description\.funcs\[1\]\[2\]\.8: 65536 vs 1024"),
+    "function image": (lambda g: g.desc["funcs"][0].__setitem__(0, g.desc["funcs"][1][0]),
+                       r'description\.funcs\[0\]\[0\]: "[0-9a-f]{64}" vs "[0-9a-f]{64}"'),
+    "static input tensor": (lambda g: g.inputs[0].update(shape=[8, 32]), r"index\.inputs\[0\]\.shape\[1\]: 64 vs 32"),
+    "static output tensor": (lambda g: g.outputs["items"][0]["spec"].update(addr=B0),
+                             rf"index\.outputs\.items\[0\]\.spec\.addr: {B1:#x} {IN} vs {B0:#x} {IN}"),
+    "output structure": (lambda g: g.outputs["items"][1].update(value=1),
+                         r"index\.outputs\.items\[1\]\.value: null vs 1"),
+    "instantiate flags": (lambda g: g.record.update(instantiate_flags=9), r"record\.instantiate_flags: 1 vs 9"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_loadable_archive(tmp_path_factory.mktemp("diff") / "a")
+
+
+@pytest.mark.parametrize("spot", sorted(BLIND_SPOTS))
+def test_diff_names_every_field_load_reads_that_differs(saved: Path, tmp_path: Path, spot: str) -> None:
+    change, line = BLIND_SPOTS[spot]
+    other = tmp_path / "b"
+    shutil.copytree(saved, other)
+    resave(other, 0, _on("full-bs8", change))
+    read_plan(open_archive(other), 0, every_byte=True)  # an archive `check` accepts
+    lines = diff.diff_archives(open_archive(saved), open_archive(other), [0, 1], 5)
+    assert re.fullmatch(r"rank 0: [14] of 4 graphs differ", lines[0]), lines  # a function: every graph that calls it
+    assert [x for x in lines if re.fullmatch(rf"  full-bs8: {line}", x)], lines
+
+
+def test_what_diff_compares_is_derived_from_the_records(saved: Path) -> None:
+    """A field added to a graph's record, index entry or description is compared unless it is left out, with why."""
+    plan = read_plan(open_archive(saved), 0, every_byte=True)
+    desc, _blob, table, entry = plan.graphs["full-bs8"]
+    fields = diff.load_fields(plan.record.graphs[3], desc, bytes(table), entry)
+    for f in dataclasses.fields(GraphRecord):
+        assert (f"record.{f.name}" in fields) != (f.name in diff.RECORD_NOT_COMPARED), f.name
+    for f in dataclasses.fields(graphpack.PackedGraph):
+        assert (f"index.{f.name}" in fields) != (f.name in diff.INDEX_NOT_COMPARED), f.name
+    assert {k for k in fields if k.startswith("description.")} == {f"description.{k}" for k in desc if k != "nodes"}
+    assert fields["node 12"] == {k: v for k, v in desc["nodes"][12].items()} and "params" not in fields["node 0"]

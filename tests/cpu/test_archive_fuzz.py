@@ -20,12 +20,23 @@ families, and what each models:
   (with and without a changed payload), forgeries that miss one digest, complete forgeries of compared facts (drift)
   and of values LOAD's CPU stage refuses (dtypes, attribute ids, description keys, allocation logs, phases);
 * padding (own block, padding_cases): counts and sizes far past what an engine records (flags, pins, names, values,
-  capture sizes, notes, node types, log events, functions), refused naming a cap or read in linear time.
+  capture sizes, notes, node types, log events, functions), refused naming a cap or read in linear time;
+* tar headers (own block, tar_header_cases; forged): the JIT-cache tar replaced by a hostile one
+  (tests/cpu/hostile_tars.py: pax mtime nan, inf or 25 digits, malformed GNU sparse members, links, devices, '..',
+  absolute paths, checksums, garbage, truncation, compression), by header fields rewritten with their checksum,
+  header bytes flipped, or a real tar cut short;
+* bombs (own block, bomb_cases; forged): a graph's kernel part replaced by a deflate bomb declaring up to 1.1 GB, or
+  by a stream that inflates to more or less than it declares, or has bytes after its end;
+* diff blind spots (own block, diff_blind_spot_cases; forged): a rank's graphs written again with one field LOAD
+  reads changed (pack_forgery.resave): memset and memcpy fields and addresses (inside the inventory, outside it,
+  outside the region), the function table's names, images and attributes, static tensor records, instantiate
+  flags, events, edges, launch shapes.
 
 Each case goes through what LOAD does on CPU, rank by rank, up to its first GPU call (open_archive(keep_rank=r), the
 fact check against the live facts SAVE recorded, use_layout's read, loadstage.rank_stage, the shared files and the
 JIT caches' rules, loadstage.shared_stage), through `graphpersist check` (loadstage with every_byte, then the CLI),
-`inspect`, `inspect --json`, `diff` against the original, and the engine's read_shared. What must hold, per case:
+`inspect`, `inspect --json`, `diff` against the original, the engine's read_shared, and the JIT caches restored into
+a host's cache folders (read_shared + jitcache.restore, what LOAD does first). What must hold, per case:
 
 * `check` refuses (exit 2) iff some rank's LOAD CPU stage refuses (ArchiveError): both run loadstage. The one
   difference allowed, counted as "check only": check's every-byte read refusing what LOAD's fast path leaves to the
@@ -42,11 +53,14 @@ JIT caches' rules, loadstage.shared_stage), through `graphpersist check` (loadst
   never crash); forged binary cases are not (each graph's and image's own hashes still bind them);
 * file-system oddities (links, FIFOs, unlisted or missing files), sparse-huge files and traversing paths are refused
   by every reader they reach (a rank's damaged file by that rank's LOAD and by `check`; the other rank's LOAD never
-  reads it).
+  reads it);
+* a hostile tar is refused by the restore (JitCacheError), and a refused restore leaves the cache folders exactly as
+  they were; whatever a restore accepts leaves nothing but regular files and folders in them;
+* no missed difference: `diff` against the original never says "equal" for a case that changes a field LOAD reads.
 
 The counts (per family and outcome) are printed to the terminal. Seed: SEED, or GP_FUZZ_SEED to explore others.
-The whole suite (about 30 s on 2 cores) is marked slow: it runs in `make test` (CI); test_hostile_archives_smoke
-runs every 25th case in `make test-fast`.
+The whole suite (about 55 s on 2 cores shared with other work) is marked slow: it runs in `make test` (CI);
+test_hostile_archives_smoke runs every 25th case in `make test-fast`.
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -72,15 +87,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import hostile_tars
+import pack_forgery
 import pytest
 from archive_fixtures import forge, live_for, redigest, smi_rows, write_loadable_archive
 
 from graphpersist import cli, loadstage
-from graphpersist.archive import ArchiveError, liveenv, open_archive, read_shared, safejson
+from graphpersist.archive import ArchiveError, jitcache, liveenv, open_archive, read_shared, safejson
 from graphpersist.archive import digests as archive_digests
 from graphpersist.archive.manifest import MAX_ENV, MAX_FLAGS
 from graphpersist.archive.validate import evaluate
-from graphpersist.loadplan import LoadPlan
+from graphpersist.errors import JitCacheError
+from graphpersist.graph import format as graphformat
+from graphpersist.loadplan import LoadPlan, read_plan
 from graphpersist.memory import layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,6 +178,7 @@ class Hang(Exception):
 
 
 EVERY_READER = frozenset({"open", "load 0", "load 1", "check 0", "check 1"})
+RESTORE = frozenset({"restore"})  # the JIT caches put back (read_shared + jitcache.restore), what LOAD does first
 BINDING = frozenset({"load", "check", "shared"})
 
 
@@ -174,6 +194,7 @@ class Case:
     apply: Callable[[Path], None]
     refuse: frozenset[str] = frozenset()  # readers that must refuse it ("open": inspect, check and diff)
     binding: frozenset[str] = BINDING  # readers for which "accepted" must mean "what they use is unchanged"
+    differs: bool = False  # it changes what LOAD reads: `diff` against the original must not say "equal"
 
 
 @dataclass
@@ -250,6 +271,7 @@ class Result:
     crashes: list[str] = field(default_factory=list)
     cli_codes: list[int] = field(default_factory=list)
     codes: dict[str, int] = field(default_factory=dict)  # command -> its (last) exit code
+    restore: str = ""  # "refused: ...", "absent" or a digest of the cache folders after it
     opened: bool = False
     first_refusal: str = ""
 
@@ -338,6 +360,7 @@ def through_everything(root: Path, pristine_root: Path, *, all_commands: bool, e
             result.fast[rank] = _guarded(result, f"check rank {rank} as LOAD reads", partial(check_stage, rank, False))
     for name in SHARED:
         result.shared[name] = _guarded(result, f"read_shared {name}", lambda name=name: _shared(root, name))
+    result.restore = restore_caches(result, root)
     _cli(result, "check", str(root))
     if result.opened or all_commands:
         _cli(result, "inspect", str(root))
@@ -694,6 +717,8 @@ def build_cases(p: Pristine, seed: int = SEED) -> list[Case]:
     cases += forged_cases(p)
     cases += padding_cases()
     cases += name_resolution_cases()  # its own block, below
+    more = random.Random(seed + 41)  # the blocks below draw from their own generator: those above stay as they were
+    cases += tar_header_cases(more) + bomb_cases(p, more) + diff_blind_spot_cases(p, more)
     return cases
 
 
@@ -908,7 +933,243 @@ def _pad_post_capture(n: int) -> Callable[[Path], None]:
     return apply
 
 
+# ----------------------------------------------------------------------------------------------- tar headers
+# The JIT-cache tar LOAD puts back first (jitcache.restore), forged into the archive so that read_shared hands it
+# over. The catalogue's hostile tars and header bytes flipped must be refused; header fields rewritten with their
+# checksum may be accepted or refused, and the restore reader holds both to its rules (see restore_caches).
+
+_TAR_FIELDS = {"name": (0, 100), "mode": (100, 8), "uid": (108, 8), "size": (124, 12), "mtime": (136, 12),
+               "type": (156, 1), "linkname": (157, 100), "magic": (257, 8), "uname": (265, 32),
+               "devmajor": (329, 8), "prefix": (345, 155)}  # fmt: skip
+_TAR_VALUES = [b"nan", b"inf", b"1" * 25, b"\xff" * 12, b"\x80" + bytes(11), b"../../etc/x", b"/etc/passwd", b"2",
+               b"S", b"5", b"7", b"x", b"g", b"77777777777", b"-1", b"", b"ustar  ", b"triton/../x", b"0000644 ",
+               b"00000000001"]  # fmt: skip
+
+
+def _jit_tar() -> bytes:
+    """A JIT-cache tar as collect writes it, of two cache folders (fixed bytes and times: the same on every run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"triton/AB12/kernel.cubin": b"\x7fELF cubin", "triton/AB12/kernel.json": b'{"num_warps": 4}',
+                 "flashinfer/0.6/90a/sampling/sampling.so": b"\x7fELF so", "flashinfer/0.6/90a/sampling/" +
+                 "long-name-" * 12: b"past the header's 100 bytes: a pax path"}  # fmt: skip
+        for rel, data in files.items():
+            path = Path(tmp, rel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            os.utime(path, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+        return jitcache.collect({name: Path(tmp, name) for name in ("triton", "flashinfer")})[0]
+
+
+def _tar_headers(blob: bytes) -> list[int]:
+    """The offset of every header block (pax headers included) of a well-formed tar."""
+    found, pos = [], 0
+    while blob[pos : pos + 512].strip(b"\0"):
+        found.append(pos)
+        pos += 512 + -(-int(blob[pos + 124 : pos + 135], 8) // 512) * 512
+    return found
+
+
+def _rechecksum(block: bytearray, pos: int) -> None:
+    block[pos + 148 : pos + 156] = b" " * 8
+    block[pos + 148 : pos + 156] = b"%06o\0 " % sum(block[pos : pos + 512])
+
+
+def tar_header_cases(rng: random.Random) -> list[Case]:
+    good = _jit_tar()
+    headers = _tar_headers(good)
+    end = headers[-1] + 512 + -(-int(good[headers[-1] + 124 : headers[-1] + 135], 8) // 512) * 512
+
+    def case(name: str, blob: bytes, refuse: frozenset[str] = RESTORE) -> Case:
+        return Case("tar headers", name, _write(jitcache.SHARED_NAME, blob, "forged"), refuse=refuse,
+                    binding=frozenset())  # fmt: skip
+
+    cases = [case(label, blob) for label, (blob, _problem) in sorted(hostile_tars.HOSTILE.items())]
+    cases.append(case("a tar as SAVE writes it", good, frozenset()))
+    for _ in range(60):  # a field rewritten, its checksum recomputed: a forger's header
+        pos, (what, (off, n)) = rng.choice(headers), rng.choice(sorted(_TAR_FIELDS.items()))
+        value = rng.choice(_TAR_VALUES)
+        blob = bytearray(good)
+        blob[pos + off : pos + off + n] = value[:n].ljust(n, b"\0")
+        _rechecksum(blob, pos)
+        cases.append(case(f"header at byte {pos}: {what} = {value[:20]!r}", bytes(blob), frozenset()))
+    for _ in range(30):  # a header byte flipped (the checksum field aside): the checksum no longer adds up
+        pos = rng.choice(headers) + rng.choice([*range(148), *range(156, 512)])
+        blob = bytearray(good)
+        blob[pos] ^= rng.randrange(1, 256)
+        cases.append(case(f"header byte {pos} flipped", bytes(blob)))
+    for cut in sorted(rng.sample(range(end + 1024), 10)):  # cut before its end-of-archive blocks are whole
+        cases.append(case(f"cut to {cut} of {len(good)} bytes", good[:cut]))
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------- bombs
+# A graph's kernel part (zlib JSON of its kernel nodes, inflated by `check`, diff and verify_topology) replaced. What
+# declares more than the graph's kernel table can describe is refused before anything inflates, by LOAD too; what
+# inflates to other than it declares is refused by `check` (LOAD never inflates it, and takes nothing from it).
+
+
+def bomb_cases(p: Pristine, rng: random.Random) -> list[Case]:
+    bomb = pack_forgery.deflate_bomb(1050)  # the issue's case: 1 MiB declaring 1.1 GB, inside the 1100x cap
+    cases = []
+    for rank in RANKS:
+        for i, graph in enumerate(pack_forgery.read_graphs(p.root, rank)):
+            nodes = [nd for nd in graph.desc["nodes"] if nd["type"] == "kernel"]
+            text = json.dumps(nodes, sort_keys=True, separators=(",", ":")).encode()
+            mib = rng.choice([1, 4, 16, 64])
+            variants = [
+                ("a 1 MiB bomb declaring 1.1 GB", bomb, 1050 * pack_forgery.MIB, rank_readers(rank)),
+                (f"a {mib} MiB bomb declaring what it inflates to", pack_forgery.deflate_bomb(mib),
+                 mib * pack_forgery.MIB, rank_readers(rank)),
+                ("its nodes and 1 MiB more, declaring the nodes", zlib.compress(text + b" " * pack_forgery.MIB),
+                 len(text), frozenset({f"check {rank}"})),
+                ("its nodes, declaring 100 bytes more", zlib.compress(text), len(text) + 100,
+                 frozenset({f"check {rank}"})),
+                ("garbage for a stream", bytes(rng.randrange(256) for _ in range(64)), len(text),
+                 frozenset({f"check {rank}"})),
+                ("its nodes and bytes after the stream", zlib.compress(text) + b"\0\0", len(text),
+                 frozenset({f"check {rank}"})),
+            ]  # fmt: skip
+            for what, part, size, refuse in variants:
+                apply = lambda root, r=rank, g=i, part=part, size=size: pack_forgery.replace_kernel_part(  # noqa: E731
+                    root, r, g, part, size, forge=_forge
+                )
+                cases.append(Case("bombs", f"rank {rank} {graph.record['name']}: {what}", apply, refuse=refuse,
+                                  binding=frozenset({"load"})))  # fmt: skip
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------- diff blind spots
+# A rank's graphs written again with one field LOAD reads changed (every hash and digest recomputed, as a forger or a
+# second SAVE that differs would): `diff` against the original must name a difference whatever `check` says of it.
+# Memset and memcpy addresses outside the region or the pointer inventory must be refused by that rank's readers.
+
+
+def _first(kind: str) -> Callable[[pack_forgery.Graph], dict[str, Any]]:
+    return lambda g: next(nd for nd in g.desc["nodes"] if nd["type"] == kind)
+
+
+def _set(where: Callable[[pack_forgery.Graph], Any], key: Any, value: Any) -> Callable[[pack_forgery.Graph], None]:
+    return lambda g: where(g).__setitem__(key, value(where(g)[key]) if callable(value) else value)
+
+
+def diff_blind_spot_cases(p: Pristine, rng: random.Random) -> list[Case]:
+    pointers = sorted(json.loads((p.root / "rank_0/pointers.json").read_bytes()))
+    other = pointers[len(pointers) // 2]  # an address of the inventory (both ranks have it)
+    region = json.loads((p.root / "rank_0/rank.json").read_bytes())["region"]  # both ranks': the fixture's
+    outside, unlisted = region["base"] - 4096, region["base"] + 8200
+    memcpy, memset, kernel = _first("memcpy"), _first("memset"), _first("kernel")
+    edits: list[tuple[str, Callable[[pack_forgery.Graph], None], bool]] = []  # (what, change, refused by the rank)
+    for key in graphformat.MEMCPY_FIELDS:
+        device = key.endswith("Device")
+        edits.append((f"memcpy {key}", _set(memcpy, key, other if device else (lambda v: v + 1)), False))
+    edits += [("memcpy srcDevice outside the region", _set(memcpy, "srcDevice", outside), True),
+              ("memcpy dstDevice not in the inventory", _set(memcpy, "dstDevice", unlisted), True),
+              ("memcpy srcMemoryType unified", _set(memcpy, "srcMemoryType", 4), False),
+              ("memcpy dstMemoryType host", _set(memcpy, "dstMemoryType", 1), True)]  # fmt: skip
+    for key in ("pitch", "value", "elementSize", "width", "height"):
+        edits.append((f"memset {key}", _set(memset, key, lambda v: v + 1), False))
+    edits += [("memset dst", _set(memset, "dst", other), False),
+              ("memset dst outside the region", _set(memset, "dst", outside), True),
+              ("memset dst not in the inventory", _set(memset, "dst", unlisted), True),
+              ("function name", lambda g: g.desc["funcs"][0].__setitem__(1, "k_renamed"), False),
+              ("function image", lambda g: g.desc["funcs"][0].__setitem__(0, g.desc["funcs"][1][0]), False),
+              ("function attribute changed", lambda g: g.desc["funcs"][1][2].update({"8": 1024}), False),
+              ("function attribute added", lambda g: g.desc["funcs"][0][2].update({"9": 1}), False),
+              ("function attribute dropped", lambda g: g.desc["funcs"][1][2].clear(), False),
+              ("input tensor address", lambda g: g.inputs[0].update(addr=g.inputs[0]["addr"] + 64), False),
+              ("input tensor outside the region", lambda g: g.inputs[0].update(addr=outside), True),
+              ("input tensor dtype", lambda g: g.inputs[0].update(dtype="float16"), False),
+              ("input tensor shape", lambda g: g.inputs[0]["shape"].__setitem__(0, 4), False),
+              ("input tensor stride", lambda g: g.inputs[0]["stride"].__setitem__(0, 128), False),
+              ("an input tensor more", lambda g: g.inputs.append(dict(g.inputs[0])), False),
+              ("output tensor address", lambda g: g.outputs["items"][0]["spec"].update(addr=other), False),
+              ("output tensor dtype", lambda g: g.outputs["items"][0]["spec"].update(dtype="float32"), False),
+              ("output value", lambda g: g.outputs["items"][1].update(value=7), False),
+              ("output tuple made a list", lambda g: g.outputs.update(kind="list"), False),
+              ("instantiate flags", lambda g: g.record.update(instantiate_flags=9), False),
+              ("instantiate flags LOAD cannot repeat", lambda g: g.record.update(instantiate_flags=2), True),
+              ("capture size", lambda g: g.record.update(capture_size=(g.record["capture_size"] or 0) + 1), False),
+              ("mode", lambda g: g.record.update(mode="piecewise"), False),
+              ("edge data", lambda g: g.desc["edges"][0].__setitem__(4, 1), False),
+              ("an edge dropped", lambda g: g.desc["edges"].pop(), False),
+              ("kernel grid", _set(kernel, "grid", lambda v: [v[0] + 1, *v[1:]]), False),
+              ("kernel shared memory", _set(kernel, "smem", 1024), False),
+              ("kernel launch attribute", _set(kernel, "attrs", {"1": "02"}), False),
+              ("a parameter word", lambda g: setattr(g, "blob", b"\1" + g.blob[1:]), False)]  # fmt: skip
+    cases = []
+    for what, change, refused in edits:
+        rank = rng.choice(RANKS)
+        name = "full-bs8" if "memset" in what else rng.choice([f"full-bs{b}" for b in (1, 2, 4, 8)])
+
+        def apply(root: Path, rank: int = rank, name: str = name, change: Any = change) -> None:
+            def edit(graphs: list[pack_forgery.Graph]) -> None:
+                change(next(g for g in graphs if g.record["name"] == name))
+
+            pack_forgery.resave(root, rank, edit, forge=_forge)
+
+        refuse = rank_readers(rank) if refused else frozenset()
+        cases.append(Case("diff blind spots", f"rank {rank} {name}: {what}", apply, refuse=refuse,
+                          binding=frozenset(), differs=True))  # fmt: skip
+    return cases
+
+
 # ----------------------------------------------------------------------------------------------- the test
+
+
+def _tree(root: Path) -> dict[str, tuple[Any, ...]]:
+    """Every entry below root, links not followed (a loop, not recursion): relative path -> what it is and holds."""
+    out: dict[str, tuple[Any, ...]] = {}
+    pending = [root]
+    while pending:
+        for entry in os.scandir(pending.pop()):
+            info = entry.stat(follow_symlinks=False)
+            rel = os.path.relpath(entry.path, root)
+            if entry.is_dir(follow_symlinks=False):
+                out[rel] = ("folder",)
+                pending.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                data = Path(entry.path).read_bytes()
+                out[rel] = ("file", hashlib.sha256(data).hexdigest(), info.st_mode & 0o7777, info.st_mtime_ns)
+            else:
+                out[rel] = ("other", info.st_mode)
+    return out
+
+
+def restore_caches(result: Result, root: Path) -> str:
+    """LOAD's first step (cachefolders.restore): the archive's JIT caches put back into a host's cache folders, one
+    of which holds a file of its own. A refused restore must leave them as they were, and nothing but regular files
+    and folders may ever appear in them."""
+    box = root.parent / f"{root.name}-caches"
+    shutil.rmtree(box, ignore_errors=True)
+    (box / "triton").mkdir(parents=True)
+    (box / "triton" / "own.bin").write_bytes(b"this host's own")
+    os.utime(box / "triton" / "own.bin", ns=(10**18, 10**18))  # the same in every case: the digest compares it
+    before = _tree(box)
+    try:
+        blob = read_shared(root, jitcache.SHARED_NAME)
+        if blob is None:
+            return "absent"
+        jitcache.restore(blob, {"triton": box / "triton", "flashinfer": box / "fresh" / "flashinfer"})
+    except (ArchiveError, JitCacheError) as exc:
+        result.outputs.append(str(exc))
+        result.first_refusal = result.first_refusal or f"restore: {str(exc)[:200]}"
+        if _tree(box) != before:
+            result.crashes.append("a refused restore changed the cache folders")
+        return "refused: restore"
+    except Hang:
+        raise
+    except BaseException as exc:  # the bug this test hunts
+        result.crashes.append(f"restore: {type(exc).__name__}: {str(exc)[:300]}")
+        return "crashed: restore"
+    try:
+        after = _tree(box)
+    except OSError as exc:  # a path too long to walk
+        result.crashes.append(f"a restore made what cannot be walked: {str(exc)[:200]}")
+        return "crashed: restore"
+    odd = [rel for rel, what in after.items() if what[0] == "other"]
+    if odd:
+        result.crashes.append(f"a restore made entries that are neither files nor folders: {odd[:3]}")
+    return _digest(after)
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -955,7 +1216,8 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
     signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
     try:
         case.apply(work)
-        got = through_everything(work, pristine.root, all_commands=i % 11 == 0, every_command=i % 3 == 0)
+        got = through_everything(work, pristine.root, all_commands=i % 11 == 0,
+                                 every_command=i % 3 == 0 or case.differs)  # fmt: skip
     except Hang:
         return "hung", [f"ran past {CASE_SECONDS} s"], time.perf_counter() - start, False
     finally:
@@ -973,13 +1235,19 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
     changed = [f"rank {r}'s LOAD" for r in accepted if got.load[r] != want.load[r]]
     changed += [f"check of rank {r}" for r in checked if got.check[r] != want.check[r]]
     changed += [f"read_shared of {n}" for n in shared if got.shared[n] != want.shared[n]]
+    restored = not got.restore.startswith(("refused", "crashed"))
+    if restored and got.restore != want.restore:
+        changed.append("read_shared of the JIT caches, restored")
     for what in changed:
         if _binds(case, what):
             failures.append(f"{what} accepted a change to what it uses")
     took = {f"load {r}" for r in accepted} | {f"check {r}" for r in checked}
     took |= {"open"} if got.opened or 0 in got.cli_codes else set()
+    took |= RESTORE if restored else set()
     if case.refuse & took:
         failures.append(f"accepted by {', '.join(sorted(case.refuse & took))} although it must be refused there")
+    if case.differs and got.codes.get("diff") == 0:
+        failures.append("diff says the archives are equal although this changes what LOAD reads")
     disagree, check_only = agreement(case, got)
     failures += disagree
     # The table shows what LOAD did, for the rank it did worst for (a rank whose own files are untouched accepts
@@ -987,7 +1255,7 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
     # (ArchiveError), refused as drift (LoadRefused), or accepted unchanged.
     if any(w.startswith("rank") for w in changed):
         outcome = "accepted, changed"
-    elif any(got.load[r].startswith(("refused", "crashed")) for r in RANKS):
+    elif any(got.load[r].startswith(("refused", "crashed")) for r in RANKS) or not restored:
         outcome = "refused"
     elif any(got.load[r] == "drift" for r in RANKS):
         outcome = "drift refused"

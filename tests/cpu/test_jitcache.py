@@ -8,12 +8,15 @@ several processes at once, and hostile content never writes anything, let alone 
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import importlib.util
 import io
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -22,6 +25,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import hostile_tars
 import pytest
 from archive_fixtures import world, write_archive, write_rank
 from module_file import load_module
@@ -226,33 +230,106 @@ def test_two_processes_restore_into_one_folder_at_once(tmp_path: Path) -> None:
     assert not [p for p in live.rglob("*") if ".tmp" in p.name]
 
 
-@pytest.mark.parametrize(
-    ("members", "problem"),
-    [
-        ([(member("/etc/passwd"), b"x")], "has an absolute path"),
-        ([(member("triton/../../escape"), b"x")], "not a plain relative path"),
-        ([(member("triton/./a"), b"x")], "not a plain relative path"),
-        ([(member("triton//a"), b"x")], "not a plain relative path"),
-        ([(member("triton/a\\b"), b"x")], "not a plain relative path"),
-        ([(member("toplevel"), b"x")], "does not lie in a named cache folder"),
-        ([(member("bad name/a"), b"x")], "does not lie in a named cache folder"),
-        ([(member("triton/link", tarfile.SYMTYPE, linkname="/etc/passwd"), b"")], "is not a regular file"),
-        ([(member("triton/hard", tarfile.LNKTYPE, linkname="triton/a"), b"")], "is not a regular file"),
-        ([(member("triton/dir", tarfile.DIRTYPE), b"")], "is not a regular file"),
-        ([(member("triton/dev", tarfile.CHRTYPE), b"")], "is not a regular file"),
-        ([(member("triton/fifo", tarfile.FIFOTYPE), b"")], "is not a regular file"),
-        # a good member first: nothing is written when any member is refused
-        ([(member("triton/good"), b"ok"), (member("triton/../x"), b"x")], "not a plain relative path"),
-    ],
-)
-def test_hostile_members_are_refused_before_anything_is_written(
-    tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]], problem: str
-) -> None:
-    live = tmp_path / "box" / "triton"
-    with pytest.raises(JitCacheError, match=problem) as caught:
-        restore(tar_of(*members), {"triton": live})
+def snapshot(root: Path) -> dict[str, tuple[str, bytes, int]]:
+    """Every entry below root (links not followed): relative path -> (kind, bytes of a file, its mtime in ns)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        kind = {stat.S_IFREG: "file", stat.S_IFDIR: "folder", stat.S_IFLNK: "link"}.get(
+            stat.S_IFMT(info.st_mode), "other"
+        )
+        data = path.read_bytes() if kind == "file" else b""
+        out[path.relative_to(root).as_posix()] = (kind, data, info.st_mtime_ns if kind == "file" else 0)
+    return out
+
+
+def live_folders(box: Path) -> dict[str, Path]:
+    """A host's cache folders: triton holds a file of its own, flashinfer does not exist yet."""
+    (box / "triton").mkdir(parents=True)
+    (box / "triton" / "own.bin").write_bytes(b"this host's own")
+    return {"triton": box / "triton", "flashinfer": box / "fresh" / "flashinfer"}
+
+
+@pytest.mark.parametrize("label", sorted(hostile_tars.HOSTILE))
+def test_hostile_tars_are_refused_and_leave_the_cache_folders_as_they_were(tmp_path: Path, label: str) -> None:
+    """Each hostile header (pax mtime nan/inf/25 digits, a malformed GNU sparse member, links, devices, '..',
+    absolute paths, garbage, truncated, gzip, ...) is a JitCacheError before anything is written, even the good
+    member before it."""
+    blob, problem = hostile_tars.HOSTILE[label]
+    dirs = live_folders(tmp_path / "box")
+    before = snapshot(tmp_path)
+    with pytest.raises(JitCacheError, match=re.escape(problem)) as caught:
+        restore(blob, dirs)
     assert "nothing was restored" in str(caught.value)
-    assert list(tmp_path.rglob("*")) == []  # not even the cache folder
+    assert snapshot(tmp_path) == before
+    assert not any(c in str(caught.value) for c in "\0\n\x1b")
+
+
+def test_folders_in_the_tar_are_made_below_the_cache_folder(tmp_path: Path) -> None:
+    blob = tar_of((member("triton/dir", tarfile.DIRTYPE), b""), (member("triton/empty", tarfile.DIRTYPE), b""),
+                  (member("triton/dir/sub/f.json"), b"{}"))  # fmt: skip
+    stats = restore(blob, {"triton": tmp_path / "t"})
+    assert stats.files == {"triton": 1}
+    assert snapshot(tmp_path / "t") == {
+        "dir": ("folder", b"", 0),
+        "dir/sub": ("folder", b"", 0),
+        "dir/sub/f.json": ("file", b"{}", 0),
+        "empty": ("folder", b"", 0),
+    }
+
+
+def test_a_read_only_cache_folder_that_has_every_file_is_kept_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm host whose cache is mounted read-only: nothing to write, so nothing is staged and nothing fails."""
+    dirs = make_cache(tmp_path / "cache")
+    blob, _ = collect(dirs)
+    before = snapshot(tmp_path)
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "mkdir", read_only)  # root may write anywhere: the file system says no instead
+    stats = restore(blob, {"triton": dirs["triton"], "flashinfer": dirs["flashinfer"]})
+    monkeypatch.undo()
+    assert stats.files == {} and stats.kept == {"triton": 3, "flashinfer": 3}
+    assert snapshot(tmp_path) == before
+
+
+def test_a_folder_that_cannot_be_written_undoes_the_whole_restore(tmp_path: Path) -> None:
+    """Files already renamed into place (in another cache folder too) are taken back, and folders the restore made
+    are removed: a failed restore leaves the cache folders as they were."""
+    dirs = live_folders(tmp_path / "box")
+    (dirs["triton"] / "zz").symlink_to(tmp_path / "outside")  # a link below the cache folder: never followed
+    blob = tar_of((member("flashinfer/0.6/mod.so", mode=0o755), b"so"), (member("triton/AB12/k.cubin"), b"cubin"),
+                  (member("triton/zz/k.json"), b"{}"))  # fmt: skip
+    before = snapshot(tmp_path)
+    with pytest.raises(JitCacheError, match=r"cannot restore the JIT cache file .*zz/k\.json: .*nothing was restored"):
+        restore(blob, dirs)
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "box" / "fresh").exists()
+
+
+def test_pax_times_keep_their_nanoseconds_and_sign(tmp_path: Path) -> None:
+    blob = hostile_tars.tar(
+        hostile_tars.pax({"mtime": "1700000000.5"}), hostile_tars.file("triton/half"),
+        hostile_tars.pax({"mtime": "-1.25"}), hostile_tars.file("triton/before-1970"),
+        hostile_tars.file("triton/header-time", mtime=1234),
+    )  # fmt: skip
+    restore(blob, {"triton": tmp_path / "t"})
+    times = {name: (tmp_path / "t" / name).stat().st_mtime_ns for name in ("half", "before-1970", "header-time")}
+    assert times == {"half": 1_700_000_000_500_000_000, "before-1970": -1_250_000_000, "header-time": 1234 * 10**9}
+
+
+def test_names_that_are_long_or_not_utf8_round_trip(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    odd = os.fsencode(src) + b"/\xff\xfe-k\xc3\xa9.bin"  # a name that is not UTF-8 (pax hdrcharset BINARY)
+    Path(os.fsdecode(odd)).write_bytes(b"odd")
+    (src / ("long-" * 40)).write_bytes(b"long")  # past the header's 100 bytes: a pax path
+    blob, _ = collect({"triton": src})
+    assert restore(blob, {"triton": tmp_path / "t"}).files == {"triton": 2}
+    assert tree(tmp_path / "t") == tree(src)
 
 
 def test_restored_files_get_plain_modes_whatever_the_blob_says(tmp_path: Path) -> None:
@@ -266,17 +343,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def test_a_member_claiming_bytes_past_the_end_and_garbage_are_refused(tmp_path: Path) -> None:
-    blob = tar_of((member("triton/a"), bytes(4096)))
-    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-        offset = tar.getmembers()[0].offset_data
-    with pytest.raises(JitCacheError, match="not a readable tar: unexpected end of data"):
-        restore(blob[: offset + 100], {"triton": tmp_path / "t"})
-    with pytest.raises(JitCacheError, match="not a readable tar"):
-        restore(b"not a tar at all" * 64, {"triton": tmp_path / "t"})
-    assert list(tmp_path.rglob("*")) == []
 
 
 def test_restore_does_not_follow_a_link_below_the_cache_folder(tmp_path: Path) -> None:
@@ -493,3 +559,19 @@ def test_vllm_load_restores_the_model_inspection_before_the_engine_and_the_rest_
     old = write_archive(tmp_path / "old")  # saved before archives carried the caches
     assert vllm_caches.restore_before_engine(old) == []
     assert vllm_caches.restore_before_engine(tmp_path / "nowhere") == []  # the workers refuse it, naming why
+
+
+def test_a_hostile_tar_refuses_both_of_loads_restores_writing_nothing(
+    vllm_caches: types.ModuleType, tmp_path: Path
+) -> None:
+    """The early restore (vLLM's configuration process) and the session's (each worker) raise the JitCacheError, a
+    PersistError, in the process that runs them; neither writes a file."""
+    blob, problem = hostile_tars.HOSTILE["pax mtime nan"]
+    root = shared_archive(tmp_path / "archive", {jitcache.SHARED_NAME: blob})
+    with pytest.raises(JitCacheError, match=re.escape(problem)):
+        vllm_caches.restore_before_engine(root)
+    loading = session(vllm_caches, switch.Mode.LOAD, root)
+    loading.caches.folders = {"triton": tmp_path / "fresh" / "triton"}
+    with pytest.raises(PersistError, match="nothing was restored"):
+        loading.caches.restore(loading)
+    assert not (tmp_path / "vllm-root").exists() and not (tmp_path / "fresh").exists()

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_fixtures import REGION_BASE, forge, write_loadable_archive
+from archive_fixtures import REGION_BASE, REGION_SIZE, forge, write_loadable_archive
+from pack_forgery import resave
 
 from graphpersist.archive import ArchiveError, open_archive
 from graphpersist.graph import format as graphformat
@@ -119,3 +120,25 @@ def test_every_byte_recomputes_each_graphs_hashes_and_its_kernel_nodes(loadable:
     read_plan(open_archive(loadable, keep_rank=0), 0)  # LOAD's native path: not its business
     with pytest.raises(ArchiveError, match=r"graph 'full-bs4'"):
         read_graphs(open_archive(loadable), 0, full=True)
+
+
+@pytest.mark.parametrize(
+    ("node", "key", "value", "problem"),
+    [
+        (12, "srcDevice", REGION_BASE - 4096, "lies outside the rank's region"),
+        (12, "dstDevice", REGION_BASE + REGION_SIZE, "lies outside the rank's region"),
+        (12, "srcDevice", REGION_BASE + 8192, r"is not in the pointer inventory \(pointers.json\)"),
+        (1, "dst", 0x1000, "lies outside the rank's region"),
+        (1, "dst", REGION_BASE + 12288, r"is not in the pointer inventory \(pointers.json\)"),
+    ],
+)
+def test_a_memset_or_memcpy_address_save_could_not_have_written_is_refused(
+    loadable: Path, node: int, key: str, value: int, problem: str
+) -> None:
+    """SAVE refuses memset and memcpy addresses outside the region and records every one in the pointer inventory
+    (whose memory LOAD proves): an archive whose graph says otherwise is refused by LOAD's CPU stage and `check`."""
+    resave(loadable, 0, lambda graphs: graphs[3].desc["nodes"][node].update({key: value}))
+    kind = "memcpy" if node == 12 else "memset"
+    for every_byte in (False, True):
+        with pytest.raises(ArchiveError, match=rf"graph 'full-bs8' node {node} \({kind}\) {key}: {value:#x} {problem}"):
+            read_plan(open_archive(loadable), 0, every_byte=every_byte)

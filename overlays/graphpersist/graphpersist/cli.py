@@ -501,7 +501,8 @@ register(
             "Compares two archives of one configuration (two SAVEs must write the same archive) rank by rank:\n"
             "the pointer inventories, naming the graph, kernel node and parameter bytes where each address only\n"
             "one archive has is used, and every graph of the same name: its kernel sequence, its topology (node\n"
-            "kinds, launch shapes, attributes, events, edges; listed first) and its parameters word by word.\n"
+            "kinds, launch shapes, attributes, events, edges; listed first), its parameters word by word, and\n"
+            "every other field LOAD reads of it (memset/memcpy fields, functions, static tensor records, ...).\n"
             "Words that are addresses in the rank's region are marked (region).\n\n"
             "  graphpersist diff /archives/a /archives/b --rank 0"
         ),

@@ -133,7 +133,10 @@ def _graphs_and_pointers(
     archive: Archive, rank: int, record: RankRecord, full: bool, every_byte: bool
 ) -> tuple[dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]], list[int]]:
     region = (record.region.base, record.region.base + record.region.size)
-    return _graphs(archive, rank, record, region, full, every_byte), _pointers(archive, rank, record)
+    graphs = _graphs(archive, rank, record, region, full, every_byte)
+    pointers = _pointers(archive, rank, record)
+    _node_addresses(graphs, f"{rank_dir(rank)}/{graphpack.INDEX_NAME}", region, set(pointers))
+    return graphs, pointers
 
 
 def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.Phase]]:
@@ -319,6 +322,32 @@ def _graphs(
             advice = NAMES_ADVICE if isinstance(exc, structure.NotAnId) else None
             raise _Refusal(index_rel, where, str(exc), advice) from None
     return descs
+
+
+_ADDRESSES = {"memset": ("dst",), "memcpy": ("srcDevice", "dstDevice")}
+
+
+def _node_addresses(
+    descs: dict[str, tuple[dict[str, Any], memoryview, memoryview, graphpack.PackedGraph]],
+    rel: str,
+    region: tuple[int, int],
+    pointers: set[int],
+) -> None:
+    """Each memset and memcpy address lies in the rank's region and in its pointer inventory, as SAVE requires
+    (graphwalk refuses others and records every one in the inventory, which LOAD proves backed by memory). Once per
+    graph shape: the graphs of one shape share their non-kernel nodes."""
+    shapes: set[int] = set()
+    for name, (_desc, _blob, _table, entry) in descs.items():
+        if id(entry.shared) in shapes:
+            continue
+        shapes.add(id(entry.shared))
+        for i, nd in enumerate(entry.shared["nodes"]):
+            for key in _ADDRESSES.get(nd["type"], ()):
+                addr, at = nd[key], f"graph {shown(repr(name), 80)} node {i} ({nd['type']}) {key}"
+                if not region[0] <= addr < region[1]:
+                    raise _Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
+                if addr not in pointers:
+                    raise _Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
 
 
 def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> None:

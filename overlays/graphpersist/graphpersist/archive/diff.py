@@ -5,16 +5,22 @@ which fields differ, a rank's pointer inventory for instance, but not which grap
 This compares, per rank, the pointer inventories (and where in the graphs each address only one archive has is
 used) and each graph of the same name: its kernel sequence, then what the topology fingerprint covers (node kinds,
 launch shapes, attributes, events, edges with their data), then each kernel node's parameter bytes, 8-byte word by
-word, marking the words that are addresses in the rank's region. SAVE counts a parameter word as a pointer when it
-lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like one. Last, the
-Inductor launch configs each SAVE chose (graphpersist.graph.kernelchoice, in the rank's notes) where they differ. Before
-all that, the archives' layouts: ranks one archive has and the other lacks, and world facts that differ (a TP=2
-and a TP=4 archive are never "equal" because their common ranks are). Each rank's graphs are read as `graphpersist
-check` reads them (loadplan, every kernel node checked), and every archive string in the output is shown escaped.
+word, marking the words that are addresses in the rank's region, then every other field LOAD reads of the graph
+(load_fields: its rank-record entry, its index entry with the static tensor records, its description with the
+function table, every node's fields with memset and memcpy addresses, its kernel table), derived from the records
+themselves so that a field added to one is compared without being listed here. SAVE counts a parameter word as a
+pointer when it lies in the region (graphwalk), so a pointer can also be two 32-bit numbers that happen to look like
+one. Last, the Inductor launch configs each SAVE chose (graphpersist.graph.kernelchoice, in the rank's notes) where
+they differ. Before all that, the archives' layouts: ranks one archive has and the other lacks, and world facts that
+differ (a TP=2 and a TP=4 archive are never "equal" because their common ranks are). Each rank's graphs are read as
+`graphpersist check` reads them (loadplan, every kernel node checked), and every archive string in the output is
+shown escaped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import struct
 from collections.abc import Iterator
@@ -22,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphpersist.archive import Archive
+from graphpersist.archive.manifest import GraphRecord
 from graphpersist.archive.shown import shown
 from graphpersist.archive.validate import flatten
 from graphpersist.graph import format as graphformat
 from graphpersist.graph import kernelchoice
+from graphpersist.graph.pack import PackedGraph
 from graphpersist.loadplan import read_graphs
 
 WORD = 8
@@ -52,6 +60,7 @@ class RankGraphs:
     pointers: set[int]
     graphs: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
     shapes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per graph, graphformat.topology
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # per graph, load_fields
 
     def in_region(self, value: int) -> bool:
         return self.region[0] <= value < self.region[1]
@@ -79,15 +88,49 @@ def _words(params: bytes) -> Iterator[tuple[int, int]]:
     yield from ((WORD * i, v) for i, v in enumerate(struct.unpack_from(f"<{n}Q", params) if n else ()))
 
 
+# What LOAD reads of a graph and load_fields therefore does not compare as a field, each with why. Every other field
+# of GraphRecord and PackedGraph, key of a description and key of a node is compared: a field added to them is too.
+RECORD_NOT_COMPARED = {"name": "graphs are paired by their names"}
+INDEX_NOT_COMPARED = {
+    "name": "graphs are paired by their names",
+    "kernels": "where the kernel nodes lie in the pack: the nodes are compared",
+    "params": "where the parameter blob lies in the pack: its bytes are compared",
+    "table": "where the kernel table lies in the pack: its bytes are compared",
+    "kernels_size": "the size of the kernel nodes' JSON: the nodes are compared",
+    "shared": "the description: compared key by key",
+}
+DESCRIPTION_NOT_COMPARED = {"nodes": "compared node by node"}
+NODE_NOT_COMPARED = {"params": "a kernel node's place in the parameter blob: its parameter bytes are compared"}
+_ADDRESS_KEYS = (frozenset(graphformat.VALUE_KEYS) - {"params"}) | {"addr"}  # memset, memcpy, tensor addresses
+
+
+def load_fields(record: GraphRecord, desc: dict[str, Any], table: bytes, entry: PackedGraph) -> dict[str, Any]:
+    """Every field LOAD reads of one graph that the kernel sequence, topology and parameter words do not already
+    cover, by a name that says where it is: `record.<field>` (the rank record's entry), `index.<field>` (the graph
+    index's: static tensor records, sizes and hashes), `description.<key>` (function table, events, ...), `node <i>`
+    (each node's fields), `kernel table` (what the native rebuild reads)."""
+    out = {f"record.{f.name}": getattr(record, f.name) for f in dataclasses.fields(record)
+           if f.name not in RECORD_NOT_COMPARED}  # fmt: skip
+    out |= {f"index.{f.name}": getattr(entry, f.name) for f in dataclasses.fields(entry)
+            if f.name not in INDEX_NOT_COMPARED}  # fmt: skip
+    out |= {f"description.{k}": v for k, v in desc.items() if k not in DESCRIPTION_NOT_COMPARED}
+    for i, nd in enumerate(desc["nodes"]):
+        out[f"node {i}"] = {k: v for k, v in nd.items() if k not in NODE_NOT_COMPARED}
+    out["kernel table"] = table
+    return out
+
+
 def read_rank(archive: Archive, rank: int) -> RankGraphs:
     """One rank's graphs, read and checked as LOAD would with verify_topology (ArchiveError when damaged)."""
     graphs, pointers = read_graphs(archive, rank, full=True)
     rec = archive.rank_facts(rank)
+    records = {g.name: g for g in rec.graphs}
     out = RankGraphs((rec.region.base, rec.region.base + rec.region.size), set(pointers))
-    for name, (desc, blob_view, _table, _entry) in graphs.items():
+    for name, (desc, blob_view, table, entry) in graphs.items():
         blob = bytes(blob_view)
         shown_name = shown(name, 120)
         out.shapes[shown_name] = graphformat.topology(desc)
+        out.fields[shown_name] = load_fields(records[name], desc, bytes(table), entry)
         out.graphs[shown_name] = [
             (i, node["name"], blob[node["params"][0] : node["params"][0] + node["params"][1]])
             for i, node in enumerate(desc["nodes"])
@@ -152,7 +195,56 @@ def graph_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
             shown = f"the last {tail} bytes"
         more = f" (+{len(words) - 3} more words)" if len(words) > 3 else ""
         return f"{name}: node {index} kernel {kernel!r}: {shown}{more}"
+    return field_difference(name, a, b)
+
+
+def field_difference(name: str, a: RankGraphs, b: RankGraphs) -> str | None:
+    """The first of graph `name`'s load_fields that differs, down to the first three values that differ in it
+    (`node 12 (memcpy): srcDevice 0x... vs 0x...`, `index.outputs.items[1].value: null vs 1`), or None."""
+    fa, fb = a.fields[name], b.fields[name]
+    for key in [*fa, *(k for k in fb if k not in fa)]:
+        x, y = fa.get(key, _ABSENT), fb.get(key, _ABSENT)
+        if x == y:
+            continue
+        found: list[tuple[str, Any, Any]] = []
+        _differences(x, y, "", found)
+        if key.startswith("node ") and isinstance(x, dict):  # a node: its fields by name
+            what = "; ".join(
+                f"{shown(p.lstrip('.'), 80)} {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3]
+            )
+            head = f"{key} ({x.get('type', '?')}): "
+        else:
+            what = "; ".join(f"{key}{shown(p, 80)}: {_field(a, p, u)} vs {_field(b, p, v)}" for p, u, v in found[:3])
+            head = ""
+        more = " (and more)" if len(found) > 3 else ""
+        return f"{name}: {head}{what}{more}"
     return None
+
+
+def _differences(x: Any, y: Any, path: str, found: list[tuple[str, Any, Any]]) -> None:
+    """Where two values differ, as (path, x's value, y's value), descending into dicts and lists of equal length;
+    stops after four."""
+    if len(found) > 3 or x == y:
+        return
+    if isinstance(x, dict) and isinstance(y, dict):
+        for k in [*x, *(k for k in y if k not in x)]:
+            _differences(x.get(k, _ABSENT), y.get(k, _ABSENT), f"{path}.{k}", found)
+    elif isinstance(x, list | tuple) and isinstance(y, list | tuple) and len(x) == len(y):
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            _differences(u, v, f"{path}[{i}]", found)
+    else:
+        found.append((path, x, y))
+
+
+def _field(rank: RankGraphs, path: str, value: Any) -> str:
+    """A value as a line shows it: an address in hex (marked when in the region), bytes by size and hash."""
+    if value is _ABSENT:
+        return "<absent>"
+    if path.rpartition(".")[2] in _ADDRESS_KEYS and type(value) is int:
+        return _value(rank, value)
+    if isinstance(value, bytes):
+        return f"{len(value)} bytes (sha256 {hashlib.sha256(value).hexdigest()[:16]})"
+    return shown(_short(value, 80))
 
 
 def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
@@ -185,7 +277,8 @@ def diff_rank(rank: int, a: RankGraphs, b: RankGraphs, limit: int) -> list[str]:
         if len(found) > limit:
             lines.append(f"  ... {len(found) - limit} more")
         by_word = words_by_kernel(a, b)
-        lines.append(f"rank {rank}: the differing parameter words, by kernel and offset ({len(by_word)}):")
+        if by_word:
+            lines.append(f"rank {rank}: the differing parameter words, by kernel and offset ({len(by_word)}):")
         for (kernel, offset), (count, example, x, y) in list(by_word.items())[:limit]:
             lines.append(f"  {kernel!r} bytes {offset}..{offset + 7}: in {count} graph(s), e.g. {example}: "
                          f"{_value(a, x)} vs {_value(b, y)}")  # fmt: skip
@@ -293,5 +386,8 @@ def _text(value: Any) -> str:
 
 def describe(a: Any, b: Any, ranks: list[int], lines: list[str]) -> str:
     head = f"graphpersist diff: {shown(str(a))} (A) vs {shown(str(b))} (B), rank(s) {', '.join(map(str, ranks))}"
-    equal = "the ranks, world facts, graphs (nodes, edges, kernel parameters) and pointer inventories are equal"
+    equal = (
+        "the ranks, world facts, graphs (every field LOAD reads: nodes, edges, kernel parameters, functions, static "
+        "tensors) and pointer inventories are equal"
+    )
     return "\n".join([head, *(lines or [equal])])

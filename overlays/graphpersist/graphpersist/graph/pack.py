@@ -92,7 +92,10 @@ class PackedGraph:
         return full_desc(self.desc_of(pack), json.loads(self.kernels_json(pack)))
 
     def kernels_json(self, pack: bytes) -> bytes:
-        """The kernel nodes' JSON, inflated; PackError when it does not inflate to exactly kernels_size bytes."""
+        """The kernel nodes' JSON, inflated; PackError when it does not inflate to exactly kernels_size bytes.
+
+        Inflating stops at kernels_size (the size check_graphs held to what the graph's kernel table can describe,
+        and parse_index the rank's total to MAX_KERNEL_JSON): a stream that holds more is refused, never inflated."""
         inflate = zlib.decompressobj()
         try:
             text = inflate.decompress(self.part(pack, "kernels"), self.kernels_size)
@@ -101,6 +104,9 @@ class PackedGraph:
             raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate: {exc}"]) from None
         if not whole:
             raise PackError([f"graph {self.name!r}: its kernel nodes do not inflate to {self.kernels_size} bytes"])
+        if inflate.unused_data:
+            raise PackError([f"graph {self.name!r}: its kernel part holds {len(inflate.unused_data)} bytes after its "
+                             "compressed stream"])  # fmt: skip
         return text
 
 
@@ -115,6 +121,15 @@ _OWN = ("blob_size", "blob_sha256", "table_size", "table_sha256")  # what graphs
 _OWN_KEYS = frozenset(_OWN)
 _MAX_OTHER_NODES = 1 << 20  # non-kernel nodes a description may list beyond what the pack's tables could back
 _MAX_INFLATE = 1100  # zlib's deflate cannot compress better than about 1032:1: a larger kernels_size is a lie
+# Decompression bombs. A kernel part inflates only to the size its index declares, and that size is held, before
+# anything inflates, to what the graph's kernel table can describe (kernels_bound) and, for the rank's graphs
+# together, to MAX_KERNEL_JSON (an engine's is tens of MB: runtime-scale's 70000 kernel nodes pack into 40 MB in
+# all). A forged 1 MiB part declaring 1.1 GB (within _MAX_INFLATE) made `check` take 5.5 s and 2.1 GB per graph.
+MAX_KERNEL_JSON = 1 << 30
+_NODE_JSON = 256  # one kernel node's JSON (graphwalk) but its name, image, layout and attributes, at most
+_PARAM_JSON = 24  # one parameter's [offset, size] (32-bit numbers) and its comma
+_ATTR_JSON = 16 + 2 * graphformat.ATTR_BYTES  # one attribute: its number, its value in hex, quotes, comma
+_CHAR_JSON = 12  # one character of a name as json.dumps escapes it (outside the BMP: two \uXXXX)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # What compact_desc stores of a description: any other key would pass into the light description unchecked (an
 # `edges` key, say, is what edge_ends() would read instead of the checked `edge_ends`).
@@ -318,23 +333,13 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
                     f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
                     f"({pack_size} bytes): the pack is truncated or the index is damaged"
                 )
-        kernels_size, d, own = row.get("kernels_size"), row.get("desc"), row.get("own")
-        if type(kernels_size) is not int or kernels_size < 0:
-            problems.append(f"graph {name!r}: kernels_size {_r(kernels_size)} is not a byte count")
-        elif type(d) is not int or not 0 <= d < len(shared):
-            problems.append(f"graph {name!r}: desc {_r(d)} is not one of the {len(shared)} descriptions")
-        elif type(own) is not dict or own.keys() != _OWN_KEYS:
-            problems.append(f"graph {name!r}: own does not hold exactly {', '.join(_OWN)}")
-        elif not all(type(own[k]) is int and 0 <= own[k] <= pack_size for k in ("blob_size", "table_size")) or not all(
-            isinstance(own[k], str) and _SHA256.fullmatch(own[k]) for k in ("blob_sha256", "table_sha256")
-        ):
-            problems.append(f"graph {name!r}: own must hold byte counts within the pack and sha256s")
-        elif len(parts) == len(_PARTS) and kernels_size > _MAX_INFLATE * max(parts[0][1], 1):
-            problems.append(f"graph {name!r}: kernels_size {kernels_size} is more than its kernel part can inflate to")
-        elif not isinstance(row.get("inputs"), list) or "outputs" not in row:
-            problems.append(f"graph {name!r}: no static tensor records (inputs, outputs)")
-        elif len(parts) == len(_PARTS) and shared[d] is not None:
-            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], kernels_size, shared[d], own))
+        problem = _entry_problem(name, row, parts, len(shared), pack_size)
+        if problem:
+            problems.append(problem)
+        elif len(parts) == len(_PARTS) and shared[row["desc"]] is not None:
+            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], row["kernels_size"],
+                                   shared[row["desc"]], row["own"]))  # fmt: skip
+    problems += _declared_problems(out)
     spans.sort()
     for (a_off, a_len, a, a_part), (b_off, _b_len, b, b_part) in itertools.pairwise(spans):
         if b_off < a_off + a_len:
@@ -347,6 +352,55 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
     if problems:
         raise PackError(problems)
     return out
+
+
+def _declared_problems(graphs: list[PackedGraph]) -> list[str]:
+    """The rank's kernel nodes' JSON, all graphs together, held to MAX_KERNEL_JSON before anything inflates."""
+    declared = sum(g.kernels_size for g in graphs)
+    if declared <= MAX_KERNEL_JSON:
+        return []
+    most = max(graphs, key=lambda g: g.kernels_size)
+    return [
+        f"its graphs' kernel parts declare {declared} bytes of kernel nodes in all, more than the {MAX_KERNEL_JSON} "
+        f"a rank's graph pack may inflate to (the most: graph {most.name!r}, its kernel part of {most.kernels[1]} "
+        f"bytes declares {most.kernels_size})"
+    ]
+
+
+def _entry_problem(
+    name: str, row: dict[str, Any], parts: list[tuple[int, int]], n_descs: int, pack_size: int
+) -> str | None:
+    """What is wrong with a graph entry's kernels_size, desc, own and static tensor records (None: nothing)."""
+    kernels_size, d, own = row.get("kernels_size"), row.get("desc"), row.get("own")
+    if type(kernels_size) is not int or kernels_size < 0:
+        return f"graph {name!r}: kernels_size {_r(kernels_size)} is not a byte count"
+    if type(d) is not int or not 0 <= d < n_descs:
+        return f"graph {name!r}: desc {_r(d)} is not one of the {n_descs} descriptions"
+    if type(own) is not dict or own.keys() != _OWN_KEYS:
+        return f"graph {name!r}: own does not hold exactly {', '.join(_OWN)}"
+    if not all(type(own[k]) is int and 0 <= own[k] <= pack_size for k in ("blob_size", "table_size")) or not all(
+        isinstance(own[k], str) and _SHA256.fullmatch(own[k]) for k in ("blob_sha256", "table_sha256")
+    ):
+        return f"graph {name!r}: own must hold byte counts within the pack and sha256s"
+    if len(parts) == len(_PARTS) and kernels_size > _MAX_INFLATE * max(parts[0][1], 1):
+        return f"graph {name!r}: kernels_size {kernels_size} is more than its kernel part can inflate to"
+    if not isinstance(row.get("inputs"), list) or "outputs" not in row:
+        return f"graph {name!r}: no static tensor records (inputs, outputs)"
+    return None
+
+
+def kernels_bound(light: Mapping[str, Any], table: bytes | memoryview) -> int:
+    """The most bytes a graph's kernel nodes can take as the JSON SAVE writes (graphwalk, _compact), from its kernel
+    table (one row per kernel node: its function, parameter count and attribute count; checked by
+    graphformat.table_problem) and its function table (names and image hashes, escaped at worst). A kernels_size
+    beyond it is refused before anything inflates."""
+    n_k = graphformat.TABLE_HEADER.unpack_from(table)[0]
+    start, words = graphformat.TABLE_HEADER.size, graphformat.KNODE.size // 4
+    rows = memoryview(table)[start : start + n_k * graphformat.KNODE.size].cast("I")
+    per_func = [_CHAR_JSON * (len(sha) + len(name)) for sha, name, _attrs in light["funcs"]]
+    names = sum(per_func[f] for f in rows[1::words].tolist())
+    params, attrs = sum(rows[9::words].tolist()), sum(rows[13::words].tolist())
+    return 2 + n_k * _NODE_JSON + names + _PARAM_JSON * params + _ATTR_JSON * attrs
 
 
 @dataclass
@@ -415,6 +469,16 @@ def check_graphs(
                 if problem:
                     raise graphformat.GraphFormatError(f"graph {g.name!r}: {problem}")
                 funcs_checked.add(id(entry.shared))
+            problem = graphformat.table_problem(light, table, len(blob), len(light["funcs"]))
+            if problem:
+                raise graphformat.GraphFormatError(f"graph {g.name!r}: {problem}")
+            bound = kernels_bound(light, table)
+            if entry.kernels_size > bound:  # before anything inflates
+                raise graphformat.GraphFormatError(
+                    f"graph {g.name!r}: its kernel part of {entry.kernels[1]} bytes declares {entry.kernels_size} "
+                    f"bytes of kernel nodes, more than its {graphformat.TABLE_HEADER.unpack_from(table)[0]} kernel "
+                    f"nodes can take ({bound} bytes at most)"
+                )
             desc = _full(entry, pack, light, len(blob)) if full else light
             graphformat.verify_blob(g.name, desc, blob, hashed=not hashes)
             if len(table) != desc["table_size"] or (
@@ -424,9 +488,6 @@ def check_graphs(
             graphformat.check_events(g.name, desc)
             graphformat.check_shape(g.name, desc, table, g.node_count, g.nodes_by_type)
             graphformat.check_instantiate_flags(g.name, g.instantiate_flags)
-            problem = graphformat.table_problem(light, table, len(blob), len(light["funcs"]))
-            if problem:
-                raise graphformat.GraphFormatError(f"graph {g.name!r}: {problem}")
             if full and graphformat.pack_kernel_table(desc) != table:
                 raise graphformat.GraphFormatError(
                     f"graph {g.name!r}: its kernel table is not what its kernel nodes pack into"
