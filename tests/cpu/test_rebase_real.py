@@ -12,8 +12,8 @@ What is pinned below was observed and checked against the upstream diffs:
   point, so the 3-way merge conflicts there: a conflict, not fuzz. No hooked function changed.
 - SGLang 0.5.18 adds fields before `__post_init__` (hunk #1: fuzz 2, merged cleanly), moves the body of
   `__post_init__` into `_run_resolution_pipeline` with new handlers around the patch's call (hunk #2 fails and
-  conflicts), and moves `add_cli_args` (hunk #3: offset). `DecodeCudaGraphRunner.capture_one_shape` gained
-  `dsa_variant`.
+  conflicts), and moves `add_cli_args` (hunk #3: offset). `BaseRunner._dummy_run` gained `extend_num_tokens_per_req`
+  (`DecodeCudaGraphRunner.capture_one_shape` gained `dsa_variant`, but the glue no longer touches it).
 """
 
 from __future__ import annotations
@@ -109,10 +109,7 @@ TARGETS = {
         ),
         conflict_file="sglang/srt/server_args.py",
         hunks=[(1, "fuzz", 3582, 150, 2), (2, "failed", 3470, 0, 0), (3, "offset", 8924, 458, 0)],
-        hook_findings=[
-            "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape: "
-            "parameters changed: expected (self, size, forward, stream_idx, variant_label), found (self, size, "
-            "forward, stream_idx, variant_label, dsa_variant) at line 1118",
+        hook_findings=[  # capture_one_shape also gained dsa_variant; the glue touches it no more (not declared)
             "sglang.srt.model_executor.runner.base_runner:BaseRunner._dummy_run: parameters changed: expected (self, "
             "batch_size, run_ctx, forward_mode_override, *, buffers), found (self, batch_size, run_ctx, "
             "forward_mode_override, *, buffers, extend_num_tokens_per_req) at line 370",
