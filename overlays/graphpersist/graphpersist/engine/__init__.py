@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import switch
+from graphpersist.engine import breakable
 from graphpersist.engine.adapter import (
     Communicator,
     EngineAdapter,
@@ -42,6 +43,7 @@ __all__ = [
     "Resolver",
     "SessionView",
     "add_switch_group",
+    "breakable",
     "bytes_in_param",
     "cache_folders",
     "current",
