@@ -48,7 +48,7 @@ def segment_name(base: str, index: int) -> str:
     return f"{base}/{index:03d}"
 
 
-def _leaf(model: Any) -> Callable[[Any], dict[str, Any] | None]:
+def _leaf(model: Any, tensor_spec: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any] | None]:
     """A break argument as data: a tensor by its spec, a module of `model` by its name in it, else None."""
     names: dict[int, str] | None = None
 
@@ -58,8 +58,6 @@ def _leaf(model: Any) -> Callable[[Any], dict[str, Any] | None]:
         if torch is None:
             return None
         if isinstance(x, torch.Tensor):
-            from graphpersist.memory.tensors import tensor_spec
-
             return tensor_spec(x)
         if model is None or not isinstance(x, torch.nn.Module):
             return None
@@ -72,7 +70,7 @@ def _leaf(model: Any) -> Callable[[Any], dict[str, Any] | None]:
     return leaf
 
 
-def _view(model: Any) -> Callable[[dict[str, Any]], Any]:
+def _view(model: Any, tensor_at: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
     """LOAD: a leaf back to its live object: a tensor at its address, or the model's module of that name (looked up
     among `model.named_modules()`: data of the live model, never an attribute walk by the archive's string)."""
     modules: dict[str, Any] | None = None
@@ -80,8 +78,6 @@ def _view(model: Any) -> Callable[[dict[str, Any]], Any]:
     def view(spec: dict[str, Any]) -> Any:
         nonlocal modules
         if MODULE_KEY not in spec:
-            from graphpersist.memory.tensors import tensor_at
-
             return tensor_at(spec)
         if modules is None:
             modules = dict(model.named_modules()) if model is not None else {}
@@ -95,10 +91,11 @@ def _view(model: Any) -> Callable[[dict[str, Any]], Any]:
 
 def record_break(
     fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, *, model: Any, functions: Registry,
-    types: Registry, instead: str, owner: str, where: str
+    types: Registry, tensor_spec: Callable[[Any], dict[str, Any]], instead: str, owner: str, where: str
 ) -> dict[str, Any]:  # fmt: skip
-    """SAVE: the call record of one break (`fn(*args, **kwargs)` returned `output`); refuses a function `owner`'s
-    registry (the glue file `where`) lacks, or arguments that are not data, saying what to do `instead`."""
+    """SAVE: the call record of one break (`fn(*args, **kwargs)` returned `output`, tensors recorded by
+    `tensor_spec`); refuses a function `owner`'s registry (the glue file `where`) lacks, or arguments that are not
+    data, saying what to do `instead`."""
     fn_id = structure.registered_id(fn, functions)
     if fn_id is None:
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
@@ -108,7 +105,8 @@ def record_break(
             f"it to {where} and declare it in patches/{owner.lower()}/hooks.toml)"
         )
     try:
-        return structure.encode_call(fn, args, kwargs, output, _leaf(model), f"break {fn_id}", functions, types)
+        leaf = _leaf(model, tensor_spec)
+        return structure.encode_call(fn, args, kwargs, output, leaf, f"break {fn_id}", functions, types)
     except structure.StructureError as exc:
         raise PersistError(f"graphpersist: {exc}: SAVE refused ({instead})") from None
 
@@ -135,12 +133,13 @@ def add_breakable(
 
 def rebuild(
     base: str, record: Mapping[str, Any], result: Any, *, model: Any, functions: Registry, types: Registry,
-    copy_output: Callable[[Any, Any], Any]
+    tensor_at: Callable[[dict[str, Any]], Any], copy_output: Callable[[Any, Any], Any]
 ) -> tuple[list[Any], list[Callable[[], Any]]]:  # fmt: skip
     """LOAD: (segments, replay functions) of a breakable graph SAVE recorded, each replay function making its call
-    again with the live registry's function and `copy_output(saved output, new output)` as the capture did."""
+    again with the live registry's function (tensors at their addresses: `tensor_at`) and `copy_output(saved output,
+    new output)` as the capture did."""
     segments = [result[segment_name(base, i)] for i in range(int(record["segments"]))]
-    view = _view(model)
+    view = _view(model, tensor_at)
     calls = []
     for i, call in enumerate(record["breaks"]):
         try:

@@ -67,7 +67,7 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
         "use --cuda-graph-backend-prefill disabled")  # fmt: skip
     record = engine.breakable.record_break(
         inner, args, kwargs, output, model=_model(sess), functions=registry.breaks(), types=registry.output_types(),
-        instead=instead, owner="SGLang", where="sglang/srt/graphpersist_registry.py"
+        tensor_spec=engine.tensor_spec, instead=instead, owner="SGLang", where="sglang/srt/graphpersist_registry.py"
     )  # fmt: skip
     sess.adapter.run.breaks.append(record)
 
@@ -117,7 +117,8 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
     if set(saved_prefill) != live:
         raise engine.graphs_differ("prefill", set(saved_prefill), live)
     breakables = []
-    live = {"model": model, "functions": registry.breaks(), "types": registry.output_types()}
+    live = {"model": model, "functions": registry.breaks(), "types": registry.output_types(),
+            "tensor_at": engine.tensor_at}  # fmt: skip
     for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
         for base, rec in saved.items():  # every break function is rebuilt before anything is installed
             if "segments" not in rec:
