@@ -37,9 +37,7 @@ from typing import Any
 
 from graphpersist.archive import safejson
 from graphpersist.archive.shown import shown
-from graphpersist.memory.phases import Phase
-from graphpersist.memory.state import HOWS as STATE_HOWS
-from graphpersist.memory.state import StateRecord
+from graphpersist.records import STATE_HOWS, HostMemoryRecord, Phase, StateRecord
 
 FORMAT_NAME = "graphpersist-archive"
 # 2: rank.json's `device` became {index, uuid, pci_bus_id} (which physical GPU each rank drove), compared at LOAD.
@@ -307,16 +305,6 @@ class RecordDigests:
     files: dict[str, str]
     record: str
     manifest: str | None = None
-
-
-@dataclass(frozen=True)
-class HostMemoryRecord:
-    """The pinned host allocations a rank's graphs read (graphpersist.memory.hostmem): (address, size) of each, placed
-    by the interposer during setup, and how many kernel-parameter words point into them. LOAD's setup must make each
-    again at the same address with the same size."""
-
-    ranges: tuple[tuple[int, int], ...]
-    words: int
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from graphpersist.graph.format import (
     pack_kernel_table,
 )
 from graphpersist.graph.images import ImageTable, check, func_attributes
+from graphpersist.records import HostMemory
 
 # Launch attributes whose values are process-local handles: they cannot be persisted.
 _EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
@@ -54,18 +55,6 @@ def _param_layout(func: Any, name: str) -> list[tuple[int, int]]:
 
 # Values that can be user-space addresses on x86-64/aarch64 (48- or 57-bit); smaller words are counts or flags.
 _ADDR_LO, _ADDR_HI = 1 << 32, 1 << 57
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Pinned host memory a kernel may read through its host address (mapped memory under unified addressing).
-
-    `restorable`: (addr, size) placed at fixed host addresses by the interposer during setup and live now, which
-    LOAD's setup makes again at the same addresses; `others`: (addr, size, why) live pinned memory that LOAD cannot
-    put back where it is. Both sorted by address."""
-
-    restorable: list[tuple[int, int]] = field(default_factory=list)
-    others: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def _holding(ranges: list[Any], starts: list[int], v: int) -> Any:
