@@ -39,7 +39,11 @@ class Pending:
 
 
 def recorder() -> phases.Recorder:
-    return run.current().recorder
+    """The phase recorder of the process's run, made at its first use."""
+    now = run.current()
+    if now.recorder is None:
+        now.recorder = phases.Recorder()
+    return now.recorder
 
 
 def _refuse(exc: Exception) -> PersistError:
