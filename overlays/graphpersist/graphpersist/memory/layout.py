@@ -19,6 +19,7 @@ from graphpersist import run
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
 from graphpersist.memory import phases, region, state
+from graphpersist.memory.savedlayout import read_layout
 
 # torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
 # What a SAVE or LOAD gathers here (recorder, declarations, pending checks) lives on the process's run
@@ -73,9 +74,7 @@ def _step(call: Any) -> int:
 
 def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[region.Event]]:
     """The archive's phases (one exact phase for archives written before phases) and its allocation log, checked
-    (loadplan.read_layout: ArchiveError naming the file and the field)."""
-    from graphpersist.loadplan import read_layout
-
+    (savedlayout.read_layout: ArchiveError naming the file and the field)."""
     evs, saved = read_layout(archive, rank)
     return saved, evs
 
