@@ -453,7 +453,8 @@ def _configure_diff(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from graphpersist.archive import diff, open_archive
+    from graphpersist import diff
+    from graphpersist.archive import open_archive
     from graphpersist.errors import PersistError
 
     a, b = open_archive(args.a), open_archive(args.b)
