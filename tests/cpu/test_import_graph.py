@@ -1,9 +1,12 @@
-"""The import graph (`python -m gptools imports`, run by `make check`): no loops, and engine glue that reaches the
-runtime only through its engine interface."""
+"""The import graph (`python -m gptools imports`, run by `make check`): no loops of modules or of packages, and
+engine glue that reaches the runtime only through its engine interface."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+import pytest
 
 from gptools import importgraph
 
@@ -24,6 +27,7 @@ def test_the_project_has_no_import_loop_and_its_glue_uses_only_the_engine_interf
     assert "graphpersist.engine.session" in modules and "vllm.graphpersist_worker" in modules
     assert "sglang.srt.graphpersist_engine" in modules and "gptools.prove" in modules
     assert importgraph.cycles(modules, graph) == []
+    assert importgraph.package_loops(modules, graph) == []
     assert importgraph.glue_violations(modules, graph) == []
     glue = {e.target for e in graph if e.source.startswith(importgraph.GLUE_PREFIXES)}
     assert {t for t in glue if t.startswith("graphpersist")} <= {"graphpersist", "graphpersist.engine"}
@@ -58,3 +62,41 @@ def test_glue_that_imports_a_runtime_module_directly_is_named_with_its_line(tmp_
         "engine glue imports graphpersist.memory.region; use graphpersist.engine"
     ]
     assert bad[0].split(":")[1] == "3"
+
+
+# archive -> memory through one pair of modules, memory -> archive through another: no module loop, a package loop.
+PACKAGE_LOOP = {
+    "graphpersist.archive.manifest": "from graphpersist.memory.phases import Phase\n",
+    "graphpersist.archive.base": "",
+    "graphpersist.memory.phases": "",
+    "graphpersist.memory.hostmem": "from graphpersist.archive import base\n",
+    "graphpersist.records": "",
+}
+
+
+def test_a_loop_between_packages_without_a_loop_between_modules_is_found_with_the_imports_that_make_it(
+    tmp_path: Path,
+) -> None:
+    modules = modules_in(tmp_path, PACKAGE_LOOP)
+    graph = importgraph.edges(modules)
+    assert importgraph.cycles(modules, graph) == []
+    [(packages, crossing)] = importgraph.package_loops(modules, graph)
+    assert packages == ["graphpersist.archive", "graphpersist.memory"]
+    assert [(e.source, e.target) for e in crossing] == [
+        ("graphpersist.archive.manifest", "graphpersist.memory.phases"),
+        ("graphpersist.memory.hostmem", "graphpersist.archive.base"),
+    ]
+
+
+def test_make_check_fails_on_a_package_loop_naming_the_packages_and_the_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modules = modules_in(tmp_path, PACKAGE_LOOP)
+    monkeypatch.setattr(importgraph, "project_modules", lambda: modules)
+    assert importgraph.run(argparse.Namespace(json=False)) == 1
+    out = capsys.readouterr().out
+    assert "imports: package loop: graphpersist.archive <-> graphpersist.memory (" in out
+    assert "graphpersist.archive.manifest:1 imports graphpersist.memory.phases" in out
+    moved = {**PACKAGE_LOOP, "graphpersist.archive.manifest": "from graphpersist.records import Phase\n"}
+    monkeypatch.setattr(importgraph, "project_modules", lambda: modules_in(tmp_path / "fixed", moved))
+    assert importgraph.run(argparse.Namespace(json=False)) == 0

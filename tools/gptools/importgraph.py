@@ -2,8 +2,11 @@
 
 `make check` refuses an import loop anywhere in the product (the runtime and the engine glue) or the tools, type-only
 imports (`if TYPE_CHECKING:`) and imports inside functions included: a loop means two modules that cannot be read,
-tested or moved apart. It also holds each engine's glue to the engine interface: the glue may import the runtime
-only through `graphpersist.engine` (plus the package itself, to name it). AST only: nothing is imported.
+tested or moved apart. It refuses a loop between packages too (`graphpersist.archive` importing from
+`graphpersist.memory` while memory imports from the archive, through any of their modules): the runtime's packages
+form a line, each importing only the ones below it, so each can be read knowing only what lies under it. It also
+holds each engine's glue to the engine interface: the glue may import the runtime only through `graphpersist.engine`
+(plus the package itself, to name it). AST only: nothing is imported.
 
     python -m gptools imports [--json]
 """
@@ -123,6 +126,27 @@ def cycles(modules: Iterable[str], graph: list[Edge]) -> list[list[str]]:
     return sorted(out)
 
 
+def package_of(module: str) -> str:
+    """The package a module counts for in the package graph: its subpackage under the top-level package
+    (graphpersist.memory for graphpersist.memory.region and for graphpersist.memory itself); a module at the top of
+    its package (graphpersist.save, gptools.prove) counts as a package of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_loops(modules: Iterable[str], graph: list[Edge]) -> list[tuple[list[str], list[Edge]]]:
+    """The loops between packages (package_of): each as its packages, sorted, and the imports that cross between
+    them, so the message can name the modules to move."""
+    between = [e for e in graph if package_of(e.source) != package_of(e.target)]
+    packages = {package_of(m) for m in modules}
+    lifted = [Edge(package_of(e.source), package_of(e.target), e.line) for e in between]
+    out = []
+    for loop in cycles(packages, lifted):
+        members = set(loop)
+        crossing = [e for e in between if package_of(e.source) in members and package_of(e.target) in members]
+        out.append((loop, sorted(crossing, key=lambda e: (e.source, e.line, e.target))))
+    return out
+
+
 def glue_violations(modules: dict[str, Path], graph: list[Edge]) -> list[str]:
     """Engine glue importing a runtime module other than the engine interface, as `path:line: message`."""
     bad = []
@@ -139,7 +163,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `imports` subcommand to `python -m gptools`."""
     p = subparsers.add_parser(
         "imports",
-        help="refuse import loops in the product and tools, and engine glue that bypasses graphpersist.engine",
+        help="refuse import loops (of modules and of packages) in the product and tools, and engine glue that "
+        "bypasses graphpersist.engine",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -150,18 +175,29 @@ def run(args: argparse.Namespace) -> int:
     modules = project_modules()
     graph = edges(modules)
     loops = cycles(modules, graph)
+    by_package = package_loops(modules, graph)
     glue = glue_violations(modules, graph)
+    failed = bool(loops or by_package or glue)
     if args.json:
-        print(json.dumps({"modules": len(modules), "imports": len(graph), "loops": loops, "glue": glue}, indent=1))
+        crossing = [
+            {"packages": packages, "imports": [f"{e.source}:{e.line} -> {e.target}" for e in edges]}
+            for packages, edges in by_package
+        ]
+        print(json.dumps({"modules": len(modules), "imports": len(graph), "loops": loops, "package_loops": crossing,
+                          "glue": glue}, indent=1))  # fmt: skip
+        return 1 if failed else 0
+    print(f"imports: {len(modules)} modules, {len(graph)} imports between them")
+    for loop in loops:
+        print(f"imports: loop: {' <-> '.join(loop)}")
+    for packages, crossing in by_package:
+        listed = "; ".join(f"{e.source}:{e.line} imports {e.target}" for e in crossing[:12])
+        more = f"; … ({len(crossing)} in all)" if len(crossing) > 12 else ""
+        print(f"imports: package loop: {' <-> '.join(packages)} ({listed}{more})")
+    for line in glue:
+        print(f"imports: {line}")
+    if failed:
+        print("imports: break each loop (move what both need into a module of its own, below both) and import the "
+              "runtime from engine glue only through graphpersist.engine")  # fmt: skip
     else:
-        print(f"imports: {len(modules)} modules, {len(graph)} imports between them")
-        for loop in loops:
-            print(f"imports: loop: {' <-> '.join(loop)}")
-        for line in glue:
-            print(f"imports: {line}")
-        if loops or glue:
-            print("imports: break each loop (move what both need into a module of its own) and import the runtime "
-                  "from engine glue only through graphpersist.engine")  # fmt: skip
-        else:
-            print("imports: no loops; engine glue uses only graphpersist.engine")
-    return 1 if loops or glue else 0
+        print("imports: no loops of modules or packages; engine glue uses only graphpersist.engine")
+    return 1 if failed else 0
