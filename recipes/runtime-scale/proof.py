@@ -153,10 +153,6 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import OUTPUT_TYPES, PIECES, SIZES, FullOutput
 
-    from graphpersist.archive import open_archive
-    from graphpersist.graph import format as graphformat
-    from graphpersist.graph import pack as graphpack
-
     t_setup = time.perf_counter()
     res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
                    setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
@@ -191,17 +187,15 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     # Each loaded executable was instantiated with the flags its record holds (torch's, read at SAVE).
     from cuda.bindings import driver as drv
 
-    records = open_archive(archive, verify_checksums=False).rank_facts(0).graphs
+    records = api.open_archive(archive, verify_checksums=False).rank_facts(0).graphs
     wrong_flags = [g.name for g in records if int(drv.cuGraphExecGetFlags(res[g.name].exec)[1]) != g.instantiate_flags]
     # What verify_topology=True would add: parse every kernel node and recompute every topology fingerprint.
     a = time.perf_counter()
-    arch = open_archive(archive, verify_checksums=False)
-    rec = arch.rank_facts(0)
-    packed = graphpack.read_graphs(arch, 0, [g.name for g in rec.graphs])
-    fps_ok = all(
-        graphformat.topology_fingerprint(e.full_desc_of(packed.pack)) == g.topology_fingerprint
-        for g, e in zip(rec.graphs, packed.graphs, strict=True)
-    )
+    try:  # as `graphpersist check` reads the graphs: refused when a graph's fingerprint differs from its record's
+        api.read_graphs(api.open_archive(archive, verify_checksums=False), 0, full=True)
+        fps_ok = True
+    except api.ArchiveError:
+        fps_ok = False
     topology_s = time.perf_counter() - a
     # Release: a dropped graph is destroyed by its finalizer; close() is idempotent; a closed graph refuses.
     dropped = res.graphs.pop(f"PIECEWISE/bs{SIZES[0]}/piece{PIECES - 1}")
@@ -279,17 +273,17 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
 
 
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
-    from graphpersist.memory import region
+    from graphpersist import api
 
-    env = {**region.preload_env(base=BASE), **hostkit.PINNED_ENV}
+    env = {**api.preload_env(base=BASE), **hostkit.PINNED_ENV}
     return hostkit.run_step([sys.executable, __file__, *args], out, name, env, timeout)
 
 
 def prove(out: Path, report: Path) -> int:
-    from graphpersist.memory import region
+    from graphpersist import api
 
     out.mkdir(parents=True, exist_ok=True)
-    region.build_interposer()
+    api.build_interposer()
     archive, ref = out / "archive", out / "ref.json"
     shutil.rmtree(archive, ignore_errors=True)
     started = datetime.now(UTC)

@@ -93,6 +93,8 @@ def test_make_check_fails_on_a_package_loop_naming_the_packages_and_the_imports(
 ) -> None:
     modules = modules_in(tmp_path, PACKAGE_LOOP)
     monkeypatch.setattr(importgraph, "project_modules", lambda: modules)
+    monkeypatch.setattr(importgraph, "client_imports", lambda repo, runtime: [])  # no recipes in this tree
+    monkeypatch.setattr(importgraph, "load_allowances", lambda: [])
     assert importgraph.run(argparse.Namespace(json=False)) == 1
     out = capsys.readouterr().out
     assert "imports: package loop: graphpersist.archive <-> graphpersist.memory (" in out
@@ -100,3 +102,38 @@ def test_make_check_fails_on_a_package_loop_naming_the_packages_and_the_imports(
     moved = {**PACKAGE_LOOP, "graphpersist.archive.manifest": "from graphpersist.records import Phase\n"}
     monkeypatch.setattr(importgraph, "project_modules", lambda: modules_in(tmp_path / "fixed", moved))
     assert importgraph.run(argparse.Namespace(json=False)) == 0
+
+
+def test_recipes_and_tools_import_the_runtime_only_through_its_facade_or_a_reviewed_allowance() -> None:
+    runtime = [m for m in importgraph.project_modules() if m.startswith("graphpersist")]
+    imports = importgraph.client_imports(importgraph.REPO, runtime)
+    allowances = importgraph.load_allowances()
+    assert importgraph.facade_violations(imports, allowances) == []
+    assert {"recipes/runtime-tp2/proof.py", "tools/gptools/hostkit.py"} <= {i.path for i in imports}
+    unlisted = {i.target for i in imports if not any(a.covers(i.path) for a in allowances)}
+    assert unlisted == {"graphpersist.api"}
+    assert [a.path for a in allowances] == ["tools/gpdiag/", "recipes/diagnosis/", "recipes/runtime-scale/cpu_bench.py"]
+
+
+def test_a_recipe_that_bypasses_the_facade_is_named_with_its_line_and_an_unused_allowance_is_stale(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "recipes/a/proof.py": "from graphpersist import api\nfrom graphpersist.memory import region\n",
+        "tools/gpdiag/wrap.py": "from graphpersist.memory import region, tensors\n",
+        "tools/gptools/kit.py": "import graphpersist.archive\nfrom . import kit\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    runtime = ["graphpersist", "graphpersist.api", "graphpersist.archive", "graphpersist.memory.region",
+               "graphpersist.memory.tensors"]  # fmt: skip
+    imports = importgraph.client_imports(tmp_path, runtime)
+    allowances = [importgraph.Allowance("tools/gpdiag/", ("graphpersist.memory.region", "graphpersist.run"), "why")]
+    assert importgraph.facade_violations(imports, allowances) == [
+        "recipes/a/proof.py:2: imports graphpersist.memory.region; recipes and tools use graphpersist.api",
+        "tools/gpdiag/wrap.py:1: imports graphpersist.memory.tensors; recipes and tools use graphpersist.api",
+        "tools/gptools/kit.py:1: imports graphpersist.archive; recipes and tools use graphpersist.api",
+        "tools/gptools/facade_allow.toml: tools/gpdiag/ may import graphpersist.run, which nothing there imports any "
+        "more",
+    ]
