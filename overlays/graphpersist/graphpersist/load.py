@@ -167,22 +167,22 @@ def _restore_memory(
     return skipped, pending
 
 
-def check_before_setup(directory: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
+def check_before_setup(archive_dir: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
     """LOAD, before the engine sets anything up: opens the archive (load() verifies its checksums later) and
     refuses, naming each field with its saved and live value, what the facts known this early already contradict;
     facts not known yet are skipped. Returns the archive for the engine's own early reads."""
     try:
-        archive = open_archive(directory, verify_checksums=False)
+        archive = open_archive(archive_dir, verify_checksums=False)
     except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {directory}: {exc}") from None
+        raise PersistError(f"graphpersist: cannot LOAD {archive_dir}: {exc}") from None
     result = evaluate(archive, live, rank, skip_unknown=True)
     if result.mismatches:
-        raise LoadRefused(directory, result.mismatches, rank)
+        raise LoadRefused(archive_dir, result.mismatches, rank)
     return archive
 
 
 def load(
-    root: Path | str,
+    archive_dir: Path | str,
     *,
     engine: Mapping[str, str],
     model: Mapping[str, str],
@@ -215,7 +215,7 @@ def load(
     try:
         with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
             result = _load_rank(
-                root,
+                archive_dir,
                 engine,
                 model,
                 sizes,
@@ -246,7 +246,7 @@ def load(
 
 
 def _load_rank(
-    root: Path | str,
+    archive_dir: Path | str,
     engine: Mapping[str, str],
     model: Mapping[str, str],
     sizes: Sequence[int],
@@ -275,7 +275,7 @@ def _load_rank(
             flags=dict(flags or {}),
             region={"base": info.base, "size": info.size},
         )
-        archive = open_archive(root, keep_rank=rank)
+        archive = open_archive(archive_dir, keep_rank=rank)
         t_open = time.perf_counter()
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped

@@ -158,7 +158,7 @@ class Saver:
 
     def save(
         self,
-        root: Path | str,
+        archive_dir: Path | str,
         *,
         engine: Mapping[str, str],
         model: Mapping[str, str],
@@ -205,7 +205,7 @@ class Saver:
             if before_write is not None:
                 run_on_every_rank(coll, before_write, "SAVE")
             coll.same_world(prep.world, "SAVE")
-            w = coll.writer(root, prep.world, overwrite=overwrite)
+            w = coll.writer(archive_dir, prep.world, overwrite=overwrite)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
         t_shared = time.perf_counter()

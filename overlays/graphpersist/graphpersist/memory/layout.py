@@ -79,14 +79,14 @@ def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[regi
     return saved, evs
 
 
-def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:
+def use_layout(archive_dir: Path | str, *, rank: int = 0) -> list[str]:
     """LOAD: reads the archive's phases before setup, so each phase begins at its saved anchor and a variable
     phase cannot shift the ones after it. Call it after start_region(), before the first phase. Returns the
     saved phase names."""
     rec = recorder()
     if rec.phases or rec.setup_done:
         raise PersistError("use_layout() must come before the first phase and before mark_setup()")
-    archive = open_archive(root, verify_checksums=False)  # load() verifies it all; read() checks what it returns
+    archive = open_archive(archive_dir, verify_checksums=False)  # load() verifies it all; read() checks what it returns
     saved, evs = saved_phases(archive, rank)
     rec.saved, rec.saved_events = saved, evs
     return [p.name for p in saved]
