@@ -15,8 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from graphpersist.archive import codec, safejson
 from graphpersist.archive import digests as archive_digests
-from graphpersist.archive import safejson
 from graphpersist.archive.base import (
     _CHUNK,
     ADVICE_OLDER_FORMAT,
@@ -231,7 +231,7 @@ def _open_once(archive_dir: Path, verify_checksums: bool, keep_rank: int | None,
             if problem is not None:
                 continue  # named with the file problems
             try:
-                record, docs[rank] = RankRecord.parsed(data)
+                record, docs[rank] = codec.parsed(RankRecord, data)
             except ManifestError as exc:
                 record_problems.append(f"{rel}: {exc}")
                 continue
@@ -278,7 +278,7 @@ def read_shared(archive_dir: Path | str, name: str) -> bytes | None:
             archive_dir, f"{record_rel}, which commits to {_name(rel)}, is not listed or larger than it may be"
         )
     try:
-        record, doc = RankRecord.parsed(_verified_bytes(archive_dir, record_rel, record_entry))
+        record, doc = codec.parsed(RankRecord, _verified_bytes(archive_dir, record_rel, record_entry))
     except ManifestError as exc:
         raise ArchiveError(archive_dir, f"{record_rel}: {exc}") from None
     owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
@@ -319,7 +319,7 @@ def _read_manifest(archive_dir: Path) -> tuple[Manifest, dict[str, Any]]:
                               "incomplete")  # fmt: skip
         raise ArchiveError(archive_dir, problem)
     try:
-        return Manifest.parsed(data)
+        return codec.parsed(Manifest, data)
     except UnsupportedFormat as exc:
         raise ArchiveError(
             archive_dir, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from graphpersist.archive import codec, safejson
 from graphpersist.archive import digests as archive_digests
-from graphpersist.archive import safejson
 from graphpersist.archive.base import (
     ADVICE_NO_SPACE,
     ADVICE_READ_ONLY,
@@ -66,8 +66,8 @@ class ArchiveWriter:
         self.root = Path(os.path.abspath(archive_dir))
         self.overwrite = overwrite
         try:
-            self.world = world if isinstance(world, World) else World.from_dict(world)
-            _reads_back(self.world.to_dict())
+            self.world = world if isinstance(world, World) else codec.from_dict(World, world)
+            _reads_back(codec.to_dict(self.world))
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid world facts: {exc}", action="write", advice="") from None
         if self.root.exists() and not overwrite:
@@ -164,24 +164,24 @@ class ArchiveWriter:
             if isinstance(device, int) and not isinstance(device, bool):
                 data["device"] = self._device_facts(rank, device)
             try:
-                record = RankRecord.from_dict(data)
+                record = codec.from_dict(RankRecord, data)
             except ManifestError as exc:
                 raise ArchiveError(
                     self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice=""
                 ) from None
         try:
-            _reads_back(record.to_dict())
+            _reads_back(codec.to_dict(record))
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
         try:
-            manifest = self._manifest({}).to_dict() if rank == 0 else None
+            manifest = codec.to_dict(self._manifest({})) if rank == 0 else None
             record = archive_digests.committed(record, self._owned_files(rank), manifest)
         except ValueError as exc:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-        self._write(rel, record.to_json().encode())
+        self._write(rel, codec.to_json(record).encode())
         self._rank_records[rank] = rel
         if rank == 0:
             self._shared_closed = True
@@ -253,7 +253,7 @@ class ArchiveWriter:
         try:
             manifest = self._build_manifest()
             manifest_path = self.staging / MANIFEST_NAME
-            text = manifest.to_json()
+            text = codec.to_json(manifest)
             with _io_errors(self.root, manifest_path, len(text.encode()), f"write {MANIFEST_NAME}"):
                 with open(manifest_path, "x", encoding="utf-8") as fh:
                     fh.write(text)
@@ -308,12 +308,12 @@ class ArchiveWriter:
                 problems.append(f"rank {rank} has no {RANK_RECORD_NAME} (set_rank_facts was not called)")
                 continue
             try:
-                records[rank] = RankRecord.from_json((self.staging / rel).read_bytes())
+                records[rank] = codec.from_json(RankRecord, (self.staging / rel).read_bytes())
             except ManifestError as exc:
                 problems.append(f"{rel}: {exc}")
         manifest = self._manifest(files)
         problems += _reference_problems(records, files)
-        problems += archive_digests.problems(records, files, manifest.to_dict())
+        problems += archive_digests.problems(records, files, codec.to_dict(manifest))
         problems = problems or manifest.consistency_problems()  # what open_archive would refuse (e.g. no ranks)
         if problems:
             raise ArchiveError(self.root, problems, action="write", advice="")
