@@ -150,17 +150,27 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
             saver.add("ep2", g, [x, topk_idx, topk_weights], list(outs), capture_size=TOKENS, mode="full")
             s0 = time.perf_counter()
             parallel = {"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD}
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes),
-                                     rank=a.rank, parallel=parallel)  # fmt: skip
+            res["save"] = saver.save(
+                a.archive, api.Facts(ENGINE, MODEL, parallel=parallel, flags=deepep_flags(a.nvl_bytes)), rank=a.rank
+            )
             res["save_s"] = time.perf_counter() - s0
         replay = g.replay
     else:  # load, and the refusal group
         l0 = time.perf_counter()
         try:
-            loaded = api.load(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes), sizes=[TOKENS],
-                              modes=["full"], rank=a.rank,
-                              parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD},
-                              setup_tensors=named)  # fmt: skip
+            loaded = api.load(
+                a.archive,
+                api.Facts(
+                    ENGINE,
+                    MODEL,
+                    parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD},
+                    flags=deepep_flags(a.nvl_bytes),
+                ),
+                sizes=[TOKENS],
+                modes=["full"],
+                rank=a.rank,
+                setup_tensors=named,
+            )
         except Exception as exc:
             res["refused"] = {"type": type(exc).__name__, "message": str(exc)}
             res["captures"] = captures["n"]

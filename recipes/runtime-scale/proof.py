@@ -122,7 +122,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         duplicate = {"refused": False, "message": "accepted"}
     except api.PersistError as exc:
         duplicate = {"refused": True, "message": str(exc)}
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     t_saved = time.perf_counter()
     torch_flags = sorted({int(drv.cuGraphExecGetFlags(drv.CUgraphExec(g.raw_cuda_graph_exec()))[1])
                           for g, _ in captured.values()})  # fmt: skip
@@ -154,8 +154,14 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     from model import OUTPUT_TYPES, PIECES, SIZES, FullOutput
 
     t_setup = time.perf_counter()
-    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
+    res = api.load(
+        archive,
+        api.Facts(ENGINE, model.facts()),
+        sizes=SIZES,
+        modes=["full", "piecewise"],
+        setup_tensors=model.named_tensors(),
+        output_types=OUTPUT_TYPES,
+    )
     t_load = time.perf_counter()
     digests = _replay_all(torch, model, {n: (lg.replay, lg.outputs) for n, lg in res.graphs.items()})
     want = json.loads(ref.read_text())
@@ -243,8 +249,14 @@ def step_profile(archive: Path) -> dict[str, Any]:
 
     prof = cProfile.Profile()
     prof.enable()
-    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
+    res = api.load(
+        archive,
+        api.Facts(ENGINE, model.facts()),
+        sizes=SIZES,
+        modes=["full", "piecewise"],
+        setup_tensors=model.named_tensors(),
+        output_types=OUTPUT_TYPES,
+    )
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
@@ -261,7 +273,7 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
     saver, _captured, _t_warm = _capture(torch, model, api)
     prof = cProfile.Profile()
     prof.enable()
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)

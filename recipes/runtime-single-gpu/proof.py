@@ -80,7 +80,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         graphs_out[b] = (g, outs)
         saver.add(f"b{b}", g, [model.x[:b]], list(outs), capture_size=b, mode="full")
     t_capture = time.perf_counter()
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     t_saved = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_SAVE_FILL"):  # diagnosis: capture-time memory overwritten before the replays
         fill = int(os.environ["RUNTIME_PROOF_SAVE_FILL"], 0)
@@ -129,8 +129,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     t_setup = time.perf_counter()
     res = api.load(
         archive,
-        engine=ENGINE,
-        model=model.facts(),
+        api.Facts(ENGINE, model.facts()),
         sizes=SIZES,
         modes=["full"],
         setup_tensors=model.named_tensors(),
@@ -208,13 +207,13 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     facts = model.facts()
     out["dtype"] = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model={**facts, "dtype": "float16"}, sizes=SIZES, modes=["full"])
+        lambda: api.load(archive, api.Facts(ENGINE, {**facts, "dtype": "float16"}), sizes=SIZES, modes=["full"])
     )
     from model import Model
 
     other = Model.facts(type("M", (), {"layers": LAYERS, "hidden": 2048, "max_batch": 128, "dtype": model.dtype}))
     out["model_shapes"] = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model=other, sizes=SIZES, modes=["full"])
+        lambda: api.load(archive, api.Facts(ENGINE, other), sizes=SIZES, modes=["full"])
     )
 
     def copy(name: str) -> Path:
@@ -225,7 +224,7 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
 
     def run(root: Path) -> Any:
         return api.load(
-            root, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
+            root, api.Facts(ENGINE, facts), sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
         )
 
     trunc = copy("truncated")
@@ -254,7 +253,7 @@ def step_drift_region(archive: Path) -> dict[str, Any]:
 
     return {
         "region_base": _expect_refusal(
-            lambda: api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"])
+            lambda: api.load(archive, api.Facts(ENGINE, model.facts()), sizes=SIZES, modes=["full"])
         )
     }
 
@@ -272,7 +271,7 @@ def step_drift_setup(archive: Path) -> dict[str, Any]:
     tensors = model.named_tensors()
     facts = model.facts()
     result = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=tensors)
+        lambda: api.load(archive, api.Facts(ENGINE, facts), sizes=SIZES, modes=["full"], setup_tensors=tensors)
     )
     del extra
     return {"setup_addresses": result}

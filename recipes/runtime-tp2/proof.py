@@ -103,13 +103,19 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
         res["capture"] = per
         if saver:
             s0 = time.perf_counter()
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=model.facts(), rank=a.rank, parallel=parallel)
+            res["save"] = saver.save(a.archive, api.Facts(ENGINE, model.facts(), parallel=parallel), rank=a.rank)
             res["save_s"] = time.perf_counter() - s0
     else:  # load (and the drift modes, which must be refused)
         l0 = time.perf_counter()
         try:
-            loaded = api.load(a.archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"],
-                              rank=a.rank, parallel=parallel, setup_tensors=model.named_tensors())  # fmt: skip
+            loaded = api.load(
+                a.archive,
+                api.Facts(ENGINE, model.facts(), parallel=parallel),
+                sizes=SIZES,
+                modes=["full"],
+                rank=a.rank,
+                setup_tensors=model.named_tensors(),
+            )
         except Exception as exc:
             res["refused"] = {"type": type(exc).__name__, "message": str(exc)}
             res["captures"] = captures["n"]

@@ -92,7 +92,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
     g.instantiate()
     saver = api.Saver()
     saver.add("chain", g, [t["x"]], outs)
-    saver.save(tmp / "archive", engine=ENGINE, model=MODEL)
+    saver.save(tmp / "archive", api.Facts(ENGINE, MODEL))
     captured = _replays(torch, g.replay, outs, 3)
     torch.save(captured[0], tmp / "reference.pt")
 
@@ -131,7 +131,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
 
 def step_load(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
-    res = api.load(tmp / "archive", engine=ENGINE, model=MODEL, sizes=[], setup_tensors=t)
+    res = api.load(tmp / "archive", api.Facts(ENGINE, MODEL), sizes=[], setup_tensors=t)
     lg = res.graphs["chain"]
     want = torch.load(tmp / "reference.pt")
     got = _replays(torch, lg.replay, list(lg.outputs), 5)
@@ -173,7 +173,7 @@ def step_forged(tmp: Path, case: str) -> dict[str, Any]:
         struct.pack_into("<Q", pack, t0 + TABLE_HEADER.size + i * KNODE.size + 40, blob_size - 1 - last)
     forge(root, "rank_0/graphs/pack.bin", bytes(pack))
     try:
-        api.load(root, engine=ENGINE, model=MODEL, sizes=[], setup_tensors=t)
+        api.load(root, api.Facts(ENGINE, MODEL), sizes=[], setup_tensors=t)
     except Exception as exc:  # what LOAD raised is the result
         return {"refused": True, "error": f"{type(exc).__name__}: {exc}"}
     return {"refused": False}

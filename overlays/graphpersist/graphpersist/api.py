@@ -48,6 +48,7 @@ from graphpersist.memory.region import (
 )
 from graphpersist.memory.region import events as region_events
 from graphpersist.memory.region import info as region_info
+from graphpersist.records import Facts
 from graphpersist.switch import SwitchError
 
 if TYPE_CHECKING:  # bound on first use at run time (__getattr__): their modules import torch
@@ -60,6 +61,7 @@ __all__ = [
     "DEFAULT_HOST_BASE",
     "SINGLE",
     "ArchiveError",
+    "Facts",
     "LoadResult",
     "LoadedGraph",
     "PersistError",

@@ -30,6 +30,7 @@ from graphpersist.graph.graphset import GraphSet
 from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
+from graphpersist.records import Facts
 
 MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
 
@@ -167,10 +168,18 @@ def _restore_memory(
     return skipped, pending
 
 
-def check_before_setup(archive_dir: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
+def check_before_setup(archive_dir: Path | str, facts: Facts, rank: int) -> Archive:
     """LOAD, before the engine sets anything up: opens the archive (load() verifies its checksums later) and
-    refuses, naming each field with its saved and live value, what the facts known this early already contradict;
-    facts not known yet are skipped. Returns the archive for the engine's own early reads."""
+    refuses, naming each field with its saved and live value, what the facts known this early (the engine's `facts`
+    and the process's GPU, versions and environment) already contradict; facts not known yet are skipped. Returns
+    the archive for the engine's own early reads."""
+    live = collect_live(
+        device=torch.cuda.current_device(),
+        engine=dict(facts.engine),
+        model=dict(facts.model),
+        parallel=dict(facts.parallel or {}),
+        flags=dict(facts.flags or {}),
+    )
     try:
         archive = open_archive(archive_dir, verify_checksums=False)
     except ArchiveError as exc:
@@ -183,14 +192,11 @@ def check_before_setup(archive_dir: Path | str, live: Mapping[str, Any], rank: i
 
 def load(
     archive_dir: Path | str,
+    facts: Facts,
     *,
-    engine: Mapping[str, str],
-    model: Mapping[str, str],
     sizes: Sequence[int],
     modes: Sequence[str] = (),
     rank: int = 0,
-    parallel: Mapping[str, int] | None = None,
-    flags: Mapping[str, Any] | None = None,
     native: bool = True,
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
@@ -200,7 +206,9 @@ def load(
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
-    With `parallel["world_size"] > 1` every rank calls it: a rank that refuses makes all of them raise (a
+    `facts` (engine, model, parallel layout, flags) and the captured `sizes` and `modes` are compared with the
+    archive's, beside what LOAD reads of the process itself. With `facts.parallel["world_size"] > 1` every rank
+    calls it: a rank that refuses makes all of them raise (a
     PersistError naming each failing rank), so no rank goes on to replay collectives its peers never join.
 
     Every graph's node counts are checked against its record and kernel table; `verify_topology=True` (and the
@@ -210,19 +218,17 @@ def load(
     `output_types` (id -> dataclass) is the live engine's registry, the only place an output dataclass the archive
     names by id is looked up (Saver's, at SAVE); an id it lacks refuses the LOAD.
     """
-    par = parallel_layout(parallel)
+    par = parallel_layout(facts.parallel)
     coll = collective(par, rank, gather)
     try:
         with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
             result = _load_rank(
                 archive_dir,
-                engine,
-                model,
+                facts,
                 sizes,
                 modes,
                 rank,
                 par,
-                flags,
                 native,
                 setup_tensors,
                 verify_topology,
@@ -247,13 +253,11 @@ def load(
 
 def _load_rank(
     archive_dir: Path | str,
-    engine: Mapping[str, str],
-    model: Mapping[str, str],
+    facts: Facts,
     sizes: Sequence[int],
     modes: Sequence[str],
     rank: int,
     par: dict[str, int],
-    flags: Mapping[str, Any] | None,
     native: bool,
     setup_tensors: Mapping[str, torch.Tensor] | None,
     verify_topology: bool,
@@ -268,11 +272,11 @@ def _load_rank(
         live_job = pool.submit(
             collect_live,
             device=torch.cuda.current_device(),
-            engine=dict(engine),
-            model=dict(model),
+            engine=dict(facts.engine),
+            model=dict(facts.model),
             capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
             parallel=par,
-            flags=dict(flags or {}),
+            flags=dict(facts.flags or {}),
             region={"base": info.base, "size": info.size},
         )
         archive = open_archive(archive_dir, keep_rank=rank)

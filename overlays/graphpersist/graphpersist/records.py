@@ -1,9 +1,10 @@
-"""The records the archive, memory and graph packages pass between them, at the bottom of the runtime.
+"""The records the runtime's layers pass between them, at the bottom of the runtime.
 
 The three packages form a line (archive, then memory, then graph: each imports only the ones before it), so a record
 two of them share cannot live in either without one reaching up: a setup phase is recorded by memory and stored by
 the archive, the pinned host memory graphs read is found by memory, checked by the graph walk and stored by the
-archive. They live here, as plain data: no CUDA, no torch, no import of the runtime.
+archive. They live here, as plain data: no CUDA, no torch, no import of the runtime. So does what the engine tells
+SAVE and LOAD about itself (Facts), which both pipelines and the engine session pass along.
 """
 
 from __future__ import annotations
@@ -13,6 +14,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STATE_HOWS = ("bytes", "recreated")  # how LOAD gets a declared state's content (graphpersist.memory.state)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the engine tells SAVE and LOAD about itself, passed once: `engine` (name, version, commit), `model` (dtype,
+    config_fingerprint), `parallel` (world_size, tp_size, pp_size, ep_size; None: one rank) and `flags` (the engine's
+    flags that change what it captures). SAVE records them among the archive's world facts; LOAD compares them with
+    the saved ones, beside what it reads of the process itself (GPU, versions, pinned environment)."""
+
+    engine: Mapping[str, str]
+    model: Mapping[str, str]
+    parallel: Mapping[str, int] | None = None
+    flags: Mapping[str, Any] | None = None
 
 
 @dataclass

@@ -30,6 +30,7 @@ from graphpersist.graph import walk as graphwalk
 from graphpersist.graph.graphset import DuplicateGraph, GraphSet
 from graphpersist.memory import hostmem, layout, phases, region, setup, state
 from graphpersist.memory.tensors import tensor_spec
+from graphpersist.records import Facts
 
 
 def _listed(evs: Sequence[region.Event]) -> str:
@@ -159,12 +160,9 @@ class Saver:
     def save(
         self,
         archive_dir: Path | str,
+        facts: Facts,
         *,
-        engine: Mapping[str, str],
-        model: Mapping[str, str],
         rank: int = 0,
-        parallel: Mapping[str, int] | None = None,
-        flags: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         gather: ranks.Gather | None = None,
         notes: Mapping[str, Any] | None = None,
@@ -172,6 +170,9 @@ class Saver:
         before_write: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
+
+        `facts` (engine, model, parallel layout, flags) become the archive's world facts with what SAVE reads of the
+        process itself.
 
         `notes` is this rank's free-form engine bookkeeping (JSON), stored in its rank record and handed back
         by LOAD as `LoadResult.notes`; it is never compared as a fact.
@@ -186,15 +187,15 @@ class Saver:
         `shared` (an engine's first-request kernel warm-up, whose compiles the JIT caches then carry). The ranks
         agree on it like on their preparation: its failure on any rank refuses the SAVE on every rank.
 
-        With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
+        With `facts.parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
         the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
         its `rank_<r>/` part, and rank 0 publishes it once all parts are there. Any rank's refusal refuses all.
         """
-        par = parallel_layout(parallel)
+        par = parallel_layout(facts.parallel)
         coll = collective(par, rank, gather)
         prep, error = None, None
         try:
-            prep = self._prepare(engine, model, par, flags)
+            prep = self._prepare(facts, par)
         except Exception as exc:
             if coll.world_size == 1:
                 raise  # one rank: the refusal as it is, nobody to tell
@@ -233,9 +234,7 @@ class Saver:
                               "write": t_commit - t_write, "commit": end - t_commit}  # fmt: skip
         return summary
 
-    def _prepare(
-        self, engine: Mapping[str, str], model: Mapping[str, str], par: dict[str, int], flags: Any
-    ) -> _Prepared:
+    def _prepare(self, facts: Facts, par: dict[str, int]) -> _Prepared:
         """This rank's part of SAVE up to writing: every refusal happens here, before any file exists."""
         from cuda.bindings import driver as drv
 
@@ -315,11 +314,11 @@ class Saver:
         modes = sorted({e.mode for e in self.entries.values() if e.mode})
         live = collect_live(
             device=torch.cuda.current_device(),
-            engine=dict(engine),
-            model=dict(model),
+            engine=dict(facts.engine),
+            model=dict(facts.model),
             capture={"sizes": sizes, "modes": modes},
             parallel=par,
-            flags=dict(flags or {}),
+            flags=dict(facts.flags or {}),
         )
         used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
         for gname, sg in saved.items():

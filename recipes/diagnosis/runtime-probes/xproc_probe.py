@@ -208,7 +208,7 @@ def step_save(a: argparse.Namespace) -> int:
     g.instantiate()
     saver = api.Saver()
     saver.add("g", g, [t["x"]], outs, capture_size=a.m, mode="full")
-    saver.save(a.dir / "archive", engine=ENGINE, model=_facts(a))
+    saver.save(a.dir / "archive", api.Facts(ENGINE, _facts(a)))
     from cuda.bindings import driver as drv
 
     graph = drv.CUgraph(g.raw_cuda_graph())
@@ -238,8 +238,14 @@ def step_save(a: argparse.Namespace) -> int:
 
 def step_load(a: argparse.Namespace) -> int:
     torch, api, t = _setup(a.m, a.k, a.n, a.chain)
-    res = api.load(a.dir / "archive", engine=ENGINE, model=_facts(a), sizes=[a.m], modes=["full"],
-                   setup_tensors=t, native=not a.python_rebuild)  # fmt: skip
+    res = api.load(
+        a.dir / "archive",
+        api.Facts(ENGINE, _facts(a)),
+        sizes=[a.m],
+        modes=["full"],
+        setup_tensors=t,
+        native=not a.python_rebuild,
+    )
     saved = torch.load(a.dir / "save.pt")
     if a.warm:
         s = torch.cuda.Stream()
