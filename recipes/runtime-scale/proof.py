@@ -195,7 +195,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
 
     records = api.open_archive(archive, verify_checksums=False).rank_facts(0).graphs
     wrong_flags = [g.name for g in records if int(drv.cuGraphExecGetFlags(res[g.name].exec)[1]) != g.instantiate_flags]
-    # What verify_topology=True would add: parse every kernel node and recompute every topology fingerprint.
+    # What `graphpersist check` adds to LOAD's reading: parse every kernel node, recompute every topology fingerprint.
     a = time.perf_counter()
     try:  # as `graphpersist check` reads the graphs: refused when a graph's fingerprint differs from its record's
         api.read_graphs(api.open_archive(archive, verify_checksums=False), 0, full=True)
@@ -351,7 +351,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
          ld.get("shared_ok") is True, ""),
         ("unknown graph name: KeyError listing the closest names", "closest" in str(ld.get("lookup")),
          str(ld.get("lookup"))[:200]),
-        ("topology fingerprints of all graphs match their records (verify_topology's check, run separately)",
+        ("topology fingerprints of all graphs match their records (graphpersist check's reading, run separately)",
          ld.get("topology_ok") is True, f"{ld.get('topology_s', 0):.2f} s for all graphs"),
         ("LOAD instantiates every graph with the flags torch gave SAVE's executable",
          bool(ld.get("saved_flags")) and ld.get("saved_flags") == sv.get("torch_exec_flags")
@@ -390,8 +390,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     lines += ["", "## LOAD phases (same run)", "", "| phase | ms |", "|---|---|"]
     lines += [f"| {n} | {v * 1e3:.1f} |" if v is not None else f"| {n} | - |" for n, v in phases]
     lines += ["", f"LOAD process: setup {ld.get('setup_s', 0):.2f} s, api.load {ld.get('load_s', 0):.2f} s. "
-              f"`verify_topology=True` would add about {ld.get('topology_s', 0):.2f} s (parse every kernel node, "
-              f"recompute every topology fingerprint; measured separately above)."]  # fmt: skip
+              f"Reading the graphs as `graphpersist check` does takes about {ld.get('topology_s', 0):.2f} s more "
+              f"(parse every kernel node, recompute every topology fingerprint; measured above)."]  # fmt: skip
     summ = sv.get("summary", {})
     lines += [f"SAVE process: setup + warm-up {sv.get('setup_warmup_s', 0):.2f} s, capture of {len(nodes)} graphs "
               f"{sv.get('capture_s', 0):.2f} s, SAVE {sv.get('save_s', 0):.2f} s (serialize "

@@ -7,6 +7,7 @@ runs; each writes one JSON result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,14 +128,19 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     from model import SIZES, inputs_for
 
     t_setup = time.perf_counter()
-    res = api.load(
-        archive,
-        api.Facts(ENGINE, model.facts()),
-        sizes=SIZES,
-        modes=["full"],
-        setup_tensors=model.named_tensors(),
-        native=os.environ.get("RUNTIME_PROOF_LOAD_NATIVE", "1") != "0",  # diagnosis: 0 = the Python rebuild
-    )
+    rebuild = contextlib.nullcontext()
+    if os.environ.get("RUNTIME_PROOF_LOAD_NATIVE", "1") == "0":  # diagnosis: the reference (Python) rebuild
+        from gpdiag import rebuild as reference
+
+        rebuild = reference.in_load()
+    with rebuild:
+        res = api.load(
+            archive,
+            api.Facts(ENGINE, model.facts()),
+            sizes=SIZES,
+            modes=["full"],
+            setup_tensors=model.named_tensors(),
+        )
     t_load = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_LOAD_WARMUP") == "1":  # diagnosis: eager forwards after load, before replay
         stream = torch.cuda.Stream()

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from native_fixtures import build_fake_driver, child_env, run_child
 
-from graphpersist.graph import build as graphbuild
 from graphpersist.graph import format as graphformat
 from graphpersist.memory import region
 
@@ -179,7 +178,10 @@ def test_layouts_are_asked_of_the_driver_once_per_function(libs: dict[str, str])
 
 
 def test_the_reference_rebuild_holds_kernel_nodes_to_the_live_layouts_too() -> None:
-    """rebuild() (native=False) reads each node's layout from its JSON: equal offsets and sizes, inside the blob."""
+    """The reference rebuild (tools/gpdiag/rebuild.py) reads each node's layout from its JSON: equal offsets and sizes,
+    inside the blob."""
+    from gpdiag import rebuild as reference
+
     live = {"k0": tuple(map(tuple, K0)), "k1": tuple(map(tuple, K1))}
     for k1, size, why in (
         ([[0, 8], [8, 4]], 36, "parameter 1 (8 bytes at offset 8) ends past the 36-byte blob"),
@@ -188,6 +190,25 @@ def test_the_reference_rebuild_holds_kernel_nodes_to_the_live_layouts_too() -> N
     ):
         desc = graph(k1, size)["desc"]
         with pytest.raises(graphformat.GraphFormatError) as info:
-            graphbuild.rebuild("g", desc, bytes(size), None, hashed=True, layouts=lambda _s, name, _a: live[name])
+            reference.rebuild("g", desc, bytes(size), None, hashed=True, layouts=lambda _s, name, _a: live[name])
         assert str(info.value).startswith(f"graph 'g' node 1 kernel 'k1': its saved parameter layout does not fit "
                                           f"the live function ({why})")  # fmt: skip
+
+
+def test_in_load_hands_the_reference_rebuild_what_load_resolved_and_puts_the_native_builder_back() -> None:
+    """gpdiag.rebuild.in_load(): load()'s native builder is the reference rebuild inside the block, fed the live
+    functions and layouts load() resolved (a wrong saved layout is refused by it, naming the node), and LOAD's own
+    builder and CPU stage are back after it."""
+    from gpdiag import rebuild as reference
+
+    from graphpersist import loadstage
+    from graphpersist.graph import build as graphbuild
+
+    native, stage = graphbuild.rebuild_native, loadstage.rank_stage
+    funcs = graphbuild.LiveFuncs([1, 2], [tuple(map(tuple, K0)), tuple(map(tuple, K1))])
+    with reference.in_load(), pytest.raises(graphformat.GraphFormatError) as info:
+        assert graphbuild.rebuild_native is not native and loadstage.rank_stage is not stage
+        graphbuild.rebuild_native("g", graph([[0, 8], [12, 4]], 40)["desc"], bytes(40), b"", funcs, hashed=True)
+    assert str(info.value).startswith("graph 'g' node 1 kernel 'k1': its saved parameter layout does not fit the live "
+                                      "function (parameter 1 at offset 12, the function's at 8)")  # fmt: skip
+    assert graphbuild.rebuild_native is native and loadstage.rank_stage is stage

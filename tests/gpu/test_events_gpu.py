@@ -284,9 +284,13 @@ def _saved_desc(archive: Path, name: str) -> dict[str, Any]:
 
 def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
     torch, api, t = _setup()
-    from cuda.bindings import driver as drv
+    import contextlib
 
-    res = api.load(archive, api.Facts(ENGINE, MODEL), sizes=[1], modes=["full"], setup_tensors=t, native=native)
+    from cuda.bindings import driver as drv
+    from gpdiag import rebuild as reference
+
+    with contextlib.nullcontext() if native else reference.in_load():  # Python: the reference rebuild (gpdiag)
+        res = api.load(archive, api.Facts(ENGINE, MODEL), sizes=[1], modes=["full"], setup_tensors=t)
     lg = res.graphs["ev"]
     desc = _saved_desc(archive, "ev")
     wait_idx = [nd["event"] for nd in desc["nodes"] if nd["type"] == "event_wait"]

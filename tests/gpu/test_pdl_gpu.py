@@ -74,6 +74,7 @@ def _replays(torch: Any, launch: Any, outs: list[Any], n: int) -> list[list[Any]
 def step_save(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
+    from gpdiag import rebuild as reference
 
     from graphpersist.graph import build as graphbuild
     from graphpersist.graph import format as graphformat
@@ -106,7 +107,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
     rebuilt = {}
     for path in ("python", "native"):
         if path == "python":
-            graph = graphbuild.rebuild(
+            graph = reference.rebuild(
                 "chain", saved.desc, saved.blob, fresh.function, hashed=True, layouts=fresh.layout
             )
         else:

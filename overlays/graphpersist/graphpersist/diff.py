@@ -121,7 +121,7 @@ def load_fields(record: GraphRecord, desc: dict[str, Any], table: bytes, entry: 
 
 
 def read_rank(archive: Archive, rank: int) -> RankGraphs:
-    """One rank's graphs, read and checked as LOAD would with verify_topology (ArchiveError when damaged)."""
+    """One rank's graphs, read and checked as `graphpersist check` reads them (ArchiveError when damaged)."""
     graphs, pointers = read_graphs(archive, rank, full=True)
     rec = archive.rank_facts(rank)
     records = {g.name: g for g in rec.graphs}

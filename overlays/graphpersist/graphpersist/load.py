@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +31,6 @@ from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 from graphpersist.records import Facts
-
-MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
 
 
 @dataclass
@@ -135,9 +133,7 @@ class LoadResult:
             g.close()
 
 
-def _restore_memory(
-    archive: Any, plan: LoadPlan, on_memory_restored: MemoryHook | None = None
-) -> tuple[list[str], layout.Pending | None]:
+def _restore_memory(archive: Any, plan: LoadPlan) -> tuple[list[str], layout.Pending | None]:
     """Proves setup matches SAVE phase by phase, maps what capture and skipped phases left live at SAVE, and
     checks every graph address lies in memory at its saved address with its saved size. Addresses in memory of
     post-capture phases (re-run by the engine after load()) are checked when those phases end. Returns the
@@ -154,8 +150,6 @@ def _restore_memory(
         skipped = phases.compare_setup(saved, saved_evs, layout.recorder().phases, live_evs)
         to_map = phases.restore_ranges(saved, saved_evs, live_evs, skipped)
         region.restore(to_map, len(live_evs), post[0].start if post else rec.region.final_offset)
-        if on_memory_restored is not None:
-            on_memory_restored(to_map)
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
@@ -197,26 +191,22 @@ def load(
     sizes: Sequence[int],
     modes: Sequence[str] = (),
     rank: int = 0,
-    native: bool = True,
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
-    verify_topology: bool = False,
-    on_memory_restored: MemoryHook | None = None,
     output_types: Mapping[str, type] | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
     `facts` (engine, model, parallel layout, flags) and the captured `sizes` and `modes` are compared with the
     archive's, beside what LOAD reads of the process itself. With `facts.parallel["world_size"] > 1` every rank
-    calls it: a rank that refuses makes all of them raise (a
-    PersistError naming each failing rank), so no rank goes on to replay collectives its peers never join.
+    calls it: a rank that refuses makes all of them raise (a PersistError naming each failing rank), so no rank goes
+    on to replay collectives its peers never join.
 
-    Every graph's node counts are checked against its record and kernel table; `verify_topology=True` (and the
-    reference path, `native=False`) also parses every kernel node and recomputes each graph's topology
-    fingerprint, which costs about as much as the rest of LOAD for engine-sized archives (recipes/runtime-scale).
-    `on_memory_restored(ranges)` sees the memory LOAD mapped afresh, before anything writes it (observers).
-    `output_types` (id -> dataclass) is the live engine's registry, the only place an output dataclass the archive
-    names by id is looked up (Saver's, at SAVE); an id it lacks refuses the LOAD.
+    Every graph's node counts are checked against its record and kernel table (`graphpersist check` also parses
+    every kernel node and recomputes each graph's topology fingerprint, which costs about as much as the rest of
+    LOAD for engine-sized archives: recipes/runtime-scale). `output_types` (id -> dataclass) is the live engine's
+    registry, the only place an output dataclass the archive names by id is looked up (Saver's, at SAVE); an id it
+    lacks refuses the LOAD.
     """
     par = parallel_layout(facts.parallel)
     coll = collective(par, rank, gather)
@@ -229,10 +219,7 @@ def load(
                 modes,
                 rank,
                 par,
-                native,
                 setup_tensors,
-                verify_topology,
-                on_memory_restored,
                 output_types or {},
             )
     except Exception as exc:
@@ -258,10 +245,7 @@ def _load_rank(
     modes: Sequence[str],
     rank: int,
     par: dict[str, int],
-    native: bool,
     setup_tensors: Mapping[str, torch.Tensor] | None,
-    verify_topology: bool,
-    on_memory_restored: MemoryHook | None,
     output_types: Mapping[str, type],
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
@@ -286,13 +270,13 @@ def _load_rank(
     check_or_refuse(archive, live, rank)
     # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
     # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
-    plan = loadstage.rank_stage(archive, rank, full=verify_topology or not native)  # ArchiveError naming the field
+    plan = loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
     rec, descs = plan.record, plan.graphs
     setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
     setup.check_pointer_blocks(plan.torch_blocks)
     t_validate = time.perf_counter()
 
-    skipped, pending = _restore_memory(archive, plan, on_memory_restored)
+    skipped, pending = _restore_memory(archive, plan)
     t_memory = time.perf_counter()
 
     loaded = images.LoadedImages()
@@ -329,10 +313,7 @@ def _load_rank(
         inputs = [view(s) for s in entry.inputs]
         a = time.perf_counter()
         events = graphbuild.create_events(name, desc)
-        if native:
-            g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
-        else:  # reference path: one cuda-bindings call per node (about 5x slower)
-            g = graphbuild.rebuild(name, desc, blob, loaded.function, events, hashed=True, layouts=loaded.layout)
+        g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
         b = time.perf_counter()
         ex = graphbuild.instantiate(name, g, exec_flags[name])
         c = time.perf_counter()

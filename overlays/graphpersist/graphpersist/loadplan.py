@@ -80,8 +80,8 @@ NAMES_ADVICE = (
 def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
     """Rank `rank`'s LOAD inputs, checked (see the module's docstring); ArchiveError naming file and field.
 
-    `full`: parse and check every kernel node and the topology fingerprint (load(verify_topology=True), the
-    reference rebuild). `every_byte` implies `full` and hashes every part and payload LOAD would use."""
+    `full`: parse and check every kernel node and the topology fingerprint (what the reference rebuild in
+    tools/gpdiag reads). `every_byte` implies `full` and hashes every part and payload LOAD would use."""
     full = full or every_byte
     record = archive.rank_facts(rank)
     rec_rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"

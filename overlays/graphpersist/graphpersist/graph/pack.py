@@ -452,8 +452,8 @@ def check_graphs(
     non-kernel node's fields, and the kernel table's counts and offsets against the description, the blob and the
     function table (the native rebuild indexes with them). `images`: the rank record's image hashes, which every
     function must name. `full` parses the kernel nodes too, checks each, recomputes the topology fingerprint and
-    requires the kernel table to be exactly what those nodes pack into (verify_topology=True, the reference rebuild,
-    `graphpersist check`). `hashes` recomputes each graph's blob and table sha256 (LOAD relies on the pack's file
+    requires the kernel table to be exactly what those nodes pack into (`graphpersist check`, the reference rebuild in
+    tools/gpdiag). `hashes` recomputes each graph's blob and table sha256 (LOAD relies on the pack's file
     hash instead: each byte hashed once). Raises PersistError or GraphFormatError naming the graph.
     """
     pack = packed.pack
