@@ -250,6 +250,46 @@ def _load_rank(
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
+    archive, t_open, t_facts = _open_checked(archive_dir, facts, sizes, modes, rank, par)
+    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
+    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
+    plan = loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
+    setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
+    setup.check_pointer_blocks(plan.torch_blocks)
+    t_validate = time.perf_counter()
+
+    skipped, pending = _restore_memory(archive, plan)
+    t_memory = time.perf_counter()
+
+    resolved = _live_functions(archive, plan)
+    t_images = time.perf_counter()
+
+    out, spent = _restore_graphs(plan, resolved, output_types)
+    t_end = time.perf_counter()
+    layout.set_pending(pending)
+    return LoadResult(
+        out,
+        {
+            "open_archive_s": t_open - t0,
+            "collect_live_s": t_facts - t_open,
+            "validate_s": t_validate - t0,
+            "memory_s": t_memory - t_validate,
+            "images_s": t_images - t_memory,
+            **spent,
+            "graphs_s": t_end - t_images,
+            "total_s": t_end - t0,
+        },
+        skipped,
+        [p.name for p in pending.saved if p.post_capture] if pending else [],
+        plan.notes,
+    )
+
+
+def _open_checked(
+    archive_dir: Path | str, facts: Facts, sizes: Sequence[int], modes: Sequence[str], rank: int, par: dict[str, int]
+) -> tuple[Archive, float, float]:
+    """The archive, opened for `rank` and its facts checked against the live ones (LoadRefused naming each that
+    differs); with the times the open and the live facts were done."""
     info = region.info()
     # The live facts (nvidia-smi runs as a subprocess: tens of ms) are collected while the archive is read.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -268,30 +308,30 @@ def _load_rank(
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
-    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
-    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
-    plan = loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
-    rec, descs = plan.record, plan.graphs
-    setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
-    setup.check_pointer_blocks(plan.torch_blocks)
-    t_validate = time.perf_counter()
+    return archive, t_open, t_facts
 
-    skipped, pending = _restore_memory(archive, plan)
-    t_memory = time.perf_counter()
 
+def _live_functions(archive: Archive, plan: LoadPlan) -> dict[str, graphbuild.LiveFuncs]:
+    """The rank's kernel images loaded, and each graph's live functions (handle and parameter layout), packed once
+    per graph shape (its graphs share one list)."""
     loaded = images.LoadedImages()
-    for im in rec.images:  # open_archive checked each image file's sha256 against the image's
+    for im in plan.record.images:  # open_archive checked each image file's sha256 against the image's
         loaded.load(im.sha256, im.kind, archive.read_path(im.file), verified=True)
-    # each function's handle and live parameter layout, packed once per graph shape (its graphs share one list)
     by_shape: dict[int, graphbuild.LiveFuncs] = {}
     resolved = {}
-    for name, d in descs.items():
+    for name, d in plan.graphs.items():
         funcs = d[0]["funcs"]
         if id(funcs) not in by_shape:
             by_shape[id(funcs)] = graphbuild.LiveFuncs.of(loaded, funcs)
         resolved[name] = by_shape[id(funcs)]
-    t_images = time.perf_counter()
+    return resolved
 
+
+def _restore_graphs(
+    plan: LoadPlan, resolved: dict[str, graphbuild.LiveFuncs], output_types: Mapping[str, type]
+) -> tuple[GraphSet[LoadedGraph], dict[str, float]]:
+    """Every graph rebuilt, instantiated and uploaded, with its static tensors at their saved addresses; and the
+    seconds rebuilding, instantiating and uploading took in all."""
     views: dict[tuple[Any, ...], torch.Tensor] = {}  # graphs sharing a static buffer share its tensor, as at SAVE
 
     def view(spec: Mapping[str, Any]) -> torch.Tensor:
@@ -303,9 +343,9 @@ def _load_rank(
 
     out: GraphSet[LoadedGraph] = GraphSet()
     rebuild_s = instantiate_s = upload_s = 0.0
-    exec_flags = {g.name: g.instantiate_flags for g in rec.graphs}
+    exec_flags = {g.name: g.instantiate_flags for g in plan.record.graphs}
     stream = torch.cuda.current_stream().cuda_stream
-    for name, (desc, blob, table, entry) in descs.items():
+    for name, (desc, blob, table, entry) in plan.graphs.items():
         try:
             outputs = structure.decode(entry.outputs, view, f"graph {name!r} outputs", output_types)
         except structure.StructureError as exc:
@@ -322,23 +362,4 @@ def _load_rank(
         instantiate_s += c - b
         upload_s += time.perf_counter() - c
         out.add(name, LoadedGraph(name, ex, g, inputs, outputs, len(desc["nodes"]), b - a, c - b, events))
-    t_end = time.perf_counter()
-    layout.set_pending(pending)
-    return LoadResult(
-        out,
-        {
-            "open_archive_s": t_open - t0,
-            "collect_live_s": t_facts - t_open,
-            "validate_s": t_validate - t0,
-            "memory_s": t_memory - t_validate,
-            "images_s": t_images - t_memory,
-            "rebuild_s": rebuild_s,
-            "instantiate_s": instantiate_s,
-            "upload_s": upload_s,
-            "graphs_s": t_end - t_images,
-            "total_s": t_end - t0,
-        },
-        skipped,
-        [p.name for p in pending.saved if p.post_capture] if pending else [],
-        plan.notes,
-    )
+    return out, {"rebuild_s": rebuild_s, "instantiate_s": instantiate_s, "upload_s": upload_s}
