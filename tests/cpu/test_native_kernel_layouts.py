@@ -104,6 +104,7 @@ def rebuild_code(g: dict[str, Any]) -> str:
         out["nodes"] = fake.fake_kernel_nodes()
         out["destroyed"] = Drv.destroyed
         out["params"] = [node_params(i, 24) for i in range(fake.fake_kernel_nodes())]
+        out["set_attrs"] = fake.fake_set_attrs()
     """
 
 
@@ -119,6 +120,21 @@ def test_a_sound_table_rebuilds_and_the_driver_reads_the_saved_bytes(libs: dict[
     want0 = blob[0:12] + bytes(4) + blob[16:24]  # bytes 12..15 are no parameter's: the driver copies none there
     want1 = blob[24:40] + bytes(8)
     assert out["params"] == [[0, want0.hex()], [1, want1.hex()]]
+
+
+def test_a_saved_launch_attribute_is_set_unless_it_equals_what_a_fresh_node_of_its_function_reads_back(
+    libs: dict[str, str],
+) -> None:
+    """The fake driver reads attribute 1 of these nodes back as 64 bytes of 0x01 and cannot read attribute 3: k0's
+    saved attribute 1 equals that default (not set), k1's differs (set), k1's attribute 3 cannot be compared (set)."""
+    g = graph(K1, 40)
+    g["desc"]["nodes"][0]["attrs"] = {"1": "01" * 64}
+    g["desc"]["nodes"][1]["attrs"] = {"1": "05", "3": "07"}
+    g["table"] = graphformat.pack_kernel_table(g["desc"]).hex()
+    g["desc"]["table_size"] = len(bytes.fromhex(g["table"]))
+    out = run(libs, rebuild_code(g))
+    assert out.get("built") is True and out["nodes"] == 2
+    assert out["set_attrs"] == 2
 
 
 def test_a_last_parameter_that_starts_inside_the_blob_but_ends_past_it_is_refused(libs: dict[str, str]) -> None:
