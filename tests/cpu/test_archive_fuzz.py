@@ -99,7 +99,7 @@ from graphpersist.archive.manifest import MAX_ENV, MAX_FLAGS
 from graphpersist.archive.validate import evaluate
 from graphpersist.errors import JitCacheError
 from graphpersist.graph import format as graphformat
-from graphpersist.loadplan import LoadPlan, read_plan
+from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import layout
 
 REPO = Path(__file__).resolve().parents[2]
