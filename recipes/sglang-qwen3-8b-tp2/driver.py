@@ -14,7 +14,11 @@ use the vLLM driver's options, each off by default: `--model-shape qwen3-30b-a3b
 `--long-prompts`. SGLang 0.5.17 honours a request's `sampling_seed` only with `enable_deterministic_inference`
 (`SamplingBatchInfo.from_schedule_batch`; else it samples from the process's CUDA generator), so `--sampling
 seeded` turns that on (its PyTorch sampler draws with a hash of seed and position, `multinomial_with_seed`).
-`--expect-refusal REGEX` makes a run pass only when the engine refused to start and its log matches REGEX.
+`--expect-refusal REGEX` makes a run pass only when the engine refused to start and its log matches REGEX; the run
+records what Engine() raised (the runtime's LoadRefused, which the patched SGLang raises in this process instead of
+killing it: patch 0010) and its first mismatch line. SGLang spawns its processes, each of which imports this file
+again as `__mp_main__` (upstream's process model: hence the main guard below); result.json's `script_runs` counts
+them, and a persistence run must count as many as the baseline.
 
 The model config, the prompts and the workloads are the vLLM recipe's (recipes/vllm-qwen3-8b-tp2/driver.py, loaded
 from its file), so both engines answer the same requests: sequential prompts one at a time; a concurrent batch; an
@@ -47,6 +51,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
 from gptools import proofkit  # noqa: E402  (stdlib only; the runner's helper for drivers)
+
+proofkit.note_script_run(__name__)  # the run's `script_runs`: SGLang's spawn imports this file in each of its processes
 
 
 def _vllm_recipe() -> ModuleType:
@@ -128,15 +134,7 @@ def engine_kwargs(a: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         kwargs["kv_cache_dtype"] = a.kv_cache_dtype
     if a.sampling == "seeded":  # SGLang reads a request's sampling_seed only then (module docstring)
         kwargs["enable_deterministic_inference"] = True
-    if a.expect_refusal:  # the engine's SIGQUIT handler would kill this process before it could say why
-        kwargs["custom_sigquit_handler"] = refused_child
     return kwargs
-
-
-def refused_child(signum: int, frame: Any) -> None:
-    """--expect-refusal: a scheduler that refused to start signals the parent, whose own handler would kill this
-    driver before it writes its result; SGLang's start then raises, which the driver turns into the refusal check."""
-    print(f"driver: signal {signum} from a child that failed (expected: --expect-refusal)", flush=True)
 
 
 def model_dir(a: argparse.Namespace) -> Path:
@@ -337,7 +335,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         lambda: sglang.Engine(**kwargs), Path(a.result).parent / "log.txt", a.expect_refusal
     )
     if started.result is not None:
-        return started.result
+        return {**started.result, "script_runs": proofkit.script_runs(a.result)}
     engine, ready = started.engine, started.ready_s
     marks = stamp_marks(started.stamps, proofkit.process_births(os.getpgid(0)), started.t0_wall)
     after_start = proofkit.cache_snapshot()
@@ -399,6 +397,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "graph_inventory": inventory,
         "graphpersist_stats": stats,
         "start_marks": marks,
+        "script_runs": proofkit.script_runs(a.result),
     }
 
 

@@ -14,6 +14,13 @@ prompt, so a baseline and a LOAD draw the same tokens), `--long-prompts` (a work
 max_model_len) and `--model-runner v2` (VLLM_USE_V2_MODEL_RUNNER=1: vLLM 0.26.0 runs Qwen3-MoE on its V1 runner
 otherwise, which persistence refuses).
 
+With persistence on the driver re-executes itself under the runtime's interposer (as `graphpersist exec` does), so
+vLLM forks its processes; `--no-reexec` starts it as a plain `python app.py` would, and vLLM spawns its engine core
+without running this script again. Every process that runs this file as a script notes itself
+(`proofkit.note_script_run`): result.json's `script_runs` (1 where only the driver did), which the runner compares
+with the baseline's. A run that had to be refused records what LLM() raised (`refusal.raised_type`: the runtime's
+LoadRefused when vLLM hands the refusal back) and its first mismatch line.
+
 Workloads (greedy, `ignore_eos`, fixed token ids): sequential prompts one at a time; a concurrent batch; an
 "oversize" batch whose prefill is larger than the largest capture size (it runs without graphs, then decode
 replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32
@@ -42,6 +49,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
 from gptools import proofkit  # noqa: E402  (stdlib only; the runner's helper for drivers)
+
+proofkit.note_script_run(__name__)  # the run's `script_runs`: under persistence vLLM must not run this script again
 
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -363,7 +372,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     before = proofkit.cache_snapshot()
     started = proofkit.start_engine(lambda: build_llm(a), Path(a.result).parent / "log.txt", a.expect_refusal)
     if started.result is not None:
-        return started.result
+        return {**started.result, "script_runs": proofkit.script_runs(a.result)}
     llm, ready = started.engine, started.ready_s
     marks = stamp_marks(started.stamps, proofkit.process_births(os.getpgid(0)), started.t0_wall)
     after_start = proofkit.cache_snapshot()
@@ -426,6 +435,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "engine": {"name": "vllm", "version": vllm.__version__},
         "graphpersist_stats": stats,
         "start_marks": marks,
+        "script_runs": proofkit.script_runs(a.result),
     }
     if a.replay_timing:  # last: replays overwrite the graphs' static buffers
         from gpdiag import vllm_replaytime
@@ -509,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="VLLM_FLASHINFER_ALLREDUCE_BACKEND for that pass (default: vLLM's, auto)")  # fmt: skip
     ap.add_argument("--expect-refusal", metavar="REGEX",
                     help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
+    ap.add_argument("--no-reexec", action="store_true",
+                    help="stay out of the runtime's interposer, as `python app.py` without `graphpersist exec`: vLLM "
+                    "then spawns its engine core (persistence's spawn: it does not run this script again)")  # fmt: skip
     ap.add_argument("--executor", choices=["default", "mp", "uni"], default="default",
                     help="vLLM's distributed_executor_backend (default: vLLM's choice, 'uni' at TP=1)")  # fmt: skip
     ap.add_argument("--replay-timing", action="store_true",
@@ -562,7 +575,7 @@ def export_options(a: argparse.Namespace, environ: Any = os.environ) -> None:
 def main() -> NoReturn:
     a = build_parser().parse_args()
     export_options(a)
-    if a.mode != "off":  # as the README advises: a process under the interposer lets vLLM fork its processes
+    if a.mode != "off" and not a.no_reexec:  # as the README advises: under the interposer vLLM forks its processes
         from graphpersist import api
 
         api.reexec_with_interposer()

@@ -376,6 +376,8 @@ def test_hooks_do_what_upstream_does_with_persistence_off(srt: SimpleNamespace) 
     assert srt.capture.captured_full(object(), object(), object(), object()) is None
     assert srt.capture.captured_breakable(object(), object(), object(), object()) is None
     assert srt.capture.captured_break(len, (), {}, None) is None
+    died = RuntimeError("Rank 0 scheduler died during initialization (exit code: 1).")
+    assert srt.switch.refused() is False and srt.switch.refusal_or(died) is died  # patch 0010's seams
     assert engine.current() is None
 
 
@@ -837,6 +839,7 @@ REVERSIONS = {
     "graph_cls() if _is_xpu else graphpersist_capture.new_graph()": "graph_cls()",
     "memory_pool_config(self, pre_model_load_memory)": "self._resolve_memory_pool_config(pre_model_load_memory)",
     "graphpersist_customar.register_graph_inputs(self)": "self._register_graph_inputs()",
+    "kill_process_tree(os.getpid(), include_parent=not refused())": "kill_process_tree(os.getpid())",
 }
 
 
@@ -875,6 +878,13 @@ class _Revert(ast.NodeTransformer):
         if test.startswith("not "):
             return node.body  # `if not defer(self): self.capture()` -> `self.capture()`
         return None  # `if defer(self): return`
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        """`refusal_or(upstream_error)` (patch 0010) -> `upstream_error`."""
+        if isinstance(node.func, ast.Name) and node.func.id in self.imported and node.func.id == "refusal_or":
+            self.removed.append(f"{node.func.id}(...)")
+            return self.generic_visit(node.args[0])
+        return self.generic_visit(node)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
         """`upstream_test and not keep_without_multicast(...)` (patch 0007) -> `upstream_test`."""
@@ -937,8 +947,14 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
         assert ast.dump(reverted) == ast.dump(expected), (
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
-    assert len(touched) == 11
-    assert sum("import" in r for r in removed_all) == 12 and sum("defer" in r for r in removed_all) == 2
+    assert len(touched) == 12
+    assert sum("import" in r for r in removed_all) == 14 and sum("defer" in r for r in removed_all) == 2
+    assert [r for r in removed_all if "refus" in r] == [
+        "from sglang.srt.graphpersist_switch import refused",
+        "kill_process_tree(os.getpid(), include_parent=not refused())",
+        "from sglang.srt.graphpersist_switch import refusal_or",
+        "refusal_or(...)",
+    ]
     assert [r for r in removed_all if "after_graphs" in r] == [
         "from sglang.srt.graphpersist_engine import after_graphs",
         "after_graphs(self)",

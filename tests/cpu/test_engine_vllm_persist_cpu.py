@@ -17,6 +17,7 @@ import difflib
 import json
 import os
 import re
+import subprocess
 import tomllib
 import zipfile
 from collections.abc import Callable, Iterator
@@ -36,9 +37,9 @@ MOE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vllm-qwen3-30b-a
 
 
 @pytest.fixture(scope="module")
-def vllm(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
-    """The warm interpreter: the patched vLLM imported, the tiny model on disk, one fake GPU on PATH (so the GPU
-    facts LOAD compares are the same on every host), and no persistence, region or CUDA variables inherited."""
+def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A folder with the tiny model and one fake GPU on PATH (so the GPU facts LOAD compares are the same on every
+    host), and an environment with them and no persistence, region or CUDA variables inherited."""
     work = tmp_path_factory.mktemp("vllm-persist")
     model = work / "tiny-llama"
     model.mkdir()
@@ -49,6 +50,13 @@ def vllm(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     dropped = ("GRAPHPERSIST_", "GP_", "CUDA_", "VLLM_", "LD_PRELOAD", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     env.update(PATH=f"{smi}:{os.environ['PATH']}", GP_TEST_MODEL=str(model), PYTHONWARNINGS="ignore")
+    return work, env
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_venv: Path, vllm_env: tuple[Path, dict[str, str]]) -> Iterator[WarmPython]:
+    """The warm interpreter: the patched vLLM imported, in `vllm_env`."""
+    work, env = vllm_env
     server = WarmPython(vllm_venv / "bin" / "python", PRELUDE, env, work)
     yield server
     server.close()
@@ -88,6 +96,8 @@ def test_save_selects_the_persisting_worker_and_prepares_every_process(vllm: War
     ).ok()
     interposer = Path(got["interposer"])
     assert interposer.name == "libgpinterpose.so" and interposer.is_file()
+    refusal_file = Path(got["changed"].pop("GRAPHPERSIST_REFUSAL_FILE"))  # where an engine process's refusal comes back
+    assert refusal_file.name.startswith("graphpersist-refusal-") and not refusal_file.exists()
     assert got["changed"] == {
         "GRAPHPERSIST_MODE": "save",
         "GRAPHPERSIST_DIR": str(tmp_path / "archive"),
@@ -141,8 +151,9 @@ def test_later_engine_args_follow_the_exported_switch_without_a_second_line(vllm
     [
         ("off", False, "fork", "fork"),  # off: vLLM's choice, untouched
         ("off", False, "spawn", "spawn"),
-        ("save", False, "fork", "spawn"),  # a fork of this process would lack the runtime
-        ("load", False, "fork", "spawn"),
+        ("save", False, "fork", "spawn without __main__"),  # a fork of this process would lack the runtime
+        ("load", False, "fork", "spawn without __main__"),
+        ("load", False, "spawn", "spawn"),  # vLLM spawns anyway: as upstream, the script's guard is the user's
         ("load", True, "fork", "fork"),  # under the interposer: children inherit it
         ("load", True, "spawn", "spawn"),  # vLLM's own reasons for spawn (CUDA initialised) still hold
     ],
@@ -150,7 +161,8 @@ def test_later_engine_args_follow_the_exported_switch_without_a_second_line(vllm
 def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
     vllm: WarmPython, tmp_path: Path, mode: str, interposer: bool, upstream: str, expected: str
 ) -> None:
-    """get_mp_context (patch 0004) asks graphpersist_switch.start_method; vLLM's own context follows the answer."""
+    """get_mp_context (patch 0004) returns graphpersist_switch.mp_context's context: where persistence must spawn and
+    vLLM would fork, a spawn that never runs the program's script again (graphpersist.engine.spawn)."""
     outcome = vllm.run(
         f"""
         from graphpersist.memory import region
@@ -158,14 +170,16 @@ def test_vllms_processes_fork_only_where_the_interposer_is_loaded(
         region.loaded = lambda: {interposer!r}  # CPU: no LD_PRELOAD in this interpreter
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = {upstream!r}
         EngineArgs(model=MODEL, graph_persist={mode!r}, graph_persist_dir={str(tmp_path)!r})
-        result = [get_mp_context().get_start_method(), get_mp_context().get_start_method()]
+        contexts = [get_mp_context(), get_mp_context()]
+        result = [c.get_start_method() + (" without __main__" if type(c).__name__ == "MainlessSpawnContext" else "")
+                  for c in contexts]
         """
     )
     assert outcome.ok() == [expected, expected]
     told = [line for line in outcome.output.splitlines() if "starts with spawn" in line]
-    assert len(told) == (1 if expected != upstream else 0), outcome.output  # said once per process, when it acts
+    assert len(told) == expected.endswith("without __main__"), outcome.output  # said once per process, when it acts
     if told:
-        assert "graphpersist exec" in told[0]
+        assert "this script does not run again" in told[0] and "graphpersist exec" in told[0]
 
 
 # `vllm serve`: the CLI's own cli_env_setup sets spawn for a user who chose none (patch 0005 tells the glue); what
@@ -221,6 +235,124 @@ def test_vllm_serve_forks_under_persistence_where_vllm_itself_would(
         assert len(vllm_must_spawn) == 1 and "NUMA binding requires spawn" in vllm_must_spawn[0], outcome.output
     else:
         assert vllm_must_spawn == [], outcome.output
+
+
+# A user's script as the README's quickstart writes it (no main guard), with vLLM's own get_mp_context starting a
+# stand-in of the engine core (importable, as vLLM's EngineCoreProc.run_engine_core is) that says what it runs under.
+STAND_IN_CORE = """
+import json, sys
+
+from graphpersist import engine, switch
+
+
+def run_engine_core(out):
+    with open(out, "a") as f:
+        note = {"who": "core", "interposer": engine.interposer_loaded(), "mode": switch.resolve().mode.value,
+                "imported_main": getattr(sys.modules["__main__"], "__file__", None)}
+        f.write(json.dumps(note) + "\\n")
+"""
+PLAIN_SCRIPT = """
+import json, os, sys
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.system_utils import get_mp_context
+import standin_core
+
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"who": "script", "name": __name__}) + "\\n")
+EngineArgs(model=os.environ["GP_TEST_MODEL"])  # the switch from GRAPHPERSIST_MODE and _DIR, as LLM() resolves it
+core = get_mp_context().Process(target=standin_core.run_engine_core, args=(sys.argv[1],), name="EngineCore")
+core.start()
+core.join()
+print("engine core exit", core.exitcode)
+"""
+
+
+@pytest.mark.parametrize("mode", ["save", "load"])
+def test_a_script_without_the_main_guard_runs_once_and_its_engine_core_runs_under_the_interposer(
+    vllm_venv: Path, vllm_env: tuple[Path, dict[str, str]], tmp_path: Path, mode: str
+) -> None:
+    """`python app.py` (no `graphpersist exec`, so no interposer here): vLLM's engine core is spawned with the
+    interposer, and the script's top level runs once, as upstream's fork runs it."""
+    (tmp_path / "standin_core.py").write_text(STAND_IN_CORE)
+    (tmp_path / "app.py").write_text(PLAIN_SCRIPT)
+    (tmp_path / "archive").mkdir()
+    notes = tmp_path / "notes.jsonl"
+    env = {**vllm_env[1], "GRAPHPERSIST_MODE": mode, "GRAPHPERSIST_DIR": str(tmp_path / "archive")}
+    proc = subprocess.run([str(vllm_venv / "bin" / "python"), "app.py", str(notes)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "engine core exit 0" in proc.stdout, proc.stdout + proc.stderr
+    assert [json.loads(line) for line in notes.read_text().splitlines()] == [
+        {"who": "script", "name": "__main__"},
+        {"who": "core", "interposer": True, "mode": mode, "imported_main": None},
+    ]
+    assert len(re.findall(rf"graphpersist: mode={mode} ", proc.stdout + proc.stderr)) == 1
+
+
+# An engine core that died, as vLLM's launching process meets it in wait_for_engine_startup (patch 0006): a forked
+# child standing in for the engine core raises in a seam of the glue (recorded when it is the runtime's refusal);
+# the real function, with a real handshake socket that hears nothing and the child's sentinel, raises.
+ENGINE_CORE_DIES = """
+import multiprocessing, tempfile, types, zmq
+from graphpersist.archive.validate import LoadRefused, Mismatch
+from vllm.v1.engine.utils import wait_for_engine_startup
+
+tempfile.tempdir = {folder!r}  # where the launcher names the start's refusal file
+EngineArgs(model=MODEL, **{persist!r})
+
+
+def engine_core():
+    with engine.recording_refusals():
+        if {refuse!r}:
+            raise LoadRefused({folder!r}, [Mismatch("flags.max_model_len", 4096, 2048)], 0)
+        raise ValueError("an engine error of vLLM's own")
+
+
+core = multiprocessing.get_context("fork").Process(target=engine_core, name="EngineCore")
+core.start()
+core.join()
+cfg = engine_config()
+manager = types.SimpleNamespace(sentinels=lambda: [core.sentinel], finished_procs=lambda: {{core.name: core.exitcode}})
+with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as handshake:
+    handshake.bind("ipc://" + {folder!r} + "/handshake")
+    try:
+        wait_for_engine_startup(handshake, None, [types.SimpleNamespace(identity=b"\\0\\0", local=True)],
+                                cfg.parallel_config, False, cfg.cache_config, manager, None)
+    except Exception as exc:
+        cause = exc.__cause__
+        result = {{"raised": type(exc).__name__, "lines": str(exc).splitlines(),
+                   "cause": None if cause is None else f"{{type(cause).__name__}}: {{cause}}",
+                   "left": sorted(os.listdir({folder!r}))}}
+"""
+ENGINE_CORE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+
+
+def test_a_refused_load_raises_load_refused_in_the_launching_process(vllm: WarmPython, tmp_path: Path) -> None:
+    persist = {"graph_persist": "load", "graph_persist_dir": str(tmp_path)}
+    got = vllm.run(ENGINE_CORE_DIES.format(folder=str(tmp_path), persist=persist, refuse=True)).ok()
+    assert got["raised"] == "LoadRefused"
+    assert got["lines"] == [f"graphpersist: cannot LOAD {tmp_path} (rank 0): 1 mismatch",
+                            "  flags.max_model_len: saved 4096, live 2048",
+                            "Re-run with mode=save for this configuration."]  # fmt: skip
+    assert got["cause"] == ENGINE_CORE_FAILED + "{'EngineCore': 1}"  # chained to vLLM's own error
+    assert got["left"] == ["handshake"]  # the refusal, read, is gone
+
+
+@pytest.mark.parametrize(
+    ("persist", "refuse"),
+    [({"graph_persist": "load"}, False), ({}, True)],
+    ids=["no-refusal-recorded", "persistence-off"],
+)
+def test_without_a_recorded_refusal_vllms_error_stands(
+    vllm: WarmPython, tmp_path: Path, persist: dict, refuse: bool
+) -> None:
+    """An engine core that died of anything but a refusal; and with persistence off, no refusal file at all (the
+    stand-in's refusal is not written: nothing named one)."""
+    persist = {**persist, "graph_persist_dir": str(tmp_path)} if persist else {}
+    got = vllm.run(ENGINE_CORE_DIES.format(folder=str(tmp_path), persist=persist, refuse=refuse)).ok()
+    assert (got["raised"], got["cause"]) == ("RuntimeError", None)
+    assert got["lines"] == [ENGINE_CORE_FAILED.removeprefix("RuntimeError: ") + "{'EngineCore': 1}"]
+    assert got["left"] == ["handshake"]
 
 
 def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_starts(
@@ -630,11 +762,23 @@ PATCHED_LINES = {
             "get_mp_context",
             ["    return multiprocessing.get_context(mp_method)"],
             [
-                "    from vllm.graphpersist_switch import start_method",
+                "    from vllm.graphpersist_switch import mp_context",
                 "",
-                "    return multiprocessing.get_context(start_method(mp_method))",
+                "    return mp_context(mp_method)",
             ],
         ),
+    ],
+    "vllm/v1/engine/utils.py": [
+        (
+            "wait_for_engine_startup",
+            ["            raise RuntimeError("],
+            [
+                "            from vllm.graphpersist_switch import refusal_or",
+                "",
+                "            raise refusal_or(RuntimeError(",
+            ],
+        ),
+        ("wait_for_engine_startup", ["            )"], ["            ))"]),
     ],
     "vllm/engine/arg_utils.py": [
         (

@@ -11,6 +11,7 @@ exactly is what the recipes' GPU runs prove (not yet run).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import fake_sglang_site
 import pytest
 from module_file import load_module
 
-from gptools import prove
+from gptools import jsonfile, prove
 from gptools.__main__ import main as gptools_main
 from graphpersist.archive.validate import LoadRefused, Mismatch
 
@@ -94,7 +95,7 @@ def resolve(recipe: str, spec: prove.RunSpec, out: Path) -> tuple[Any, dict[str,
 
 @pytest.mark.parametrize("recipe", sorted(CASES))
 def test_every_run_starts_the_engine_with_its_case(recipe: str, tmp_path: Path) -> None:
-    engine, case, refused = CASES[recipe]
+    _, case, refused = CASES[recipe]
     parsed = prove.parse_recipe(RECIPES / recipe)
     started = [r for r in parsed.runs if not r.expect_refusal]
     assert [r.mode for r in started[:3]] == ["save", "load", "off"] and all(r.compare_outputs for r in started)
@@ -117,8 +118,7 @@ def test_every_run_starts_the_engine_with_its_case(recipe: str, tmp_path: Path) 
         a, kwargs, environ = resolve(recipe, spec, tmp_path / "out")
         assert {k: kwargs.get(k) for k in refused[0]} == refused[0]
         assert a.expect_refusal and environ == {}  # the MoE SAVE on vLLM's own choice of runner
-        if engine == "sglang":  # SGLang's SIGQUIT handler would kill the driver before it reports the refusal
-            assert kwargs["custom_sigquit_handler"] is SGLANG.refused_child
+        assert "custom_sigquit_handler" not in kwargs  # patched SGLang raises the refusal in the driver (0010)
 
 
 @pytest.mark.parametrize("recipe", sorted(r for r, c in CASES.items() if c[2] and c[2][1]))
@@ -221,8 +221,9 @@ def test_the_readme_runs_every_run_in_calls_of_at_most_nine_minutes(recipe: str)
 
 FAKE_ENGINE = '''
 """A stand-in for sglang.srt.entrypoints.engine: SAVE records the quantization; a LOAD started with another one
-is refused as a scheduler refuses it (the runtime's lines in the log, SIGQUIT to the parent, then the start raises)."""
-import json, os, signal, sys
+is refused as a scheduler refuses it: the runtime's lines in the log, then Engine() raises the refusal, chained to
+SGLang's own error (patch 0010; the launching process survives)."""
+import json, os, sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -242,9 +243,7 @@ class Engine:
 
                 refusal = LoadRefused(archive, [Mismatch("flags.quantization", saved, kwargs.get("quantization"))], 0)
                 print(f"Scheduler hit an exception: {refusal}", file=sys.stderr, flush=True)
-                signal.signal(signal.SIGQUIT, kwargs.get("custom_sigquit_handler") or signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGQUIT)
-                raise RuntimeError("Rank 0 scheduler died during initialization (exit code: 0).")
+                raise refusal from RuntimeError("Rank 0 scheduler died during initialization (exit code: -9).")
         stats = Path(os.environ["GRAPHPERSIST_STATS_DIR"])
         if mode != "off":
             (stats / "rank_0.json").write_text(json.dumps({
@@ -272,12 +271,16 @@ def test_the_sglang_fp8_proof_passes_with_its_refused_load_against_a_fake_sglang
     fake_sglang: Path, tmp_path: Path
 ) -> None:
     """The committed proof.toml end to end: SAVE, LOAD, baseline, SAVE2, the fresh LOAD, and the LOAD without
-    quantization, which the stand-in refuses as SGLang's scheduler would: the driver survives the SIGQUIT, finds the
-    runtime's line in its log and passes the run."""
+    quantization, which the stand-in refuses as the patched SGLang does: Engine() raises the runtime's LoadRefused in
+    the driver, which records it, finds the runtime's line in its log and passes the run."""
     out = tmp_path / "out"
     recipe = RECIPES / "sglang-qwen3-8b-tp1-fp8"
     assert gptools_main(["prove", str(recipe), "--out", str(out)]) == 0, (out / "REPORT.md").read_text()
     assert (out / "REPORT.md").read_text().splitlines()[0] == "all checks passed"
-    refused = (out / "fp8_refused" / "result.json").read_text()
-    assert "flags.quantization: saved 'fp8', live <unset>" in refused
-    assert "driver: signal" in (out / "fp8_refused" / "log.txt").read_text()
+    refused = json.loads((out / "fp8_refused" / "result.json").read_text())["refusal"]
+    assert refused["raised_type"] == "graphpersist.archive.validate.LoadRefused"
+    assert refused["first_mismatch"] == "flags.quantization: saved 'fp8', live <unset>"
+    checks = {c["name"]: c for c in jsonfile.load(out / "report.json")["checks"]}
+    assert checks["fp8_refused refused"]["detail"] == (
+        "LoadRefused in the driver: flags.quantization: saved 'fp8', live <unset>"
+    )

@@ -32,8 +32,12 @@ from pathlib import Path
 
 from gptools import proofkit
 
+proofkit.note_script_run(__name__)
 args, extra = proofkit.driver_args()
 todo = json.loads(Path("behaviour.json").read_text()).get(args.run, {})
+for pid in todo.get("script_again", []):  # as a spawned engine process that ran this script again would note itself
+    with open(Path(args.result).parent / proofkit.SCRIPT_RUNS, "a") as f:
+        f.write(f"{pid} __mp_main__\\n")
 print(f"driver: run {args.run}, mode {args.mode}, extra {extra}", flush=True)
 if todo.get("ignore_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -48,7 +52,8 @@ def sleeper(pid_file):
 
 if "refusal" in todo:  # the engine refused to start, as the run expects: the reason in the log, no outputs
     print("Traceback (most recent call last):\\nERROR graphpersist: cannot LOAD: flags.x: saved 1, live 2", flush=True)
-    proofkit.write_result(args.result, {"ok": True, "error": None, "refusal": {"matched": todo["refusal"]}})
+    refusal = {"matched": todo["refusal"], **({"raised_type": todo["raised"]} if "raised" in todo else {})}
+    proofkit.write_result(args.result, {"ok": True, "error": None, "refusal": refusal})
     sys.exit(0)
 
 phases = proofkit.Phases()
@@ -111,6 +116,7 @@ proofkit.write_result(args.result, {
     "jit": {"new_cache_files_start": len(new_start), "new_cache_files_first_request": len(new_first),
             "examples": (new_start + new_first)[:5]},
     "engine": {"name": "fake", "version": "1.0"},
+    "script_runs": proofkit.script_runs(args.result),
     "seen": {"extra": extra, "env": {k: os.environ.get(k) for k in ("HOME", "TRITON_CACHE_DIR",
              "GP_PROOF_CACHE_DIRS", "PYTHONUNBUFFERED",
              "VLLM_WORKER_MULTIPROC_METHOD")}, "cache_files_at_start": sorted(before)},
@@ -201,6 +207,7 @@ def test_all_checks_pass_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
             for r in ("load", "load_fresh")
             for w in ("restored every graph", "captured nothing", "no new JIT files")
         }
+        | {f"{r} runs the script as upstream" for r in ("save", "save2", "load", "load_fresh")}
     )
     assert set(checks) == expected
     assert "restored = captured by save per rank: [4, 4]" in checks["load restored every graph"]["detail"]
@@ -491,6 +498,76 @@ def test_a_refusal_whose_quoted_line_is_not_in_the_log_fails(tmp_path: Path) -> 
     assert prove_cli(recipe, out) == 1
     detail = report(out)[2]["refused refused"]["detail"]
     assert detail.startswith("result.json quotes a line that is not in ") and detail.endswith("a line nobody printed")
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "detail"),
+    [
+        ("graphpersist.archive.validate.LoadRefused", "pass", "LoadRefused in the driver: "),
+        (
+            "builtins.RuntimeError",
+            "FAIL",
+            "the driver's engine start raised builtins.RuntimeError, not the runtime's "
+            "refusal (the engine did not hand it back); the log has it: ",
+        ),
+    ],
+    ids=["the-runtimes-refusal", "the-engines-own-error"],
+)
+def test_a_refusal_must_be_raised_in_the_driver_as_the_runtimes_own(
+    tmp_path: Path, raised: str, status: str, detail: str
+) -> None:
+    """A driver that records what the engine's start raised (issue 43: the engine hands the refusal back to the
+    process that started it): the runtime's refusal passes, the engine's own error fails, the log notwithstanding."""
+    reason = "graphpersist: cannot LOAD: flags.x: saved 1, live 2"
+    behaviour = {"refused": {"refusal": reason, "raised": raised}}
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "refused"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == (0 if status == "pass" else 1)
+    check = report(out)[2]["refused refused"]
+    assert (check["status"], check["detail"]) == (status, detail + reason)
+
+
+@pytest.mark.parametrize(("again", "status"), [([], "pass"), ([99999], "FAIL")], ids=["once", "again-in-a-child"])
+def test_a_persistence_run_must_run_the_script_as_often_as_the_baseline(
+    tmp_path: Path, again: list[int], status: str
+) -> None:
+    recipe = make_recipe(tmp_path, {"load": {"script_again": again}}, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == (0 if status == "pass" else 1)
+    checks = report(out)[2]
+    assert checks["save runs the script as upstream"]["status"] == "pass"
+    load = checks["load runs the script as upstream"]
+    count = 1 + len(again)
+    assert (load["status"], load["detail"]) == (status, f"{count} process(es) ran the driver's script, baseline 1")
+    assert "baseline runs the script as upstream" not in checks  # the reference itself
+
+
+def test_without_a_persistence_off_run_the_script_count_is_not_compared(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, runs=("save", "load"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    check = report(out)[2]["load runs the script as upstream"]
+    assert (check["status"], check["detail"]) == (
+        "not run",
+        "1 process(es) ran the script; no persistence-off run counted",
+    )
+
+
+def test_a_driver_notes_each_process_that_runs_it_as_a_script(tmp_path: Path) -> None:
+    """proofkit.note_script_run at a driver's top level: the driver itself (`__main__`) and a child that ran it again
+    (`__mp_main__`, multiprocessing's spawn) are noted beside --result; a driver imported by another is not."""
+    result = tmp_path / "run" / "result.json"
+    argv = ["driver.py", "--run", "r", "--mode", "load", "--result", str(result)]
+    proofkit.note_script_run("__main__", argv)
+    proofkit.note_script_run("__main__", argv)  # the same process again (re-executed under the interposer)
+    proofkit.note_script_run("vllm_qwen3_8b_tp2_driver", argv)  # loaded by the SGLang driver for its helpers
+    assert proofkit.script_runs(result) == 1
+    proofkit.note_script_run("__mp_main__", ["driver.py", f"--result={result}"])
+    lines = (result.parent / proofkit.SCRIPT_RUNS).read_text().splitlines()
+    assert lines == [f"{os.getpid()} __main__"] * 2 + [f"{os.getpid()} __mp_main__"]
+    assert proofkit.script_runs(tmp_path / "elsewhere" / "result.json") == 0
+    proofkit.note_script_run("__main__", ["driver.py"])  # no --result: nowhere to note, nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_a_refusal_run_that_did_not_finish_is_not_measured(tmp_path: Path) -> None:
@@ -842,10 +919,23 @@ def test_a_driver_whose_engine_was_refused_quotes_the_line_from_its_log(tmp_path
     got = proofkit.expected_refusal(log, pattern, "Engine core initialization failed", settle_s=0)
     assert got["ok"] is True and got["error"] is None
     assert got["refusal"]["matched"].startswith("(EngineCore pid=7) graphpersist: the fused all-reduce")
+    assert (got["refusal"]["raised_type"], got["refusal"]["first_mismatch"]) == (None, None)  # only a message given
     missed = proofkit.expected_refusal(log, r"enforce_eager .* cannot be persisted", "boom", settle_s=0)
     assert missed["ok"] is False and "does not match" in missed["error"] and missed["refusal"]["matched"] is None
     absent = proofkit.expected_refusal(tmp_path / "none.txt", pattern, "boom", settle_s=0)
     assert absent["ok"] is False
+
+
+def test_a_refused_load_raised_in_the_driver_is_recorded_with_its_type_and_first_mismatch(tmp_path: Path) -> None:
+    from graphpersist.archive.validate import LoadRefused, Mismatch
+
+    refused = LoadRefused("/a", [Mismatch("flags.max_model_len", 32768, 4096), Mismatch("flags.seed", 0, 1)], 0)
+    log = tmp_path / "log.txt"
+    log.write_text(f"(EngineCore pid=7) {refused}\n")
+    got = proofkit.expected_refusal(log, r"cannot LOAD .*flags\.max_model_len", refused, settle_s=0)["refusal"]
+    assert got["raised_type"] == "graphpersist.archive.validate.LoadRefused"
+    assert got["first_mismatch"] == "flags.max_model_len: saved 32768, live 4096"
+    assert got["raised"] == str(refused)
 
 
 def test_archive_sizes_count_the_shared_kernel_images_once(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ What is pinned below was observed and checked against the upstream diffs:
   point, so the 3-way merge conflicts there: a conflict, not fuzz. No hooked function changed.
 - SGLang 0.5.18 adds fields before `__post_init__` (hunk #1: fuzz 2, merged cleanly), moves the body of
   `__post_init__` into `_run_resolution_pipeline` with new handlers around the patch's call (hunk #2 fails and
-  conflicts), and moves `add_cli_args` (hunk #3: offset). `DecodeCudaGraphRunner.capture_one_shape` gained
-  `dsa_variant`.
+  conflicts), and moves `add_cli_args` (hunk #3: offset). `BaseRunner._dummy_run` gained `extend_num_tokens_per_req`
+  (`DecodeCudaGraphRunner.capture_one_shape` gained `dsa_variant`, but the glue no longer touches it).
 """
 
 from __future__ import annotations
@@ -94,10 +94,15 @@ TARGETS = {
                 "clean",
                 [("vllm/entrypoints/serve/utils/api_utils.py", 1, "exact", 165, 0, 0)],
             ),
+            "0006-raise-a-refused-graph-persistence-load-in-the-proces.patch": (
+                "fuzzy",
+                [("vllm/v1/engine/utils.py", 1, "offset", 1250, -19, 0)],
+            ),
         },
-        first_line=f"3 of 5 patches need work on vllm 0.27.0: {PATCH} (conflict), "
+        first_line=f"4 of 6 patches need work on vllm 0.27.0: {PATCH} (conflict), "
         "0002-let-graph-persistence-see-every-cuda-graph-vllm-capt.patch (fuzzy), "
-        "0003-register-custom-all-reduce-graph-buffers-through-gra.patch (fuzzy)",
+        "0003-register-custom-all-reduce-graph-buffers-through-gra.patch (fuzzy), "
+        "0006-raise-a-refused-graph-persistence-load-in-the-proces.patch (fuzzy)",
     ),
     "sglang": Target(
         version="0.5.18",
@@ -109,10 +114,7 @@ TARGETS = {
         ),
         conflict_file="sglang/srt/server_args.py",
         hunks=[(1, "fuzz", 3582, 150, 2), (2, "failed", 3470, 0, 0), (3, "offset", 8924, 458, 0)],
-        hook_findings=[
-            "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape: "
-            "parameters changed: expected (self, size, forward, stream_idx, variant_label), found (self, size, "
-            "forward, stream_idx, variant_label, dsa_variant) at line 1118",
+        hook_findings=[  # capture_one_shape also gained dsa_variant; the glue touches it no more (not declared)
             "sglang.srt.model_executor.runner.base_runner:BaseRunner._dummy_run: parameters changed: expected (self, "
             "batch_size, run_ctx, forward_mode_override, *, buffers), found (self, batch_size, run_ctx, "
             "forward_mode_override, *, buffers, extend_num_tokens_per_req) at line 370",
@@ -197,14 +199,22 @@ TARGETS = {
                 "fuzzy",
                 [("sglang/srt/server_args.py", 1, "offset", 6921, 211, 0)],
             ),
+            "0010-raise-a-refused-graph-persistence-load-in-the-proces.patch": (
+                "fuzzy",
+                [
+                    ("sglang/srt/entrypoints/engine.py", 1, "offset", 1727, 77, 0),
+                    ("sglang/srt/entrypoints/engine.py", 2, "offset", 1784, 105, 0),
+                ],
+            ),
         },
-        first_line=f"7 of 9 patches need work on sglang 0.5.18: {PATCH} (conflict), "
+        first_line=f"8 of 10 patches need work on sglang 0.5.18: {PATCH} (conflict), "
         "0002-start-graph-persistence-before-distributed-init.patch (fuzzy), "
         "0003-let-graph-persistence-size-the-memory-pool.patch (fuzzy), "
         "0004-let-graph-persistence-capture-after-every-graph-runn.patch (conflict), "
         "0005-let-graph-persistence-see-every-cuda-graph-sglang-ca.patch (fuzzy), "
         "0008-let-graph-persistence-save-once-sglang-holds-its-gr.patch (fuzzy), "
-        "0009-keep-cuda-graphs-on-for-deepep-normal-mode-under-gra.patch (fuzzy)",
+        "0009-keep-cuda-graphs-on-for-deepep-normal-mode-under-gra.patch (fuzzy), "
+        "0010-raise-a-refused-graph-persistence-load-in-the-proces.patch (fuzzy)",
         later_conflicts={
             "0004-let-graph-persistence-capture-after-every-graph-runn.patch": [
                 "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"

@@ -10,6 +10,8 @@ our series patches (patches/vllm/*.patch) and that run without a GPU, once again
 | vllm/engine/arg_utils.py (0001: the switch's flags)    | tests/engine/test_arg_utils.py; the config tests  |
 |                                                        | tests/config/ and tests/compile/test_config.py    |
 | vllm/utils/system_utils.py (0004: the start method)    | tests/utils_/test_system_utils.py                 |
+| vllm/v1/engine/utils.py (0006: a refused LOAD raised)  | none: no upstream test calls                      |
+|                                                        | wait_for_engine_startup                           |
 | vllm/compilation/cuda_graph.py,                        | none without a GPU: tests/v1/cudagraph/ and       |
 | vllm/v1/worker/gpu/cudagraph_utils.py (0002),          | tests/distributed/ need CUDA, and their helper    |
 | custom_all_reduce.py (0003)                            | tests/utils.py imports vLLM's OpenAI server stack |

@@ -93,6 +93,56 @@ def test_a_run_whose_engine_fails_still_writes_its_result_and_exits_0(tmp_path: 
     assert f"driver: wrote {result}" in proc.stdout
 
 
+FAKE_VLLM = """
+__version__ = "0.26.0+gp.1"
+
+
+class LLM:
+    \"\"\"A LOAD refused in the engine core, raised as patched vLLM raises it in this process (patch 0006).\"\"\"
+
+    def __init__(self, **kwargs):
+        import os, sys
+        from pathlib import Path
+        from graphpersist.archive.validate import LoadRefused, Mismatch
+
+        refused = LoadRefused(kwargs["graph_persist_dir"], [Mismatch("flags.max_model_len", 32768, 4096)], 0)
+        log = Path(sys.argv[sys.argv.index("--result") + 1]).parent / "log.txt"  # the runner's log of the run
+        log.write_text(f"(EngineCore pid=7) {refused}\\n")
+        print("reexeced:", os.environ.get("GP_REEXECED"), flush=True)
+        raise refused from RuntimeError("Engine core initialization failed. See root cause above.")
+"""
+
+
+def test_a_refused_load_records_what_llm_raised_and_how_often_the_script_ran(tmp_path: Path) -> None:
+    """The whole driver (`main`), `--no-reexec` (a plain `python driver.py`, as a user's script), against a vLLM
+    whose LLM() raises the runtime's LoadRefused: the run passes on the log's line and records the exception's type,
+    its first mismatch line and one process that ran the script."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site" / "vllm"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(FAKE_VLLM)
+    (site / "graphpersist_caches.py").write_text("def restore_before_engine(directory):\n    return []\n")
+    result, archive = tmp_path / "refused" / "result.json", tmp_path / "archive"
+    archive.mkdir()
+    overlays = str(Path(__file__).resolve().parents[2] / "overlays" / "graphpersist")
+    env = {k: v for k, v in os.environ.items() if k != "GP_REEXECED"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), overlays])
+    pattern = r"cannot LOAD .*flags\.max_model_len: saved 32768"
+    argv = ["--run", "refused", "--mode", "load", "--archive", str(archive), "--result", str(result), "--no-reexec",
+            "--max-model-len", "4096", "--expect-refusal", pattern]  # fmt: skip
+    proc = subprocess.run([sys.executable, str(DRIVER_PATH), *argv], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "reexeced: None" in proc.stdout  # --no-reexec: the driver stayed as it was started
+    got = json.loads(result.read_text())
+    assert got["ok"] is True and got["script_runs"] == 1
+    assert got["refusal"]["raised_type"] == "graphpersist.archive.validate.LoadRefused"
+    assert got["refusal"]["first_mismatch"] == "flags.max_model_len: saved 32768, live 4096"
+
+
 # ------------------------------------------------------------------------------------------- measured start (issue 32)
 
 LOG = {"weights": 1.0, "compile": 5.0, "capture": 4.0, "init_engine": 12.0}

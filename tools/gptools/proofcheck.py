@@ -4,6 +4,8 @@ Every check is pass, FAIL or "not run" (a run it needs has not run). Data a chec
 FAIL with "not measured: ...": a proof never passes on missing evidence. Targets and the comparison of runs with
 `compare_outputs = false` are computed here too, but they are statements for the report, not checks. A run with
 `expect_refusal = true` gets one check of its own, "<run> refused", instead of LOAD's checks and the clean-log check.
+A persistence run whose driver counts the processes that ran its script (`script_runs`) must count as many as the
+first persistence-off run ("<run> runs the script as upstream").
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
             checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
             checks += check_kernel_choices(load)
     checks += check_unaccounted(recipe, runs)
+    checks += check_script_runs(runs)
     checks += [
         check_refused(data)
         if data.spec.expect_refusal
@@ -526,7 +529,35 @@ def check_refused(data: RunData) -> Check:
         return Check(name, FAIL, "not measured: result.json has no refusal.matched (the line that shows the reason)")
     if not any(matched.strip() in line for line in data.log_lines()):
         return Check(name, FAIL, f"result.json quotes a line that is not in {data.log}: {matched.strip()[:120]}")
-    return Check(name, PASS, matched.strip()[:200])
+    raised = refusal.get("raised_type")  # what the engine's start raised in the driver (drivers since issue 43)
+    if raised is None:
+        return Check(name, PASS, matched.strip()[:200])
+    if not str(raised).startswith("graphpersist."):
+        return Check(name, FAIL, f"the driver's engine start raised {raised}, not the runtime's refusal (the engine "
+                     f"did not hand it back); the log has it: {matched.strip()[:120]}")  # fmt: skip
+    said = refusal.get("first_mismatch") or matched.strip()
+    return Check(name, PASS, f"{str(raised).rsplit('.', 1)[-1]} in the driver: {said[:200]}")
+
+
+def check_script_runs(runs: dict[str, RunData]) -> list[Check]:
+    """Every persistence run whose driver counts how many processes ran its script (result.json `script_runs`,
+    proofkit.note_script_run) ran it in as many as the first persistence-off run: an engine under persistence runs a
+    user's script as often as upstream does (vLLM: once; spawning its engine core must not run it again)."""
+    counted = {n: d for n, d in runs.items() if d.ran and isinstance((d.result or {}).get("script_runs"), int)}
+    base = next((d for d in counted.values() if d.spec.mode == "off"), None)
+    checks = []
+    for name, data in counted.items():
+        if data.spec.mode == "off" or data.spec.expect_refusal:
+            continue
+        check = f"{name} runs the script as upstream"
+        got = int((data.result or {})["script_runs"])
+        if base is None:
+            checks.append(Check(check, NOT_RUN, f"{got} process(es) ran the script; no persistence-off run counted"))
+            continue
+        want = int((base.result or {})["script_runs"])
+        what = f"{got} process(es) ran the driver's script, {base.spec.name} {want}"
+        checks.append(Check(check, PASS if got == want else FAIL, what))
+    return checks
 
 
 # ------------------------------------------------------------------------------------------- phases

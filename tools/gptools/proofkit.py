@@ -181,6 +181,34 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+SCRIPT_RUNS = "script-runs.txt"  # beside a run's result.json: one line per process that ran the driver's script
+
+
+def note_script_run(module_name: str, argv: Sequence[str] | None = None) -> None:
+    """A driver's first statement (`proofkit.note_script_run(__name__)`): notes this process in the run's SCRIPT_RUNS
+    file (beside `--result`) when the driver runs as a script: `__main__`, or `__mp_main__` where multiprocessing's
+    spawn ran it again in an engine process; not when another driver imports it. An engine under persistence must
+    run a user's script as often as upstream runs it (vLLM: once)."""
+    if module_name not in ("__main__", "__mp_main__"):
+        return
+    args = list(sys.argv if argv is None else argv)
+    given = [a.split("=", 1)[1] for a in args if a.startswith("--result=")]
+    given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--result"]
+    if not given:
+        return
+    path = Path(given[0]).parent / SCRIPT_RUNS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(f"{os.getpid()} {module_name}\n")
+
+
+def script_runs(result_path: str | os.PathLike[str]) -> int:
+    """How many processes have run the driver's script in this run (note_script_run); 0 when none noted it."""
+    path = Path(result_path).parent / SCRIPT_RUNS
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return len({line.split()[0] for line in lines if line.strip()})
+
+
 def rank_stats() -> list[dict[str, Any]]:
     """The engine's per-rank stats of this run (read_stats of the folder the runner passed); [] outside a run."""
     where = os.environ.get(STATS_DIR_ENV)
@@ -215,20 +243,31 @@ def refusal_lines(text: str, match: re.Match[str]) -> tuple[str, str]:
     return line_at(match.start()), line_at(max(match.start(), match.end() - 1))
 
 
-def expected_refusal(log: Path, pattern: str, why: str, *, settle_s: float = 2.0) -> dict[str, Any]:
+# A mismatch line of a refused LOAD, as the runtime writes it (graphpersist.archive.validate.Mismatch).
+MISMATCH_LINE = re.compile(r"^\s+\S+: saved .*, live .*$")
+
+
+def expected_refusal(log: Path, pattern: str, raised: BaseException | str, *, settle_s: float = 2.0) -> dict[str, Any]:
     """result.json of a run that had to be refused (recipe `expect_refusal`) and whose engine did not start: ok when
     the engine's log (this run's log.txt, written by the runner as the driver and its processes print) matches
-    `pattern`, quoting the line; `why` is what the engine's start raised. Waits `settle_s` for the engine's own
-    processes to flush their last lines."""
+    `pattern`, quoting the line. `raised` is what the engine's start raised in the driver: its type (`raised_type`,
+    qualified: the runtime's own refusal when the engine hands it back, else the engine's error) and the first
+    mismatch line of its message (`first_mismatch`, None without one) are recorded. Waits `settle_s` for the
+    engine's own processes to flush their last lines."""
     time.sleep(settle_s)
+    why = str(raised)
     text = log.read_text(errors="replace") if log.is_file() else ""
     match = re.search(pattern, text, re.DOTALL)
     first, last = refusal_lines(text, match) if match else (None, None)
+    kind = None if isinstance(raised, str) else f"{type(raised).__module__}.{type(raised).__qualname__}"
+    mismatch = next((line.strip() for line in why.splitlines() if MISMATCH_LINE.match(line)), None)
+    refusal = {"pattern": pattern, "first_line": first, "matched": last, "raised": why[:500]}
+    refusal |= {"raised_type": kind, "first_mismatch": mismatch}
     return {
         "ok": match is not None,
         "error": None if match else f"the start failed ({why[:300]}) but {log} does not match {pattern!r}",
         "outputs": {},
-        "refusal": {"pattern": pattern, "first_line": first, "matched": last, "raised": why[:500]},
+        "refusal": refusal,
     }
 
 
@@ -258,7 +297,7 @@ def start_engine(build: Callable[[], E], log: Path, expect_refusal: str | None) 
         if not expect_refusal:
             raise
         print(f"driver: the engine did not start ({type(exc).__name__}); looking for the expected refusal", flush=True)
-        return EngineStart(None, expected_refusal(log, expect_refusal, f"{exc}"), time.perf_counter() - t0, stamps,
+        return EngineStart(None, expected_refusal(log, expect_refusal, exc), time.perf_counter() - t0, stamps,
                            t0_wall)  # fmt: skip
     ready = time.perf_counter() - t0
     stamps.stop()

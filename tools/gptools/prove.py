@@ -22,7 +22,11 @@ The driver contract:
   `jit` (`new_cache_files_start`, `new_cache_files_first_request`, `examples`), `engine` (`name`, `version`).
 - a run with `expect_refusal = true` proves that the engine refuses to start (e.g. a LOAD whose archive does not
   fit): its driver writes ok=true only when the engine refused, and `refusal` = {`matched`: the log line that shows
-  the reason, ...}; such a run has no outputs, and LOAD's checks and the clean-log check do not apply to it.
+  the reason, `raised_type`: the qualified type the engine's start raised in the driver (optional; when given it
+  must be the runtime's, `graphpersist.`...), `first_mismatch`, ...}; such a run has no outputs, and LOAD's checks
+  and the clean-log check do not apply to it.
+- optional `script_runs`: how many processes ran the driver's script (`proofkit.note_script_run` at its top level,
+  `proofkit.script_runs`): a persistence run must count as many as the first persistence-off run.
 - lifetime: at `timeout_s` the whole process group gets SIGTERM, then SIGKILL after 10 s; after a normal exit
   leftover processes of the group (engine workers) are ended the same way. Exit 0 means the run finished.
 - phases: each run named in `phase_check` (none by default) gets the check `<run> unaccounted <= 5 %` (with

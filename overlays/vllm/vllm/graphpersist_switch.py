@@ -1,10 +1,13 @@
-"""vLLM glue for the graph-persistence switch, called by the patched `EngineArgs` (patch 0001) and the start-method
-seams (0004, 0005). The flag spellings, precedence and validation are the runtime's (graphpersist.switch,
-graphpersist.engine.start); patches/vllm/README.md says why each seam is where it is."""
+"""vLLM glue for the graph-persistence switch, called by the patched `EngineArgs` (patch 0001), the start-method
+seams (0004, 0005) and the engine core's failed start (0006). The flag spellings, precedence and validation are the
+runtime's (graphpersist.switch, graphpersist.engine.start); patches/vllm/README.md says why each seam is where it
+is."""
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import multiprocessing.context
 import os
 from typing import Any
 
@@ -65,29 +68,36 @@ def note_cli_default_spawn() -> None:
     _cli_default_spawn = True
 
 
-def start_method(upstream: str) -> str:
-    """The multiprocessing start method for the processes this process starts (called by vLLM's get_mp_context):
-    vLLM's choice with persistence off; on, spawn where this process lacks the interposer (its children must load
-    it), else vLLM's choice, with `vllm serve`'s default spawn decided again (patches/vllm/README.md, "The start
-    method")."""
+def mp_context(upstream: str) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context of the processes this process starts (vLLM's get_mp_context, patch 0004):
+    vLLM's choice with persistence off; on, where this process lacks the interposer and vLLM would fork, a spawn
+    that runs only the target, never this program's script again (graphpersist.engine.spawn); else vLLM's choice,
+    with `vllm serve`'s default spawn decided again (patches/vllm/README.md, "The start method")."""
     global _spawn_logged
     if not switch.resolve().enabled:
-        return upstream
+        return multiprocessing.get_context(upstream)
     interposer = engine.interposer_loaded()
     if upstream == "spawn":
         if _cli_default_spawn and interposer:
-            return _fork_unless_vllm_must_spawn()
-        return upstream
+            return multiprocessing.get_context(_fork_unless_vllm_must_spawn())
+        return multiprocessing.get_context(upstream)
     if interposer:
-        return upstream
+        return multiprocessing.get_context(upstream)
     if not _spawn_logged:
         _spawn_logged = True
         logger.info(
             "graphpersist: this process runs without the runtime's interposer, so vLLM's engine process starts "
-            "with spawn (it imports vLLM again); start the program under `python -m graphpersist exec` to let "
-            "it fork"
+            "with spawn (it imports vLLM again; this script does not run again); start the program under "
+            "`python -m graphpersist exec` to let it fork"
         )
-    return "spawn"
+    return engine.spawn_context()
+
+
+def refusal_or(error: Exception) -> BaseException:
+    """What `wait_for_engine_startup` raises for an engine core that died (patch 0006): the refusal an engine
+    process of this start recorded (a refused LOAD as `LoadRefused`, every mismatch named), chained to vLLM's
+    error; else vLLM's error. Persistence off: vLLM's error, nothing read."""
+    return engine.refusal_or(error)
 
 
 def _fork_unless_vllm_must_spawn() -> str:

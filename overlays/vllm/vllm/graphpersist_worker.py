@@ -32,6 +32,7 @@ class PersistWorker(Worker):
                                "is off in this process): start vLLM with --graph-persist save|load")  # fmt: skip
         return self._persist
 
+    @engine.recording_refusals()  # its own refusals too, outside the session's steps
     def init_device(self) -> None:
         started = time.perf_counter()
         # before vLLM's compile redirects Inductor's and Triton's caches, and before distributed init
@@ -70,6 +71,7 @@ class PersistWorker(Worker):
         finally:
             sess.finish()
 
+    @engine.recording_refusals()  # its own refusals too, outside the session's steps
     def _capture_or_restore(self, upstream_capture: Any) -> int:
         sess = self.persist
         self._warm_up_before_graphs()

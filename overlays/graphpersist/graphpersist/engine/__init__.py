@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
+from graphpersist.engine import breakable
 from graphpersist.engine.adapter import (
     Communicator,
     EngineAdapter,
@@ -24,11 +25,17 @@ from graphpersist.engine.adapter import (
     bytes_in_param,
     graphs_differ,
 )
+from graphpersist.engine.refusal import RefusedInEngine, refusal_or
+from graphpersist.engine.refusal import recorded as refusal_recorded
+from graphpersist.engine.refusal import recording as recording_refusals
 from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
 from graphpersist.engine.start import add_switch_group, export_environment, resolve_switch
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.memory.region import MULTICAST_OFF
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnContext
 
 __all__ = [
     "KERNEL_WARMUP",
@@ -39,9 +46,11 @@ __all__ = [
     "PersistError",
     "PersistSession",
     "Refused",
+    "RefusedInEngine",
     "Resolver",
     "SessionView",
     "add_switch_group",
+    "breakable",
     "bytes_in_param",
     "cache_folders",
     "current",
@@ -52,9 +61,13 @@ __all__ = [
     "ipc_open",
     "model_tensors",
     "new_graph",
+    "recording_refusals",
+    "refusal_or",
+    "refusal_recorded",
     "release_cached",
     "resolve_switch",
     "restore_caches_early",
+    "spawn_context",
     "structure",
     "switch",
     "tensor_at",
@@ -75,6 +88,14 @@ def new_graph() -> Any:
     import torch
 
     return torch.cuda.CUDAGraph()
+
+
+def spawn_context() -> SpawnContext:
+    """A multiprocessing spawn context whose processes run only their target, never the program's `__main__` again:
+    for an engine that must spawn where upstream forks (graphpersist.engine.spawn)."""
+    from graphpersist.engine.spawn import spawn_context as context
+
+    return context()
 
 
 def cache_folders() -> dict[str, Resolver]:

@@ -16,8 +16,9 @@ does the work and keeps the order (a step out of order is refused, naming both s
 
 The adapter answers questions (facts, refusals, its graphs, where restored graphs go, communicators, caches); the
 session never asks it to drive. Everything a run gathers lives on the session and its `run` (graphpersist.run),
-the process's one slot: `current()` finds the session, and two sessions share nothing. No torch at import: the
-engine glue imports this while it parses arguments.
+the process's one slot: `current()` finds the session, and two sessions share nothing. A refusal a step raises is
+recorded for the process that launched the engine, which raises it again (graphpersist.engine.refusal). No torch at
+import: the engine glue imports this while it parses arguments.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import gcpause, rankstats, switch
-from graphpersist.engine import budget
+from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
 from graphpersist.errors import PersistError
@@ -102,6 +103,7 @@ class PersistSession:
 
     # -- begin ------------------------------------------------------------------------------------------------------
     @classmethod
+    @refusal.recording()
     def begin(cls, adapter: EngineAdapter) -> PersistSession | None:
         """The engine process's first seam, before distributed init. Persistence off: None, and upstream runs
         untouched. On: the adapter's refusals, the interposer check, then the session (activated: `current()`), the
@@ -241,16 +243,18 @@ class PersistSession:
         from graphpersist import api
 
         started = time.perf_counter()
-        with api.phase(name, exact=exact, span=span):
+        with refusal.recording(), api.phase(name, exact=exact, span=span):
             yield
         if timed:
             self.timed(timed, started)
 
+    @refusal.recording()
     def begin_phase(self, name: str, *, exact: bool = True, span: int | None = None) -> None:
         from graphpersist import api
 
         api.begin_phase(name, exact=exact, span=span)
 
+    @refusal.recording()
     def end_phase(self) -> None:
         from graphpersist import api
 
@@ -263,6 +267,7 @@ class PersistSession:
         api.declare_state(name, what, how=how)
 
     # -- memory budget ----------------------------------------------------------------------------------------------
+    @refusal.recording()
     def memory_budget(self, profile: Callable[[], int] | None) -> int:
         """The bytes the engine sizes its KV cache (memory pool) by. SAVE: `profile()` (upstream's memory profile),
         the smallest rank's, rounded down to 1 GiB so that a cold and a warm SAVE lay out the same archive;
@@ -299,6 +304,7 @@ class PersistSession:
         self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
         self.captured += 1
 
+    @refusal.recording()
     def graphs(self, capture: Callable[[], Any], *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
         """Where upstream captures: setup ends here (what graphs may read from it is fixed). SAVE runs `capture()`
         (upstream's capture; its sites call `add_graph`), then each communicator's post-capture registration, and
@@ -324,6 +330,7 @@ class PersistSession:
         self._graphs_done = time.perf_counter()
         return result
 
+    @refusal.recording()
     def ready(self) -> None:
         """The engine can serve: SAVE writes the archive now if the adapter writes when ready (its kernel warm-up runs
         first requests), then names what the engine compiled after the archive's caches were packed."""

@@ -3,8 +3,9 @@
 The engines resolve their switch where their arguments are validated (vLLM's `EngineArgs.__post_init__`, SGLang's
 `ServerArgs.__post_init__`), which may run several times in one process (copies, defaults to compare with): the
 first resolution of a switch logs it, later ones are silent. With persistence on, every process the engine starts
-inherits the resolved mode and directory and the runtime's interposer through the environment; off, an environment
-that said otherwise is set to off, so that every process of the start (DeepEP's Buffer included) agrees.
+inherits the resolved mode and directory, the runtime's interposer and the start's refusal file
+(graphpersist.engine.refusal) through the environment; off, an environment that said otherwise is set to off, so
+that every process of the start (DeepEP's Buffer included) agrees.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from graphpersist import switch
+from graphpersist.engine import refusal
 
 _logged: set[tuple[switch.Mode, str]] = set()  # the switches this process has logged (its one log line each)
 
@@ -68,6 +70,7 @@ def resolve_switch(
     if refuse is not None:
         refuse(resolved)
     pinned = export_environment(resolved, os.environ, pins)
+    refusal.export(os.environ)  # where an engine process's refusal reaches the process that launched it
     key = (resolved.mode, str(resolved.directory))
     if key in _logged:
         return resolved, False

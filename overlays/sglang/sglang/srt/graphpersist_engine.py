@@ -26,6 +26,7 @@ def before_distributed(model_runner: Any) -> None:
         _adapter(sess).run.setup_started = time.perf_counter()
 
 
+@engine.recording_refusals()  # its own refusals too, outside the session's steps
 def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     """Replaces `KVCacheConfigurator._resolve_memory_pool_config` in `configure`: upstream's with persistence off."""
     sess = engine.current()
@@ -171,6 +172,7 @@ def _capture(run: SglangRun, phase: str, runner: Any) -> None:
         run.capturing = None
 
 
+@engine.recording_refusals()  # its own refusals too, outside the session's steps
 def graphs(model_runner: Any) -> None:
     """In `capture_cuda_graphs`, after the graph runners exist: SAVE captures (and writes in `after_graphs`), LOAD
     restores."""
@@ -225,6 +227,7 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
 
 
+@engine.recording_refusals()  # its own refusals too, outside the session's steps
 def after_graphs(model_runner: Any) -> None:
     """End of `ModelRunner.init_cuda_graphs`, once SGLang holds its graph runners and a batch can run: SAVE writes the
     archive, running SGLang's first requests once its content is fixed (the adapter's `warm_kernels_before_save`);

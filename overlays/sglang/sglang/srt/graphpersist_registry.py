@@ -13,8 +13,12 @@ declare the upstream name in patches/sglang/hooks.toml, and SAVE again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
+
+from graphpersist import engine
+
+Registry = engine.breakable.Registry
 
 
 def _attention() -> Any:
@@ -48,31 +52,6 @@ BREAKS: dict[str, Callable[[], Any]] = {
 OUTPUT_TYPES: dict[str, Callable[[], Any]] = {
     "sglang.logits_processor_output": _logits_output,
 }
-
-
-class Registry(Mapping[str, Any]):
-    """One of the tables above as id -> live object, each entry found on first use (an entry whose module this
-    process cannot import is absent: `in` is False, `get` None), so a lookup imports only the engine's own module of
-    that entry, named by this file."""
-
-    def __init__(self, finders: Mapping[str, Callable[[], Any]]) -> None:
-        self._finders = finders
-        self._found: dict[str, Any] = {}
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._found:
-            finder = self._finders[key]  # KeyError: not an id of this registry
-            try:
-                self._found[key] = finder()
-            except (ImportError, AttributeError):
-                raise KeyError(key) from None
-        return self._found[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._finders)
-
-    def __len__(self) -> int:
-        return len(self._finders)
 
 
 def breaks() -> Registry:

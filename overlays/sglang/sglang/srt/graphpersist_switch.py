@@ -1,10 +1,12 @@
 """SGLang glue for the graph-persistence switch, called by the patched `ServerArgs` (patch 0001): the flags, and the
-environment SGLang's spawned scheduler processes inherit (patches/sglang/README.md, "The switch")."""
+environment SGLang's spawned scheduler processes inherit (patches/sglang/README.md, "The switch"); and by the
+launcher when a scheduler failed to start (patch 0010): a refusal is raised in the launching process."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any
 
 from graphpersist import engine
@@ -28,3 +30,22 @@ def resolve_server_args(server_args: Any) -> switch.Switch:
     the scheduler processes need: the switch, the interposer and the pins."""
     resolved, _ = engine.resolve_switch(server_args.graph_persist, server_args.graph_persist_dir, logger, PINS)
     return resolved
+
+
+def refused() -> bool:
+    """Whether a scheduler of this start recorded a refusal: the launch-phase SIGQUIT handler (patch 0010) then ends
+    every child but keeps this process, whose wait for the schedulers raises the refusal."""
+    return engine.refusal_recorded()
+
+
+def refusal_or(error: RuntimeError) -> BaseException:
+    """What `_scheduler_died_error` returns for a scheduler that died starting (patch 0010): the refusal a scheduler
+    of this start recorded (a refused LOAD as `LoadRefused`, every mismatch named), chained to SGLang's error, once
+    every child of this process is ended (as SGLang's SIGQUIT handler ends them); else SGLang's error. Persistence
+    off: SGLang's error, nothing read."""
+    refusal = engine.refusal_or(error)
+    if refusal is not error:
+        from sglang.srt.utils.common import kill_process_tree
+
+        kill_process_tree(os.getpid(), include_parent=False)
+    return refusal
