@@ -70,12 +70,13 @@ test-fast: setup ## the CPU tests for the edit loop: no build, no network, no sl
 	$(TEST_ENV) GP_INDEX_URL=http://127.0.0.1:9/test-fast-uses-no-network $(PY) -m pytest -m "not network and not slow and not gpu" \
 	  -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
-check: setup ## ruff, series lint, Python floor, zero-fuzz dry run, hooked functions, import loops, name resolution
+check: setup ## ruff, series lint, Python floor, zero-fuzz dry run, hooked functions, import loops, name resolution, function lengths
 	$(VENV)/bin/pre-commit run --all-files
 	$(PY) -m gptools apply --engine $(ENGINE) --dry-run
 	$(PY) -m gptools hooks --engine $(ENGINE)
 	$(PY) -m gptools imports
 	$(PY) -m gptools names
+	$(PY) -m gptools funclen
 
 lint: check ## the same as make check
 

@@ -248,7 +248,7 @@ class Checker:
         )
 
     def expect_refusal(self, want: str, **kwargs: Any) -> tuple[str, str]:
-        from graphpersist.switch import SwitchError
+        from graphpersist.api import SwitchError
 
         with switch_log() as log:
             try:
@@ -389,7 +389,7 @@ class Checker:
                 f"importing sglang.srt.entrypoints.engine failed: {type(err).__name__}: {err}",
                 "\n".join(f"{f.filename.split('/sglang/', 1)[1]}:{f.lineno} {f.line}" for f in frames[-8:]),
             ) from None
-        from graphpersist.switch import SwitchError
+        from graphpersist.api import SwitchError
 
         launched: list[str] = []
 

@@ -82,7 +82,6 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
     torch.cuda.set_device(0)  # both ranks on GPU 0
     if persist:
         from graphpersist import api
-        from graphpersist.memory import region
 
         api.start_region()
     import torch.distributed as dist
@@ -123,13 +122,13 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
         return recv_x, recv_idx, recv_w, combined
 
     if persist:
-        ipc_opens = [(e.addr, e.size) for e in region.events() if e.kind == "ipc_open"]
+        ipc_opens = [(e.addr, e.size) for e in api.region_events() if e.kind == "ipc_open"]
         res["ipc_opens"] = [[hex(ad), sz] for ad, sz in ipc_opens]
-        info = region.info()
+        info = api.region_info()
         res["region"] = [hex(info.base), info.size]
         res["nvl_in_region"] = info.base <= res["nvl_buffer_ptr"] < info.base + info.size
-        res["host_allocs"] = [[hex(e.addr), e.size, e.req] for e in region.host_events() if e.kind == "host_alloc"]
-        res["host_outside"] = [e.describe() for e in region.host_events() if e.kind == "host_outside"]
+        res["host_allocs"] = [[hex(e.addr), e.size, e.req] for e in api.host_events() if e.kind == "host_alloc"]
+        res["host_outside"] = [e.describe() for e in api.host_events() if e.kind == "host_outside"]
         res["setup_tensors"] = {k: hex(t.data_ptr()) for k, t in named.items()}
     fill_inputs(x, topk_idx, topk_weights, a.rank, INPUT_SEEDS[0])
     if a.mode in ("baseline", "save"):
@@ -151,17 +150,27 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
             saver.add("ep2", g, [x, topk_idx, topk_weights], list(outs), capture_size=TOKENS, mode="full")
             s0 = time.perf_counter()
             parallel = {"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD}
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes),
-                                     rank=a.rank, parallel=parallel)  # fmt: skip
+            res["save"] = saver.save(
+                a.archive, api.Facts(ENGINE, MODEL, parallel=parallel, flags=deepep_flags(a.nvl_bytes)), rank=a.rank
+            )
             res["save_s"] = time.perf_counter() - s0
         replay = g.replay
     else:  # load, and the refusal group
         l0 = time.perf_counter()
         try:
-            loaded = api.load(a.archive, engine=ENGINE, model=MODEL, flags=deepep_flags(a.nvl_bytes), sizes=[TOKENS],
-                              modes=["full"], rank=a.rank,
-                              parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD},
-                              setup_tensors=named)  # fmt: skip
+            loaded = api.load(
+                a.archive,
+                api.Facts(
+                    ENGINE,
+                    MODEL,
+                    parallel={"world_size": WORLD, "tp_size": WORLD, "ep_size": WORLD},
+                    flags=deepep_flags(a.nvl_bytes),
+                ),
+                sizes=[TOKENS],
+                modes=["full"],
+                rank=a.rank,
+                setup_tensors=named,
+            )
         except Exception as exc:
             res["refused"] = {"type": type(exc).__name__, "message": str(exc)}
             res["captures"] = captures["n"]
@@ -175,9 +184,7 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
         outs = tuple(lg.outputs)
         replay = lg.replay
     if persist:
-        from graphpersist.archive import open_archive
-
-        host = open_archive(a.archive).rank_facts(a.rank).extra.host_memory
+        host = api.open_archive(a.archive).rank_facts(a.rank).extra.host_memory
         res["archive_host_memory"] = None if host is None else {"ranges": host.ranges, "words": host.words}
     recv_x, recv_idx, recv_w, combined = outs
     results = {}
@@ -214,9 +221,9 @@ def rank_entry(argv: list[str]) -> int:
     if os.environ.get(DEEP_EP_DIR_ENV):
         sys.path.insert(0, os.environ[DEEP_EP_DIR_ENV])
     if a.mode != "baseline":
-        from graphpersist.memory import region
+        from graphpersist import api
 
-        region.reexec_with_interposer(size=REGION_SIZE)
+        api.reexec_with_interposer(size=REGION_SIZE)
     hostkit.finish_rank(a.rank, Path(a.result), lambda: _rank_main(a))
 
 
@@ -271,11 +278,11 @@ def install_deep_ep(wheel: Path, target: Path) -> dict[str, Any]:
 def run_group(name: str, out: Path, mode: str, archive: Path, deep_ep_dir: Path,
               nvl_bytes: int = NVL_BYTES) -> dict[str, Any]:  # fmt: skip
     """Starts the 2 rank processes (both on GPU 0), waits for both (killing them at the timeout)."""
-    from graphpersist.memory import region
+    from graphpersist import api
 
-    env = region.preload_env(size=REGION_SIZE) if mode != "baseline" else dict(os.environ)
+    env = api.preload_env(size=REGION_SIZE) if mode != "baseline" else dict(os.environ)
     if mode != "baseline":  # DeepEP's counters are read by the captured dispatch: place pinned memory (opt-in)
-        env["GP_HOST_BASE"] = hex(region.DEFAULT_HOST_BASE)
+        env["GP_HOST_BASE"] = hex(api.DEFAULT_HOST_BASE)
     env.update(hostkit.PINNED_ENV)
     env.update({DEEP_EP_DIR_ENV: str(deep_ep_dir), "GRAPHPERSIST_MODE": "off" if mode == "baseline" else mode,
                 "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]})  # fmt: skip
@@ -288,12 +295,12 @@ def run_group(name: str, out: Path, mode: str, archive: Path, deep_ep_dir: Path,
 
 
 def prove(out: Path, report: Path, wheel: Path | None, deep_ep_dir: Path, baseline: bool = True) -> int:
-    from graphpersist.memory import region
+    from graphpersist import api
 
     out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     print("[deepep] building the interposer", flush=True)
-    region.build_interposer()
+    api.build_interposer()
     res: dict[str, Any] = {"versions": hostkit.versions(["torch"], every_gpu=True), "groups": {}}
     res["install"] = install_deep_ep(wheel or find_wheel(REPO / "dist"), deep_ep_dir)
     if res["install"].get("smoke_rc") == 0:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parents[1] / "overlays" / "graphpersist"))
 from graphpersist.archive import (  # noqa: E402
     ArchiveWriter,
     archive_path,
+    codec,
     open_archive,
     safejson,
 )
@@ -178,7 +179,7 @@ def write(root: Path) -> dict[str, Any]:
 def _live(arch: Any) -> dict[str, Any]:
     """What collect_live would report on the SAVE host: the archive's own world and rank facts."""
     rec = arch.rank_facts(0)
-    live = flatten(arch.manifest.world.to_dict())
+    live = flatten(codec.to_dict(arch.manifest.world))
     live |= {"parallel.rank": 0, "device.index": rec.device.index, "device.uuid": rec.device.uuid,
              "device.pci_bus_id": rec.device.pci_bus_id, "region.base": rec.region.base,
              "region.size": rec.region.size, "format_version": arch.manifest.format_version}  # fmt: skip
@@ -211,7 +212,7 @@ def once(root: Path) -> dict[str, float]:
                                                    if p.is_file()])  # fmt: skip
     text = (root / "rank_0" / "rank.json").read_bytes()
     tree = step("  rank.json: safejson", lambda: safejson.loads(text))
-    step("  rank.json: records", lambda: RankRecord.from_dict(tree))
+    step("  rank.json: records", lambda: codec.from_dict(RankRecord, tree))
     return t
 
 

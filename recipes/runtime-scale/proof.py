@@ -122,7 +122,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         duplicate = {"refused": False, "message": "accepted"}
     except api.PersistError as exc:
         duplicate = {"refused": True, "message": str(exc)}
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     t_saved = time.perf_counter()
     torch_flags = sorted({int(drv.cuGraphExecGetFlags(drv.CUgraphExec(g.raw_cuda_graph_exec()))[1])
                           for g, _ in captured.values()})  # fmt: skip
@@ -153,13 +153,15 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import OUTPUT_TYPES, PIECES, SIZES, FullOutput
 
-    from graphpersist.archive import open_archive
-    from graphpersist.graph import format as graphformat
-    from graphpersist.graph import pack as graphpack
-
     t_setup = time.perf_counter()
-    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
+    res = api.load(
+        archive,
+        api.Facts(ENGINE, model.facts()),
+        sizes=SIZES,
+        modes=["full", "piecewise"],
+        setup_tensors=model.named_tensors(),
+        output_types=OUTPUT_TYPES,
+    )
     t_load = time.perf_counter()
     digests = _replay_all(torch, model, {n: (lg.replay, lg.outputs) for n, lg in res.graphs.items()})
     want = json.loads(ref.read_text())
@@ -191,17 +193,15 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     # Each loaded executable was instantiated with the flags its record holds (torch's, read at SAVE).
     from cuda.bindings import driver as drv
 
-    records = open_archive(archive, verify_checksums=False).rank_facts(0).graphs
+    records = api.open_archive(archive, verify_checksums=False).rank_facts(0).graphs
     wrong_flags = [g.name for g in records if int(drv.cuGraphExecGetFlags(res[g.name].exec)[1]) != g.instantiate_flags]
-    # What verify_topology=True would add: parse every kernel node and recompute every topology fingerprint.
+    # What `graphpersist check` adds to LOAD's reading: parse every kernel node, recompute every topology fingerprint.
     a = time.perf_counter()
-    arch = open_archive(archive, verify_checksums=False)
-    rec = arch.rank_facts(0)
-    packed = graphpack.read_graphs(arch, 0, [g.name for g in rec.graphs])
-    fps_ok = all(
-        graphformat.topology_fingerprint(e.full_desc_of(packed.pack)) == g.topology_fingerprint
-        for g, e in zip(rec.graphs, packed.graphs, strict=True)
-    )
+    try:  # as `graphpersist check` reads the graphs: refused when a graph's fingerprint differs from its record's
+        api.read_graphs(api.open_archive(archive, verify_checksums=False), 0, full=True)
+        fps_ok = True
+    except api.ArchiveError:
+        fps_ok = False
     topology_s = time.perf_counter() - a
     # Release: a dropped graph is destroyed by its finalizer; close() is idempotent; a closed graph refuses.
     dropped = res.graphs.pop(f"PIECEWISE/bs{SIZES[0]}/piece{PIECES - 1}")
@@ -249,8 +249,14 @@ def step_profile(archive: Path) -> dict[str, Any]:
 
     prof = cProfile.Profile()
     prof.enable()
-    res = api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full", "piecewise"],
-                   setup_tensors=model.named_tensors(), output_types=OUTPUT_TYPES)  # fmt: skip
+    res = api.load(
+        archive,
+        api.Facts(ENGINE, model.facts()),
+        sizes=SIZES,
+        modes=["full", "piecewise"],
+        setup_tensors=model.named_tensors(),
+        output_types=OUTPUT_TYPES,
+    )
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
@@ -267,7 +273,7 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
     saver, _captured, _t_warm = _capture(torch, model, api)
     prof = cProfile.Profile()
     prof.enable()
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
@@ -279,17 +285,17 @@ def step_profile_save(archive: Path) -> dict[str, Any]:
 
 
 def _child(args: list[str], out: Path, name: str, timeout: int = 240) -> dict[str, Any]:
-    from graphpersist.memory import region
+    from graphpersist import api
 
-    env = {**region.preload_env(base=BASE), **hostkit.PINNED_ENV}
+    env = {**api.preload_env(base=BASE), **hostkit.PINNED_ENV}
     return hostkit.run_step([sys.executable, __file__, *args], out, name, env, timeout)
 
 
 def prove(out: Path, report: Path) -> int:
-    from graphpersist.memory import region
+    from graphpersist import api
 
     out.mkdir(parents=True, exist_ok=True)
-    region.build_interposer()
+    api.build_interposer()
     archive, ref = out / "archive", out / "ref.json"
     shutil.rmtree(archive, ignore_errors=True)
     started = datetime.now(UTC)
@@ -345,7 +351,7 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
          ld.get("shared_ok") is True, ""),
         ("unknown graph name: KeyError listing the closest names", "closest" in str(ld.get("lookup")),
          str(ld.get("lookup"))[:200]),
-        ("topology fingerprints of all graphs match their records (verify_topology's check, run separately)",
+        ("topology fingerprints of all graphs match their records (graphpersist check's reading, run separately)",
          ld.get("topology_ok") is True, f"{ld.get('topology_s', 0):.2f} s for all graphs"),
         ("LOAD instantiates every graph with the flags torch gave SAVE's executable",
          bool(ld.get("saved_flags")) and ld.get("saved_flags") == sv.get("torch_exec_flags")
@@ -384,8 +390,8 @@ def render(res: dict[str, Any], started: datetime) -> tuple[str, list[str]]:
     lines += ["", "## LOAD phases (same run)", "", "| phase | ms |", "|---|---|"]
     lines += [f"| {n} | {v * 1e3:.1f} |" if v is not None else f"| {n} | - |" for n, v in phases]
     lines += ["", f"LOAD process: setup {ld.get('setup_s', 0):.2f} s, api.load {ld.get('load_s', 0):.2f} s. "
-              f"`verify_topology=True` would add about {ld.get('topology_s', 0):.2f} s (parse every kernel node, "
-              f"recompute every topology fingerprint; measured separately above)."]  # fmt: skip
+              f"Reading the graphs as `graphpersist check` does takes about {ld.get('topology_s', 0):.2f} s more "
+              f"(parse every kernel node, recompute every topology fingerprint; measured above)."]  # fmt: skip
     summ = sv.get("summary", {})
     lines += [f"SAVE process: setup + warm-up {sv.get('setup_warmup_s', 0):.2f} s, capture of {len(nodes)} graphs "
               f"{sv.get('capture_s', 0):.2f} s, SAVE {sv.get('save_s', 0):.2f} s (serialize "

@@ -7,6 +7,7 @@ runs; each writes one JSON result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -48,11 +49,9 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import SIZES, inputs_for
 
-    from graphpersist.memory import region
-
     t_setup = time.perf_counter()
     api.mark_setup(model.named_tensors())
-    at_mark = region.info()
+    at_mark = api.region_info()
     setup_end = at_mark.base + at_mark.cursor
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -82,15 +81,13 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
         graphs_out[b] = (g, outs)
         saver.add(f"b{b}", g, [model.x[:b]], list(outs), capture_size=b, mode="full")
     t_capture = time.perf_counter()
-    summary = saver.save(archive, engine=ENGINE, model=model.facts())
+    summary = saver.save(archive, api.Facts(ENGINE, model.facts()))
     t_saved = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_SAVE_FILL"):  # diagnosis: capture-time memory overwritten before the replays
-        from graphpersist.memory.tensors import bytes_at
-
         fill = int(os.environ["RUNTIME_PROOF_SAVE_FILL"], 0)
-        for addr, size in region.live_ranges(region.events()):
+        for addr, size in api.live_ranges(api.region_events()):
             if addr >= setup_end:
-                bytes_at(addr, size).fill_(fill)
+                api.bytes_at(addr, size).fill_(fill)
         torch.cuda.synchronize()
     refs = {}
     replay_ms = {}
@@ -104,7 +101,7 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     replay_ms = _time_replay(torch, g.replay)
     torch.save(refs, ref)
     return {
-        "region": region.info().__dict__,
+        "region": api.region_info().__dict__,
         "setup_s": t_setup - t_start,
         "warmup_s": t_warm - t_setup,
         "capture_phase_s": t_capture - t_warm,
@@ -130,18 +127,20 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
     torch, model, api = _setup()
     from model import SIZES, inputs_for
 
-    from graphpersist.memory import region
-
     t_setup = time.perf_counter()
-    res = api.load(
-        archive,
-        engine=ENGINE,
-        model=model.facts(),
-        sizes=SIZES,
-        modes=["full"],
-        setup_tensors=model.named_tensors(),
-        native=os.environ.get("RUNTIME_PROOF_LOAD_NATIVE", "1") != "0",  # diagnosis: 0 = the Python rebuild
-    )
+    rebuild = contextlib.nullcontext()
+    if os.environ.get("RUNTIME_PROOF_LOAD_NATIVE", "1") == "0":  # diagnosis: the reference (Python) rebuild
+        from gpdiag import rebuild as reference
+
+        rebuild = reference.in_load()
+    with rebuild:
+        res = api.load(
+            archive,
+            api.Facts(ENGINE, model.facts()),
+            sizes=SIZES,
+            modes=["full"],
+            setup_tensors=model.named_tensors(),
+        )
     t_load = time.perf_counter()
     if os.environ.get("RUNTIME_PROOF_LOAD_WARMUP") == "1":  # diagnosis: eager forwards after load, before replay
         stream = torch.cuda.Stream()
@@ -173,7 +172,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
             "instantiate_s": lg.instantiate_s,
         }
     replay_ms = _time_replay(torch, res.graphs[f"b{max(SIZES)}"].replay)
-    module_loads = [m for m in region.image_loads() if m.kind != "library"]
+    module_loads = [m for m in api.image_loads() if m.kind != "library"]
     rec = json.loads((archive / "rank_0" / "rank.json").read_text())
     archived_modules = sum(1 for im in rec["images"] if im["kind"] != "library")
     return {
@@ -184,7 +183,7 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         "replay_ms_b128": replay_ms,
         "module_loads": len(module_loads),
         "archived_module_images": archived_modules,
-        "region": region.info().__dict__,
+        "region": api.region_info().__dict__,
     }
 
 
@@ -214,13 +213,13 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     facts = model.facts()
     out["dtype"] = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model={**facts, "dtype": "float16"}, sizes=SIZES, modes=["full"])
+        lambda: api.load(archive, api.Facts(ENGINE, {**facts, "dtype": "float16"}), sizes=SIZES, modes=["full"])
     )
     from model import Model
 
     other = Model.facts(type("M", (), {"layers": LAYERS, "hidden": 2048, "max_batch": 128, "dtype": model.dtype}))
     out["model_shapes"] = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model=other, sizes=SIZES, modes=["full"])
+        lambda: api.load(archive, api.Facts(ENGINE, other), sizes=SIZES, modes=["full"])
     )
 
     def copy(name: str) -> Path:
@@ -231,7 +230,7 @@ def step_drift(archive: Path, work: Path) -> dict[str, Any]:
 
     def run(root: Path) -> Any:
         return api.load(
-            root, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
+            root, api.Facts(ENGINE, facts), sizes=SIZES, modes=["full"], setup_tensors=model.named_tensors()
         )
 
     trunc = copy("truncated")
@@ -260,7 +259,7 @@ def step_drift_region(archive: Path) -> dict[str, Any]:
 
     return {
         "region_base": _expect_refusal(
-            lambda: api.load(archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"])
+            lambda: api.load(archive, api.Facts(ENGINE, model.facts()), sizes=SIZES, modes=["full"])
         )
     }
 
@@ -278,7 +277,7 @@ def step_drift_setup(archive: Path) -> dict[str, Any]:
     tensors = model.named_tensors()
     facts = model.facts()
     result = _expect_refusal(
-        lambda: api.load(archive, engine=ENGINE, model=facts, sizes=SIZES, modes=["full"], setup_tensors=tensors)
+        lambda: api.load(archive, api.Facts(ENGINE, facts), sizes=SIZES, modes=["full"], setup_tensors=tensors)
     )
     del extra
     return {"setup_addresses": result}
@@ -288,9 +287,9 @@ def step_drift_setup(archive: Path) -> dict[str, Any]:
 
 
 def _child(args: list[str], out: Path, name: str, base: int, timeout: int = 300) -> dict[str, Any]:
-    from graphpersist.memory import region
+    from graphpersist import api
 
-    env = {**region.preload_env(base=base), **hostkit.PINNED_ENV}
+    env = {**api.preload_env(base=base), **hostkit.PINNED_ENV}
     return hostkit.run_step([sys.executable, __file__, *args], out, name, env, timeout)
 
 
@@ -322,19 +321,13 @@ def _raw_param_diff(a: Path, b: Path, ra: dict[str, Any]) -> dict[str, Any]:
     nodes = differ = 0
     kernels: dict[str, int] = {}
     region_words_differ = 0
-    from graphpersist.graph import pack as graphpack
+    from graphpersist import api
 
-    def packed(root: Path) -> tuple[bytes, dict[str, graphpack.PackedGraph]]:
-        pack = (root / "rank_0" / graphpack.PACK_NAME).read_bytes()
-        index = json.loads((root / "rank_0" / graphpack.INDEX_NAME).read_text())
-        return pack, {g.name: g for g in graphpack.parse_index(index, len(pack))}
-
-    pack_a, index_a = packed(a)
-    pack_b, index_b = packed(b)
+    graphs_a, _ = api.read_graphs(api.open_archive(a), 0, full=True)  # (description, parameter blob, ...) by name
+    graphs_b, _ = api.read_graphs(api.open_archive(b), 0, full=True)
     for g in ra["graphs"]:
-        desc = index_a[g["name"]].full_desc_of(pack_a)
-        ba = index_a[g["name"]].part(pack_a, "params")
-        bb = index_b[g["name"]].part(pack_b, "params")
+        desc, ba = graphs_a[g["name"]][:2]
+        bb = graphs_b[g["name"]][1]
         for nd in desc["nodes"]:
             if nd["type"] != "kernel":
                 continue
@@ -352,10 +345,10 @@ def _raw_param_diff(a: Path, b: Path, ra: dict[str, Any]) -> dict[str, Any]:
 
 
 def prove(out: Path, report: Path) -> int:
-    from graphpersist.memory import region
+    from graphpersist import api
 
     out.mkdir(parents=True, exist_ok=True)
-    region.build_interposer()
+    api.build_interposer()
     a1, a2 = out / "archive1", out / "archive2"
     ref1, ref2 = out / "ref1.pt", out / "ref2.pt"
     for p in (a1, a2):

@@ -103,13 +103,19 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
         res["capture"] = per
         if saver:
             s0 = time.perf_counter()
-            res["save"] = saver.save(a.archive, engine=ENGINE, model=model.facts(), rank=a.rank, parallel=parallel)
+            res["save"] = saver.save(a.archive, api.Facts(ENGINE, model.facts(), parallel=parallel), rank=a.rank)
             res["save_s"] = time.perf_counter() - s0
     else:  # load (and the drift modes, which must be refused)
         l0 = time.perf_counter()
         try:
-            loaded = api.load(a.archive, engine=ENGINE, model=model.facts(), sizes=SIZES, modes=["full"],
-                              rank=a.rank, parallel=parallel, setup_tensors=model.named_tensors())  # fmt: skip
+            loaded = api.load(
+                a.archive,
+                api.Facts(ENGINE, model.facts(), parallel=parallel),
+                sizes=SIZES,
+                modes=["full"],
+                rank=a.rank,
+                setup_tensors=model.named_tensors(),
+            )
         except Exception as exc:
             res["refused"] = {"type": type(exc).__name__, "message": str(exc)}
             res["captures"] = captures["n"]
@@ -134,11 +140,10 @@ def _rank_main(a: argparse.Namespace) -> dict[str, Any]:
     res["outputs"] = outs
     res["captures"] = captures["n"]
     if a.mode == "load":  # no warm-up/JIT: the only module loads are the archive's own module images
-        from graphpersist.archive import open_archive
-        from graphpersist.memory import region
+        from graphpersist import api
 
-        res["module_loads"] = sum(1 for m in region.image_loads() if m.kind != "library")
-        rec = open_archive(a.archive).rank_facts(a.rank)
+        res["module_loads"] = sum(1 for m in api.image_loads() if m.kind != "library")
+        rec = api.open_archive(a.archive).rank_facts(a.rank)
         res["archived_module_images"] = sum(1 for im in rec.images if im.kind != "library")
     dist.barrier()
     return res
@@ -155,9 +160,9 @@ def rank_entry(argv: list[str]) -> int:
     ap.add_argument("--result", required=True)
     a = ap.parse_args(argv)
     if a.mode != "baseline":
-        from graphpersist.memory import region
+        from graphpersist import api
 
-        region.reexec_with_interposer()
+        api.reexec_with_interposer()
     hostkit.finish_rank(a.rank, Path(a.result), lambda: _rank_main(a))
 
 
@@ -167,9 +172,9 @@ def rank_entry(argv: list[str]) -> int:
 def run_group(name: str, out: Path, variant: str, mode: str, archive: Path, world: int = 2, swap: bool = False,
               env_extra: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Starts `world` rank processes, waits for all (killing them at the timeout), returns their results."""
-    from graphpersist.memory import region
+    from graphpersist import api
 
-    env = {**(region.preload_env() if mode != "baseline" else os.environ), **PINNED_ENV, **(env_extra or {})}
+    env = {**(api.preload_env() if mode != "baseline" else os.environ), **PINNED_ENV, **(env_extra or {})}
 
     def argv(r: int, result: Path) -> list[str]:
         return [sys.executable, __file__, "rank", variant, mode, str(archive), "--rank", str(r), "--world",
@@ -201,10 +206,10 @@ def compare_archives(a: Path, b: Path, world: int) -> dict[str, bool]:
 
 
 def prove(out: Path, report: Path, variants: tuple[str, ...] = VARIANTS, drift: bool = True) -> int:
-    from graphpersist.memory import region
+    from graphpersist import api
 
     out.mkdir(parents=True, exist_ok=True)
-    region.build_interposer()
+    api.build_interposer()
     started = datetime.now(UTC)
     res: dict[str, Any] = {"versions": hostkit.versions(VERSIONS, every_gpu=True), "variants": {}}
     for v in variants:

@@ -450,9 +450,9 @@ def main() -> NoReturn:
     if a.symm_mem_no_multicast:  # before anything starts: SGLang's schedulers inherit the environment
         os.environ[SYMM_MEM_NO_MULTICAST_ENV] = "1"
     if a.mode != "off":  # as for vLLM: the engine's processes start where the interposer is already loaded
-        from graphpersist.memory import region
+        from graphpersist import api
 
-        region.reexec_with_interposer()
+        api.reexec_with_interposer()
     flags = ",".join(f for f in (*ENGINE_FLAGS, "symm_mem_no_multicast", "deepep", "long_prompts") if getattr(a, f))
     case = {k: v for k, v in (("shape", a.model_shape), ("quantization", a.quantization),
                               ("kv_cache_dtype", a.kv_cache_dtype), ("context_length", a.context_length),

@@ -576,9 +576,9 @@ def main() -> NoReturn:
     a = build_parser().parse_args()
     export_options(a)
     if a.mode != "off" and not a.no_reexec:  # as the README advises: under the interposer vLLM forks its processes
-        from graphpersist.memory import region
+        from graphpersist import api
 
-        region.reexec_with_interposer()
+        api.reexec_with_interposer()
     case = {k: v for k, v in (("shape", a.model_shape), ("quantization", a.quantization),
                               ("kv_cache_dtype", a.kv_cache_dtype), ("max_model_len", a.max_model_len),
                               ("sampling", a.sampling), ("long_prompts", a.long_prompts),

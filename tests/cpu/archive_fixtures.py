@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graphpersist.archive import ArchiveWriter, archive_path
+from graphpersist.archive import ArchiveWriter, archive_path, codec
 from graphpersist.archive.liveenv import PINNED_ENV, set_field
 from graphpersist.archive.manifest import FORMAT_VERSION, RANK_DIR, ManifestError, RankRecord
 from graphpersist.graph import format as graphformat
@@ -204,7 +204,7 @@ def redigest(doc: Any) -> Any:
     if not isinstance(digests, dict):
         return doc
     try:
-        record = RankRecord.from_dict(doc).to_dict()
+        record = codec.to_dict(codec.from_dict(RankRecord, doc))
     except (ManifestError, TypeError, RecursionError):  # the reader refuses it before any digest is compared
         return doc
     digests["record"] = archive_digests.record_digest(record)

@@ -19,7 +19,8 @@ import pytest
 from archive_fixtures import REGION_BASE, REGION_SIZE, device, world, write_loadable_archive
 from pack_forgery import Graph, resave
 
-from graphpersist.archive import ArchiveWriter, diff, open_archive
+from graphpersist import diff
+from graphpersist.archive import ArchiveWriter, open_archive
 from graphpersist.archive.manifest import GraphRecord
 from graphpersist.graph import format as graphformat
 from graphpersist.graph import pack as graphpack

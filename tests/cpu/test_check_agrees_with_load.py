@@ -40,7 +40,16 @@ import pytest
 from archive_fixtures import REGION_BASE, REGION_SIZE, forge, live_for, smi_rows, world, write_loadable_archive
 
 from graphpersist import cli, loadstage
-from graphpersist.archive import Archive, ArchiveError, ArchiveWriter, jitcache, liveenv, open_archive, read_shared
+from graphpersist.archive import (
+    Archive,
+    ArchiveError,
+    ArchiveWriter,
+    codec,
+    jitcache,
+    liveenv,
+    open_archive,
+    read_shared,
+)
 from graphpersist.archive.manifest import MAX_ENV, MAX_FIELD_BYTES, MAX_FIELD_NAME, MAX_FLAGS, ManifestError, World
 from graphpersist.archive.validate import evaluate
 from graphpersist.errors import JitCacheError
@@ -134,7 +143,7 @@ def test_a_manifest_padded_with_100k_flags_is_refused_fast(loadable: Path) -> No
 
 def test_a_padded_manifest_under_the_cap_loads() -> None:
     facts = world(**{f"flags.f{i}": i for i in range(MAX_FLAGS - 1)})
-    assert len(World.from_dict(facts).flags) == MAX_FLAGS
+    assert len(codec.from_dict(World, facts).flags) == MAX_FLAGS
 
 
 @pytest.mark.parametrize(
@@ -153,7 +162,7 @@ def test_each_cap_on_the_world_facts_is_named(change: Callable[[dict[str, Any]],
     facts = world()
     change(facts)
     with pytest.raises(ManifestError, match=rf"\({cap}\)$"):
-        World.from_dict(facts)
+        codec.from_dict(World, facts)
 
 
 def test_save_refuses_world_facts_past_a_cap(tmp_path: Path) -> None:

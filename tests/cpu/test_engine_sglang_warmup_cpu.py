@@ -468,7 +468,7 @@ class RecordingSaver:
         self.events = events
         self.kwargs: dict[str, Any] = {}
 
-    def save(self, directory: Path, **kwargs: Any) -> dict[str, Any]:
+    def save(self, directory: Path, facts: Any, **kwargs: Any) -> dict[str, Any]:
         self.kwargs = kwargs
         self.events.append("archive fixed")
         kwargs["before_write"]()

@@ -73,8 +73,9 @@ def test_save_keeps_setup_allocations_and_load_checks_them(tmp_path: Path) -> No
         out["late"], out["wc"] = late, wc
         rec = hostmem.record([counter, counter + 4, experts + 16], hm)
         out["record"] = rec
+        from graphpersist.archive import codec
         from graphpersist.archive.manifest import ManifestError, RankExtra
-        typed = RankExtra.from_dict(json.loads(json.dumps({"host_memory": rec}))).host_memory  # as LOAD reads it
+        typed = codec.from_dict(RankExtra, json.loads(json.dumps({"host_memory": rec}))).host_memory  # as LOAD reads it
         out["checked"] = hostmem.check_load(typed)
         out["none"] = hostmem.check_load(None)
         gp.free_host(experts)                      # LOAD's setup differs: one allocation is gone
@@ -83,7 +84,7 @@ def test_save_keeps_setup_allocations_and_load_checks_them(tmp_path: Path) -> No
         except PersistError as exc:
             out["refused"] = str(exc)
         try:
-            RankExtra.from_dict({"host_memory": {"ranges": [[1, "2"]], "words": 1}})
+            codec.from_dict(RankExtra, {"host_memory": {"ranges": [[1, "2"]], "words": 1}})
         except ManifestError as exc:
             out["malformed"] = str(exc)
         """)  # fmt: skip

@@ -142,3 +142,18 @@ def test_a_memset_or_memcpy_address_save_could_not_have_written_is_refused(
     for every_byte in (False, True):
         with pytest.raises(ArchiveError, match=rf"graph 'full-bs8' node {node} \({kind}\) {key}: {value:#x} {problem}"):
             read_plan(open_archive(loadable), 0, every_byte=every_byte)
+
+
+def test_loads_cpu_stage_reads_every_kernel_node_only_inside_the_reference_rebuilds_block(loadable: Path) -> None:
+    """LOAD's native builder needs no kernel node's JSON; the reference rebuild (gpdiag.rebuild.in_load) does, so
+    inside its block LOAD's CPU stage parses each one."""
+    from gpdiag import rebuild as reference
+
+    from graphpersist import loadstage
+
+    archive = open_archive(loadable, keep_rank=0)
+    assert loadstage.rank_stage(archive, 0).graphs["full-bs8"][0]["nodes"][0] == {"type": "kernel"}
+    with reference.in_load():
+        node = loadstage.rank_stage(archive, 0).graphs["full-bs8"][0]["nodes"][0]
+    assert node["name"] == "k_own" and node["layout"] == [[0, 8], [8, 8]]
+    assert loadstage.rank_stage(archive, 0).graphs["full-bs8"][0]["nodes"][0] == {"type": "kernel"}

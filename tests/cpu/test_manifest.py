@@ -7,6 +7,7 @@ import json
 import pytest
 from archive_fixtures import world
 
+from graphpersist.archive import codec
 from graphpersist.archive.manifest import (
     FORMAT_VERSION,
     Creation,
@@ -30,7 +31,7 @@ def a_manifest() -> Manifest:
     return Manifest(
         format_version=FORMAT_VERSION,
         created=Creation(created_at="2026-01-01T00:00:00+00:00", host="h", graphpersist_version="1", python="3.12"),
-        world=World.from_dict(world()),
+        world=codec.from_dict(World, world()),
         ranks=(0, 1),
         files={"rank_0/rank.json": FileEntry("aa" * 32, 10), "rank_1/rank.json": FileEntry("bb" * 32, 11)},
     )
@@ -63,56 +64,56 @@ def a_rank_record() -> RankRecord:
 
 def test_manifest_round_trips_through_json():
     manifest = a_manifest()
-    text = manifest.to_json()
-    assert Manifest.from_json(text) == manifest
+    text = codec.to_json(manifest)
+    assert codec.from_json(Manifest, text) == manifest
     assert json.loads(text)["format"] == "graphpersist-archive"
     assert json.loads(text)["format_version"] == FORMAT_VERSION
 
 
 def test_rank_record_round_trips_through_json():
     record = a_rank_record()
-    assert RankRecord.from_json(record.to_json()) == record
-    assert RankRecord.from_dict(json.loads(record.to_json())) == record
+    assert codec.from_json(RankRecord, codec.to_json(record)) == record
+    assert codec.from_dict(RankRecord, json.loads(codec.to_json(record))) == record
 
 
 def test_a_graph_record_without_instantiate_flags_reads_as_flags_0():
     """Archives written before the field instantiated their graphs with flags 0 at LOAD: they still read so."""
-    data = json.loads(a_rank_record().to_json())
+    data = json.loads(codec.to_json(a_rank_record()))
     assert data["graphs"][0]["instantiate_flags"] == 0x9
     del data["graphs"][0]["instantiate_flags"]
-    assert RankRecord.from_dict(data).graphs[0].instantiate_flags == 0
+    assert codec.from_dict(RankRecord, data).graphs[0].instantiate_flags == 0
 
 
 def test_world_round_trips_and_keeps_unset_pins():
     facts = world()
-    parsed = World.from_dict(facts)
-    assert parsed.to_dict() == facts
+    parsed = codec.from_dict(World, facts)
+    assert codec.to_dict(parsed) == facts
     assert parsed.env["NCCL_ALGO"] is None
     assert parsed.env["NCCL_NVLS_ENABLE"] == "0"
     assert parsed.capture.sizes == (1, 2, 4, 8)
 
 
 def test_unknown_future_format_version_is_refused_with_a_clear_message():
-    data = a_manifest().to_dict() | {"format_version": FORMAT_VERSION + 1}
+    data = codec.to_dict(a_manifest()) | {"format_version": FORMAT_VERSION + 1}
     with pytest.raises(UnsupportedFormat, match=rf"format version {FORMAT_VERSION + 1} is newer than"):
-        Manifest.from_dict(data)
+        codec.from_dict(Manifest, data)
 
 
 def test_an_older_format_is_refused_as_older_so_the_reader_can_advise_a_new_save():
-    data = a_manifest().to_dict() | {"format_version": FORMAT_VERSION - 1}
+    data = codec.to_dict(a_manifest()) | {"format_version": FORMAT_VERSION - 1}
     with pytest.raises(UnsupportedFormat, match=rf"format version {FORMAT_VERSION - 1} is older than") as info:
-        Manifest.from_dict(data)
+        codec.from_dict(Manifest, data)
     assert info.value.older is True and info.value.version == FORMAT_VERSION - 1
     with pytest.raises(UnsupportedFormat) as newer:
-        Manifest.from_dict(a_manifest().to_dict() | {"format_version": FORMAT_VERSION + 1})
+        codec.from_dict(Manifest, codec.to_dict(a_manifest()) | {"format_version": FORMAT_VERSION + 1})
     assert newer.value.older is False
 
 
 def test_a_format_1_rank_record_with_a_bare_device_index_is_refused():
     """Format 2 records which physical GPU each rank used; a bare index cannot be compared with a live GPU."""
-    data = json.loads(a_rank_record().to_json()) | {"device": 0}
+    data = json.loads(codec.to_json(a_rank_record())) | {"device": 0}
     with pytest.raises(ManifestError, match=r"rank\.device must be an object, got int"):
-        RankRecord.from_dict(data)
+        codec.from_dict(RankRecord, data)
 
 
 @pytest.mark.parametrize(
@@ -124,49 +125,49 @@ def test_a_format_1_rank_record_with_a_bare_device_index_is_refused():
     ],
 )
 def test_the_rank_gpu_must_be_fully_named(change, message):
-    data = json.loads(a_rank_record().to_json())
+    data = json.loads(codec.to_json(a_rank_record()))
     data["device"] |= change
     with pytest.raises(ManifestError, match=message):
-        RankRecord.from_dict(data)
+        codec.from_dict(RankRecord, data)
 
 
 def test_a_rank_gpu_without_its_pci_bus_id_is_refused():
-    data = json.loads(a_rank_record().to_json())
+    data = json.loads(codec.to_json(a_rank_record()))
     del data["device"]["pci_bus_id"]
     with pytest.raises(ManifestError, match=r"rank\.device\.pci_bus_id is missing"):
-        RankRecord.from_dict(data)
+        codec.from_dict(RankRecord, data)
 
 
 def test_unknown_version_is_refused_before_the_rest_is_read():
     """A future format may change every field; the version alone must decide."""
     with pytest.raises(UnsupportedFormat):
-        Manifest.from_dict({"format": "graphpersist-archive", "format_version": 99, "whatever": 1})
+        codec.from_dict(Manifest, {"format": "graphpersist-archive", "format_version": 99, "whatever": 1})
 
 
 def test_other_formats_are_not_manifests():
     with pytest.raises(ManifestError, match="not a graphpersist manifest"):
-        Manifest.from_dict(a_manifest().to_dict() | {"format": "something-else"})
+        codec.from_dict(Manifest, codec.to_dict(a_manifest()) | {"format": "something-else"})
     with pytest.raises(ManifestError, match="format_version must be a positive integer"):
-        Manifest.from_dict(a_manifest().to_dict() | {"format_version": "1"})
+        codec.from_dict(Manifest, codec.to_dict(a_manifest()) | {"format_version": "1"})
 
 
 def test_garbled_json_is_a_manifest_error():
     with pytest.raises(ManifestError, match=r"manifest\.json is not valid JSON"):
-        Manifest.from_json('{"format": ')
+        codec.from_json(Manifest, '{"format": ')
 
 
 def test_missing_field_is_named():
-    data = a_manifest().to_dict()
+    data = codec.to_dict(a_manifest())
     del data["world"]["parallel"]["tp_size"]
     with pytest.raises(ManifestError, match=r"manifest\.world\.parallel\.tp_size is missing"):
-        Manifest.from_dict(data)
+        codec.from_dict(Manifest, data)
 
 
 def test_unknown_field_is_refused():
-    data = a_manifest().to_dict()
+    data = codec.to_dict(a_manifest())
     data["world"]["gpu"]["memory"] = "141GB"
     with pytest.raises(ManifestError, match=r"manifest\.world\.gpu: unknown field\(s\) memory"):
-        Manifest.from_dict(data)
+        codec.from_dict(Manifest, data)
 
 
 @pytest.mark.parametrize(
@@ -180,23 +181,24 @@ def test_unknown_field_is_refused():
     ],
 )
 def test_mistyped_fields_are_refused(path, value, message):
-    data = a_manifest().to_dict()
+    data = codec.to_dict(a_manifest())
     node = data
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
     with pytest.raises(ManifestError, match=message):
-        Manifest.from_dict(data)
+        codec.from_dict(Manifest, data)
 
 
 def test_rank_record_defaults_are_empty_and_rank_dir_is_stable():
-    record = RankRecord.from_dict(
+    record = codec.from_dict(
+        RankRecord,
         {
             "rank": 3,
             "device": {"index": 1, "uuid": "GPU-x", "pci_bus_id": "0000:3a:00.0"},
             "region": {"base": 1, "size": 2, "final_offset": 0},
             "pointers": {"fingerprint": "x", "count": 0},
-        }
+        },
     )
     assert record.graphs == () and record.images == () and record.extra == RankExtra()
     assert record.device == DeviceFacts(index=1, uuid="GPU-x", pci_bus_id="0000:3a:00.0")

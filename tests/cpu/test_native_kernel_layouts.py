@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from native_fixtures import build_fake_driver, child_env, run_child
 
-from graphpersist.graph import build as graphbuild
 from graphpersist.graph import format as graphformat
 from graphpersist.memory import region
 
@@ -105,6 +104,7 @@ def rebuild_code(g: dict[str, Any]) -> str:
         out["nodes"] = fake.fake_kernel_nodes()
         out["destroyed"] = Drv.destroyed
         out["params"] = [node_params(i, 24) for i in range(fake.fake_kernel_nodes())]
+        out["set_attrs"] = fake.fake_set_attrs()
     """
 
 
@@ -120,6 +120,21 @@ def test_a_sound_table_rebuilds_and_the_driver_reads_the_saved_bytes(libs: dict[
     want0 = blob[0:12] + bytes(4) + blob[16:24]  # bytes 12..15 are no parameter's: the driver copies none there
     want1 = blob[24:40] + bytes(8)
     assert out["params"] == [[0, want0.hex()], [1, want1.hex()]]
+
+
+def test_a_saved_launch_attribute_is_set_unless_it_equals_what_a_fresh_node_of_its_function_reads_back(
+    libs: dict[str, str],
+) -> None:
+    """The fake driver reads attribute 1 of these nodes back as 64 bytes of 0x01 and cannot read attribute 3: k0's
+    saved attribute 1 equals that default (not set), k1's differs (set), k1's attribute 3 cannot be compared (set)."""
+    g = graph(K1, 40)
+    g["desc"]["nodes"][0]["attrs"] = {"1": "01" * 64}
+    g["desc"]["nodes"][1]["attrs"] = {"1": "05", "3": "07"}
+    g["table"] = graphformat.pack_kernel_table(g["desc"]).hex()
+    g["desc"]["table_size"] = len(bytes.fromhex(g["table"]))
+    out = run(libs, rebuild_code(g))
+    assert out.get("built") is True and out["nodes"] == 2
+    assert out["set_attrs"] == 2
 
 
 def test_a_last_parameter_that_starts_inside_the_blob_but_ends_past_it_is_refused(libs: dict[str, str]) -> None:
@@ -179,7 +194,10 @@ def test_layouts_are_asked_of_the_driver_once_per_function(libs: dict[str, str])
 
 
 def test_the_reference_rebuild_holds_kernel_nodes_to_the_live_layouts_too() -> None:
-    """rebuild() (native=False) reads each node's layout from its JSON: equal offsets and sizes, inside the blob."""
+    """The reference rebuild (tools/gpdiag/rebuild.py) reads each node's layout from its JSON: equal offsets and sizes,
+    inside the blob."""
+    from gpdiag import rebuild as reference
+
     live = {"k0": tuple(map(tuple, K0)), "k1": tuple(map(tuple, K1))}
     for k1, size, why in (
         ([[0, 8], [8, 4]], 36, "parameter 1 (8 bytes at offset 8) ends past the 36-byte blob"),
@@ -188,6 +206,25 @@ def test_the_reference_rebuild_holds_kernel_nodes_to_the_live_layouts_too() -> N
     ):
         desc = graph(k1, size)["desc"]
         with pytest.raises(graphformat.GraphFormatError) as info:
-            graphbuild.rebuild("g", desc, bytes(size), None, hashed=True, layouts=lambda _s, name, _a: live[name])
+            reference.rebuild("g", desc, bytes(size), None, hashed=True, layouts=lambda _s, name, _a: live[name])
         assert str(info.value).startswith(f"graph 'g' node 1 kernel 'k1': its saved parameter layout does not fit "
                                           f"the live function ({why})")  # fmt: skip
+
+
+def test_in_load_hands_the_reference_rebuild_what_load_resolved_and_puts_the_native_builder_back() -> None:
+    """gpdiag.rebuild.in_load(): load()'s native builder is the reference rebuild inside the block, fed the live
+    functions and layouts load() resolved (a wrong saved layout is refused by it, naming the node), and LOAD's own
+    builder and CPU stage are back after it."""
+    from gpdiag import rebuild as reference
+
+    from graphpersist import loadstage
+    from graphpersist.graph import build as graphbuild
+
+    native, stage = graphbuild.rebuild_native, loadstage.rank_stage
+    funcs = graphbuild.LiveFuncs([1, 2], [tuple(map(tuple, K0)), tuple(map(tuple, K1))])
+    with reference.in_load(), pytest.raises(graphformat.GraphFormatError) as info:
+        assert graphbuild.rebuild_native is not native and loadstage.rank_stage is not stage
+        graphbuild.rebuild_native("g", graph([[0, 8], [12, 4]], 40)["desc"], bytes(40), b"", funcs, hashed=True)
+    assert str(info.value).startswith("graph 'g' node 1 kernel 'k1': its saved parameter layout does not fit the live "
+                                      "function (parameter 1 at offset 12, the function's at 8)")  # fmt: skip
+    assert graphbuild.rebuild_native is native and loadstage.rank_stage is stage

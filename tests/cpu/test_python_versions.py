@@ -29,8 +29,9 @@ from gptools import pyfloor
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "archive_fixtures.py"
-# These import torch at module level: without torch they are byte-compiled, not imported.
-NEEDS_TORCH = ("api", "load", "save", "memory.setup", "memory.tensors")
+# These import torch at module level: without torch they are byte-compiled, not imported. (graphpersist.api binds
+# their names on first use, so it imports without torch.)
+NEEDS_TORCH = ("load", "save", "memory.setup", "memory.tensors")
 
 
 def pyenv_roots() -> list[Path]:

@@ -21,7 +21,7 @@ from archive_fixtures import forge, write_loadable_archive
 from save_record_fixture import GOLDEN, NOTES, prepared, write_one_rank
 from test_save_before_write import save_module, two_gpu_host  # noqa: F401  (fixtures)
 
-from graphpersist.archive import ArchiveError, open_archive
+from graphpersist.archive import ArchiveError, codec, open_archive
 from graphpersist.archive import digests as archive_digests
 from graphpersist.archive.manifest import HostMemoryRecord, ManifestError, RankExtra, RankRecord, RecordDigests
 from graphpersist.loadplan import read_plan
@@ -71,10 +71,10 @@ def test_a_record_written_before_extra_was_typed_reads_the_same_and_writes_back_
     standin_save: ModuleType,
 ) -> None:
     text = GOLDEN.read_bytes()
-    record, doc = RankRecord.parsed(text)
+    record, doc = codec.parsed(RankRecord, text)
     assert_reads_as_saved(record.extra, standin_save)
-    assert record.to_json().encode() == text  # same keys, same order, same values
-    assert record.to_dict() == doc
+    assert codec.to_json(record).encode() == text  # same keys, same order, same values
+    assert codec.to_dict(record) == doc
     assert record.extra.digests is not None and archive_digests.record_digest(doc) == record.extra.digests.record
 
 
@@ -88,7 +88,7 @@ def test_save_writes_the_record_it_wrote_before_extra_was_typed(standin_save: Mo
     assert now == before
     archive = open_archive(archive_root)  # its digests verify
     record = archive.rank_facts(0)
-    assert record.to_json().encode() == text
+    assert codec.to_json(record).encode() == text
     assert_reads_as_saved(record.extra, standin_save)
     plan = read_plan(archive, 0, every_byte=True)  # what LOAD takes from it
     assert plan.phases == list(record.extra.phases or ()) and plan.states == list(record.extra.state or ())
@@ -128,30 +128,30 @@ def a_record(extra: Any) -> dict[str, Any]:
 
 def test_every_key_round_trips_through_json() -> None:
     extra = full_extra()
-    doc = a_record(extra.to_dict())
-    record = RankRecord.from_dict(doc)
+    doc = a_record(codec.to_dict(extra))
+    record = codec.from_dict(RankRecord, doc)
     assert record.extra == extra
-    assert RankRecord.from_json(record.to_json()) == record
-    assert json.loads(record.to_json())["extra"] == extra.to_dict() == doc["extra"]
-    assert list(extra.to_dict()) == [f.name for f in dataclasses.fields(RankExtra)]  # SAVE's order of keys
+    assert codec.from_json(RankRecord, codec.to_json(record)) == record
+    assert json.loads(codec.to_json(record))["extra"] == codec.to_dict(extra) == doc["extra"]
+    assert list(codec.to_dict(extra)) == [f.name for f in dataclasses.fields(RankExtra)]  # SAVE's order of keys
 
 
 def test_absent_keys_stay_absent_and_no_extra_reads_as_none() -> None:
     """Older SAVEs wrote fewer keys: none is invented when such a record is read and written back."""
     doc = a_record({"engine_notes": {"k": 1}, "torch_blocks": []})
-    record = RankRecord.from_dict(doc)
-    assert record.to_dict()["extra"] == {"engine_notes": {"k": 1}, "torch_blocks": []}
+    record = codec.from_dict(RankRecord, doc)
+    assert codec.to_dict(record)["extra"] == {"engine_notes": {"k": 1}, "torch_blocks": []}
     assert record.extra.phases is None and record.extra.torch_blocks == () and record.engine_notes() == {"k": 1}
-    bare = RankRecord.from_dict({k: v for k, v in doc.items() if k != "extra"})
-    assert bare.extra == RankExtra() and bare.to_dict()["extra"] == {} and bare.engine_notes() == {}
+    bare = codec.from_dict(RankRecord, {k: v for k, v in doc.items() if k != "extra"})
+    assert bare.extra == RankExtra() and codec.to_dict(bare)["extra"] == {} and bare.engine_notes() == {}
 
 
 def test_null_engine_notes_read_as_no_notes() -> None:
-    assert RankRecord.from_dict(a_record({"engine_notes": None})).engine_notes() == {}
+    assert codec.from_dict(RankRecord, a_record({"engine_notes": None})).engine_notes() == {}
 
 
 def test_engine_notes_are_a_copy() -> None:
-    record = RankRecord.from_dict(a_record({"engine_notes": {"k": 1}}))
+    record = codec.from_dict(RankRecord, a_record({"engine_notes": {"k": 1}}))
     record.engine_notes()["k"] = 2
     assert record.engine_notes() == {"k": 1}
 
@@ -212,17 +212,17 @@ MALFORMED: list[tuple[str, Any, str]] = [
 
 @pytest.mark.parametrize(("where", "value", "says"), MALFORMED, ids=[f"{w}={v!r}"[:40] for w, v, _ in MALFORMED])
 def test_each_malformed_key_is_refused_naming_it(where: str, value: Any, says: str) -> None:
-    extra = full_extra().to_dict()
+    extra = codec.to_dict(full_extra())
     _set(extra, where, value)
     with pytest.raises(ManifestError, match="^extra" + says):
-        RankExtra.from_dict(extra)
+        codec.from_dict(RankExtra, extra)
     with pytest.raises(ManifestError, match="^extra" + says):  # the record's own parser says the same
-        RankRecord.from_dict(a_record(extra))
+        codec.from_dict(RankRecord, a_record(extra))
 
 
 def test_extra_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(ManifestError, match=r"^extra: must be an object, got a list of 0 items$"):
-        RankRecord.from_dict(a_record([]))
+        codec.from_dict(RankRecord, a_record([]))
 
 
 @pytest.mark.parametrize(
@@ -260,6 +260,6 @@ def test_the_writer_refuses_a_malformed_extra_before_it_writes_the_record(tmp_pa
         facts = a_record({"torch_blocks": [[1 << 40]]}) | {"device": device(0)}
         with pytest.raises(ArchiveError, match=r"invalid facts for rank 0: extra\.torch_blocks\[0\]: must be"):
             writer.set_rank_facts(0, facts)
-        given = a_record(copy.deepcopy(full_extra().to_dict())) | {"device": device(0)}
+        given = a_record(copy.deepcopy(codec.to_dict(full_extra()))) | {"device": device(0)}
         with pytest.raises(ArchiveError, match=r"extra\.digests is written by the archive writer, not given"):
             writer.set_rank_facts(0, given)

@@ -34,7 +34,7 @@ from archive_fixtures import (
 from test_ranks import run_world
 
 from graphpersist import ranks
-from graphpersist.archive import liveenv, open_archive
+from graphpersist.archive import codec, liveenv, open_archive
 from graphpersist.archive.liveenv import PINNED_ENV, collect_live, world_facts
 from graphpersist.archive.manifest import MANIFEST_NAME
 from graphpersist.archive.validate import check_or_refuse, flatten
@@ -346,7 +346,7 @@ def test_inspect_shows_all_8_ranks_each_on_its_gpu(cli_tp8: tuple[Path, dict[str
 
 def test_check_every_rank_of_8_on_its_gpu_and_refuse_a_rotation(cli_tp8: tuple[Path, dict[str, str]]):
     root, env = cli_tp8
-    saved = flatten(open_archive(root).manifest.world.to_dict())
+    saved = flatten(codec.to_dict(open_archive(root).manifest.world))
     # What a host without torch or libcuda cannot report (`check` would exit 3): given, as such a host's user would.
     unmeasurable = ("torch.version", "cuda.runtime", "cuda.driver_api", "nccl.version")
     sets = ["--set", "parallel.world_size=8", "--set", "parallel.tp_size=8"]

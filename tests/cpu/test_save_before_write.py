@@ -24,6 +24,7 @@ from graphpersist.archive import liveenv, open_archive, read_shared
 from graphpersist.archive.liveenv import PINNED_ENV
 from graphpersist.collective import run_on_every_rank
 from graphpersist.errors import PersistError
+from graphpersist.records import Facts
 
 TP2 = {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 1}
 SHARED_IMAGE = b"a kernel image both ranks load" * 100
@@ -111,7 +112,7 @@ def save_world(save: ModuleType, root: Path, before_write: Callable[[int], None]
     def body(rank: int, gather: ranks.Gather) -> Any:
         shared = carry if rank == 0 else None
         return recorded_saver(save, events, rank).save(
-            root, engine={}, model={}, rank=rank, parallel=TP2, gather=gather, shared=shared,
+            root, Facts({}, {}, parallel=TP2), rank=rank, gather=gather, shared=shared,
             before_write=lambda: before_write(rank),
         )  # fmt: skip
 

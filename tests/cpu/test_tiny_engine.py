@@ -71,12 +71,12 @@ class KeepingSaver:
     def add(self, name, graph, inputs, outputs, *, capture_size, mode):
         self.graphs[name] = (capture_size, mode)
 
-    def save(self, directory, **kwargs):
+    def save(self, directory, facts, **kwargs):
         import os
         os.makedirs(directory, exist_ok=True)
         kwargs["before_write"]()
-        archive.update(graphs=self.graphs, flags=kwargs["flags"], notes=json.loads(json.dumps(kwargs["notes"])),
-                       engine=kwargs["engine"], model=kwargs["model"])
+        archive.update(graphs=self.graphs, flags=facts.flags, notes=json.loads(json.dumps(kwargs["notes"])),
+                       engine=facts.engine, model=facts.model)
         split = {"prepare": 0.0, "write": 0.0, "shared": 0.0, "commit": 0.0}
         return {"serialize_s": 0.0, "images": 0, "split_s": split}
 
@@ -95,7 +95,7 @@ class Result(dict):
                "instantiate_s": 0.0, "upload_s": 0.0}
 
 
-def load(directory, **kwargs):
+def load(directory, facts, **kwargs):
     # LOAD's rebuild stand-in: every saved graph, running against the live engine's tensors (SAVE's addresses)
     eng = engine.current().adapter.eng
     graphs = Result()

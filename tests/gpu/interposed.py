@@ -17,12 +17,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "overlays" / "graphpersist"
+TOOLS = REPO / "tools"  # gpdiag: the reference rebuild the tests compare LOAD's with
 PINNED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def step_main(run: Callable[[list[str]], Any]) -> int:
     """The child: re-exec under the interposer, run the step with its arguments, write its result as JSON."""
-    sys.path.insert(0, str(OVERLAY))
+    sys.path[:0] = [str(OVERLAY), str(TOOLS)]
     from graphpersist.memory import region
 
     region.reexec_with_interposer()

@@ -209,7 +209,7 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
 
     saver = api.Saver()
     saver.add("ev", g, [t["x"]], outs, capture_size=1, mode="full")
-    summary = saver.save(archive, engine=ENGINE, model=MODEL)
+    summary = saver.save(archive, api.Facts(ENGINE, MODEL))
     rec = json.loads((archive / "rank_0" / "rank.json").read_text())
     desc_text = json.dumps(_saved_desc(archive, "ev"))
     handles = [evapi.handle(e) for e in evs]
@@ -245,7 +245,7 @@ def step_save(archive: Path, out: Path) -> dict[str, Any]:
     bad = api.Saver()
     bad.add("with_host", g3, [t["x"]], [z], capture_size=1, mode="full")
     try:
-        bad.save(out / "host_archive", engine=ENGINE, model=MODEL)
+        bad.save(out / "host_archive", api.Facts(ENGINE, MODEL))
         refusal = {"refused": False, "message": "SAVE went through"}
     except api.PersistError as exc:
         refusal = {"refused": True, "message": str(exc)}
@@ -284,9 +284,13 @@ def _saved_desc(archive: Path, name: str) -> dict[str, Any]:
 
 def step_load(archive: Path, out: Path, native: bool) -> dict[str, Any]:
     torch, api, t = _setup()
-    from cuda.bindings import driver as drv
+    import contextlib
 
-    res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[1], modes=["full"], setup_tensors=t, native=native)
+    from cuda.bindings import driver as drv
+    from gpdiag import rebuild as reference
+
+    with contextlib.nullcontext() if native else reference.in_load():  # Python: the reference rebuild (gpdiag)
+        res = api.load(archive, api.Facts(ENGINE, MODEL), sizes=[1], modes=["full"], setup_tensors=t)
     lg = res.graphs["ev"]
     desc = _saved_desc(archive, "ev")
     wait_idx = [nd["event"] for nd in desc["nodes"] if nd["type"] == "event_wait"]

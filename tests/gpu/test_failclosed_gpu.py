@@ -57,7 +57,7 @@ def _save_attempt(api: Any, torch: Any, tmp: Path, name: str, capture: Any) -> d
     saver.add(name, g, [], [])
     root = tmp / name
     try:
-        saver.save(root, engine=ENGINE, model=MODEL)
+        saver.save(root, api.Facts(ENGINE, MODEL))
     except api.PersistError as exc:
         return {"refused": True, "message": str(exc), "archive_written": root.exists()}
     return {"refused": False, "archive_written": root.exists()}

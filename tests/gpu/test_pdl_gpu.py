@@ -74,6 +74,7 @@ def _replays(torch: Any, launch: Any, outs: list[Any], n: int) -> list[list[Any]
 def step_save(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
     from cuda.bindings import driver as drv
+    from gpdiag import rebuild as reference
 
     from graphpersist.graph import build as graphbuild
     from graphpersist.graph import format as graphformat
@@ -92,7 +93,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
     g.instantiate()
     saver = api.Saver()
     saver.add("chain", g, [t["x"]], outs)
-    saver.save(tmp / "archive", engine=ENGINE, model=MODEL)
+    saver.save(tmp / "archive", api.Facts(ENGINE, MODEL))
     captured = _replays(torch, g.replay, outs, 3)
     torch.save(captured[0], tmp / "reference.pt")
 
@@ -106,7 +107,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
     rebuilt = {}
     for path in ("python", "native"):
         if path == "python":
-            graph = graphbuild.rebuild(
+            graph = reference.rebuild(
                 "chain", saved.desc, saved.blob, fresh.function, hashed=True, layouts=fresh.layout
             )
         else:
@@ -131,7 +132,7 @@ def step_save(tmp: Path) -> dict[str, Any]:
 
 def step_load(tmp: Path) -> dict[str, Any]:
     torch, api, t = _setup()
-    res = api.load(tmp / "archive", engine=ENGINE, model=MODEL, sizes=[], setup_tensors=t)
+    res = api.load(tmp / "archive", api.Facts(ENGINE, MODEL), sizes=[], setup_tensors=t)
     lg = res.graphs["chain"]
     want = torch.load(tmp / "reference.pt")
     got = _replays(torch, lg.replay, list(lg.outputs), 5)
@@ -173,7 +174,7 @@ def step_forged(tmp: Path, case: str) -> dict[str, Any]:
         struct.pack_into("<Q", pack, t0 + TABLE_HEADER.size + i * KNODE.size + 40, blob_size - 1 - last)
     forge(root, "rank_0/graphs/pack.bin", bytes(pack))
     try:
-        api.load(root, engine=ENGINE, model=MODEL, sizes=[], setup_tensors=t)
+        api.load(root, api.Facts(ENGINE, MODEL), sizes=[], setup_tensors=t)
     except Exception as exc:  # what LOAD raised is the result
         return {"refused": True, "error": f"{type(exc).__name__}: {exc}"}
     return {"refused": False}

@@ -113,12 +113,16 @@ def step_single(mode: str, archive: Path, n_profile: int, bad_state: bool) -> di
         post_capture()
         saver = api.Saver()
         saver.add("g", g, [], [y])
-        out["save"] = saver.save(archive, engine=ENGINE, model=MODEL)["phases"]
+        out["save"] = saver.save(archive, api.Facts(ENGINE, MODEL))["phases"]
         g.replay()
     else:
         try:
-            res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[],
-                           setup_tensors={"w": w, "kv": kv, "table": table, "post": post})  # fmt: skip
+            res = api.load(
+                archive,
+                api.Facts(ENGINE, MODEL),
+                sizes=[],
+                setup_tensors={"w": w, "kv": kv, "table": table, "post": post},
+            )
             out["skipped"] = res.skipped_phases
             out["post_capture_phases"] = res.post_capture_phases
             out["table_before_verify"] = table[0].item()
@@ -260,11 +264,10 @@ def step_ipc(mode: str, archive: Path, rank: int, port: int, shift_rank: int) ->
             saver = api.Saver()
             saver.add("ar", g, [], [result])
             note = (lambda: {"note.txt": b"from rank 0"}) if rank == 0 else None  # shared: rank 0 only, called late
-            saver.save(archive, engine=ENGINE, model=MODEL, rank=rank, parallel=par, overwrite=True, shared=note)
+            saver.save(archive, api.Facts(ENGINE, MODEL, parallel=par), rank=rank, overwrite=True, shared=note)
         else:
             out["note"] = (read_shared(archive, "note.txt") or b"").decode()
-            res = api.load(archive, engine=ENGINE, model=MODEL, sizes=[], rank=rank, parallel=par,
-                           setup_tensors=named)  # fmt: skip
+            res = api.load(archive, api.Facts(ENGINE, MODEL, parallel=par), sizes=[], rank=rank, setup_tensors=named)
             register()
     except api.PersistError as exc:
         out["refused"] = str(exc)

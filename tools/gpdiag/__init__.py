@@ -13,4 +13,5 @@ runs; without any of them nothing is wrapped.
 | `restored_fill` | fill the memory a LOAD mapped afresh with one byte (`GP_DIAG_FILL_RESTORED`) |
 | `vllm_rpc` | functions a driver runs in the worker through `LLM.collective_rpc` (bisect, probes) |
 | `vllm_replaytime` | replay timing of the restored or captured graphs (`LLM.collective_rpc`) |
+| `rebuild` | the reference rebuild (one cuda-bindings call per node) and `in_load()`, which makes load() use it |
 """

@@ -251,9 +251,9 @@ def step_main(here: Path, prove: Callable[[Path, Path], int], steps: Mapping[str
     a = ap.parse_args()
     if a.step == "prove":
         return prove(Path(a.out), Path(a.report))
-    from graphpersist.memory import region  # the recipe put the runtime on sys.path
+    from graphpersist import api  # the recipe put the runtime on sys.path
 
-    region.reexec_with_interposer()
+    api.reexec_with_interposer()
     data = steps[a.step](*[Path(p) for p in a.paths])
     Path(a.result).write_text(json.dumps(data, indent=2, default=str))
     return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import __version__
-from graphpersist.archive import safejson
+from graphpersist.archive import codec, safejson
 from graphpersist.archive.manifest import FORMAT_VERSION
 from graphpersist.archive.shown import shown, terminal_safe
 
@@ -169,8 +169,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         doc = {
             "archive": str(archive.root),
-            "manifest": archive.manifest.to_dict(),
-            "ranks": {str(rank): record.to_dict() for rank, record in records.items()},
+            "manifest": codec.to_dict(archive.manifest),
+            "ranks": {str(rank): codec.to_dict(record) for rank, record in records.items()},
         }
         out_json(doc)
     else:
@@ -453,7 +453,8 @@ def _configure_diff(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_diff(args: argparse.Namespace) -> int:
-    from graphpersist.archive import diff, open_archive
+    from graphpersist import diff
+    from graphpersist.archive import open_archive
     from graphpersist.errors import PersistError
 
     a, b = open_archive(args.a), open_archive(args.b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +30,7 @@ from graphpersist.graph.graphset import GraphSet
 from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
-
-MemoryHook = Callable[[list[tuple[int, int]]], None]  # sees the ranges LOAD mapped afresh (observers)
+from graphpersist.records import Facts
 
 
 @dataclass
@@ -134,9 +133,7 @@ class LoadResult:
             g.close()
 
 
-def _restore_memory(
-    archive: Any, plan: LoadPlan, on_memory_restored: MemoryHook | None = None
-) -> tuple[list[str], layout.Pending | None]:
+def _restore_memory(archive: Any, plan: LoadPlan) -> tuple[list[str], layout.Pending | None]:
     """Proves setup matches SAVE phase by phase, maps what capture and skipped phases left live at SAVE, and
     checks every graph address lies in memory at its saved address with its saved size. Addresses in memory of
     post-capture phases (re-run by the engine after load()) are checked when those phases end. Returns the
@@ -153,8 +150,6 @@ def _restore_memory(
         skipped = phases.compare_setup(saved, saved_evs, layout.recorder().phases, live_evs)
         to_map = phases.restore_ranges(saved, saved_evs, live_evs, skipped)
         region.restore(to_map, len(live_evs), post[0].start if post else rec.region.final_offset)
-        if on_memory_restored is not None:
-            on_memory_restored(to_map)
         post_names = {p.name for p in post}
         later = phases.check_backed(pointers, saved, saved_evs, region.live_ranges(region.events()),
                                     defer=post_names.__contains__)  # fmt: skip
@@ -167,66 +162,64 @@ def _restore_memory(
     return skipped, pending
 
 
-def check_before_setup(directory: Path | str, live: Mapping[str, Any], rank: int) -> Archive:
+def check_before_setup(archive_dir: Path | str, facts: Facts, rank: int) -> Archive:
     """LOAD, before the engine sets anything up: opens the archive (load() verifies its checksums later) and
-    refuses, naming each field with its saved and live value, what the facts known this early already contradict;
-    facts not known yet are skipped. Returns the archive for the engine's own early reads."""
+    refuses, naming each field with its saved and live value, what the facts known this early (the engine's `facts`
+    and the process's GPU, versions and environment) already contradict; facts not known yet are skipped. Returns
+    the archive for the engine's own early reads."""
+    live = collect_live(
+        device=torch.cuda.current_device(),
+        engine=dict(facts.engine),
+        model=dict(facts.model),
+        parallel=dict(facts.parallel or {}),
+        flags=dict(facts.flags or {}),
+    )
     try:
-        archive = open_archive(directory, verify_checksums=False)
+        archive = open_archive(archive_dir, verify_checksums=False)
     except ArchiveError as exc:
-        raise PersistError(f"graphpersist: cannot LOAD {directory}: {exc}") from None
+        raise PersistError(f"graphpersist: cannot LOAD {archive_dir}: {exc}") from None
     result = evaluate(archive, live, rank, skip_unknown=True)
     if result.mismatches:
-        raise LoadRefused(directory, result.mismatches, rank)
+        raise LoadRefused(archive_dir, result.mismatches, rank)
     return archive
 
 
 def load(
-    root: Path | str,
+    archive_dir: Path | str,
+    facts: Facts,
     *,
-    engine: Mapping[str, str],
-    model: Mapping[str, str],
     sizes: Sequence[int],
     modes: Sequence[str] = (),
     rank: int = 0,
-    parallel: Mapping[str, int] | None = None,
-    flags: Mapping[str, Any] | None = None,
-    native: bool = True,
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
-    verify_topology: bool = False,
-    on_memory_restored: MemoryHook | None = None,
     output_types: Mapping[str, type] | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
-    With `parallel["world_size"] > 1` every rank calls it: a rank that refuses makes all of them raise (a
-    PersistError naming each failing rank), so no rank goes on to replay collectives its peers never join.
+    `facts` (engine, model, parallel layout, flags) and the captured `sizes` and `modes` are compared with the
+    archive's, beside what LOAD reads of the process itself. With `facts.parallel["world_size"] > 1` every rank
+    calls it: a rank that refuses makes all of them raise (a PersistError naming each failing rank), so no rank goes
+    on to replay collectives its peers never join.
 
-    Every graph's node counts are checked against its record and kernel table; `verify_topology=True` (and the
-    reference path, `native=False`) also parses every kernel node and recomputes each graph's topology
-    fingerprint, which costs about as much as the rest of LOAD for engine-sized archives (recipes/runtime-scale).
-    `on_memory_restored(ranges)` sees the memory LOAD mapped afresh, before anything writes it (observers).
-    `output_types` (id -> dataclass) is the live engine's registry, the only place an output dataclass the archive
-    names by id is looked up (Saver's, at SAVE); an id it lacks refuses the LOAD.
+    Every graph's node counts are checked against its record and kernel table (`graphpersist check` also parses
+    every kernel node and recomputes each graph's topology fingerprint, which costs about as much as the rest of
+    LOAD for engine-sized archives: recipes/runtime-scale). `output_types` (id -> dataclass) is the live engine's
+    registry, the only place an output dataclass the archive names by id is looked up (Saver's, at SAVE); an id it
+    lacks refuses the LOAD.
     """
-    par = parallel_layout(parallel)
+    par = parallel_layout(facts.parallel)
     coll = collective(par, rank, gather)
     try:
         with paused_gc():  # see graphpersist.gcpause: LOAD makes many small objects and no cycles
             result = _load_rank(
-                root,
-                engine,
-                model,
+                archive_dir,
+                facts,
                 sizes,
                 modes,
                 rank,
                 par,
-                flags,
-                native,
                 setup_tensors,
-                verify_topology,
-                on_memory_restored,
                 output_types or {},
             )
     except Exception as exc:
@@ -246,64 +239,99 @@ def load(
 
 
 def _load_rank(
-    root: Path | str,
-    engine: Mapping[str, str],
-    model: Mapping[str, str],
+    archive_dir: Path | str,
+    facts: Facts,
     sizes: Sequence[int],
     modes: Sequence[str],
     rank: int,
     par: dict[str, int],
-    flags: Mapping[str, Any] | None,
-    native: bool,
     setup_tensors: Mapping[str, torch.Tensor] | None,
-    verify_topology: bool,
-    on_memory_restored: MemoryHook | None,
     output_types: Mapping[str, type],
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
+    archive, t_open, t_facts = _open_checked(archive_dir, facts, sizes, modes, rank, par)
+    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
+    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
+    plan = loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
+    setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
+    setup.check_pointer_blocks(plan.torch_blocks)
+    t_validate = time.perf_counter()
+
+    skipped, pending = _restore_memory(archive, plan)
+    t_memory = time.perf_counter()
+
+    resolved = _live_functions(archive, plan)
+    t_images = time.perf_counter()
+
+    out, spent = _restore_graphs(plan, resolved, output_types)
+    t_end = time.perf_counter()
+    layout.set_pending(pending)
+    return LoadResult(
+        out,
+        {
+            "open_archive_s": t_open - t0,
+            "collect_live_s": t_facts - t_open,
+            "validate_s": t_validate - t0,
+            "memory_s": t_memory - t_validate,
+            "images_s": t_images - t_memory,
+            **spent,
+            "graphs_s": t_end - t_images,
+            "total_s": t_end - t0,
+        },
+        skipped,
+        [p.name for p in pending.saved if p.post_capture] if pending else [],
+        plan.notes,
+    )
+
+
+def _open_checked(
+    archive_dir: Path | str, facts: Facts, sizes: Sequence[int], modes: Sequence[str], rank: int, par: dict[str, int]
+) -> tuple[Archive, float, float]:
+    """The archive, opened for `rank` and its facts checked against the live ones (LoadRefused naming each that
+    differs); with the times the open and the live facts were done."""
     info = region.info()
     # The live facts (nvidia-smi runs as a subprocess: tens of ms) are collected while the archive is read.
     with ThreadPoolExecutor(max_workers=1) as pool:
         live_job = pool.submit(
             collect_live,
             device=torch.cuda.current_device(),
-            engine=dict(engine),
-            model=dict(model),
+            engine=dict(facts.engine),
+            model=dict(facts.model),
             capture={"sizes": sorted(set(sizes)), "modes": sorted(set(modes))},
             parallel=par,
-            flags=dict(flags or {}),
+            flags=dict(facts.flags or {}),
             region={"base": info.base, "size": info.size},
         )
-        archive = open_archive(root, keep_rank=rank)
+        archive = open_archive(archive_dir, keep_rank=rank)
         t_open = time.perf_counter()
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
     check_or_refuse(archive, live, rank)
-    # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
-    # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
-    plan = loadstage.rank_stage(archive, rank, full=verify_topology or not native)  # ArchiveError naming the field
-    rec, descs = plan.record, plan.graphs
-    setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
-    setup.check_pointer_blocks(plan.torch_blocks)
-    t_validate = time.perf_counter()
+    return archive, t_open, t_facts
 
-    skipped, pending = _restore_memory(archive, plan, on_memory_restored)
-    t_memory = time.perf_counter()
 
+def _live_functions(archive: Archive, plan: LoadPlan) -> dict[str, graphbuild.LiveFuncs]:
+    """The rank's kernel images loaded, and each graph's live functions (handle and parameter layout), packed once
+    per graph shape (its graphs share one list)."""
     loaded = images.LoadedImages()
-    for im in rec.images:  # open_archive checked each image file's sha256 against the image's
+    for im in plan.record.images:  # open_archive checked each image file's sha256 against the image's
         loaded.load(im.sha256, im.kind, archive.read_path(im.file), verified=True)
-    # each function's handle and live parameter layout, packed once per graph shape (its graphs share one list)
     by_shape: dict[int, graphbuild.LiveFuncs] = {}
     resolved = {}
-    for name, d in descs.items():
+    for name, d in plan.graphs.items():
         funcs = d[0]["funcs"]
         if id(funcs) not in by_shape:
             by_shape[id(funcs)] = graphbuild.LiveFuncs.of(loaded, funcs)
         resolved[name] = by_shape[id(funcs)]
-    t_images = time.perf_counter()
+    return resolved
 
+
+def _restore_graphs(
+    plan: LoadPlan, resolved: dict[str, graphbuild.LiveFuncs], output_types: Mapping[str, type]
+) -> tuple[GraphSet[LoadedGraph], dict[str, float]]:
+    """Every graph rebuilt, instantiated and uploaded, with its static tensors at their saved addresses; and the
+    seconds rebuilding, instantiating and uploading took in all."""
     views: dict[tuple[Any, ...], torch.Tensor] = {}  # graphs sharing a static buffer share its tensor, as at SAVE
 
     def view(spec: Mapping[str, Any]) -> torch.Tensor:
@@ -315,9 +343,9 @@ def _load_rank(
 
     out: GraphSet[LoadedGraph] = GraphSet()
     rebuild_s = instantiate_s = upload_s = 0.0
-    exec_flags = {g.name: g.instantiate_flags for g in rec.graphs}
+    exec_flags = {g.name: g.instantiate_flags for g in plan.record.graphs}
     stream = torch.cuda.current_stream().cuda_stream
-    for name, (desc, blob, table, entry) in descs.items():
+    for name, (desc, blob, table, entry) in plan.graphs.items():
         try:
             outputs = structure.decode(entry.outputs, view, f"graph {name!r} outputs", output_types)
         except structure.StructureError as exc:
@@ -325,10 +353,7 @@ def _load_rank(
         inputs = [view(s) for s in entry.inputs]
         a = time.perf_counter()
         events = graphbuild.create_events(name, desc)
-        if native:
-            g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
-        else:  # reference path: one cuda-bindings call per node (about 5x slower)
-            g = graphbuild.rebuild(name, desc, blob, loaded.function, events, hashed=True, layouts=loaded.layout)
+        g = graphbuild.rebuild_native(name, desc, blob, table, resolved[name], events, hashed=True)
         b = time.perf_counter()
         ex = graphbuild.instantiate(name, g, exec_flags[name])
         c = time.perf_counter()
@@ -337,23 +362,4 @@ def _load_rank(
         instantiate_s += c - b
         upload_s += time.perf_counter() - c
         out.add(name, LoadedGraph(name, ex, g, inputs, outputs, len(desc["nodes"]), b - a, c - b, events))
-    t_end = time.perf_counter()
-    layout.set_pending(pending)
-    return LoadResult(
-        out,
-        {
-            "open_archive_s": t_open - t0,
-            "collect_live_s": t_facts - t_open,
-            "validate_s": t_validate - t0,
-            "memory_s": t_memory - t_validate,
-            "images_s": t_images - t_memory,
-            "rebuild_s": rebuild_s,
-            "instantiate_s": instantiate_s,
-            "upload_s": upload_s,
-            "graphs_s": t_end - t_images,
-            "total_s": t_end - t0,
-        },
-        skipped,
-        [p.name for p in pending.saved if p.post_capture] if pending else [],
-        plan.notes,
-    )
+    return out, {"rebuild_s": rebuild_s, "instantiate_s": instantiate_s, "upload_s": upload_s}

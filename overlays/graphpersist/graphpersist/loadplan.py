@@ -20,14 +20,13 @@ table sha256, and reads and hashes every kernel image and declared-state payload
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive.fields import I64, U64, Refusal, kind, list_at, uint_at
 from graphpersist.archive.manifest import RANK_RECORD_NAME, RankRecord, rank_dir
 from graphpersist.archive.shown import shown
 from graphpersist.errors import PersistError
@@ -35,10 +34,9 @@ from graphpersist.graph import format as graphformat
 from graphpersist.graph import pack as graphpack
 from graphpersist.graph import structure
 from graphpersist.memory import phases, state
-from graphpersist.memory.region import EVENT_KINDS, Event
+from graphpersist.memory.region import Event
+from graphpersist.memory.savedlayout import read_layout
 
-_U64 = (1 << 64) - 1
-_I64 = (1 << 63) - 1
 # torch's dtypes as tensor specs name them (str(dtype) without "torch.", torch 2.9-2.11), with their size in bytes:
 # LOAD looks a name up in its table of torch's dtypes (memory.tensors.dtypes()), never on the torch module; any other
 # name (`complex`, `float_power`: functions) is refused.
@@ -51,8 +49,6 @@ TORCH_DTYPES: dict[str, int] = {
     **{f"{sign}int{bits}": 1 for sign in ("", "u") for bits in range(1, 8)},
 }  # fmt: skip
 _MAX_DIMS = 64
-_EVENT_KINDS = frozenset(EVENT_KINDS.values())
-_NEW_KIND = re.compile(r"[0-9]{1,9}")  # a kind the native log has and EVENT_KINDS not yet: its number, in ASCII
 
 
 @dataclass
@@ -73,14 +69,6 @@ class LoadPlan:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-class _Refusal(Exception):
-    """One problem found while reading a plan: (file, field, what), and advice when its kind's default does not fit."""
-
-    def __init__(self, rel: str, where: str, what: str, advice: str | None = None) -> None:
-        super().__init__(f"{rel}: {where}: {what}" if where else f"{rel}: {what}")
-        self.advice = advice
-
-
 # An archive that names code other than by a registry id was not written by a SAVE (graph.structure).
 NAMES_ADVICE = (
     "An archive names code only by an id of the live engine's registry, never by a module path: this one was edited "
@@ -92,8 +80,8 @@ NAMES_ADVICE = (
 def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
     """Rank `rank`'s LOAD inputs, checked (see the module's docstring); ArchiveError naming file and field.
 
-    `full`: parse and check every kernel node and the topology fingerprint (load(verify_topology=True), the
-    reference rebuild). `every_byte` implies `full` and hashes every part and payload LOAD would use."""
+    `full`: parse and check every kernel node and the topology fingerprint (what the reference rebuild in
+    tools/gpdiag reads). `every_byte` implies `full` and hashes every part and payload LOAD would use."""
     full = full or every_byte
     record = archive.rank_facts(rank)
     rec_rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
@@ -107,13 +95,13 @@ def read_plan(archive: Archive, rank: int, *, full: bool = False, every_byte: bo
         unbacked = phases.unbacked(pointers, events)
         if unbacked is not None:
             rel = f"{rank_dir(rank)}/pointers.json"
-            raise _Refusal(rel, "", f"graph address {unbacked:#x} lies in no memory the allocation log leaves live")
+            raise Refusal(rel, "", f"graph address {unbacked:#x} lies in no memory the allocation log leaves live")
         if every_byte:
             for im in record.images:
                 archive.read_path(im.file)  # verified against its table entry, which equals the image's sha256
         notes = record.engine_notes()
         _engine_notes(notes, rec_rel, (record.region.base, record.region.base + record.region.size))
-    except _Refusal as exc:
+    except Refusal as exc:
         raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
     return LoadPlan(rank, record, graphs, pointers, setup_tensors, blocks, saved_phases, events, states, notes)
 
@@ -125,7 +113,7 @@ def read_graphs(
     `graphpersist diff` compares. ArchiveError naming file and field."""
     try:
         return _graphs_and_pointers(archive, rank, archive.rank_facts(rank), full or every_byte, every_byte)
-    except _Refusal as exc:
+    except Refusal as exc:
         raise ArchiveError(archive.root, str(exc), advice=exc.advice) from None
 
 
@@ -139,93 +127,7 @@ def _graphs_and_pointers(
     return graphs, pointers
 
 
-def read_layout(archive: Archive, rank: int) -> tuple[list[Event], list[phases.Phase]]:
-    """The rank's allocation log and phases (one exact phase for archives written before phases), checked: what
-    use_layout() and LOAD's memory restore read. ArchiveError naming the file and the field."""
-    record = archive.rank_facts(rank)
-    rec_rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-    log_rel = f"{rank_dir(rank)}/alloc_log.json"
-    try:
-        events = _events(archive.read_json(rank, "alloc_log.json"), log_rel)
-        extra = record.extra
-        if extra.phases is not None:
-            saved = _phases(extra.phases, rec_rel, len(events))
-        else:
-            n = _uint_at(extra.setup_events, rec_rel, "extra.setup_events")
-            cursor = _uint_at(extra.setup_cursor, rec_rel, "extra.setup_cursor")
-            if n > len(events):
-                raise _Refusal(rec_rel, "extra.setup_events", f"{n} events, the allocation log holds {len(events)}")
-            saved = phases.legacy(n, cursor)
-        _layout_problems(record, saved, events, rec_rel, log_rel)
-    except _Refusal as exc:
-        raise ArchiveError(archive.root, str(exc)) from None
-    return events, saved
-
-
-def _layout_problems(record: RankRecord, saved: list[phases.Phase], events: list[Event], rec_rel: str,
-                     log_rel: str) -> None:  # fmt: skip
-    """What LOAD's memory stage would refuse of the saved layout alone (phases.phases_problem, log_problem): checked
-    here, before setup (use_layout) and before anything is mapped."""
-    region = record.region
-    if region.final_offset > region.size:
-        raise _Refusal(rec_rel, "region.final_offset", f"{region.final_offset:#x} lies past its size {region.size:#x}")
-    problem = phases.phases_problem(saved, region.size)
-    if problem:
-        raise _Refusal(rec_rel, "", problem)
-    problem = phases.log_problem(saved, events, region.base, region.size)
-    if problem:
-        raise _Refusal(log_rel, "", problem)
-
-
 # ------------------------------------------------------------------------------------------------ the parts
-
-
-def _uint_at(value: Any, rel: str, where: str, low: int = 0) -> int:
-    if type(value) is not int or not low <= value <= _U64:
-        raise _Refusal(rel, where, f"must be an integer from {low} to 2**64-1, got {_kind(value)}")
-    return value
-
-
-def _kind(value: Any) -> str:
-    """A value as a refusal shows it: short, escaped, never its whole repr."""
-    if isinstance(value, bool) or value is None or (type(value) is int and abs(value) <= _U64):
-        return repr(value)
-    if isinstance(value, str):
-        return shown(repr(value), 60)
-    if isinstance(value, list):
-        return f"a list of {len(value)} items"
-    if isinstance(value, dict):
-        return f"an object of {len(value)} fields"
-    return f"a {type(value).__name__}"
-
-
-def _list_at(value: Any, rel: str, where: str) -> list[Any]:
-    if type(value) is not list:
-        raise _Refusal(rel, where, f"must be a list, got {_kind(value)}")
-    return value
-
-
-def _events(log: Any, rel: str) -> list[Event]:
-    out = []
-    for i, row in enumerate(_list_at(log, rel, "")):
-        if type(row) is not list or len(row) != 4:
-            raise _Refusal(rel, f"event {i}", f"must be [kind, address, size, requested size], got {_kind(row)}")
-        kind, addr, size, req = row
-        if not isinstance(kind, str) or (kind not in _EVENT_KINDS and not _NEW_KIND.fullmatch(kind)):
-            raise _Refusal(rel, f"event {i}", f"unknown kind {_kind(kind)}")
-        for name, value in (("address", addr), ("size", size), ("requested size", req)):
-            _uint_at(value, rel, f"event {i} {name}")
-        out.append(Event(i, kind, addr, size, req))
-    return out
-
-
-def _phases(saved: tuple[phases.Phase, ...], rel: str, n_events: int) -> list[phases.Phase]:
-    """The record's phases (RankExtra checked each), each within the allocation log; copies, for the Recorder."""
-    for i, ph in enumerate(saved):
-        if ph.end_event > n_events:
-            where = f"extra.phases[{i}]"
-            raise _Refusal(rel, where, f"events {ph.start_event}..{ph.end_event} outside the log's {n_events}")
-    return [dataclasses.replace(ph) for ph in saved]
 
 
 def _states(archive: Archive, rank: int, record: RankRecord, rel: str, every_byte: bool) -> list[state.StateRecord]:
@@ -246,44 +148,44 @@ def _state_payload(archive: Archive, rank: int, r: state.StateRecord, rel: str, 
     except ValueError:
         entry = None
     if entry is None:
-        raise _Refusal(rel, f"{where}.file", f"{shown(r.file, 80)} is not a file of rank {rank}")
+        raise Refusal(rel, f"{where}.file", f"{shown(r.file, 80)} is not a file of rank {rank}")
     if entry.size != r.nbytes:
-        raise _Refusal(rel, where, f"payload {shown(r.file, 80)} has {entry.size} bytes, the state {r.nbytes}")
+        raise Refusal(rel, where, f"payload {shown(r.file, 80)} has {entry.size} bytes, the state {r.nbytes}")
     if every_byte and hashlib.sha256(archive.read(rank, r.file)).hexdigest() != r.sha256:
-        raise _Refusal(rel, where, f"payload {shown(r.file, 80)} does not hash to the state's sha256")
+        raise Refusal(rel, where, f"payload {shown(r.file, 80)} does not hash to the state's sha256")
 
 
-def _ints(value: Any, rel: str, where: str, limit: int = _I64) -> list[int]:
+def _ints(value: Any, rel: str, where: str, limit: int = I64) -> list[int]:
     if type(value) is not list or len(value) > _MAX_DIMS or not all(type(v) is int and 0 <= v <= limit for v in value):
-        raise _Refusal(rel, where, f"must be a list of at most {_MAX_DIMS} non-negative integers, got {_kind(value)}")
+        raise Refusal(rel, where, f"must be a list of at most {_MAX_DIMS} non-negative integers, got {kind(value)}")
     return value
 
 
 def _spec_problem(spec: Any, rel: str, where: str, region: tuple[int, int]) -> None:
     """A static tensor's spec (tensors.tensor_spec): LOAD makes a tensor of it at its address in the region."""
     if type(spec) is not dict or set(spec) != {"addr", "dtype", "shape", "stride"}:
-        raise _Refusal(rel, where, "must be a tensor spec {addr, dtype, shape, stride}")
-    addr = _uint_at(spec["addr"], rel, f"{where}.addr")
+        raise Refusal(rel, where, "must be a tensor spec {addr, dtype, shape, stride}")
+    addr = uint_at(spec["addr"], rel, f"{where}.addr")
     if not region[0] <= addr < region[1]:
-        raise _Refusal(rel, f"{where}.addr", f"{addr:#x} lies outside the rank's region")
+        raise Refusal(rel, f"{where}.addr", f"{addr:#x} lies outside the rank's region")
     if not isinstance(spec["dtype"], str) or spec["dtype"] not in TORCH_DTYPES:
-        raise _Refusal(rel, f"{where}.dtype", f"{_kind(spec['dtype'])} is not a torch dtype name")
+        raise Refusal(rel, f"{where}.dtype", f"{kind(spec['dtype'])} is not a torch dtype name")
     shape = _ints(spec["shape"], rel, f"{where}.shape")
     stride = _ints(spec["stride"], rel, f"{where}.stride")
     if len(stride) != len(shape):
-        raise _Refusal(rel, where, "shape and stride differ in length")
+        raise Refusal(rel, where, "shape and stride differ in length")
     # the bytes the tensor spans (tensor_at's extent): inside the region, so torch is never asked for more
     items = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
     if items * TORCH_DTYPES[spec["dtype"]] > region[1] - addr:
-        raise _Refusal(rel, where, f"its {items} {spec['dtype']} elements from {addr:#x} run past the region")
+        raise Refusal(rel, where, f"its {items} {spec['dtype']} elements from {addr:#x} run past the region")
 
 
 def _setup_tensors(rows: Any, rel: str) -> list[list[Any]]:
-    for i, row in enumerate(_list_at(rows, rel, "")):
+    for i, row in enumerate(list_at(rows, rel, "")):
         if type(row) is not list or len(row) != 5 or not isinstance(row[0], str):
-            raise _Refusal(rel, f"tensor {i}", f"must be [name, address, dtype, shape, stride], got {_kind(row)}")
+            raise Refusal(rel, f"tensor {i}", f"must be [name, address, dtype, shape, stride], got {kind(row)}")
         spec = dict(zip(("addr", "dtype", "shape", "stride"), row[1:], strict=True))
-        _spec_problem(spec, rel, f"tensor {i}", (0, _U64 + 1))  # LOAD compares them with the live tensors
+        _spec_problem(spec, rel, f"tensor {i}", (0, U64 + 1))  # LOAD compares them with the live tensors
     return rows
 
 
@@ -292,12 +194,12 @@ def _pointers(archive: Archive, rank: int, record: RankRecord) -> list[int]:
     try:
         pointers = graphpack.read_pointers(archive, rank, record.pointers.fingerprint)
     except PersistError as exc:
-        raise _Refusal(rel, "", str(exc)) from None
-    values = _list_at(pointers, rel, "")
-    if not all(type(v) is int and 0 <= v <= _U64 for v in values):
-        raise _Refusal(rel, "", "must list addresses (integers from 0 to 2**64-1)")
+        raise Refusal(rel, "", str(exc)) from None
+    values = list_at(pointers, rel, "")
+    if not all(type(v) is int and 0 <= v <= U64 for v in values):
+        raise Refusal(rel, "", "must list addresses (integers from 0 to 2**64-1)")
     if len(values) != record.pointers.count:
-        raise _Refusal(rel, "", f"{len(values)} addresses, the rank record says {record.pointers.count}")
+        raise Refusal(rel, "", f"{len(values)} addresses, the rank record says {record.pointers.count}")
     return values
 
 
@@ -310,17 +212,17 @@ def _graphs(
     try:
         descs = graphpack.check_graphs(record.graphs, packed, full=full, images=images, hashes=every_byte)
     except (PersistError, graphformat.GraphFormatError) as exc:
-        raise _Refusal(index_rel, "", str(exc)) from None
+        raise Refusal(index_rel, "", str(exc)) from None
     for name, (_desc, _blob, _table, entry) in descs.items():
         where = f"graph {shown(repr(name), 80)}"
         spec = _spec_checker(index_rel, where, region)
-        for i, item in enumerate(_list_at(entry.inputs, index_rel, f"{where} inputs")):
+        for i, item in enumerate(list_at(entry.inputs, index_rel, f"{where} inputs")):
             spec(item, f"inputs[{i}]")
         try:
             structure.check(entry.outputs, spec, "outputs")
         except structure.StructureError as exc:
             advice = NAMES_ADVICE if isinstance(exc, structure.NotAnId) else None
-            raise _Refusal(index_rel, where, str(exc), advice) from None
+            raise Refusal(index_rel, where, str(exc), advice) from None
     return descs
 
 
@@ -345,9 +247,9 @@ def _node_addresses(
             for key in _ADDRESSES.get(nd["type"], ()):
                 addr, at = nd[key], f"graph {shown(repr(name), 80)} node {i} ({nd['type']}) {key}"
                 if not region[0] <= addr < region[1]:
-                    raise _Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
+                    raise Refusal(rel, at, f"{addr:#x} lies outside the rank's region")
                 if addr not in pointers:
-                    raise _Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
+                    raise Refusal(rel, at, f"{addr:#x} is not in the pointer inventory (pointers.json)")
 
 
 def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> None:
@@ -360,12 +262,12 @@ def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> N
         if type(spec) is dict and set(spec) == {"addr", "dtype", "shape", "stride"}:
             _spec_problem(spec, rel, f"extra.{where}", region)
         elif type(spec) is not dict or not spec or not all(isinstance(v, str) for v in spec.values()):
-            raise _Refusal(rel, f"extra.{where}", "a leaf must be a tensor spec or an object of strings")
+            raise Refusal(rel, f"extra.{where}", "a leaf must be a tensor spec or an object of strings")
 
     try:
         structure.check_notes(notes, leaf, "engine_notes")
     except structure.StructureError as exc:
-        raise _Refusal(rel, "", f"extra.{exc}", NAMES_ADVICE) from None
+        raise Refusal(rel, "", f"extra.{exc}", NAMES_ADVICE) from None
 
 
 def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:

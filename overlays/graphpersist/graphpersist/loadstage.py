@@ -25,12 +25,12 @@ from graphpersist.errors import JitCacheError
 from graphpersist.loadplan import LoadPlan, read_plan
 
 
-def rank_stage(archive: Archive, rank: int, *, full: bool = False, every_byte: bool = False) -> LoadPlan:
+def rank_stage(archive: Archive, rank: int, *, every_byte: bool = False) -> LoadPlan:
     """Rank `rank`'s LOAD inputs, checked (see the module's docstring); ArchiveError naming file and field.
 
-    `full`: parse every kernel node and recompute the topology fingerprints (load(verify_topology=True)).
-    `every_byte` (check): `full`, and every part, image and state payload hashed against its own sha256."""
-    return read_plan(archive, rank, full=full, every_byte=every_byte)
+    `every_byte` (check): also every kernel node parsed, every topology fingerprint recomputed, and every part, image
+    and state payload hashed against its own sha256."""
+    return read_plan(archive, rank, every_byte=every_byte)
 
 
 def shared_stage(archive: Archive) -> list[str]:

@@ -81,19 +81,19 @@ class Ranks:
         if problems:
             raise RanksRefused(f"{what} refused: the ranks describe different worlds:\n" + "\n".join(problems))
 
-    def writer(self, root: Path | str, world: Mapping[str, Any], *, overwrite: bool) -> ArchiveWriter:
+    def writer(self, archive_dir: Path | str, world: Mapping[str, Any], *, overwrite: bool) -> ArchiveWriter:
         """Rank 0 creates the staging folder; the others write into it (same host, same file system)."""
         writer: ArchiveWriter | None = None
         error = None
         if self.rank == 0:
             try:
-                writer = ArchiveWriter(root, world, overwrite=overwrite)
+                writer = ArchiveWriter(archive_dir, world, overwrite=overwrite)
             except Exception as exc:  # reported to every rank below
                 error = f"cannot stage the archive: {exc}"
         staging = self.gather(str(writer.staging) if writer else None)[0]
         if self.rank != 0 and staging is not None:
             try:
-                writer = ArchiveWriter(root, world, overwrite=overwrite, staging=staging)
+                writer = ArchiveWriter(archive_dir, world, overwrite=overwrite, staging=staging)
             except Exception as exc:
                 error = f"cannot write into rank 0's staging folder: {exc}"
         try:

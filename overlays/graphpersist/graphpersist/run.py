@@ -6,7 +6,8 @@ blocks the graphs read, Inductor's kernel choices, and the engine session runnin
 modules read it through `current()`; a persistence session makes a fresh one and activates it, so two sessions
 share nothing. The runtime used alone (a recipe, a test) gets one at its first use.
 
-No torch at import: the engines import the runtime while they parse arguments.
+It sits below the memory and graph packages that fill it, so it names their types in comments only. No torch at
+import: the engines import the runtime while they parse arguments.
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.memory import phases, state
-
 
 @dataclass
 class Run:
     """One SAVE or LOAD of this process (see the module's docstring)."""
 
-    recorder: phases.Recorder = field(default_factory=phases.Recorder)
-    declared: dict[str, state.Declared] = field(default_factory=dict)
+    recorder: Any = None  # graphpersist.memory.phases.Recorder, made by memory.layout at its first use
+    declared: dict[str, Any] = field(default_factory=dict)  # name -> graphpersist.memory.state.Declared
     pending: Any = None  # graphpersist.memory.layout.Pending: LOAD's checks that wait for the post-capture phases
     mark: Any = None  # graphpersist.memory.setup.SetupMark, once mark_setup() ran
     graph_blocks: list[tuple[int, int]] = field(default_factory=list)  # torch blocks graphs read (SAVE, LOAD)

@@ -30,6 +30,7 @@ from graphpersist.graph import walk as graphwalk
 from graphpersist.graph.graphset import DuplicateGraph, GraphSet
 from graphpersist.memory import hostmem, layout, phases, region, setup, state
 from graphpersist.memory.tensors import tensor_spec
+from graphpersist.records import Facts, HostMemory
 
 
 def _listed(evs: Sequence[region.Event]) -> str:
@@ -158,13 +159,10 @@ class Saver:
 
     def save(
         self,
-        root: Path | str,
+        archive_dir: Path | str,
+        facts: Facts,
         *,
-        engine: Mapping[str, str],
-        model: Mapping[str, str],
         rank: int = 0,
-        parallel: Mapping[str, int] | None = None,
-        flags: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         gather: ranks.Gather | None = None,
         notes: Mapping[str, Any] | None = None,
@@ -172,6 +170,9 @@ class Saver:
         before_write: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Serializes every graph; returns a summary (fingerprints, timings). Fails naming unsupported nodes.
+
+        `facts` (engine, model, parallel layout, flags) become the archive's world facts with what SAVE reads of the
+        process itself.
 
         `notes` is this rank's free-form engine bookkeeping (JSON), stored in its rank record and handed back
         by LOAD as `LoadResult.notes`; it is never compared as a fact.
@@ -186,15 +187,15 @@ class Saver:
         `shared` (an engine's first-request kernel warm-up, whose compiles the JIT caches then carry). The ranks
         agree on it like on their preparation: its failure on any rank refuses the SAVE on every rank.
 
-        With `parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
+        With `facts.parallel["world_size"] > 1` every rank calls this (collectively, like a torch.distributed call):
         the ranks agree that all succeeded and describe one world, rank 0 stages the archive, each rank writes
         its `rank_<r>/` part, and rank 0 publishes it once all parts are there. Any rank's refusal refuses all.
         """
-        par = parallel_layout(parallel)
+        par = parallel_layout(facts.parallel)
         coll = collective(par, rank, gather)
         prep, error = None, None
         try:
-            prep = self._prepare(engine, model, par, flags)
+            prep = self._prepare(facts, par)
         except Exception as exc:
             if coll.world_size == 1:
                 raise  # one rank: the refusal as it is, nobody to tell
@@ -205,7 +206,7 @@ class Saver:
             if before_write is not None:
                 run_on_every_rank(coll, before_write, "SAVE")
             coll.same_world(prep.world, "SAVE")
-            w = coll.writer(root, prep.world, overwrite=overwrite)
+            w = coll.writer(archive_dir, prep.world, overwrite=overwrite)
         except ranks.RanksRefused as exc:
             raise PersistError(str(exc)) from None
         t_shared = time.perf_counter()
@@ -233,12 +234,8 @@ class Saver:
                               "write": t_commit - t_write, "commit": end - t_commit}  # fmt: skip
         return summary
 
-    def _prepare(
-        self, engine: Mapping[str, str], model: Mapping[str, str], par: dict[str, int], flags: Any
-    ) -> _Prepared:
+    def _prepare(self, facts: Facts, par: dict[str, int]) -> _Prepared:
         """This rank's part of SAVE up to writing: every refusal happens here, before any file exists."""
-        from cuda.bindings import driver as drv
-
         mark = setup.current()
         if mark is None:
             raise PersistError("call graphpersist.api.mark_setup() after the model setup and before warm-up/capture")
@@ -249,52 +246,62 @@ class Saver:
             raise PersistError("no region: the interposer is not active (GP_REGION_BASE unset?)")
         layout.close_open()  # a post-capture phase still open ends here
         info = region.info()
-        lo, hi = info.base, info.base + info.size
         evs = region.events()
         rec_phases = list(layout.recorder().phases)
-        bad = region.outside(evs)
-        if bad:
-            listed = _listed(bad)
-            raise PersistError(
-                f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
-                f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
-            )
-        late = phases.late_mappings(evs, mark.events, rec_phases)
-        if late:
-            listed = _listed(late)
-            raise PersistError(
-                f"{len(late)} reservation/mapping event(s) after mark_setup() outside a post-capture phase: "
-                f"{listed}. LOAD recreates only allocations made after setup, so connect every peer before "
-                "mark_setup() (NCCL_RUNTIME_CONNECT=0, symmetric-memory rendezvous and cuIpcOpenMemHandle in setup), "
-                "or open IPC handles after capture inside a declared phase (api.phase('post_capture')) that LOAD "
-                "re-runs. SAVE refused"
-            )
-        after = phases.after_post_problems(rec_phases, evs)
-        if after:
-            listed = _listed(after)
-            raise PersistError(
-                f"{len(after)} allocation event(s) after the post-capture phase began, outside any phase: {listed}. "
-                "LOAD maps capture-time memory before the engine re-runs its post-capture phases, so it would sit "
-                "where they allocate again: allocate it before the post-capture phase or inside it. SAVE refused"
-            )
-        skip_bad = phases.skip_problems(rec_phases, evs)
-        if skip_bad:
-            raise PersistError(
-                f"skip_on_load phases made mappings LOAD cannot recreate from the archive: {'; '.join(skip_bad[:5])}. "
-                "Open IPC handles and reserve address space in phases LOAD runs. SAVE refused"
-            )
-        if par["world_size"] > 1 and (wrong := region.multicast_problems(os.environ)):
-            raise PersistError(
-                f"NVLink multicast must be off for multi-rank graphs (multicast objects are not placed in the "
-                f"fixed region): {', '.join(wrong)}. SAVE refused"
-            )
+        _refuse_unplaced(evs, mark, rec_phases, par)
         live_mem = region.live_ranges(evs)
         table = images.ImageTable.current()
-        saved: dict[str, graphwalk.SavedGraph] = {}
-        in_region_numbers: set[int] = set()
         unused = graphwalk.cached_unused(self.unused_param_bytes)
-        exec_flags: dict[str, int] = {}
         host_mem = hostmem.for_save(mark.host_events)
+        saved, exec_flags, in_region_numbers = self._serialize(info, table, live_mem, unused, host_mem)
+        serialize_s = time.perf_counter() - t0
+
+        sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
+        modes = sorted({e.mode for e in self.entries.values() if e.mode})
+        live = collect_live(
+            device=torch.cuda.current_device(),
+            engine=dict(facts.engine),
+            model=dict(facts.model),
+            capture={"sizes": sizes, "modes": modes},
+            parallel=par,
+            flags=dict(facts.flags or {}),
+        )
+        used = _used_images(saved, table)
+        pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
+        inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
+        blocks = setup.pointer_blocks(pointers)
+        by_phase, risky = phases.pointer_phases(pointers, rec_phases, evs, live_mem)
+        if risky:
+            shown = ", ".join(f"{a:#x} ({n})" for a, n in risky[:8])
+            print(f"graphpersist: WARNING: {len(risky)} graph address(es) lie in memory a variable phase made, which "
+                  f"LOAD runs again and can check only by extent, not by what it holds: {shown}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        states = _states_in_place(live_mem)
+        return _Prepared(
+            t0=t0, serialize_s=serialize_s, info=info, evs=evs, saved=saved, used=used, exec_flags=exec_flags,
+            pointers=pointers, inv_fp=inv_fp, world=world_facts(live), mark=mark, phases=rec_phases,
+            states=states, numbers=in_region_numbers, pointer_phases=by_phase,
+            variable_pointers=[[a, n] for a, n in risky[:64]], torch_blocks=blocks,
+            host_memory=hostmem.record(set().union(*(sg.host for sg in saved.values())), host_mem),
+            zeroed=unused.named if unused is not None else {},
+        )  # fmt: skip
+
+    def _serialize(
+        self,
+        info: region.RegionInfo,
+        table: images.ImageTable,
+        live_mem: list[tuple[int, int]],
+        unused: graphwalk.CachedUnused | None,
+        host_mem: HostMemory,
+    ) -> tuple[dict[str, graphwalk.SavedGraph], dict[str, int], set[int]]:
+        """Every graph walked (graphwalk.serialize) with its instantiate flags, its static tensors in the region and
+        its addresses owned by live region memory; returns them and the parameter words that are numbers."""
+        from cuda.bindings import driver as drv
+
+        lo, hi = info.base, info.base + info.size
+        saved: dict[str, graphwalk.SavedGraph] = {}
+        exec_flags: dict[str, int] = {}
+        in_region_numbers: set[int] = set()
         for name, e in self.entries.items():
             g = drv.CUgraph(e.graph.raw_cuda_graph())
             try:
@@ -309,68 +316,54 @@ class Saver:
             saved[name].pointers -= numbers
             in_region_numbers |= numbers
             setup.check_ownership(name, saved[name].pointers, live_mem)
-        serialize_s = time.perf_counter() - t0
-
-        sizes = sorted({e.capture_size for e in self.entries.values() if e.capture_size is not None})
-        modes = sorted({e.mode for e in self.entries.values() if e.mode})
-        live = collect_live(
-            device=torch.cuda.current_device(),
-            engine=dict(engine),
-            model=dict(model),
-            capture={"sizes": sizes, "modes": modes},
-            parallel=par,
-            flags=dict(flags or {}),
-        )
-        used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
-        for gname, sg in saved.items():
-            for nd in sg.desc["nodes"]:
-                if nd["type"] == "kernel":
-                    load = table.by_sha[nd["image"]]
-                    if load.format == "ptx" and load.n_jit:
-                        raise PersistError(
-                            f"graph {gname!r}: kernel {nd['name']!r} comes from PTX compiled with {load.n_jit} JIT "
-                            "option(s) at load time; LOAD would compile it without them: SAVE refused"
-                        )
-                    used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
-        pointers = sorted(set().union(*(sg.pointers for sg in saved.values())))
-        inv_fp = hashlib.sha256(json.dumps(pointers).encode()).hexdigest()
-        blocks = setup.pointer_blocks(pointers)
-        by_phase, risky = phases.pointer_phases(pointers, rec_phases, evs, live_mem)
-        if risky:
-            shown = ", ".join(f"{a:#x} ({n})" for a, n in risky[:8])
-            print(f"graphpersist: WARNING: {len(risky)} graph address(es) lie in memory a variable phase made, which "
-                  f"LOAD runs again and can check only by extent, not by what it holds: {shown}",
-                  file=sys.stderr, flush=True)  # fmt: skip
-        states = layout.records_for_save()
-        for r, _ in states:
-            rng = phases.find_range(live_mem, r.addr)
-            if rng is None or r.addr + r.nbytes > rng[0] + rng[1]:
-                raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
-                                   "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
-        return _Prepared(
-            t0=t0, serialize_s=serialize_s, info=info, evs=evs, saved=saved, used=used, exec_flags=exec_flags,
-            pointers=pointers, inv_fp=inv_fp, world=world_facts(live), mark=mark, phases=rec_phases, states=states,
-            numbers=in_region_numbers, pointer_phases=by_phase, variable_pointers=[[a, n] for a, n in risky[:64]],
-            torch_blocks=blocks, host_memory=hostmem.record(set().union(*(sg.host for sg in saved.values())), host_mem),
-            zeroed=unused.named if unused is not None else {},
-        )  # fmt: skip
+        return saved, exec_flags, in_region_numbers
 
     def _write(self, w: ArchiveWriter, rank: int, prep: _Prepared, notes: dict[str, Any]) -> dict[str, Any]:
         """Writes this rank's files and rank record into the (shared) staging folder."""
-        info, evs, saved, used = prep.info, prep.evs, prep.saved, prep.used
-        pointers, inv_fp, mark = prep.pointers, prep.inv_fp, prep.mark
-        lo, hi = info.base, info.base + info.size
         image_records = []
-        for sha, (load, names) in sorted(used.items()):
+        for sha, (load, names) in sorted(prep.used.items()):
             rel = w.add_image(sha, load.data())  # once per archive, whichever ranks load it
             image_records.append(
                 {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
             )
+        graph_records, content_fps, pack = self._graph_records(rank, prep)
+        w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in prep.evs])
+        w.add_json(rank, "pointers.json", prep.pointers)
+        w.add_json(rank, "setup_tensors.json", prep.mark.tensors)
+        for r, data in prep.states:
+            if r.how == "bytes":
+                w.add_file(rank, r.file, data)
+        w.add_file(rank, graphpack.PACK_NAME, pack.data())
+        w.add_json(rank, graphpack.INDEX_NAME, pack.index())
+        w.set_rank_facts(rank, _rank_facts(rank, prep, graph_records, image_records, content_fps, notes))
+        info, saved, used = prep.info, prep.saved, prep.used
+        return {
+            "serialize_s": prep.serialize_s,
+            "final_offset": info.cursor,
+            "pointer_fingerprint": prep.inv_fp,
+            "pointers": len(prep.pointers),
+            "in_region_numbers": len(prep.numbers),  # kernel-parameter words read as numbers (setup.param_values)
+            "pointer_phases": prep.pointer_phases,
+            "torch_blocks": len(prep.torch_blocks),
+            "host_memory": prep.host_memory,
+            "images": len(used),
+            "zeroed_params": prep.zeroed,
+            "image_bytes": sum(ld.size for ld, _ in used.values()),
+            "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
+            "phases": [(p.name, p.start, p.end, p.limit) for p in prep.phases],
+            "state": [r.name for r, _ in prep.states],
+        }
+
+    def _graph_records(
+        self, rank: int, prep: _Prepared
+    ) -> tuple[list[dict[str, Any]], dict[str, str], graphpack.PackWriter]:
+        """Each graph's record (rank.json's `graphs`) and address fingerprint, and the rank's graph pack."""
+        lo, hi = prep.info.base, prep.info.base + prep.info.size
         graph_records = []
         content_fps = {}
         pack = graphpack.PackWriter()
         index_rel = archive_path(rank, graphpack.INDEX_NAME)  # every graph record names the index
-        for name, sg in saved.items():
+        for name, sg in prep.saved.items():
             e = self.entries[name]
             pack.add(name, sg.desc, sg.blob, sg.table, inputs=[tensor_spec(t) for t in e.inputs], outputs=e.outputs)
             by_type = graphformat.node_types(sg.desc)
@@ -390,52 +383,105 @@ class Saver:
                 }
             )
             content_fps[name] = graphformat.address_fingerprint(sg.desc, sg.blob, lo, hi, topology_fp)
-        w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in evs])
-        w.add_json(rank, "pointers.json", pointers)
-        w.add_json(rank, "setup_tensors.json", mark.tensors)
-        for r, data in prep.states:
-            if r.how == "bytes":
-                w.add_file(rank, r.file, data)
-        w.add_file(rank, graphpack.PACK_NAME, pack.data())
-        w.add_json(rank, graphpack.INDEX_NAME, pack.index())
-        w.set_rank_facts(
-            rank,
-            {
-                "rank": rank,
-                "device": world.rank_device_facts(torch.cuda.current_device()),
-                "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
-                "pointers": {"fingerprint": inv_fp, "count": len(pointers)},
-                "graphs": graph_records,
-                "images": image_records,
-                "extra": {
-                    "setup_events": mark.events,
-                    "setup_cursor": mark.cursor,
-                    "address_fingerprints": content_fps,
-                    "granularity": info.granularity,
-                    "phases": [p.to_json() for p in prep.phases],
-                    "state": [r.to_json() for r, _ in prep.states],
-                    "engine_notes": notes,
-                    "pointer_phases": prep.pointer_phases,  # graph addresses per phase that made their memory
-                    "variable_pointers": prep.variable_pointers,  # the first 64 in variable phases LOAD runs
-                    "torch_blocks": [list(b) for b in prep.torch_blocks],  # setup.pointer_blocks
-                    # memory.hostmem: pinned host allocations graphs read; absent when they read none
-                    **({"host_memory": prep.host_memory} if prep.host_memory["ranges"] else {}),
-                },
-            },
+        return graph_records, content_fps, pack
+
+
+def _refuse_unplaced(evs: list[region.Event], mark: setup.SetupMark, rec_phases: list[phases.Phase],
+                     par: dict[str, int]) -> None:  # fmt: skip
+    """Refuses an allocation log LOAD could not repeat: memory outside the region, mappings after setup outside a
+    post-capture phase or after the post-capture phase began, mappings in phases LOAD skips, multicast at TP > 1."""
+    bad = region.outside(evs)
+    if bad:
+        listed = _listed(bad)
+        raise PersistError(
+            f"{len(bad)} device allocation(s) bypassed or could not be placed in the fixed region, so a graph "
+            f"could point at memory LOAD cannot recreate: {listed}. {region.last_error()} SAVE refused"
         )
-        return {
-            "serialize_s": prep.serialize_s,
-            "final_offset": info.cursor,
-            "pointer_fingerprint": inv_fp,
-            "pointers": len(pointers),
-            "in_region_numbers": len(prep.numbers),  # kernel-parameter words read as numbers (setup.param_values)
-            "pointer_phases": prep.pointer_phases,
-            "torch_blocks": len(prep.torch_blocks),
-            "host_memory": prep.host_memory,
-            "images": len(used),
-            "zeroed_params": prep.zeroed,
-            "image_bytes": sum(ld.size for ld, _ in used.values()),
-            "nodes": {n: len(sg.desc["nodes"]) for n, sg in saved.items()},
-            "phases": [(p.name, p.start, p.end, p.limit) for p in prep.phases],
-            "state": [r.name for r, _ in prep.states],
-        }
+    late = phases.late_mappings(evs, mark.events, rec_phases)
+    if late:
+        listed = _listed(late)
+        raise PersistError(
+            f"{len(late)} reservation/mapping event(s) after mark_setup() outside a post-capture phase: "
+            f"{listed}. LOAD recreates only allocations made after setup, so connect every peer before "
+            "mark_setup() (NCCL_RUNTIME_CONNECT=0, symmetric-memory rendezvous and cuIpcOpenMemHandle in setup), "
+            "or open IPC handles after capture inside a declared phase (api.phase('post_capture')) that LOAD "
+            "re-runs. SAVE refused"
+        )
+    after = phases.after_post_problems(rec_phases, evs)
+    if after:
+        listed = _listed(after)
+        raise PersistError(
+            f"{len(after)} allocation event(s) after the post-capture phase began, outside any phase: {listed}. "
+            "LOAD maps capture-time memory before the engine re-runs its post-capture phases, so it would sit "
+            "where they allocate again: allocate it before the post-capture phase or inside it. SAVE refused"
+        )
+    skip_bad = phases.skip_problems(rec_phases, evs)
+    if skip_bad:
+        raise PersistError(
+            f"skip_on_load phases made mappings LOAD cannot recreate from the archive: {'; '.join(skip_bad[:5])}. "
+            "Open IPC handles and reserve address space in phases LOAD runs. SAVE refused"
+        )
+    if par["world_size"] > 1 and (wrong := region.multicast_problems(os.environ)):
+        raise PersistError(
+            f"NVLink multicast must be off for multi-rank graphs (multicast objects are not placed in the "
+            f"fixed region): {', '.join(wrong)}. SAVE refused"
+        )
+
+
+def _used_images(
+    saved: dict[str, graphwalk.SavedGraph], table: images.ImageTable
+) -> dict[str, tuple[region.ImageLoad, set[str]]]:
+    """The kernel images the graphs launch, by sha256, with the entries they use; refuses a PTX image compiled with
+    JIT options LOAD would not repeat."""
+    used: dict[str, tuple[region.ImageLoad, set[str]]] = {}
+    for gname, sg in saved.items():
+        for nd in sg.desc["nodes"]:
+            if nd["type"] == "kernel":
+                load = table.by_sha[nd["image"]]
+                if load.format == "ptx" and load.n_jit:
+                    raise PersistError(
+                        f"graph {gname!r}: kernel {nd['name']!r} comes from PTX compiled with {load.n_jit} JIT "
+                        "option(s) at load time; LOAD would compile it without them: SAVE refused"
+                    )
+                used.setdefault(nd["image"], (load, set()))[1].add(nd["name"])
+    return used
+
+
+def _states_in_place(live_mem: list[tuple[int, int]]) -> list[tuple[state.StateRecord, bytes]]:
+    """The declared state and its bytes (layout.records_for_save), each inside one live region allocation, where
+    LOAD can put it back."""
+    states = layout.records_for_save()
+    for r, _ in states:
+        rng = phases.find_range(live_mem, r.addr)
+        if rng is None or r.addr + r.nbytes > rng[0] + rng[1]:
+            raise PersistError(f"state {r.name!r} at {r.addr:#x}+{r.nbytes} is not inside one live region "
+                               "allocation (LOAD could not put it back at its address): SAVE refused")  # fmt: skip
+    return states
+
+
+def _rank_facts(rank: int, prep: _Prepared, graph_records: list[dict[str, Any]], image_records: list[dict[str, Any]],
+                content_fps: dict[str, str], notes: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """This rank's record (rank.json) as the writer takes it."""
+    info, mark = prep.info, prep.mark
+    return {
+        "rank": rank,
+        "device": world.rank_device_facts(torch.cuda.current_device()),
+        "region": {"base": info.base, "size": info.size, "final_offset": info.cursor},
+        "pointers": {"fingerprint": prep.inv_fp, "count": len(prep.pointers)},
+        "graphs": graph_records,
+        "images": image_records,
+        "extra": {
+            "setup_events": mark.events,
+            "setup_cursor": mark.cursor,
+            "address_fingerprints": content_fps,
+            "granularity": info.granularity,
+            "phases": [p.to_json() for p in prep.phases],
+            "state": [r.to_json() for r, _ in prep.states],
+            "engine_notes": notes,
+            "pointer_phases": prep.pointer_phases,  # graph addresses per phase that made their memory
+            "variable_pointers": prep.variable_pointers,  # the first 64 in variable phases LOAD runs
+            "torch_blocks": [list(b) for b in prep.torch_blocks],  # setup.pointer_blocks
+            # memory.hostmem: pinned host allocations graphs read; absent when they read none
+            **({"host_memory": prep.host_memory} if prep.host_memory["ranges"] else {}),
+        },
+    }

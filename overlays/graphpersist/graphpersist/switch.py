@@ -128,7 +128,7 @@ def parse_dir(value: object, source: str) -> Path:
 
 def resolve(
     mode: object = None,
-    directory: object = None,
+    archive_dir: object = None,
     *,
     env: Mapping[str, str] | None = None,
     mode_source: str = f"keyword {MODE_KWARG}",
@@ -149,7 +149,7 @@ def resolve(
         # Off does no further work: a directory given alongside is neither checked nor kept.
         return Switch(Mode.OFF, None, resolved_mode_source, None)
 
-    picked_dir = _pick(directory, dir_source, env, DIR_ENV)
+    picked_dir = _pick(archive_dir, dir_source, env, DIR_ENV)
     if picked_dir is None:
         raise SwitchError(
             f"graphpersist: persistence mode {resolved_mode.value!r} (from {resolved_mode_source}) needs an archive "

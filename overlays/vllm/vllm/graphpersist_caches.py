@@ -37,7 +37,7 @@ def resolvers() -> dict[str, engine.Resolver]:
 BEFORE_ENGINE = ("vllm_modelinfos",)  # read by the process that builds the configuration, before any worker
 
 
-def restore_before_engine(directory: Path) -> list[str]:
+def restore_before_engine(archive_dir: Path) -> list[str]:
     """LOAD, in the process that resolves the switch: puts back the caches vLLM reads before it starts a worker
     (BEFORE_ENGINE); returns the files written. The workers restore everything else."""
-    return engine.restore_caches_early(directory, resolvers(), BEFORE_ENGINE)
+    return engine.restore_caches_early(archive_dir, resolvers(), BEFORE_ENGINE)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "overlays" / "graphpersist"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # gpdiag: the reference rebuild
 
 
 def arguments(doc: str, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:

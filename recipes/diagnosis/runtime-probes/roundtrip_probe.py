@@ -24,6 +24,8 @@ def main() -> int:
     a = arguments(__doc__)
     c = capture(a.m, a.k, a.n)
     torch, drv, x, w, o, g = c.torch, c.drv, c.x, c.w, c.o, c.g
+    from gpdiag import rebuild as reference
+
     from graphpersist.graph import build as graphbuild
     from graphpersist.graph import images
     from graphpersist.graph import walk as graphwalk
@@ -54,7 +56,7 @@ def main() -> int:
     }
     stream = torch.cuda.current_stream().cuda_stream
     for label, funcs in variants.items():
-        rebuilt = graphbuild.rebuild("probe", saved.desc, saved.blob, funcs, hashed=True)  # size check only
+        rebuilt = reference.rebuild("probe", saved.desc, saved.blob, funcs, hashed=True)  # size check only
         ex = graphbuild.instantiate("probe", rebuilt, 0)
         for trial in range(2):
             o.fill_(7)

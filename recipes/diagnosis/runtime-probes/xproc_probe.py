@@ -145,6 +145,7 @@ def _roundtrip(torch: Any, graph: Any, t: dict[str, Any], outs: list[Any], want:
     import copy
 
     from cuda.bindings import driver as drv
+    from gpdiag import rebuild as reference
 
     from graphpersist.graph import build as graphbuild
     from graphpersist.graph import images
@@ -174,7 +175,7 @@ def _roundtrip(torch: Any, graph: Any, t: dict[str, Any], outs: list[Any], want:
         desc = copy.deepcopy(saved.desc)
         change(desc)
         execs[label] = graphbuild.instantiate(
-            "probe", graphbuild.rebuild("probe", desc, saved.blob, fresh.function, hashed=True), 0
+            "probe", reference.rebuild("probe", desc, saved.blob, fresh.function, hashed=True), 0
         )
     execs["driver clone of the captured graph"] = images.check(
         drv.cuGraphInstantiate(images.check(drv.cuGraphClone(graph), "cuGraphClone"), 0), "cuGraphInstantiate"
@@ -208,7 +209,7 @@ def step_save(a: argparse.Namespace) -> int:
     g.instantiate()
     saver = api.Saver()
     saver.add("g", g, [t["x"]], outs, capture_size=a.m, mode="full")
-    saver.save(a.dir / "archive", engine=ENGINE, model=_facts(a))
+    saver.save(a.dir / "archive", api.Facts(ENGINE, _facts(a)))
     from cuda.bindings import driver as drv
 
     graph = drv.CUgraph(g.raw_cuda_graph())
@@ -238,8 +239,12 @@ def step_save(a: argparse.Namespace) -> int:
 
 def step_load(a: argparse.Namespace) -> int:
     torch, api, t = _setup(a.m, a.k, a.n, a.chain)
-    res = api.load(a.dir / "archive", engine=ENGINE, model=_facts(a), sizes=[a.m], modes=["full"],
-                   setup_tensors=t, native=not a.python_rebuild)  # fmt: skip
+    import contextlib
+
+    from gpdiag import rebuild as reference
+
+    with reference.in_load() if a.python_rebuild else contextlib.nullcontext():
+        res = api.load(a.dir / "archive", api.Facts(ENGINE, _facts(a)), sizes=[a.m], modes=["full"], setup_tensors=t)
     saved = torch.load(a.dir / "save.pt")
     if a.warm:
         s = torch.cuda.Stream()

@@ -88,8 +88,10 @@ class ArchiveError(Exception):
 
     Without `advice` the problems' kinds choose it (advice_for); `advice=""` gives none."""
 
-    def __init__(self, root: Path | str, problems: list[str] | str, *, action: str = "open", advice: str | None = None):
-        self.root = Path(root)
+    def __init__(
+        self, archive_dir: Path | str, problems: list[str] | str, *, action: str = "open", advice: str | None = None
+    ):
+        self.root = Path(archive_dir)
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         self.action = action
         if advice is None:

@@ -34,6 +34,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from graphpersist.archive import codec
 from graphpersist.archive.manifest import (
     IMAGES_DIR,
     MANIFEST_NAME,
@@ -50,8 +51,8 @@ KEY = "digests"  # the key in a rank record's `extra` (RankExtra.digests, whose 
 
 
 def record_digest(record: Mapping[str, Any]) -> str:
-    """sha256 of a rank record in canonical JSON, without extra.digests.record: of RankRecord.to_dict() when it is
-    written, of the JSON object read back when it is checked (the same object: the writer writes to_dict())."""
+    """sha256 of a rank record in canonical JSON, without extra.digests.record: of codec.to_dict(record) when it is
+    written, of the JSON object read back when it is checked (the same object: the writer writes codec.to_json())."""
     data = dict(record)
     extra = dict(data.get("extra") or {})
     digests = extra.get(KEY)
@@ -63,8 +64,8 @@ def record_digest(record: Mapping[str, Any]) -> str:
 
 
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """sha256 of manifest.json in canonical JSON without its file table and creation info: of Manifest.to_dict() when
-    rank 0's record is written, of the JSON object read back when it is checked."""
+    """sha256 of manifest.json in canonical JSON without its file table and creation info: of
+    codec.to_dict(manifest) when rank 0's record is written, of the JSON object read back when it is checked."""
     data = {k: v for k, v in manifest.items() if k not in ("files", "created")}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -89,7 +90,7 @@ def committed(record: RankRecord, files: Mapping[str, str], manifest: Mapping[st
     owned_files = dict(sorted(files.items()))
     manifest_sha = None if manifest is None else manifest_digest(manifest)
     digests = RecordDigests(files=owned_files, record="", manifest=manifest_sha)
-    data = dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests)).to_dict()
+    data = codec.to_dict(dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests)))
     digests = dataclasses.replace(digests, record=record_digest(data))
     return dataclasses.replace(record, extra=dataclasses.replace(record.extra, digests=digests))
 
@@ -119,7 +120,7 @@ def problems(
                 "or written by a release before format 3)"
             )
             continue
-        doc = docs[rank] if docs is not None and rank in docs else record.to_dict()
+        doc = docs[rank] if docs is not None and rank in docs else codec.to_dict(record)
         if record_digest(doc) != digests.record:
             out.append(
                 f"{where} does not hash to its extra.{KEY}.record: it was changed after SAVE wrote it (and the file "

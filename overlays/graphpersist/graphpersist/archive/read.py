@@ -15,8 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from graphpersist.archive import codec, safejson
 from graphpersist.archive import digests as archive_digests
-from graphpersist.archive import safejson
 from graphpersist.archive.base import (
     _CHUNK,
     ADVICE_OLDER_FORMAT,
@@ -52,13 +52,13 @@ class Archive:
 
     def __init__(
         self,
-        root: Path,
+        archive_dir: Path,
         manifest: Manifest,
         records: Mapping[int, RankRecord],
         verified: dict[str, bytes] | None = None,
         identity: tuple[int, ...] | None = None,
     ) -> None:
-        self.root = root
+        self.root = archive_dir
         self.manifest = manifest
         self._records = dict(records)
         self._verified = verified if verified is not None else {}
@@ -145,7 +145,7 @@ class _Inline:
         return None
 
 
-def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
+def open_archive(archive_dir: Path | str, *, verify_checksums: bool = True, keep_rank: int | None = None) -> Archive:
     """Opens and verifies an archive; raises ArchiveError listing every problem, never a bare traceback.
 
     Sizes, presence and unexpected files are always checked, and so is the manifest's own consistency (ranks
@@ -163,35 +163,35 @@ def open_archive(root: Path | str, *, verify_checksums: bool = True, keep_rank: 
     at the start) is read once more; when it changes during that read too, the error says so.
     """
     for _attempt in range(2):
-        root = _archive_root(root)
-        before = _identity(root)
+        archive_dir = _archive_root(archive_dir)
+        before = _identity(archive_dir)
         try:
-            archive = _open_once(root, verify_checksums, keep_rank, before)
+            archive = _open_once(archive_dir, verify_checksums, keep_rank, before)
         except ArchiveError:
-            if _identity(root) == before:
+            if _identity(archive_dir) == before:
                 raise
             continue  # replaced while read: the problems were the old and the new archive mixed
-        if _identity(root) == before:
+        if _identity(archive_dir) == before:
             return archive
     raise ArchiveError(
-        root, Problem("it changed while it was read, twice: a SAVE is replacing it right now", "changed")
+        archive_dir, Problem("it changed while it was read, twice: a SAVE is replacing it right now", "changed")
     )
 
 
-def _identity(root: Path) -> tuple[int, ...]:
+def _identity(archive_dir: Path) -> tuple[int, ...]:
     """What changes when an archive is replaced (a SAVE renames a new folder into place) or its manifest rewritten:
     the folder's and manifest.json's device and inode, and manifest.json's size and times (() when unreadable)."""
     try:
-        folder = os.stat(root)
-        manifest = os.lstat(root / MANIFEST_NAME)
+        folder = os.stat(archive_dir)
+        manifest = os.lstat(archive_dir / MANIFEST_NAME)
     except OSError:
         return ()
     return (folder.st_dev, folder.st_ino, manifest.st_ino, manifest.st_size, manifest.st_mtime_ns,
             manifest.st_ctime_ns)  # fmt: skip
 
 
-def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identity: tuple[int, ...]) -> Archive:
-    manifest, manifest_doc = _read_manifest(root)
+def _open_once(archive_dir: Path, verify_checksums: bool, keep_rank: int | None, identity: tuple[int, ...]) -> Archive:
+    manifest, manifest_doc = _read_manifest(archive_dir)
 
     problems = [f"{MANIFEST_NAME} contradicts itself: {p}" for p in manifest.consistency_problems()]
     own = None if keep_rank is None or not verify_checksums else f"{rank_dir(keep_rank)}/"
@@ -216,8 +216,8 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
             # With keep_rank, other ranks' payloads are that rank's to verify (their reads here still are): at TP=8
             # each rank would otherwise hash the whole archive.
             hash_it = is_record or (verify_checksums and (own is None or keep(rel)))
-            checks[rel] = pool.submit(_check_listed, root, rel, entry, hash_it, is_record or keep(rel))
-        unlisted = pool.submit(_unlisted, root, manifest.files)
+            checks[rel] = pool.submit(_check_listed, archive_dir, rel, entry, hash_it, is_record or keep(rel))
+        unlisted = pool.submit(_unlisted, archive_dir, manifest.files)
         for rel, rank in record_files.items():
             entry = manifest.files.get(rel)
             if entry is None:
@@ -231,7 +231,7 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
             if problem is not None:
                 continue  # named with the file problems
             try:
-                record, docs[rank] = RankRecord.parsed(data)
+                record, docs[rank] = codec.parsed(RankRecord, data)
             except ManifestError as exc:
                 record_problems.append(f"{rel}: {exc}")
                 continue
@@ -251,53 +251,55 @@ def _open_once(root: Path, verify_checksums: bool, keep_rank: int | None, identi
     check = None if keep_rank is None else {keep_rank, 0}
     problems += archive_digests.problems(records, manifest.files, manifest_doc, check, docs)
     if problems:
-        raise ArchiveError(root, problems)
-    return Archive(root, manifest, records, kept, identity)
+        raise ArchiveError(archive_dir, problems)
+    return Archive(archive_dir, manifest, records, kept, identity)
 
 
-def read_shared(root: Path | str, name: str) -> bytes | None:
+def read_shared(archive_dir: Path | str, name: str) -> bytes | None:
     """One shared top-level file, verified against the manifest without hashing the rest; None when not listed.
 
     For what an engine needs before its LOAD proper, such as the JIT caches it restores before anything compiles:
     that LOAD opens and verifies the archive again (open_archive), reading the manifest costs little. Rank 0's record,
     which commits to the manifest and the shared files (archive_digests), is read and its commitments checked too.
     """
-    root = _archive_root(root)
+    archive_dir = _archive_root(archive_dir)
     rel = archive_path(None, name)
-    manifest, manifest_doc = _read_manifest(root)
+    manifest, manifest_doc = _read_manifest(archive_dir)
     entry = manifest.files.get(rel)
     if entry is None:
         return None
-    problem, _ = _listed_file(root, rel)
+    problem, _ = _listed_file(archive_dir, rel)
     if problem is not None:
-        raise ArchiveError(root, problem)
+        raise ArchiveError(archive_dir, problem)
     record_rel = f"{rank_dir(0)}/{RANK_RECORD_NAME}"
     record_entry = manifest.files.get(record_rel)
     if record_entry is None or record_entry.size > MAX_RECORD_BYTES:
-        raise ArchiveError(root, f"{record_rel}, which commits to {_name(rel)}, is not listed or larger than it may be")
+        raise ArchiveError(
+            archive_dir, f"{record_rel}, which commits to {_name(rel)}, is not listed or larger than it may be"
+        )
     try:
-        record, doc = RankRecord.parsed(_verified_bytes(root, record_rel, record_entry))
+        record, doc = codec.parsed(RankRecord, _verified_bytes(archive_dir, record_rel, record_entry))
     except ManifestError as exc:
-        raise ArchiveError(root, f"{record_rel}: {exc}") from None
+        raise ArchiveError(archive_dir, f"{record_rel}: {exc}") from None
     owned = {k: v for k, v in manifest.files.items() if archive_digests.owned(k, 0)}
     found = archive_digests.problems({0: record}, owned, manifest_doc, docs={0: doc})
     if found:
-        raise ArchiveError(root, found)
-    return _verified_bytes(root, rel, entry)
+        raise ArchiveError(archive_dir, found)
+    return _verified_bytes(archive_dir, rel, entry)
 
 
-def _archive_root(root: Path | str) -> Path:
+def _archive_root(archive_dir: Path | str) -> Path:
     """The archive folder as an absolute path, or ArchiveError when it is missing or not a folder."""
-    root = Path(os.path.abspath(root))
+    archive_dir = Path(os.path.abspath(archive_dir))
     try:
-        is_dir = stat.S_ISDIR(root.stat().st_mode)
+        is_dir = stat.S_ISDIR(archive_dir.stat().st_mode)
     except (FileNotFoundError, NotADirectoryError):
-        raise _missing_root(root) from None
+        raise _missing_root(archive_dir) from None
     except OSError as exc:
-        raise ArchiveError(root, _os_problem("cannot read it", exc)) from None
+        raise ArchiveError(archive_dir, _os_problem("cannot read it", exc)) from None
     if not is_dir:
-        raise ArchiveError(root, Problem("it is not a directory", "missing"))
-    return root
+        raise ArchiveError(archive_dir, Problem("it is not a directory", "missing"))
+    return archive_dir
 
 
 def _os_problem(what: str, exc: OSError) -> Problem:
@@ -306,22 +308,24 @@ def _os_problem(what: str, exc: OSError) -> Problem:
     return Problem(f"{what}: {exc.strerror or exc}", kind)
 
 
-def _read_manifest(root: Path) -> tuple[Manifest, dict[str, Any]]:
+def _read_manifest(archive_dir: Path) -> tuple[Manifest, dict[str, Any]]:
     """manifest.json parsed and type-checked, and its JSON object; or ArchiveError saying why not (with the advice
     that fits)."""
     rel = MANIFEST_NAME
-    problem, data = _read_regular(root / rel, rel, None, MAX_RECORD_BYTES)
+    problem, data = _read_regular(archive_dir / rel, rel, None, MAX_RECORD_BYTES)
     if problem is not None:
         if problem.kind == "absent":
             problem = Problem(f"no {MANIFEST_NAME}: the SAVE did not finish, or this is not a graphpersist archive",
                               "incomplete")  # fmt: skip
-        raise ArchiveError(root, problem)
+        raise ArchiveError(archive_dir, problem)
     try:
-        return Manifest.parsed(data)
+        return codec.parsed(Manifest, data)
     except UnsupportedFormat as exc:
-        raise ArchiveError(root, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT) from None
+        raise ArchiveError(
+            archive_dir, str(exc), advice=ADVICE_OLDER_FORMAT if exc.older else ADVICE_OTHER_FORMAT
+        ) from None
     except ManifestError as exc:
-        raise ArchiveError(root, f"{MANIFEST_NAME} is unreadable: {exc}") from None
+        raise ArchiveError(archive_dir, f"{MANIFEST_NAME} is unreadable: {exc}") from None
 
 
 def _read_regular(path: Path, rel: str, size: int | None, limit: int) -> tuple[Problem | None, bytes]:
@@ -364,21 +368,21 @@ def _read_regular(path: Path, rel: str, size: int | None, limit: int) -> tuple[P
     return None, b"".join(chunks)
 
 
-def _verified_bytes(root: Path, rel: str, entry: FileEntry) -> bytes:
+def _verified_bytes(archive_dir: Path, rel: str, entry: FileEntry) -> bytes:
     """The bytes of one listed file, checked against its size (before reading) and sha256; ArchiveError when they
     differ. Folders on the way must be real folders (no link is followed)."""
-    problem, _size = _listed_file(root, rel)
+    problem, _size = _listed_file(archive_dir, rel)
     if problem is None:
-        problem, data = _read_regular(root / rel, rel, entry.size, entry.size)
+        problem, data = _read_regular(archive_dir / rel, rel, entry.size, entry.size)
     if problem is None:
         problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
     if problem:
-        raise ArchiveError(root, problem)
+        raise ArchiveError(archive_dir, problem)
     return data
 
 
 def _check_listed(
-    root: Path, rel: str, entry: FileEntry, hash_it: bool, keep_it: bool
+    archive_dir: Path, rel: str, entry: FileEntry, hash_it: bool, keep_it: bool
 ) -> tuple[str | None, bytes | None]:
     """(problem, bytes) for one listed file: a problem when it is missing, unsafe, resized or altered (hashed only
     when `hash_it`). Its size is compared with the table's (and with MAX_FILE_BYTES) before any byte is read. With
@@ -386,17 +390,17 @@ def _check_listed(
     reads or hashes them again; otherwise it is hashed as it is read, a chunk at a time."""
     if not _plain(rel) or rel == MANIFEST_NAME:
         return f"{MANIFEST_NAME} lists an invalid path {_name(repr(rel))}", None
-    problem, size = _listed_file(root, rel)
+    problem, size = _listed_file(archive_dir, rel)
     if problem is None:
         problem = _size_problem(rel, entry, size)
     if problem is not None or not hash_it:
         return problem, None
     if keep_it:
-        problem, data = _read_regular(root / rel, rel, entry.size, entry.size)
+        problem, data = _read_regular(archive_dir / rel, rel, entry.size, entry.size)
         if problem is None:
             problem = _content_problem(rel, entry, len(data), lambda: hashlib.sha256(data).hexdigest())
         return problem, None if problem else data
-    problem = _streamed_problem(root / rel, rel, entry)
+    problem = _streamed_problem(archive_dir / rel, rel, entry)
     return problem, None
 
 
@@ -421,9 +425,9 @@ def _streamed_problem(path: Path, rel: str, entry: FileEntry) -> str | None:
     return _content_problem(rel, entry, size, digest.hexdigest)
 
 
-def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
+def _listed_file(archive_dir: Path, rel: str) -> tuple[str | None, int]:
     """(problem, size) of a listed path: it must be a regular file reached through real folders, no link."""
-    path = root
+    path = archive_dir
     parts = rel.split("/")
     for i, part in enumerate(parts):
         path = path / part
@@ -440,14 +444,14 @@ def _listed_file(root: Path, rel: str) -> tuple[str | None, int]:
     return None, info.st_size
 
 
-def _unlisted(root: Path, files: Mapping[str, FileEntry]) -> list[tuple[str, str]]:
-    """Everything under `root` that is not a folder, manifest.json or a listed file (links are never followed)."""
+def _unlisted(archive_dir: Path, files: Mapping[str, FileEntry]) -> list[tuple[str, str]]:
+    """Everything under `archive_dir` that is not a folder, manifest.json or a listed file (links never followed)."""
     found = []
     folders = [""]
     while folders:  # a loop, not recursion: the tree may be as deep as paths allow
         folder = folders.pop()
         try:
-            with os.scandir(root / folder) as it:
+            with os.scandir(archive_dir / folder) as it:
                 entries = list(it)
         except OSError as exc:
             found.append((folder, _os_problem(f"cannot list folder {_name(folder or '.')}", exc)))

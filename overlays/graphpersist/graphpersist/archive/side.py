@@ -32,30 +32,32 @@ class _SideFolder:
     scope: str | None
 
 
-def _side_path(root: Path, kind: str) -> Path:
+def _side_path(archive_dir: Path, kind: str) -> Path:
     pid = os.getpid()
-    return root.with_name(f"{root.name}.{kind}-{pid}-{_start_time(pid) or 0}-{_scope()}-{secrets.token_hex(4)}")
+    return archive_dir.with_name(
+        f"{archive_dir.name}.{kind}-{pid}-{_start_time(pid) or 0}-{_scope()}-{secrets.token_hex(4)}"
+    )
 
 
-def _side_folders(root: Path) -> list[_SideFolder]:
-    """Staging and trash folders next to `root`, newest first."""
+def _side_folders(archive_dir: Path) -> list[_SideFolder]:
+    """Staging and trash folders next to `archive_dir`, newest first."""
     try:
-        entries = list(root.parent.iterdir())
+        entries = list(archive_dir.parent.iterdir())
     except OSError:  # no parent folder, or one we may not list
         return []
     found = []
     for path in entries:
-        if not path.name.startswith(f"{root.name}."):
+        if not path.name.startswith(f"{archive_dir.name}."):
             continue
-        match = _SIDE_NAME.fullmatch(path.name[len(root.name) :])
+        match = _SIDE_NAME.fullmatch(path.name[len(archive_dir.name) :])
         if match:
             kind, pid, start, scope, _ = match.groups()
             found.append(_SideFolder(path, kind, int(pid), None if start is None else int(start), scope))
     return sorted(found, key=lambda f: (_mtime(f.path), f.path.name), reverse=True)
 
 
-def _trash_folders(root: Path) -> list[_SideFolder]:
-    return [f for f in _side_folders(root) if f.kind == "trash"]
+def _trash_folders(archive_dir: Path) -> list[_SideFolder]:
+    return [f for f in _side_folders(archive_dir) if f.kind == "trash"]
 
 
 def _writer_state(folder: _SideFolder) -> str:
@@ -71,16 +73,16 @@ def _writer_state(folder: _SideFolder) -> str:
     return "alive"
 
 
-def remove_stale_partials(root: Path | str) -> list[Path]:
-    """Deletes staging/trash folders next to `root` whose writer is dead; returns what it deleted.
+def remove_stale_partials(archive_dir: Path | str) -> list[Path]:
+    """Deletes staging/trash folders next to `archive_dir` whose writer is dead; returns what it deleted.
 
-    A trash folder is never deleted while `root` is missing: it then holds the only whole archive (a replacing
+    A trash folder is never deleted while `archive_dir` is missing: it then holds the only whole archive (a replacing
     SAVE died between its two renames), and open_archive names it so it can be renamed back.
     """
-    root = Path(os.path.abspath(root))
+    archive_dir = Path(os.path.abspath(archive_dir))
     removed = []
-    for folder in _side_folders(root):
-        if folder.kind == "trash" and not root.exists():
+    for folder in _side_folders(archive_dir):
+        if folder.kind == "trash" and not archive_dir.exists():
             continue
         if _writer_state(folder) == "dead":
             shutil.rmtree(folder.path, ignore_errors=True)
@@ -88,17 +90,17 @@ def remove_stale_partials(root: Path | str) -> list[Path]:
     return removed
 
 
-def _missing_root(root: Path) -> ArchiveError:
+def _missing_root(archive_dir: Path) -> ArchiveError:
     """The error for a missing archive, naming what a SAVE left next to it (and how to get the archive back)."""
-    trash = _trash_folders(root)
+    trash = _trash_folders(archive_dir)
     if trash:
         newest = trash[0]
         others = f" (older: {', '.join(f.path.name for f in trash[1:])})" if len(trash) > 1 else ""
-        restore = f"mv '{newest.path}' '{root}'"
+        restore = f"mv '{newest.path}' '{archive_dir}'"
         state = _writer_state(newest)
         if state == "alive":
             return ArchiveError(
-                root,
+                archive_dir,
                 Problem(f"no such directory: a SAVE (pid {newest.pid}) is replacing it right now; the previous "
                         f"archive is in {newest.path.name}{others}", "changed"),
                 advice="Try again when that SAVE has finished.",
@@ -109,15 +111,15 @@ def _missing_root(root: Path) -> ArchiveError:
             else f"a SAVE on another host or container (pid {newest.pid} there) was replacing it"
         )
         return ArchiveError(
-            root,
+            archive_dir,
             Problem(
                 f"no such directory: {who}; the previous archive is whole in {newest.path.name}{others}", "missing"
             ),
             advice=f"To load it, rename it back: {restore}" + ("" if state == "dead" else " (once no SAVE runs)"),
         )
-    partials = [f for f in _side_folders(root) if f.kind == "partial"]
+    partials = [f for f in _side_folders(archive_dir) if f.kind == "partial"]
     hint = f" (an unfinished SAVE left {partials[0].path.name}; it is not loadable)" if partials else ""
-    return ArchiveError(root, Problem(f"no such directory{hint}", "missing"))
+    return ArchiveError(archive_dir, Problem(f"no such directory{hint}", "missing"))
 
 
 def _pid_exists(pid: int) -> bool:

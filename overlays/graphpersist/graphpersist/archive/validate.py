@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from graphpersist.archive import codec
 from graphpersist.archive.shown import shown
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def mismatch_report(archive_dir: Path | str, mismatches: Sequence[Mismatch], ran
 def saved_facts(archive: Archive, rank: int) -> dict[str, Any]:
     """The flat facts LOAD must match for `rank`: format version, the world, and the rank's preconditions."""
     manifest = archive.manifest
-    facts = {"format_version": manifest.format_version, **flatten(manifest.world.to_dict())}
+    facts = {"format_version": manifest.format_version, **flatten(codec.to_dict(manifest.world))}
     if rank in archive.ranks:
         record = archive.rank_facts(rank)
         facts |= {

@@ -1,7 +1,7 @@
 """Writing an archive atomically: stage next to it, fsync, write manifest.json last, rename into place.
 
 Several processes (one per rank) can write one archive: the owner creates the writer, the other ranks open
-writers on the owner's `staging` folder (`ArchiveWriter(root, world, staging=owner.staging)`), write their
+writers on the owner's `staging` folder (`ArchiveWriter(archive_dir, world, staging=owner.staging)`), write their
 files, and the owner calls `commit()` once all of them are done (the engine's barrier, not ours).
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from graphpersist.archive import codec, safejson
 from graphpersist.archive import digests as archive_digests
-from graphpersist.archive import safejson
 from graphpersist.archive.base import (
     ADVICE_NO_SPACE,
     ADVICE_READ_ONLY,
@@ -48,7 +48,7 @@ from graphpersist.archive.side import _side_path, _trash_folders, remove_stale_p
 
 
 class ArchiveWriter:
-    """Stages one archive next to `root` and publishes it with one rename in commit().
+    """Stages one archive next to `archive_dir` and publishes it with one rename in commit().
 
     Use it as a context manager: leaving the block by an exception, or without commit(), discards the staged
     files, so the old archive (if any) stays untouched. With overwrite=True an existing archive is replaced only
@@ -57,17 +57,17 @@ class ArchiveWriter:
 
     def __init__(
         self,
-        root: Path | str,
+        archive_dir: Path | str,
         world: Mapping[str, Any] | World,
         *,
         overwrite: bool = False,
         staging: Path | str | None = None,
     ) -> None:
-        self.root = Path(os.path.abspath(root))
+        self.root = Path(os.path.abspath(archive_dir))
         self.overwrite = overwrite
         try:
-            self.world = world if isinstance(world, World) else World.from_dict(world)
-            _reads_back(self.world.to_dict())
+            self.world = world if isinstance(world, World) else codec.from_dict(World, world)
+            _reads_back(codec.to_dict(self.world))
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid world facts: {exc}", action="write", advice="") from None
         if self.root.exists() and not overwrite:
@@ -164,24 +164,24 @@ class ArchiveWriter:
             if isinstance(device, int) and not isinstance(device, bool):
                 data["device"] = self._device_facts(rank, device)
             try:
-                record = RankRecord.from_dict(data)
+                record = codec.from_dict(RankRecord, data)
             except ManifestError as exc:
                 raise ArchiveError(
                     self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice=""
                 ) from None
         try:
-            _reads_back(record.to_dict())
+            _reads_back(codec.to_dict(record))
         except ManifestError as exc:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         if record.rank != rank:
             raise ArchiveError(self.root, f"facts for rank {rank} say rank {record.rank}", action="write", advice="")
         try:
-            manifest = self._manifest({}).to_dict() if rank == 0 else None
+            manifest = codec.to_dict(self._manifest({})) if rank == 0 else None
             record = archive_digests.committed(record, self._owned_files(rank), manifest)
         except ValueError as exc:
             raise ArchiveError(self.root, f"invalid facts for rank {rank}: {exc}", action="write", advice="") from None
         rel = f"{rank_dir(rank)}/{RANK_RECORD_NAME}"
-        self._write(rel, record.to_json().encode())
+        self._write(rel, codec.to_json(record).encode())
         self._rank_records[rank] = rel
         if rank == 0:
             self._shared_closed = True
@@ -253,7 +253,7 @@ class ArchiveWriter:
         try:
             manifest = self._build_manifest()
             manifest_path = self.staging / MANIFEST_NAME
-            text = manifest.to_json()
+            text = codec.to_json(manifest)
             with _io_errors(self.root, manifest_path, len(text.encode()), f"write {MANIFEST_NAME}"):
                 with open(manifest_path, "x", encoding="utf-8") as fh:
                     fh.write(text)
@@ -308,12 +308,12 @@ class ArchiveWriter:
                 problems.append(f"rank {rank} has no {RANK_RECORD_NAME} (set_rank_facts was not called)")
                 continue
             try:
-                records[rank] = RankRecord.from_json((self.staging / rel).read_bytes())
+                records[rank] = codec.from_json(RankRecord, (self.staging / rel).read_bytes())
             except ManifestError as exc:
                 problems.append(f"{rel}: {exc}")
         manifest = self._manifest(files)
         problems += _reference_problems(records, files)
-        problems += archive_digests.problems(records, files, manifest.to_dict())
+        problems += archive_digests.problems(records, files, codec.to_dict(manifest))
         problems = problems or manifest.consistency_problems()  # what open_archive would refuse (e.g. no ranks)
         if problems:
             raise ArchiveError(self.root, problems, action="write", advice="")
@@ -340,7 +340,7 @@ _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 @contextlib.contextmanager
-def _io_errors(root: Path, path: Path, nbytes: int, what: str) -> Iterator[None]:
+def _io_errors(archive_dir: Path, path: Path, nbytes: int, what: str) -> Iterator[None]:
     """Turns a full disk, a quota, a read-only file system or a refused permission while writing into an
     ArchiveError naming the path, the bytes it needed, the space left there, and what to do, which SAVE shows
     instead of a bare OSError traceback. Other OSErrors (a failing disk) pass as they are."""
@@ -361,7 +361,7 @@ def _io_errors(root: Path, path: Path, nbytes: int, what: str) -> Iterator[None]
         else:
             raise  # a failing disk, an interrupted rename: as it is
         advice = ADVICE_NO_SPACE if problem.kind == "no_space" else ADVICE_READ_ONLY
-        raise ArchiveError(root, [problem], action="write", advice=advice) from exc
+        raise ArchiveError(archive_dir, [problem], action="write", advice=advice) from exc
 
 
 def _free_bytes(path: Path) -> int | None:
@@ -400,26 +400,28 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-def _publish(staging: Path, root: Path, *, overwrite: bool) -> None:
-    """Moves the complete staging folder to `root`; an old archive is swapped out, never half-replaced."""
-    if not root.exists():
-        os.rename(staging, root)
+def _publish(staging: Path, archive_dir: Path, *, overwrite: bool) -> None:
+    """Moves the complete staging folder to `archive_dir`; an old archive is swapped out, never half-replaced."""
+    if not archive_dir.exists():
+        os.rename(staging, archive_dir)
     elif not overwrite:
-        raise ArchiveError(root, "it already exists (pass overwrite=True to replace it)", action="write", advice="")
-    elif _exchange(staging, root):
+        raise ArchiveError(
+            archive_dir, "it already exists (pass overwrite=True to replace it)", action="write", advice=""
+        )
+    elif _exchange(staging, archive_dir):
         shutil.rmtree(staging)  # now holds the old archive
     else:
-        # Two renames: a crash between them leaves no `root`, but the old archive whole in `trash`, which
+        # Two renames: a crash between them leaves no `archive_dir`, but the old archive whole in `trash`, which
         # remove_stale_partials keeps and open_archive names (with the command to rename it back).
-        trash = _side_path(root, "trash")
-        os.rename(root, trash)
+        trash = _side_path(archive_dir, "trash")
+        os.rename(archive_dir, trash)
         try:
-            os.rename(staging, root)
+            os.rename(staging, archive_dir)
         except BaseException:
-            os.rename(trash, root)
+            os.rename(trash, archive_dir)
             raise
         shutil.rmtree(trash, ignore_errors=True)
-    _fsync_dir(root.parent)
+    _fsync_dir(archive_dir.parent)
 
 
 def _reads_back(facts: Any) -> None:

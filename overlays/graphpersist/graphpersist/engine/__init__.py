@@ -110,7 +110,7 @@ def cache_folders() -> dict[str, Resolver]:
     }
 
 
-def restore_caches_early(directory: Path, resolvers: Mapping[str, Resolver], names: tuple[str, ...]) -> list[str]:
+def restore_caches_early(archive_dir: Path, resolvers: Mapping[str, Resolver], names: tuple[str, ...]) -> list[str]:
     """LOAD, in a process that starts no model (the one that builds the engine's configuration): puts back the named
     cache folders the archive carries; returns the files written. Nothing when the archive carries none or cannot
     be read: the model processes check the archive first and refuse naming why, so this only saves time."""
@@ -118,7 +118,7 @@ def restore_caches_early(directory: Path, resolvers: Mapping[str, Resolver], nam
     from graphpersist.archive import ArchiveError, jitcache, read_shared
 
     try:
-        blob = read_shared(directory, jitcache.SHARED_NAME)
+        blob = read_shared(archive_dir, jitcache.SHARED_NAME)
     except ArchiveError:
         return []
     if blob is None:

@@ -29,11 +29,11 @@ def rounded(profiled: Sequence[int], what: str, advice: str) -> int:
     return smallest - smallest % GRANULE
 
 
-def saved(flags: Mapping[str, Any], directory: Path | str) -> int:
+def saved(flags: Mapping[str, Any], archive_dir: Path | str) -> int:
     """LOAD: the budget SAVE recorded; refuses an archive without one."""
     value = flags.get(FLAG)
     if type(value) is not int or value <= 0:
-        raise PersistError(f"graphpersist: {directory} records no memory budget (flags.{FLAG} = {value!r}). "
+        raise PersistError(f"graphpersist: {archive_dir} records no memory budget (flags.{FLAG} = {value!r}). "
                            "Re-run with mode=save.")  # fmt: skip
     return value
 

@@ -36,6 +36,7 @@ from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
 from graphpersist.errors import PersistError
+from graphpersist.records import Facts
 from graphpersist.run import Run, active, fresh
 
 KERNEL_WARMUP = "kernel_warmup_before_save"  # the stats phase of the SAVE's kernel warm-up (both engines)
@@ -175,19 +176,10 @@ class PersistSession:
         """LOAD: versions, GPU, layout, model and the flags known this early, each named with its saved and live
         value; then what the session and the engine reuse from SAVE (the memory budget, the engine's notes), refused
         where the archive lacks it."""
-        import torch
-
         from graphpersist import api
-        from graphpersist.archive.liveenv import collect_live
 
-        live = collect_live(
-            device=torch.cuda.current_device(),
-            engine=self.adapter.engine_facts(),
-            model=self.model,
-            parallel=self.adapter.parallel(),
-            flags=self.adapter.config_flags(),
-        )
-        archive = api.check_before_setup(self.directory, live, self.rank)
+        early = Facts(self.adapter.engine_facts(), self.model, self.adapter.parallel(), self.adapter.config_flags())
+        archive = api.check_before_setup(self.directory, early, self.rank)
         self.saved_flags = dict(archive.manifest.world.flags)
         self.saved_notes = archive.rank_facts(self.rank).engine_notes()
         self.saved_budget = budget.saved(self.saved_flags, self.directory)
@@ -363,6 +355,10 @@ class PersistSession:
         """Every flag SAVE records and LOAD compares: the engine's, and the memory budget the session sized."""
         return {**self.adapter.flags(self), budget.FLAG: self.budget_bytes}
 
+    def facts(self) -> Facts:
+        """What SAVE records of the engine and LOAD compares."""
+        return Facts(self.adapter.engine_facts(), self.model, self.adapter.parallel(), self.flags())
+
     def _save(self) -> dict[str, Any]:
         """Writes this rank's archive; rank 0 also carries the host's JIT caches. Once the archive's content is fixed
         and before those caches are packed, the adapter runs its kernel warm-up (`warm_kernels_before_save`)."""
@@ -380,11 +376,8 @@ class PersistSession:
 
         summary = self.saver.save(
             self.directory,
-            engine=self.adapter.engine_facts(),
-            model=self.model,
+            self.facts(),
             rank=self.rank,
-            parallel=self.adapter.parallel(),
-            flags=self.flags(),
             overwrite=True,
             gather=self.adapter.cpu_gather(),
             notes=self.notes,
@@ -408,13 +401,10 @@ class PersistSession:
         inventory = self.adapter.inventory()
         result = api.load(
             self.directory,
-            engine=self.adapter.engine_facts(),
-            model=self.model,
+            self.facts(),
             sizes=inventory.sizes,
             modes=inventory.modes,
             rank=self.rank,
-            parallel=self.adapter.parallel(),
-            flags=self.flags(),
             setup_tensors=self.adapter.setup_tensors(),
             gather=self.adapter.cpu_gather(),
             output_types=self.adapter.output_types(),

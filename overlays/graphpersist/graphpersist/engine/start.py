@@ -53,7 +53,7 @@ def export_environment(
 
 def resolve_switch(
     mode: Any,
-    directory: Any,
+    archive_dir: Any,
     logger: logging.Logger,
     pins: Mapping[str, str] | None = None,
     refuse: Callable[[switch.Switch], None] | None = None,
@@ -62,7 +62,7 @@ def resolve_switch(
     `refuse(switch)` may refuse it (nothing is exported then), else the environment is exported for the engine's
     processes (with `pins`). Returns the switch and whether this is its first resolution in this process (logged
     then, with the pins it set)."""
-    resolved = switch.resolve(mode, directory)
+    resolved = switch.resolve(mode, archive_dir)
     if not resolved.enabled:
         if os.environ.get(switch.MODE_ENV, "off") not in ("", "off"):  # the flag said off: so must every process
             os.environ[switch.MODE_ENV] = "off"

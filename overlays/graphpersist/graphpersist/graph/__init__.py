@@ -1,13 +1,13 @@
 """Serialize a captured CUDA graph's DAG and rebuild it in another process: the graph modules' public names.
 
 `graphformat` (description format, fingerprints, kernel-table packing, verification; no CUDA needed),
-`graphwalk` (SAVE: walk a CUgraph into a description) and `graphbuild` (LOAD: events, rebuild, instantiate)
+`graphwalk` (SAVE: walk a CUgraph into a description) and `graphbuild` (LOAD: events, native rebuild, instantiate)
 hold the code; this module re-exports what callers use.
 """
 
 from __future__ import annotations
 
-from graphpersist.graph.build import LiveFuncs, create_events, instantiate, rebuild, rebuild_native
+from graphpersist.graph.build import LiveFuncs, create_events, instantiate, rebuild_native
 from graphpersist.graph.format import (
     EVENT_DISABLE_TIMING,
     NODE_KINDS,
@@ -43,7 +43,6 @@ __all__ = [
     "node_kind",
     "node_type_name",
     "pack_kernel_table",
-    "rebuild",
     "rebuild_native",
     "serialize",
     "topology_fingerprint",

@@ -1,4 +1,4 @@
-"""LOAD side of a graph: fresh events, the rebuilt CUgraph (native or one cuda-bindings call per node), its exec.
+"""LOAD side of a graph: fresh events, the CUgraph rebuilt by the interposer's native builder, its executable.
 
 Every edge is rebuilt as a full dependency, also the programmatic ones (edge data from_port 1 or 2, type 1) that
 stream capture records where a library launched a kernel with programmatic stream serialization (cuBLASLt's
@@ -8,6 +8,9 @@ captured one: the graph runs faster than the captured graph and kernels after th
 output before it is complete (recipes/diagnosis/runtime-probes/SPLITK.md: a split-K GEMM, a torch elementwise kernel, a
 second split-K GEMM; wrong in the process that captured it, at every replay). Rebuilt with plain edges the same
 graph is bit-identical to the captured one and as fast (481.7 µs captured, 476.1 µs plain, 36 such links).
+
+The reference rebuild, one cuda-bindings call per node, which tests and diagnosis compare the native builder with,
+is diagnosis's (tools/gpdiag/rebuild.py), not the product's.
 """
 
 from __future__ import annotations
@@ -16,16 +19,14 @@ import array
 import ctypes
 import hashlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from graphpersist.graph.format import (
-    ATTR_BYTES,
     KNODE,
     MEMCPY_FIELDS,
     TABLE_HEADER,
     GraphFormatError,
-    attr_ids,
     check_events,
     driver,
     edge_ends,
@@ -43,75 +44,6 @@ def create_events(name: str, desc: dict[str, Any]) -> list[Any]:
     drv = driver()
     return [check(drv.cuEventCreate(flags), f"graph {name!r}: cuEventCreate(event {i}, flags {flags:#x})")
             for i, flags in enumerate(check_events(name, desc))]  # fmt: skip
-
-
-def rebuild(
-    name: str,
-    desc: dict[str, Any],
-    blob: bytes | memoryview,
-    funcs: Any,
-    events: Sequence[Any] = (),
-    *,
-    hashed: bool = False,
-    layouts: Callable[[str, str, dict[str, int]], ParamLayout] | None = None,
-) -> Any:
-    """Re-creates the graph: nodes without dependencies first, then all edges in one call. Returns a CUgraph.
-
-    `funcs(sha, name, func_attrs)` returns the live CUfunction for a kernel node; `events[i]` is the live
-    CUevent for event index i (from create_events). `hashed` as for verify_blob. `layouts(sha, name, func_attrs)`
-    (LoadedImages.layout; LOAD always passes it) is each function's live parameter layout: every kernel node's saved
-    layout must equal it and end inside the blob before any node is added, as in rebuild_native.
-    """
-    verify_blob(name, desc, blob, hashed=hashed)
-    _check_event_count(name, desc, events)
-    if layouts is not None:
-        _check_layouts(name, desc, len(blob), layouts)
-    drv = driver()
-    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
-    ctx = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    keep = _cbuf(blob)
-    base = ctypes.addressof(keep)
-    made: list[Any] = []
-    defaults: dict[int, dict[str, bytes]] = {}  # per function index; only differing saved values are set
-    kp = drv.CUDA_KERNEL_NODE_PARAMS()
-    attr_val = drv.CUkernelNodeAttrValue()
-    val_ptr = attr_val.getPtr()
-    for i, nd in enumerate(desc["nodes"]):
-        kind = nd["type"]
-        if kind == "kernel":
-            off, _size = nd["params"]
-            layout = nd["layout"]
-            ptrs = (ctypes.c_void_p * max(len(layout), 1))(*[base + off + o for o, _s in layout])
-            kp.func = funcs(*desc["funcs"][nd["func"]])
-            kp.gridDimX, kp.gridDimY, kp.gridDimZ = nd["grid"]
-            kp.blockDimX, kp.blockDimY, kp.blockDimZ = nd["block"]
-            kp.sharedMemBytes = nd["smem"]
-            kp.kernelParams = ctypes.addressof(ptrs) if layout else None
-            kp.extra = 0
-            node = check(drv.cuGraphAddKernelNode(graph, None, 0, kp), f"graph {name!r} node {i} ({nd['name']})")
-            if nd["func"] not in defaults:  # what a fresh node of this function reads back, attribute by attribute
-                fresh = {}
-                for a in attr_ids():
-                    err, v = drv.cuGraphKernelNodeGetAttribute(node, a)
-                    if int(err) == 0:
-                        fresh[str(int(a))] = ctypes.string_at(v.getPtr(), ATTR_BYTES)
-                defaults[nd["func"]] = fresh
-            for aid, hexval in nd["attrs"].items():
-                raw = bytes.fromhex(hexval).ljust(ATTR_BYTES, b"\0")
-                if defaults[nd["func"]].get(aid) == raw:
-                    continue
-                ctypes.memmove(val_ptr, raw, ATTR_BYTES)
-                check(
-                    drv.cuGraphKernelNodeSetAttribute(node, drv.CUkernelNodeAttrID(int(aid)), attr_val),
-                    f"graph {name!r} node {i}: set launch attribute {aid}",
-                )
-        else:
-            node = _add_plain_node(drv, graph, ctx, name, i, nd, events)
-        made.append(node)
-    if desc["edges"]:
-        _add_edges(drv, graph, name, made, desc["edges"])
-    del keep
-    return graph
 
 
 class LiveFuncs:
@@ -142,37 +74,6 @@ class LiveFuncs:
     def of(cls, loaded: LoadedImages, funcs: Sequence[Sequence[Any]]) -> LiveFuncs:
         """The live functions of a description's `funcs` ([image sha256, kernel name, attributes] each)."""
         return cls([loaded.function(*f) for f in funcs], [loaded.layout(*f) for f in funcs])
-
-
-def _check_layouts(
-    name: str, desc: dict[str, Any], blob_size: int, layouts: Callable[[str, str, dict[str, int]], ParamLayout]
-) -> None:
-    """rebuild()'s copy of gp_add_kernel_nodes' row check, plus the sizes its full description also holds: every
-    kernel node's saved layout is its live function's and ends inside the blob, or LOAD refuses naming the node."""
-    for i, nd in enumerate(desc["nodes"]):
-        if nd["type"] != "kernel":
-            continue
-        live = layouts(*desc["funcs"][nd["func"]])
-        saved = [o for o, _s in nd["layout"]]
-        why = _layout_problem(saved, nd["params"][0], live, blob_size)
-        if why is None:
-            sizes = [(j, s, size) for j, ((_o, s), (_lo, size)) in enumerate(zip(nd["layout"], live, strict=False))
-                     if s != size]  # fmt: skip
-            why = f"parameter {sizes[0][0]} is {sizes[0][1]} bytes, the function's {sizes[0][2]}" if sizes else None
-        if why:
-            raise GraphFormatError(_layout_refusal(name, i, nd["name"], why, saved, nd["params"][0], blob_size, live))
-
-
-def _layout_problem(saved: Sequence[int], params_off: int, live: ParamLayout, blob_size: int) -> str | None:
-    """What native/gp_core.c gp_knode_layout_check says of a kernel row (the reference rebuild's copy of it)."""
-    if len(saved) != len(live):
-        return f"{len(saved)} parameters, the function {len(live)}"
-    for j, (s, (o, size)) in enumerate(zip(saved, live, strict=True)):
-        if s != o:
-            return f"parameter {j} at offset {s}, the function's at {o}"
-        if params_off + o + size > blob_size:
-            return f"parameter {j} ({size} bytes at offset {o}) ends past the {blob_size}-byte blob"
-    return None
 
 
 def _layout_refusal(
@@ -234,13 +135,6 @@ def _add_plain_node(
     raise GraphFormatError(f"graph {name!r} node {i}: unknown node type {kind!r} in the archive")
 
 
-def _add_edges(drv: Any, graph: Any, name: str, made: list[Any], edges: list[list[int]]) -> None:
-    """Every edge as a full dependency, its saved edge data left out (see the module's docstring)."""
-    frm = [made[e[0]] for e in edges]
-    to = [made[e[1]] for e in edges]
-    check(drv.cuGraphAddDependencies(graph, frm, to, None, len(frm)), f"graph {name!r}: cuGraphAddDependencies")
-
-
 def rebuild_native(
     name: str,
     desc: dict[str, Any],
@@ -251,16 +145,16 @@ def rebuild_native(
     *,
     hashed: bool = False,
 ) -> Any:
-    """rebuild() through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
+    """Re-creates the graph through the interposer's gp_add_kernel_nodes/gp_add_edges: one native call per graph.
 
-    `funcs` holds the live CUfunction and parameter layout of each entry of desc["funcs"] (LiveFuncs.of); `events` as
-    for rebuild(). Before any node is added, gp_add_kernel_nodes holds every kernel row to its function's live
-    layout and the blob's end: the driver reads each parameter for as long as the live function says, whatever the
-    archive says (the check is native because it runs for every row, ~80000 for an engine, where the pointers are
-    made; the layouts are learned once per function). Non-kernel nodes (event nodes included) are added from Python
-    into the same node-index slots after the kernel nodes, so the edges, which refer to node indices, stay right (all
-    as full dependencies: see the module's docstring). `hashed=True` (bytes from a verified archive file) skips
-    hashing the blob and the table again; their sizes are still compared.
+    `funcs` holds the live CUfunction and parameter layout of each entry of desc["funcs"] (LiveFuncs.of); `events[i]`
+    is the live CUevent for event index i (from create_events). Before any node is added, gp_add_kernel_nodes holds
+    every kernel row to its function's live layout and the blob's end: the driver reads each parameter for as long as
+    the live function says, whatever the archive says (the check is native because it runs for every row, ~80000 for
+    an engine, where the pointers are made; the layouts are learned once per function). Non-kernel nodes (event nodes
+    included) are added from Python into the same node-index slots after the kernel nodes, so the edges, which refer
+    to node indices, stay right (all as full dependencies: see the module's docstring). `hashed=True` (bytes from a
+    verified archive file) skips hashing the blob and the table again; their sizes are still compared.
     """
     from graphpersist.memory import region
 

@@ -316,7 +316,7 @@ def check_shape(
     """Refuses a description whose node counts disagree with its rank record or its kernel table.
 
     What LOAD's native path checks of every graph without parsing each kernel node (that is what the topology
-    fingerprint needs; see load(verify_topology=True)). Works on descriptions with kernel nodes reduced to stubs.
+    fingerprint needs; `graphpersist check` parses them). Works on descriptions with kernel nodes reduced to stubs.
     """
     by_type = node_types(desc)
     if len(desc["nodes"]) != node_count or by_type != dict(nodes_by_type):

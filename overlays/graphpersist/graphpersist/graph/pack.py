@@ -283,62 +283,11 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
         problems.append(f"the index names pack {_r(index.get('pack'))}, expected {PACK_NAME!r}")
     if index.get("pack_size") != pack_size:
         problems.append(f"the index says the pack has {_r(index.get('pack_size'))} bytes, it has {pack_size}")
-    funcs = index.get("funcs")
-    if not isinstance(funcs, list) or not all(
-        type(f) is list and len(f) == 3 and type(f[0]) is str and type(f[1]) is str and type(f[2]) is dict
-        for f in funcs
-    ):
-        problems.append("the index has no function table (a list of [image sha256, kernel name, attributes])")
-        funcs = []
-    stored = index.get("descs")
-    shared = []
-    max_nodes = pack_size // graphformat.KNODE.size + _MAX_OTHER_NODES  # kernel nodes need their table rows
-    if not isinstance(stored, list):
-        problems.append("the index has no list of descriptions")
-    else:
-        for j, desc in enumerate(stored):
-            try:
-                shared.append(expand_desc(f"description {j}", desc, funcs, max_nodes))
-            except PackError as exc:
-                problems += exc.problems
-                shared.append(None)
+    shared = _index_descs(index, pack_size, problems)
     rows = index.get("graphs")
     if not isinstance(rows, list):
         raise PackError([*problems, "the index has no list of graphs"])
-    out: list[PackedGraph] = []
-    seen: set[str] = set()
-    spans: list[tuple[int, int, int, str]] = []  # (offset, length, entry, part): named only when they overlap
-    for i, row in enumerate(rows):
-        name = row.get("name") if isinstance(row, dict) else None
-        if not isinstance(name, str) or not name:
-            problems.append(f"graph entry {i} has no name")
-            continue
-        if name in seen:
-            problems.append(f"graph {name!r} is listed twice")
-        seen.add(name)
-        parts = []
-        for part in _PARTS:
-            value = row.get(part)
-            if type(value) is list and len(value) == 2:  # the common case, inline: 1900 graphs x 5 parts
-                off, n = value
-                if type(off) is int and type(n) is int and off >= 0 and n >= 0 and off + n <= pack_size:
-                    parts.append((off, n))
-                    spans.append((off, n, i, part))
-                    continue
-            span = _span(value)
-            if span is None:
-                problems.append(f"graph {name!r}: {part} span {_r(value)} is not [offset, length]")
-            else:
-                problems.append(
-                    f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
-                    f"({pack_size} bytes): the pack is truncated or the index is damaged"
-                )
-        problem = _entry_problem(name, row, parts, len(shared), pack_size)
-        if problem:
-            problems.append(problem)
-        elif len(parts) == len(_PARTS) and shared[row["desc"]] is not None:
-            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], row["kernels_size"],
-                                   shared[row["desc"]], row["own"]))  # fmt: skip
+    out, spans = _index_graphs(rows, shared, pack_size, problems)
     problems += _declared_problems(out)
     spans.sort()
     for (a_off, a_len, a, a_part), (b_off, _b_len, b, b_part) in itertools.pairwise(spans):
@@ -352,6 +301,85 @@ def parse_index(index: Any, pack_size: int) -> list[PackedGraph]:
     if problems:
         raise PackError(problems)
     return out
+
+
+def _index_descs(index: dict[str, Any], pack_size: int, problems: list[str]) -> list[dict[str, Any] | None]:
+    """The index's descriptions, each expanded against its function table (None where one is wrong); the problems
+    found are appended to `problems`."""
+    funcs = index.get("funcs")
+    if not isinstance(funcs, list) or not all(
+        type(f) is list and len(f) == 3 and type(f[0]) is str and type(f[1]) is str and type(f[2]) is dict
+        for f in funcs
+    ):
+        problems.append("the index has no function table (a list of [image sha256, kernel name, attributes])")
+        funcs = []
+    stored = index.get("descs")
+    shared: list[dict[str, Any] | None] = []
+    max_nodes = pack_size // graphformat.KNODE.size + _MAX_OTHER_NODES  # kernel nodes need their table rows
+    if not isinstance(stored, list):
+        problems.append("the index has no list of descriptions")
+        return shared
+    for j, desc in enumerate(stored):
+        try:
+            shared.append(expand_desc(f"description {j}", desc, funcs, max_nodes))
+        except PackError as exc:
+            problems += exc.problems
+            shared.append(None)
+    return shared
+
+
+Span = tuple[int, int, int, str]  # (offset, length, graph entry, part): named only when two overlap
+
+
+def _index_graphs(
+    rows: list[Any], shared: list[dict[str, Any] | None], pack_size: int, problems: list[str]
+) -> tuple[list[PackedGraph], list[Span]]:
+    """The index's graph entries that are whole, and the span of every part that lies in the pack; the problems
+    found are appended to `problems`."""
+    out: list[PackedGraph] = []
+    seen: set[str] = set()
+    spans: list[Span] = []
+    for i, row in enumerate(rows):
+        name = row.get("name") if isinstance(row, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(f"graph entry {i} has no name")
+            continue
+        if name in seen:
+            problems.append(f"graph {name!r} is listed twice")
+        seen.add(name)
+        parts = _entry_parts(name, row, i, pack_size, spans, problems)
+        problem = _entry_problem(name, row, parts, len(shared), pack_size)
+        if problem:
+            problems.append(problem)
+        elif len(parts) == len(_PARTS) and shared[row["desc"]] is not None:
+            out.append(PackedGraph(name, *parts, row["inputs"], row["outputs"], row["kernels_size"],
+                                   shared[row["desc"]], row["own"]))  # fmt: skip
+    return out, spans
+
+
+def _entry_parts(
+    name: str, row: dict[str, Any], i: int, pack_size: int, spans: list[Span], problems: list[str]
+) -> list[tuple[int, int]]:
+    """A graph entry's parts that lie in the pack, as (offset, length), each also added to `spans`; a part that is
+    not a span or runs past the pack is a problem appended to `problems`."""
+    parts = []
+    for part in _PARTS:
+        value = row.get(part)
+        if type(value) is list and len(value) == 2:  # the common case, inline: 1900 graphs x 5 parts
+            off, n = value
+            if type(off) is int and type(n) is int and off >= 0 and n >= 0 and off + n <= pack_size:
+                parts.append((off, n))
+                spans.append((off, n, i, part))
+                continue
+        span = _span(value)
+        if span is None:
+            problems.append(f"graph {name!r}: {part} span {_r(value)} is not [offset, length]")
+        else:
+            problems.append(
+                f"graph {name!r}: {part} bytes {span[0]}..{span[0] + span[1]} lie past the end of the pack "
+                f"({pack_size} bytes): the pack is truncated or the index is damaged"
+            )
+    return parts
 
 
 def _declared_problems(graphs: list[PackedGraph]) -> list[str]:
@@ -452,8 +480,8 @@ def check_graphs(
     non-kernel node's fields, and the kernel table's counts and offsets against the description, the blob and the
     function table (the native rebuild indexes with them). `images`: the rank record's image hashes, which every
     function must name. `full` parses the kernel nodes too, checks each, recomputes the topology fingerprint and
-    requires the kernel table to be exactly what those nodes pack into (verify_topology=True, the reference rebuild,
-    `graphpersist check`). `hashes` recomputes each graph's blob and table sha256 (LOAD relies on the pack's file
+    requires the kernel table to be exactly what those nodes pack into (`graphpersist check`, the reference rebuild in
+    tools/gpdiag). `hashes` recomputes each graph's blob and table sha256 (LOAD relies on the pack's file
     hash instead: each byte hashed once). Raises PersistError or GraphFormatError naming the graph.
     """
     pack = packed.pack

@@ -31,6 +31,7 @@ from graphpersist.graph.format import (
     pack_kernel_table,
 )
 from graphpersist.graph.images import ImageTable, check, func_attributes
+from graphpersist.records import HostMemory
 
 # Launch attributes whose values are process-local handles: they cannot be persisted.
 _EVENT_ATTRS = {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT", "CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT"}
@@ -54,18 +55,6 @@ def _param_layout(func: Any, name: str) -> list[tuple[int, int]]:
 
 # Values that can be user-space addresses on x86-64/aarch64 (48- or 57-bit); smaller words are counts or flags.
 _ADDR_LO, _ADDR_HI = 1 << 32, 1 << 57
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Pinned host memory a kernel may read through its host address (mapped memory under unified addressing).
-
-    `restorable`: (addr, size) placed at fixed host addresses by the interposer during setup and live now, which
-    LOAD's setup makes again at the same addresses; `others`: (addr, size, why) live pinned memory that LOAD cannot
-    put back where it is. Both sorted by address."""
-
-    restorable: list[tuple[int, int]] = field(default_factory=list)
-    others: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def _holding(ranges: list[Any], starts: list[int], v: int) -> Any:
@@ -319,92 +308,131 @@ def serialize(
 ) -> SavedGraph:
     """Walks `graph` (a CUgraph) into a SavedGraph; raises GraphFormatError naming any unsupported node."""
     drv = driver()
-    T = drv.CUgraphNodeType
     n = check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
     nodes = check(drv.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0] if n else []
     index = {int(nd): i for i, nd in enumerate(nodes)}
-    blob = bytearray()
-    pointers: set[int] = set()
-    addresses: set[int] = set()
-    out_nodes: list[dict[str, Any]] = []
-    attr_reader = _AttrReader(attr_ids())
-    funcs: dict[str, int] = {}
-    func_list: list[list[Any]] = []
-    numbering = EventNumbering()
-    foreign = _ForeignPointers(region_lo, region_hi, host_memory)
-    probe = _AttrProbe(table.fresh_attrs)
+    walk = _Walk(table, unused, _ForeignPointers(region_lo, region_hi, host_memory))
     try:
-        for i, nd in enumerate(nodes):
-            t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
-            type_name = node_type_name(t)
-            where = f"node {i} ({type_name})"
-            kind = node_kind(i, type_name)
-            if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
-                p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
-                sha, name, layout, fattrs, fkey = _kernel_info(table, p.func)
-                params = _read_params(p, layout, name)
-                if unused is not None:
-                    params = zero_ranges(params, unused(name, layout))
-                pointers |= foreign.scan_params(f"{where} kernel {name!r}", params)
-                attrs: dict[str, str] = {}
-                for a, err, raw in attr_reader.read(nd):
-                    if err != 0:
-                        fresh = probe.unreadable_on_fresh(p, layout, params, a)
-                        if fresh != err:
-                            raise GraphFormatError(
-                                f"{where} kernel {name!r}: reading launch attribute {a.name} failed (error {err}) but "
-                                f"a fresh node of the same kernel answers {fresh}: its value would be lost (SAVE "
-                                "refused)"
-                            )
-                        continue
-                    if a.name in _EVENT_ATTRS and any(raw):
-                        raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
-                    attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
-                if fkey not in funcs:
-                    funcs[fkey] = len(func_list)
-                    func_list.append([sha, name, fattrs])
-                out_nodes.append(
-                    {
-                        "type": "kernel",
-                        "func": funcs[fkey],
-                        "image": sha,
-                        "name": name,
-                        "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
-                        "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
-                        "smem": p.sharedMemBytes,
-                        "layout": layout,
-                        "params": [len(blob), len(params)],
-                        "attrs": attrs,
-                    }
-                )
-                blob += params
-            elif t == T.CU_GRAPH_NODE_TYPE_MEMSET:
-                m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
-                fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
-                foreign.check_address(where, "dst", fields["dst"])
-                addresses.add(fields["dst"])
-                out_nodes.append({"type": "memset", **fields})
-            elif t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-                c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
-                kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
-                check_memcpy_kinds(where, *kinds)
-                fields = {k: int(getattr(c, k)) for k in MEMCPY_FIELDS}
-                for k in ("srcDevice", "dstDevice"):
-                    foreign.check_address(where, k, fields[k])
-                    addresses.add(fields[k])
-                out_nodes.append({"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields})
-            elif t == T.CU_GRAPH_NODE_TYPE_EMPTY:
-                out_nodes.append({"type": "empty"})
-            elif t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
-                ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
-                out_nodes.append(event_node(kind, int(ev), numbering))
-            elif t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
-                ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
-                out_nodes.append(event_node(kind, int(ev), numbering))
-            else:  # node_kind() only lets the kinds above through
-                raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
+        out_nodes = [walk.node(drv, i, nd) for i, nd in enumerate(nodes)]
     finally:
-        probe.close()
+        walk.probe.close()
+    return walk.saved(out_nodes, _edges(drv, graph, index))
+
+
+class _Walk:
+    """One graph's walk: each node's description, and what the nodes add up to (the parameter blob, the function
+    table, the addresses in the region and in pinned host memory, the events)."""
+
+    def __init__(self, table: ImageTable, unused: UnusedBytes | None, foreign: _ForeignPointers) -> None:
+        self.table, self.unused, self.foreign = table, unused, foreign
+        self.blob = bytearray()
+        self.pointers: set[int] = set()
+        self.addresses: set[int] = set()
+        self.attr_reader = _AttrReader(attr_ids())
+        self.funcs: dict[str, int] = {}
+        self.func_list: list[list[Any]] = []
+        self.numbering = EventNumbering()
+        self.probe = _AttrProbe(table.fresh_attrs)
+
+    def node(self, drv: Any, i: int, nd: Any) -> dict[str, Any]:
+        """Node `i`'s description; GraphFormatError for a node the format cannot persist."""
+        T = drv.CUgraphNodeType
+        t = check(drv.cuGraphNodeGetType(nd), "cuGraphNodeGetType")
+        type_name = node_type_name(t)
+        where = f"node {i} ({type_name})"
+        kind = node_kind(i, type_name)
+        if t == T.CU_GRAPH_NODE_TYPE_KERNEL:
+            return self.kernel(drv, where, nd)
+        if t == T.CU_GRAPH_NODE_TYPE_MEMSET:
+            m = check(drv.cuGraphMemsetNodeGetParams(nd), f"{where}: cuGraphMemsetNodeGetParams")
+            fields = {k: int(getattr(m, k)) for k in ("dst", "pitch", "value", "elementSize", "width", "height")}
+            self.foreign.check_address(where, "dst", fields["dst"])
+            self.addresses.add(fields["dst"])
+            return {"type": "memset", **fields}
+        if t == T.CU_GRAPH_NODE_TYPE_MEMCPY:
+            c = check(drv.cuGraphMemcpyNodeGetParams(nd), f"{where}: cuGraphMemcpyNodeGetParams")
+            kinds = (int(c.srcMemoryType), int(c.dstMemoryType))
+            check_memcpy_kinds(where, *kinds)
+            fields = {k: int(getattr(c, k)) for k in MEMCPY_FIELDS}
+            for k in ("srcDevice", "dstDevice"):
+                self.foreign.check_address(where, k, fields[k])
+                self.addresses.add(fields[k])
+            return {"type": "memcpy", "srcMemoryType": kinds[0], "dstMemoryType": kinds[1], **fields}
+        if t == T.CU_GRAPH_NODE_TYPE_EMPTY:
+            return {"type": "empty"}
+        if t == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            ev = check(drv.cuGraphEventRecordNodeGetEvent(nd), f"{where}: cuGraphEventRecordNodeGetEvent")
+            return event_node(kind, int(ev), self.numbering)
+        if t == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            ev = check(drv.cuGraphEventWaitNodeGetEvent(nd), f"{where}: cuGraphEventWaitNodeGetEvent")
+            return event_node(kind, int(ev), self.numbering)
+        # node_kind() only lets the kinds above through
+        raise GraphFormatError(f"{where}: node type cannot be persisted (SAVE refused)")
+
+    def kernel(self, drv: Any, where: str, nd: Any) -> dict[str, Any]:
+        """A kernel node's description; its parameters go to the blob, its function to the function table."""
+        p = check(drv.cuGraphKernelNodeGetParams(nd), f"{where}: cuGraphKernelNodeGetParams")
+        sha, name, layout, fattrs, fkey = _kernel_info(self.table, p.func)
+        params = _read_params(p, layout, name)
+        if self.unused is not None:
+            params = zero_ranges(params, self.unused(name, layout))
+        self.pointers |= self.foreign.scan_params(f"{where} kernel {name!r}", params)
+        attrs = self.launch_attrs(where, name, nd, p, layout, params)
+        if fkey not in self.funcs:
+            self.funcs[fkey] = len(self.func_list)
+            self.func_list.append([sha, name, fattrs])
+        out = {
+            "type": "kernel",
+            "func": self.funcs[fkey],
+            "image": sha,
+            "name": name,
+            "grid": [p.gridDimX, p.gridDimY, p.gridDimZ],
+            "block": [p.blockDimX, p.blockDimY, p.blockDimZ],
+            "smem": p.sharedMemBytes,
+            "layout": layout,
+            "params": [len(self.blob), len(params)],
+            "attrs": attrs,
+        }
+        self.blob += params
+        return out
+
+    def launch_attrs(
+        self, where: str, name: str, nd: Any, p: Any, layout: list[tuple[int, int]], params: bytes
+    ) -> dict[str, str]:
+        """Every launch attribute the node reads back, as hex without trailing zeros (restored at LOAD); one it cannot
+        read must be unreadable on a fresh node of the kernel too, or its value would be lost."""
+        attrs: dict[str, str] = {}
+        for a, err, raw in self.attr_reader.read(nd):
+            if err != 0:
+                fresh = self.probe.unreadable_on_fresh(p, layout, params, a)
+                if fresh != err:
+                    raise GraphFormatError(
+                        f"{where} kernel {name!r}: reading launch attribute {a.name} failed (error {err}) but "
+                        f"a fresh node of the same kernel answers {fresh}: its value would be lost (SAVE "
+                        "refused)"
+                    )
+                continue
+            if a.name in _EVENT_ATTRS and any(raw):
+                raise GraphFormatError(f"{where} kernel {name!r}: launch attribute {a.name} holds an event")
+            attrs[str(int(a))] = raw.rstrip(b"\0").hex()  # trailing zeros restored at LOAD
+        return attrs
+
+    def saved(self, out_nodes: list[dict[str, Any]], edges: list[list[int]]) -> SavedGraph:
+        """The walked graph: its description (with its blob's and kernel table's sizes and hashes) and addresses."""
+        blob = self.blob
+        desc = {"format": 1, "nodes": out_nodes, "edges": edges, "funcs": self.func_list, "blob_size": len(blob)}
+        if len(self.numbering):
+            desc["events"] = event_table(self.numbering)
+        desc["blob_sha256"] = hashlib.sha256(blob).hexdigest()
+        table = pack_kernel_table(desc)
+        desc["table_size"] = len(table)
+        desc["table_sha256"] = hashlib.sha256(table).hexdigest()
+        pointers = self.pointers | self.addresses
+        return SavedGraph(desc, bytes(blob), pointers, table, self.addresses, self.foreign.host)
+
+
+def _edges(drv: Any, graph: Any, index: dict[int, int]) -> list[list[int]]:
+    """The graph's edges as [from node, to node, from port, to port, type], by node index."""
     edges: list[list[int]] = []
     count = drv.cuGraphGetEdges(graph, 0)[-1]
     if count:
@@ -413,11 +441,4 @@ def serialize(
             raise GraphFormatError(f"cuGraphGetEdges failed: {err!r}")
         for a, b, d in zip(frm, to, data, strict=True):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
-    desc = {"format": 1, "nodes": out_nodes, "edges": edges, "funcs": func_list, "blob_size": len(blob)}
-    if len(numbering):
-        desc["events"] = event_table(numbering)
-    desc["blob_sha256"] = hashlib.sha256(blob).hexdigest()
-    table = pack_kernel_table(desc)
-    desc["table_size"] = len(table)
-    desc["table_sha256"] = hashlib.sha256(table).hexdigest()
-    return SavedGraph(desc, bytes(blob), pointers | addresses, table, addresses, foreign.host)
+    return edges

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from graphpersist.archive.manifest import HostMemoryRecord
 from graphpersist.errors import PersistError
-from graphpersist.graph.walk import HostMemory
 from graphpersist.memory import region
+from graphpersist.records import HostMemory, HostMemoryRecord
 
 AFTER_SETUP = "allocated after mark_setup(), so LOAD's setup does not make it again: allocate it during setup"
 

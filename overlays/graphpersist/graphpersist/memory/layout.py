@@ -19,6 +19,7 @@ from graphpersist import run
 from graphpersist.archive import open_archive
 from graphpersist.errors import PersistError
 from graphpersist.memory import phases, region, state
+from graphpersist.memory.savedlayout import read_layout
 
 # torch is imported where device memory is read or written: the bookkeeping runs (and is tested) without it.
 # What a SAVE or LOAD gathers here (recorder, declarations, pending checks) lives on the process's run
@@ -39,7 +40,11 @@ class Pending:
 
 
 def recorder() -> phases.Recorder:
-    return run.current().recorder
+    """The phase recorder of the process's run, made at its first use."""
+    now = run.current()
+    if now.recorder is None:
+        now.recorder = phases.Recorder()
+    return now.recorder
 
 
 def _refuse(exc: Exception) -> PersistError:
@@ -69,21 +74,19 @@ def _step(call: Any) -> int:
 
 def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[region.Event]]:
     """The archive's phases (one exact phase for archives written before phases) and its allocation log, checked
-    (loadplan.read_layout: ArchiveError naming the file and the field)."""
-    from graphpersist.loadplan import read_layout
-
+    (savedlayout.read_layout: ArchiveError naming the file and the field)."""
     evs, saved = read_layout(archive, rank)
     return saved, evs
 
 
-def use_layout(root: Path | str, *, rank: int = 0) -> list[str]:
+def use_layout(archive_dir: Path | str, *, rank: int = 0) -> list[str]:
     """LOAD: reads the archive's phases before setup, so each phase begins at its saved anchor and a variable
     phase cannot shift the ones after it. Call it after start_region(), before the first phase. Returns the
     saved phase names."""
     rec = recorder()
     if rec.phases or rec.setup_done:
         raise PersistError("use_layout() must come before the first phase and before mark_setup()")
-    archive = open_archive(root, verify_checksums=False)  # load() verifies it all; read() checks what it returns
+    archive = open_archive(archive_dir, verify_checksums=False)  # load() verifies it all; read() checks what it returns
     saved, evs = saved_phases(archive, rank)
     rec.saved, rec.saved_events = saved, evs
     return [p.name for p in saved]

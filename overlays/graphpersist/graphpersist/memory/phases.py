@@ -15,11 +15,11 @@ in memory at its saved address with its saved size. `graphpersist.api` drives it
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from graphpersist.memory.region import Event, live_ranges
+from graphpersist.records import Phase
 
 DEFAULT_MIN_HEADROOM = 1 << 30  # virtual address space only: a gap costs no device memory
 IMPLICIT_FIRST = "(setup)"  # events before the first named phase (the whole setup when no phase is named)
@@ -41,40 +41,6 @@ def headroom_for(extent: int, headroom: int | None, gran: int) -> int:
     if want < 0:
         raise PhaseError(f"headroom must be >= 0 bytes, got {want}")
     return round_up(want, gran)
-
-
-@dataclass
-class Phase:
-    """One phase as recorded: which events it made (`start_event` .. `end_event`), where it started (`start`,
-    region offset = its anchor), where the cursor was when it ended (`end`), and how far LOAD's run of it may
-    reach (`limit`: the next phase's anchor; `end` for an exact phase, `end` + headroom for a variable one)."""
-
-    name: str
-    exact: bool = True
-    skip_on_load: bool = False
-    post_capture: bool = False
-    implicit: bool = False
-    start_event: int = 0
-    end_event: int = -1  # -1 while open
-    start: int = 0
-    end: int = -1
-    limit: int = -1
-    headroom: int | None = None  # requested gap after a variable phase (None: as much as it used, >= 1 GiB)
-    span: int | None = None  # a variable phase's fixed reservation from its anchor (the next anchor = start + span)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Phase:
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
-
-    def flags(self) -> str:
-        words = ["exact" if self.exact else "variable"]
-        words += ["skip_on_load"] if self.skip_on_load else []
-        words += ["post_capture"] if self.post_capture else []
-        return ", ".join(words)
 
 
 def describe(e: Event) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-HOWS = ("bytes", "recreated")
+from graphpersist.records import STATE_HOWS, StateRecord
 
 
 class StateError(RuntimeError):
@@ -33,34 +32,14 @@ class Declared:
     phase: str | None = None
 
     def __post_init__(self) -> None:
-        if self.how not in HOWS:
-            raise StateError(f"state {self.name!r}: how={self.how!r}, expected one of {', '.join(HOWS)}")
+        if self.how not in STATE_HOWS:
+            raise StateError(f"state {self.name!r}: how={self.how!r}, expected one of {', '.join(STATE_HOWS)}")
         if self.nbytes <= 0 or self.addr <= 0:
             raise StateError(f"state {self.name!r}: needs a device address and a positive size, got "
                              f"{self.addr:#x}+{self.nbytes}")  # fmt: skip
 
     def extent(self) -> str:
         return f"{self.addr:#x}+{self.nbytes}"
-
-
-@dataclass(frozen=True)
-class StateRecord:
-    """A declaration as SAVE recorded it, with the sha256 of its content (and, for "bytes", the payload file)."""
-
-    name: str
-    addr: int
-    nbytes: int
-    how: str
-    sha256: str
-    phase: str | None = None
-    file: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> StateRecord:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 def sha256(data: bytes) -> str:

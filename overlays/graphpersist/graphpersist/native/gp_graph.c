@@ -38,26 +38,10 @@ GP_EXPORT long gp_func_param_layout(void *func, uint32_t *out, size_t cap) {
     }
 }
 
-/* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. A saved launch attribute
- * is set unless it equals what a fresh node of the same function reads back (learned per function, so a
- * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's).
- * Before the first node is added every row is checked against its function's live layout (`layouts[f]`, from
- * gp_func_param_layout) and the `blob_size`-byte blob (gp_knode_layout_check): the driver reads each parameter for
- * as many bytes as the function's own parameter is long, so an archive's row must not point it past the blob or at
- * another layout. A row that fails returns -2 with its index in *bad (the caller names graph, node and kernel); any
- * other failure -1. */
-GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
-                                  uint64_t blob_size, const uint32_t *offsets, const gp_kattr_t *attrs,
-                                  void *const *funcs, const uint32_t *const *layouts, size_t n_funcs, void **out,
-                                  size_t *bad) {
-    const gp_driver_t *d = gp_driver();
-    __typeof__(d->cuGraphAddKernelNode_v2) add = d->cuGraphAddKernelNode_v2;
-    __typeof__(d->cuGraphKernelNodeSetAttribute) set = d->cuGraphKernelNodeSetAttribute;
-    __typeof__(d->cuGraphKernelNodeGetAttribute) get = d->cuGraphKernelNodeGetAttribute;
-    if (!add || !set || !get) {
-        set_error("graph entry points missing in the driver");
-        return -1;
-    }
+/* Every kernel row held to its function's live layout and the blob before any node is added (gp_knode_layout_check):
+ * 0, or -2 with the row's index in *bad, or -1 for a row that names no known function. */
+static int check_rows(size_t n, const gp_knode_t *nodes, uint64_t blob_size, const uint32_t *offsets,
+                      const uint32_t *const *layouts, size_t n_funcs, size_t *bad) {
     for (size_t i = 0; i < n; i++) {
         const gp_knode_t *k = &nodes[i];
         if (k->n_params > 4096 || k->func_index >= n_funcs || !layouts[k->func_index]) {
@@ -72,64 +56,106 @@ GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes
             return -2;
         }
     }
-    /* per (function, attribute): 0 unknown, 1 default read, 2 unreadable (always set) */
-    unsigned char *known = calloc(n_funcs * GP_MAX_ATTR + 1, 1);
-    unsigned char(*defs)[64] = calloc(n_funcs * GP_MAX_ATTR + 1, 64);
+    return 0;
+}
+
+/* The launch attributes a fresh node of each function reads back, learned as its first node is added: per
+ * (function, attribute) `known` is 0 unknown, 1 default read (in `defs`), 2 unreadable (always set). */
+typedef struct {
+    unsigned char *known;
+    unsigned char (*defs)[64];
+} gp_attr_defaults_t;
+
+/* Adds kernel row `k` to `graph` without dependencies, its parameters pointing into `blob`; 0 or -1 (error set). */
+static int add_kernel_node(const gp_driver_t *d, void *graph, const gp_knode_t *k, const unsigned char *blob,
+                           const uint32_t *offsets, void *const *funcs, CUgraphNode *node) {
+    void *ptrs[4096];
+    for (uint32_t j = 0; j < k->n_params; j++) ptrs[j] = (void *)(blob + k->params_off + offsets[k->layout_off + j]);
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.func = (CUfunction)funcs[k->func_index];
+    p.gridDimX = k->grid[0];
+    p.gridDimY = k->grid[1];
+    p.gridDimZ = k->grid[2];
+    p.blockDimX = k->block[0];
+    p.blockDimY = k->block[1];
+    p.blockDimZ = k->block[2];
+    p.sharedMemBytes = k->smem;
+    p.kernelParams = k->n_params ? ptrs : NULL;
+    CUresult r = d->cuGraphAddKernelNode_v2(node, (CUgraph)graph, NULL, 0, &p);
+    if (r != CUDA_SUCCESS) {
+        set_error("node %u: cuGraphAddKernelNode failed with %d", k->node_index, (int)r);
+        return -1;
+    }
+    return 0;
+}
+
+/* Sets the saved launch attributes of row `k` on `node` that differ from its function's defaults; 0 or -1. */
+static int set_node_attrs(const gp_driver_t *d, CUgraphNode node, const gp_knode_t *k, const gp_kattr_t *attrs,
+                          gp_attr_defaults_t *seen) {
+    __typeof__(d->cuGraphKernelNodeGetAttribute) get = d->cuGraphKernelNodeGetAttribute;
+    __typeof__(d->cuGraphKernelNodeSetAttribute) set = d->cuGraphKernelNodeSetAttribute;
+    for (uint32_t j = 0; j < k->n_attrs; j++) {
+        const gp_kattr_t *a = &attrs[k->attrs_off + j];
+        if (a->id >= GP_MAX_ATTR) {
+            set_error("node %u: launch attribute id %u is newer than this interposer knows (< %d): SAVE and "
+                      "LOAD need the same graphpersist build", k->node_index, a->id, GP_MAX_ATTR);
+            return -1;
+        }
+        size_t key = (size_t)k->func_index * GP_MAX_ATTR + a->id;
+        if (!seen->known[key]) {
+            CUkernelNodeAttrValue v;
+            memset(&v, 0, sizeof v);
+            seen->known[key] = get(node, (CUkernelNodeAttrID)a->id, &v) == CUDA_SUCCESS ? 1 : 2;
+            memcpy(seen->defs[key], &v, sizeof v < 64 ? sizeof v : 64);
+        }
+        if (seen->known[key] == 1 && memcmp(seen->defs[key], a->value, 64) == 0) continue;
+        CUkernelNodeAttrValue v;
+        memcpy(&v, a->value, sizeof v < 64 ? sizeof v : 64);
+        CUresult r = set(node, (CUkernelNodeAttrID)a->id, &v);
+        if (r != CUDA_SUCCESS) {
+            set_error("node %u: setting launch attribute %u failed with %d", k->node_index, a->id, (int)r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Adds n kernel nodes (no dependencies) to `graph`; out[node_index] receives each node. A saved launch attribute
+ * is set unless it equals what a fresh node of the same function reads back (learned per function, so a
+ * kernel's own defaults, e.g. compiled-in cluster dimensions, are never taken for another's).
+ * Before the first node is added every row is checked against its function's live layout (`layouts[f]`, from
+ * gp_func_param_layout) and the `blob_size`-byte blob (gp_knode_layout_check): the driver reads each parameter for
+ * as many bytes as the function's own parameter is long, so an archive's row must not point it past the blob or at
+ * another layout. A row that fails returns -2 with its index in *bad (the caller names graph, node and kernel); any
+ * other failure -1. */
+GP_EXPORT int gp_add_kernel_nodes(void *graph, size_t n, const gp_knode_t *nodes, const unsigned char *blob,
+                                  uint64_t blob_size, const uint32_t *offsets, const gp_kattr_t *attrs,
+                                  void *const *funcs, const uint32_t *const *layouts, size_t n_funcs, void **out,
+                                  size_t *bad) {
+    const gp_driver_t *d = gp_driver();
+    if (!d->cuGraphAddKernelNode_v2 || !d->cuGraphKernelNodeSetAttribute || !d->cuGraphKernelNodeGetAttribute) {
+        set_error("graph entry points missing in the driver");
+        return -1;
+    }
+    int checked = check_rows(n, nodes, blob_size, offsets, layouts, n_funcs, bad);
+    if (checked != 0) return checked;
+    gp_attr_defaults_t seen = {calloc(n_funcs * GP_MAX_ATTR + 1, 1), calloc(n_funcs * GP_MAX_ATTR + 1, 64)};
     int rc = -1;
-    if (!known || !defs) {
+    if (!seen.known || !seen.defs) {
         set_error("out of host memory");
         goto out;
     }
-    void *ptrs[4096];
     for (size_t i = 0; i < n; i++) {
-        const gp_knode_t *k = &nodes[i];
-        for (uint32_t j = 0; j < k->n_params; j++) ptrs[j] = (void *)(blob + k->params_off + offsets[k->layout_off + j]);
-        CUDA_KERNEL_NODE_PARAMS p;
-        memset(&p, 0, sizeof p);
-        p.func = (CUfunction)funcs[k->func_index];
-        p.gridDimX = k->grid[0];
-        p.gridDimY = k->grid[1];
-        p.gridDimZ = k->grid[2];
-        p.blockDimX = k->block[0];
-        p.blockDimY = k->block[1];
-        p.blockDimZ = k->block[2];
-        p.sharedMemBytes = k->smem;
-        p.kernelParams = k->n_params ? ptrs : NULL;
         CUgraphNode node;
-        CUresult r = add(&node, (CUgraph)graph, NULL, 0, &p);
-        if (r != CUDA_SUCCESS) {
-            set_error("node %u: cuGraphAddKernelNode failed with %d", k->node_index, (int)r);
-            goto out;
-        }
-        out[k->node_index] = node;
-        for (uint32_t j = 0; j < k->n_attrs; j++) {
-            const gp_kattr_t *a = &attrs[k->attrs_off + j];
-            if (a->id >= GP_MAX_ATTR) {
-                set_error("node %u: launch attribute id %u is newer than this interposer knows (< %d): SAVE and "
-                          "LOAD need the same graphpersist build", k->node_index, a->id, GP_MAX_ATTR);
-                goto out;
-            }
-            size_t key = (size_t)k->func_index * GP_MAX_ATTR + a->id;
-            if (!known[key]) {
-                CUkernelNodeAttrValue v;
-                memset(&v, 0, sizeof v);
-                known[key] = get(node, (CUkernelNodeAttrID)a->id, &v) == CUDA_SUCCESS ? 1 : 2;
-                memcpy(defs[key], &v, sizeof v < 64 ? sizeof v : 64);
-            }
-            if (known[key] == 1 && memcmp(defs[key], a->value, 64) == 0) continue;
-            CUkernelNodeAttrValue v;
-            memcpy(&v, a->value, sizeof v < 64 ? sizeof v : 64);
-            r = set(node, (CUkernelNodeAttrID)a->id, &v);
-            if (r != CUDA_SUCCESS) {
-                set_error("node %u: setting launch attribute %u failed with %d", k->node_index, a->id, (int)r);
-                goto out;
-            }
-        }
+        if (add_kernel_node(d, graph, &nodes[i], blob, offsets, funcs, &node) != 0) goto out;
+        out[nodes[i].node_index] = node;
+        if (set_node_attrs(d, node, &nodes[i], attrs, &seen) != 0) goto out;
     }
     rc = 0;
 out:
-    free(known);
-    free(defs);
+    free(seen.known);
+    free(seen.defs);
     return rc;
 }
 

@@ -248,12 +248,12 @@ POOL_FIELDS = (
 )
 
 
-def saved_pool(value: Any, directory: Any) -> dict[str, Any]:
+def saved_pool(value: Any, archive_dir: Any) -> dict[str, Any]:
     """The memory pool SAVE sized (every MemoryPoolConfig field), as recorded in flags.memory_pool; refuses an archive
     without one."""
     if not isinstance(value, dict) or set(value) != set(POOL_FIELDS):
         raise PersistError(
-            f"graphpersist: {directory} records no memory-pool size (flags.memory_pool = {value!r}). "
+            f"graphpersist: {archive_dir} records no memory-pool size (flags.memory_pool = {value!r}). "
             "Re-run with mode=save."
         )
     return value

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.archive import Archive
+from graphpersist.archive import Archive, codec
 from graphpersist.archive.manifest import GraphRecord
 from graphpersist.archive.shown import shown
 from graphpersist.archive.validate import flatten
@@ -121,7 +121,7 @@ def load_fields(record: GraphRecord, desc: dict[str, Any], table: bytes, entry: 
 
 
 def read_rank(archive: Archive, rank: int) -> RankGraphs:
-    """One rank's graphs, read and checked as LOAD would with verify_topology (ArchiveError when damaged)."""
+    """One rank's graphs, read and checked as `graphpersist check` reads them (ArchiveError when damaged)."""
     graphs, pointers = read_graphs(archive, rank, full=True)
     rec = archive.rank_facts(rank)
     records = {g.name: g for g in rec.graphs}
@@ -349,7 +349,7 @@ def layout_difference(a: Archive, b: Archive, limit: int) -> list[str]:
         only_a, only_b = [r for r in ra if r not in rb], [r for r in rb if r not in ra]
         lines.append(f"ranks differ: A has {len(ra)} ({_few(ra, limit)}), B has {len(rb)} ({_few(rb, limit)}); "
                      f"only in A {_few(only_a, limit)}, only in B {_few(only_b, limit)}")  # fmt: skip
-    wa, wb = flatten(a.manifest.world.to_dict()), flatten(b.manifest.world.to_dict())
+    wa, wb = flatten(codec.to_dict(a.manifest.world)), flatten(codec.to_dict(b.manifest.world))
     differ = [k for k in sorted(wa.keys() | wb.keys()) if wa.get(k, _ABSENT) != wb.get(k, _ABSENT)]
     if differ:
         lines.append(f"world facts differ in {len(differ)} field(s):")
