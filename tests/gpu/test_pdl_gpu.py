@@ -116,7 +116,9 @@ def step_save(tmp: Path) -> dict[str, Any]:
         ex = graphbuild.instantiate("chain", graph, graphformat.INSTANTIATE_FLAGS)
         got = _replays(torch, lambda ex=ex: images.check(drv.cuGraphLaunch(ex, stream), "cuGraphLaunch"), outs, 3)
         rebuilt[path] = [_same(torch, r, captured[0]) for r in got]
-    layouts = {f[1]: [list(fresh.layout(*f)), [list(p) for p in graphwalk._param_layout(fresh.function(*f), f[1])]]
+    # (offset, size) pairs as lists on both sides: the native reader gives tuples, the cuda-bindings walk lists
+    layouts = {f[1]: [[list(p) for p in fresh.layout(*f)],
+                      [list(p) for p in graphwalk._param_layout(fresh.function(*f), f[1])]]
                for f in saved.desc["funcs"]}  # fmt: skip
     return {
         "layouts_disagree": {k: v for k, v in layouts.items() if v[0] != v[1]},
