@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptools import lintcli
+
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = "overlays"
 LIMIT = 80
@@ -117,13 +119,13 @@ def too_long(functions: list[Function], limit: int = LIMIT) -> list[Function]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `funclen` subcommand to `python -m gptools`."""
-    p = subparsers.add_parser(
+    lintcli.register_lint(
+        subparsers,
         "funclen",
-        help=f"refuse product functions (Python and the interposer's C) longer than {LIMIT} lines",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        f"refuse product functions (Python and the interposer's C) longer than {LIMIT} lines",
+        __doc__,
+        run,
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptools import lintcli
+
 REPO = Path(__file__).resolve().parents[2]
 # Each root: (folder whose children are top-level packages, glob of the module files under it).
 ROOTS = (
@@ -231,14 +233,14 @@ def facade_violations(imports: list[ClientImport], allowances: list[Allowance]) 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `imports` subcommand to `python -m gptools`."""
-    p = subparsers.add_parser(
+    lintcli.register_lint(
+        subparsers,
         "imports",
-        help="refuse import loops (of modules and of packages) in the product and tools, engine glue that bypasses "
+        "refuse import loops (of modules and of packages) in the product and tools, engine glue that bypasses "
         "graphpersist.engine, and recipes and tools that bypass graphpersist.api",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        __doc__,
+        run,
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,6 +36,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptools import lintcli
+
 REPO = Path(__file__).resolve().parents[2]
 ALLOW_FILE = Path(__file__).with_name("namelint_allow.toml")
 PRODUCT = "overlays"
@@ -249,14 +251,14 @@ def verdict(findings: list[Finding], allowed: list[Allowed]) -> tuple[list[Findi
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `names` subcommand to `python -m gptools`."""
-    p = subparsers.add_parser(
+    lintcli.register_lint(
+        subparsers,
         "names",
-        help="refuse run-time name resolution (imports by name, eval, unpickling, module getattr) in the product "
+        "refuse run-time name resolution (imports by name, eval, unpickling, module getattr) in the product "
         "outside the reviewed places of namelint_allow.toml",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        __doc__,
+        run,
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
