@@ -43,7 +43,8 @@ a host's cache folders (read_shared + jitcache.restore, what LOAD does first). W
   file table (graph parts' and state payloads' own sha256, kernel nodes against their topology fingerprint), in
   forged cases only;
 
-* no exception but ArchiveError (the CLI: exit 0-3 and no traceback); each case ends in under 2 s;
+* no exception but ArchiveError (the CLI: exit 0-3 and no traceback); each case ends in under 2 s of CPU time (the
+  test process's and its commands', os.times), and none blocks: 30 s of wall clock is a hang, however loaded CI is;
 * no raw control character (ESC, CR, BEL, C1, bidi overrides) in any output or error message;
 * zero accepted changes to what LOAD uses: wherever a rank's LOAD stage accepts the archive, the digest of what it
   took from it (every graph's description, parameter blob and kernel table, static tensor records, images, pointer
@@ -105,7 +106,8 @@ from graphpersist.memory import layout
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("GP_FUZZ_SEED", "20261203"))
 MIN_CASES = 1000
-CASE_SECONDS = 2.0
+CASE_SECONDS = 2.0  # CPU seconds a case may take (a quadratic reader took seconds here)
+HANG_SECONDS = 30.0  # wall-clock seconds after which a case hangs (a reader blocked on a FIFO, a lock)
 CLI_SUBPROCESS_CASES = 10
 RANKS = (0, 1)
 SHARED = ("engine.json", "jitcache.tar")
@@ -174,7 +176,14 @@ PATHS = [
 
 
 class Hang(Exception):
-    """A case that ran past CASE_SECONDS."""
+    """A case that ran past HANG_SECONDS of wall clock."""
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of the commands it ran and waited for (the CLI cases run `graphpersist`): what a
+    case costs, unlike the wall clock, which a loaded 2-core CI machine stretches."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 EVERY_READER = frozenset({"open", "load 0", "load 1", "check 0", "check 1"})
@@ -1211,20 +1220,22 @@ def run_case(case: Case, pristine: Pristine, work: Path, i: int) -> tuple[str, l
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(pristine.root, work, symlinks=True, copy_function=os.link)
-    start = time.perf_counter()
+    start = cpu_seconds()
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
     try:
         case.apply(work)
         got = through_everything(work, pristine.root, all_commands=i % 11 == 0,
                                  every_command=i % 3 == 0 or case.differs)  # fmt: skip
     except Hang:
-        return "hung", [f"ran past {CASE_SECONDS} s"], time.perf_counter() - start, False
+        return "hung", [f"ran past {HANG_SECONDS} s of wall clock"], cpu_seconds() - start, False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    seconds = time.perf_counter() - start
+    seconds = cpu_seconds() - start
     want = pristine.result
     failures = list(got.crashes)
+    if seconds >= CASE_SECONDS:
+        failures.append(f"took {seconds:.2f} s of CPU (a case may take {CASE_SECONDS} s)")
     for text in got.outputs:
         raw = [c for c in CONTROL if c in text]
         if raw:
@@ -1313,14 +1324,14 @@ def _run(cases: list[Case], pristine: Pristine, work: Path, record: Callable[[st
     families = sorted({f for f, _ in table})
     # "check only": refused by check's every-byte read alone (counted within the LOAD outcome beside it)
     outcomes = ["refused", "drift refused", "accepted, unchanged", "accepted, changed", "hung", "check only"]
-    lines = [f"\narchive fuzz ({label}): {len(cases)} cases, seed {SEED}, {wall:.1f} s, slowest {slowest[0]:.2f} s "
+    lines = [f"\narchive fuzz ({label}): {len(cases)} cases, seed {SEED}, {wall:.1f} s, slowest {slowest[0]:.2f} s CPU "
              f"({slowest[1][:60]!r}); failures {len(failures)}",
              f"  {'family':<34}" + "".join(f"{o:>21}" for o in outcomes)]  # fmt: skip
     for family in families:
         lines.append(f"  {family:<34}" + "".join(f"{table[(family, o)]:>21}" for o in outcomes))
     record("summary", "\n".join(lines))  # the terminal summary prints it, from any xdist worker: the CI log shows it
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
-    assert slowest[0] < CASE_SECONDS
+    assert slowest[0] < CASE_SECONDS, f"the slowest case took {slowest[0]:.2f} s of CPU: {slowest[1]!r}"
 
 
 @pytest.mark.slow
@@ -1540,11 +1551,11 @@ def test_name_resolution_reaches_nothing_at_the_engine(
             shutil.rmtree(work)
         shutil.copytree(pristine.root, work, symlinks=True, copy_function=os.link)
         case.apply(work)
-        started = time.perf_counter()
+        started = cpu_seconds()
         outcome = _engine_stage(work, sglang_glue)
         outcomes[outcome] += 1
         want = "installed" if i == 0 else "refused: CPU stage" if case.refuse else "refused: engine"
-        if outcome != want or time.perf_counter() - started > CASE_SECONDS:
+        if outcome != want or cpu_seconds() - started > CASE_SECONDS:
             failures.append(f"{case.name}: {outcome}, want {want}")
     record_property("names", f"name resolution at the engine: {dict(outcomes)}")
     assert not failures, "\n".join(failures)
