@@ -29,7 +29,7 @@ from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
 from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
-from graphpersist.engine.start import add_switch_group, export_environment, resolve_switch
+from graphpersist.engine.start import add_switch_group, resolve_switch
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.memory.region import MULTICAST_OFF
@@ -54,7 +54,6 @@ __all__ = [
     "bytes_in_param",
     "cache_folders",
     "current",
-    "export_environment",
     "graphs_differ",
     "interposer_loaded",
     "ipc_export",
