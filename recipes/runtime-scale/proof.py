@@ -148,13 +148,11 @@ def step_save(archive: Path, ref: Path) -> dict[str, Any]:
     }
 
 
-def step_load(archive: Path, ref: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    torch, model, api = _setup()
-    from model import OUTPUT_TYPES, PIECES, SIZES, FullOutput
+def _load(api: Any, model: Any, archive: Path) -> Any:
+    """LOAD of the archive with the scale model's facts, inventory, setup tensors and output types."""
+    from model import OUTPUT_TYPES, SIZES
 
-    t_setup = time.perf_counter()
-    res = api.load(
+    return api.load(
         archive,
         api.Facts(ENGINE, model.facts()),
         sizes=SIZES,
@@ -162,6 +160,15 @@ def step_load(archive: Path, ref: Path) -> dict[str, Any]:
         setup_tensors=model.named_tensors(),
         output_types=OUTPUT_TYPES,
     )
+
+
+def step_load(archive: Path, ref: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    torch, model, api = _setup()
+    from model import PIECES, SIZES, FullOutput
+
+    t_setup = time.perf_counter()
+    res = _load(api, model, archive)
     t_load = time.perf_counter()
     digests = _replay_all(torch, model, {n: (lg.replay, lg.outputs) for n, lg in res.graphs.items()})
     want = json.loads(ref.read_text())
@@ -245,18 +252,10 @@ def step_profile(archive: Path) -> dict[str, Any]:
     import pstats
 
     _torch, model, api = _setup()
-    from model import OUTPUT_TYPES, SIZES
 
     prof = cProfile.Profile()
     prof.enable()
-    res = api.load(
-        archive,
-        api.Facts(ENGINE, model.facts()),
-        sizes=SIZES,
-        modes=["full", "piecewise"],
-        setup_tensors=model.named_tensors(),
-        output_types=OUTPUT_TYPES,
-    )
+    res = _load(api, model, archive)
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
