@@ -5,9 +5,12 @@ programmatic edge from the GEMM to it. Rebuilt with that edge data, a graph of s
 elementwise kernel between them gave other results than the captured graph, even in the capturing process
 (recipes/diagnosis/runtime-probes/SPLITK.md); the rebuild now adds every edge as a full dependency (graphbuild).
 
-- `save`: four bf16 [8, 4096] x [4096, 4096] matmuls with a relu between each (cuBLAS picks split-K at M=8 on an
-  H200), captured and saved; the captured graph replayed three times, and rebuilt in the same process from its
-  serialized form (both rebuild paths) and replayed three times each.
+- `probe`: the first shape of SHAPES at which cuBLAS launches with programmatic edges on this GPU and library (the
+  test was written on an H200 where cuBLAS picked split-K at [8, 4096] x [4096, 4096]; on an H100 with torch
+  2.11.0+cu130 it picked an nvjet kernel with no edge there); the steps below use it.
+- `save`: four bf16 [M, D] x [D, D] matmuls with a relu between each, captured and saved; the captured graph
+  replayed three times, and rebuilt in the same process from its serialized form (both rebuild paths) and replayed
+  three times each.
 - `load`: the same setup in a fresh process, load(), five replays compared with SAVE's.
 - `forged-offset`, `forged-end`: that archive with its kernel table forged and every hash recomputed (one row's
   parameter offset moved; one row's parameters moved so that its last parameter starts inside the blob and ends past
@@ -30,21 +33,50 @@ from interposed import run_step, step_main
 ENGINE = {"name": "graphpersist-pdl-test", "version": "1", "commit": "none"}
 MODEL = {"dtype": "bfloat16", "config_fingerprint": "pdl-v1"}
 LINKS = 4
+SHAPES = [(8, 4096), (8, 8192), (16, 8192), (8, 16384), (32, 16384), (1, 16384), (64, 16384), (16, 28672)]  # (M, D)
 
 
-def _setup() -> tuple[Any, Any, dict[str, Any]]:
+def _tensors(torch: Any, m: int, d: int) -> dict[str, Any]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    t = {f"w{i}": torch.randn(d, d, device="cuda", dtype=torch.bfloat16, generator=gen) / 64 for i in range(LINKS)}
+    t["x"] = torch.randn(m, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return t
+
+
+def _setup(shape: str) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
     from graphpersist import api
 
     api.start_region()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    t = {
-        f"w{i}": torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) / 64 for i in range(LINKS)
-    }
-    t["x"] = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    m, d = (int(v) for v in shape.split("x"))
+    t = _tensors(torch, m, d)
     api.mark_setup(t)
     return torch, api, t
+
+
+def step_probe(_tmp: Path) -> dict[str, Any]:
+    """Programmatic edges in a captured chain of each shape, up to the first shape that has them."""
+    import torch
+    from cuda.bindings import driver as drv
+
+    seen: dict[str, int] = {}
+    for m, d in SHAPES:
+        t = _tensors(torch, m, d)
+        _forward(torch, t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            _forward(torch, t)
+        graph = drv.CUgraph(g.raw_cuda_graph())
+        count = drv.cuGraphGetEdges(graph, 0)[-1]
+        data = drv.cuGraphGetEdges(graph, count)[3] if count else []
+        seen[f"{m}x{d}"] = sum(1 for e in data if int(e.type) != 0)
+        del g, t
+        torch.cuda.empty_cache()
+        if seen[f"{m}x{d}"] >= LINKS:
+            break
+    return {"edges_by_shape": seen, "shape": next((k for k, v in seen.items() if v >= LINKS), None)}
 
 
 def _forward(torch: Any, t: dict[str, Any]) -> list[Any]:
@@ -71,8 +103,8 @@ def _replays(torch: Any, launch: Any, outs: list[Any], n: int) -> list[list[Any]
     return got
 
 
-def step_save(tmp: Path) -> dict[str, Any]:
-    torch, api, t = _setup()
+def step_save(tmp: Path, shape: str) -> dict[str, Any]:
+    torch, api, t = _setup(shape)
     from cuda.bindings import driver as drv
     from gpdiag import rebuild as reference
 
@@ -132,8 +164,8 @@ def step_save(tmp: Path) -> dict[str, Any]:
     }
 
 
-def step_load(tmp: Path) -> dict[str, Any]:
-    torch, api, t = _setup()
+def step_load(tmp: Path, shape: str) -> dict[str, Any]:
+    torch, api, t = _setup(shape)
     res = api.load(tmp / "archive", api.Facts(ENGINE, MODEL), sizes=[], setup_tensors=t)
     lg = res.graphs["chain"]
     want = torch.load(tmp / "reference.pt")
@@ -146,7 +178,7 @@ def step_load(tmp: Path) -> dict[str, Any]:
     }
 
 
-def step_forged(tmp: Path, case: str) -> dict[str, Any]:
+def step_forged(tmp: Path, shape: str, case: str) -> dict[str, Any]:
     """LOAD of the saved archive with its kernel table forged as a crafted archive would be (hashes recomputed)."""
     import json
     import shutil
@@ -157,7 +189,7 @@ def step_forged(tmp: Path, case: str) -> dict[str, Any]:
 
     from graphpersist.graph.format import KNODE, TABLE_HEADER
 
-    _torch, api, t = _setup()
+    _torch, api, t = _setup(shape)
     root = tmp / f"forged-{case}"
     shutil.copytree(tmp / "archive", root)
     entry = next(g for g in json.loads((root / "rank_0/graphs/index.json").read_bytes())["graphs"]
@@ -187,21 +219,31 @@ STEPS = {"save": step_save, "load": step_load}
 
 @pytest.mark.gpu
 def test_programmatic_edges_replay_exactly(tmp_path: Path) -> None:
-    saved, _ = run_step(__file__, ["save", str(tmp_path)], tmp_path / "save.json")
+    probed, _ = run_step(__file__, ["probe", str(tmp_path)], tmp_path / "probe.json")
+    shape = probed["shape"]
+    assert shape, f"precondition: cuBLAS launched no GEMM chain of {SHAPES} with programmatic edges: {probed}"
+    print(f"shape {shape}: programmatic edges by shape {probed['edges_by_shape']}")
+    saved, _ = run_step(__file__, ["save", str(tmp_path), shape], tmp_path / "save.json")
     assert saved["programmatic_edges"] >= LINKS, f"precondition: no programmatic edges captured: {saved}"
-    assert any("splitK" in k for k in saved["kernels"]), f"precondition: cuBLAS picked no split-K GEMM: {saved}"
     assert saved["captured_replays_equal"] == [True] * 3, saved
     assert saved["rebuilt_replays_equal"] == {"python": [True] * 3, "native": [True] * 3}, saved
     assert saved["layouts_read"] >= 2 and saved["layouts_disagree"] == {}, saved
-    loaded, _ = run_step(__file__, ["load", str(tmp_path)], tmp_path / "load.json")
+    loaded, _ = run_step(__file__, ["load", str(tmp_path), shape], tmp_path / "load.json")
     assert loaded["replays_equal"] == [True] * 5 and loaded["max_abs_diff"] == 0.0, loaded
     for case, why in (("offset", "the function's at"), ("end", "ends past the")):
-        got, _ = run_step(__file__, [f"forged-{case}", str(tmp_path)], tmp_path / f"forged-{case}.json")
+        got, _ = run_step(__file__, [f"forged-{case}", str(tmp_path), shape], tmp_path / f"forged-{case}.json")
         assert got["refused"], got
         assert "graph 'chain' node " in got["error"] and "its saved parameter layout does not fit" in got["error"], got
         assert why in got["error"] and "live (offset, size)" in got["error"], got
 
 
+def _step(args: list[str]) -> dict[str, Any]:
+    if args[0] == "probe":
+        return step_probe(Path(args[1]))
+    if args[0].startswith("forged-"):
+        return step_forged(Path(args[1]), args[2], args[0].removeprefix("forged-"))
+    return STEPS[args[0]](Path(args[1]), args[2])
+
+
 if __name__ == "__main__":
-    sys.exit(step_main(lambda args: step_forged(Path(args[1]), args[0].removeprefix("forged-"))
-                       if args[0].startswith("forged-") else STEPS[args[0]](Path(args[1]))))  # fmt: skip
+    sys.exit(step_main(_step))
