@@ -4,6 +4,7 @@ engine glue that reaches the runtime only through its engine interface."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ def test_the_project_has_no_import_loop_and_its_glue_uses_only_the_engine_interf
     graph = importgraph.edges(modules)
     assert "graphpersist.engine.session" in modules and "vllm.graphpersist_worker" in modules
     assert "sglang.srt.graphpersist_engine" in modules and "gptools.prove" in modules
+    limit = sys.getrecursionlimit()
     assert importgraph.cycles(modules, graph) == []
+    assert sys.getrecursionlimit() == limit  # the search's deeper limit does not outlive it (other tests share it)
     assert importgraph.package_loops(modules, graph) == []
     assert importgraph.glue_violations(modules, graph) == []
     glue = {e.target for e in graph if e.source.startswith(importgraph.GLUE_PREFIXES)}

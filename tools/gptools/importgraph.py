@@ -126,10 +126,14 @@ def cycles(modules: Iterable[str], graph: list[Edge]) -> list[list[str]]:
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    for v in sorted(succ):
-        if v not in index:
-            visit(v)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10000))
+    try:
+        for v in sorted(succ):
+            if v not in index:
+                visit(v)
+    finally:  # the caller's limit back (a test process kept 10000: later tests parsed 5000-deep JSON in full)
+        sys.setrecursionlimit(limit)
     return sorted(out)
 
 
