@@ -248,9 +248,13 @@ SCHEDULER = "import os, sys, time\\nwhile os.getppid() == int(sys.argv[1]): time
 
 
 def step(seconds, line=None):
+    """Sleeps `seconds`; prints `line` with {s} as the time it really took (a loaded machine oversleeps)."""
+    started = time.perf_counter()
     time.sleep(seconds)
+    took = time.perf_counter() - started
     if line:
-        print(line, flush=True)
+        print(line.format(s=took), flush=True)
+    return took
 
 
 class Engine:
@@ -265,34 +269,36 @@ class Engine:
         step(0.3)  # the scheduler's imports
         begin = time.perf_counter()
         step(0.05, "[TP0] Init torch distributed begin.")
-        step(0.1, "[TP0] Load weight end. elapsed=0.10 s, type=Qwen3ForCausalLM, avail mem=60.00 GB")
+        weights = step(0.1, "[TP0] Load weight end. elapsed={s:.2f} s, type=Qwen3ForCausalLM, avail mem=60.00 GB")
         step(float(os.environ.get("FAKE_SGLANG_GAP", "0")))
         mode = kwargs["graph_persist"]
-        step(0.05)  # KV cache
+        kv = step(0.05)  # KV cache
         eager = kwargs.get("disable_cuda_graph")
+        graphs_s = 0.0
         if mode == "save":
             from archive_fixtures import write_archive
 
-            step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed=0.20 s")
+            graphs_s = step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed={s:.2f} s")
             started = time.perf_counter()
             write_archive(Path(kwargs["graph_persist_dir"]))
             save_s = time.perf_counter() - started
             print("[TP0] graphpersist: rank 0: saved 4 graphs", flush=True)
         elif mode == "load":
-            step(0.04, "[TP0] graphpersist: rank 0: restored 4 graphs")
+            graphs_s = step(0.04, "[TP0] graphpersist: rank 0: restored 4 graphs")
         elif not eager:
-            step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed=0.20 s")
+            graphs_s = step(0.2, "[TP0] Capture target decode CUDA graph end. elapsed={s:.2f} s")
         stats = Path(os.environ["GRAPHPERSIST_STATS_DIR"])
         if mode != "off":
             for rank in range(kwargs["tp_size"]):
                 (stats / f"rank_{rank}.json").write_text(json.dumps({
                     "rank": rank, "mode": mode, "captured": 4 if mode == "save" else 0,
                     "restored": 4 if mode == "load" else 0, "capture_calls": 4 if mode == "save" else 0,
-                    "phases": {"capture": 0.2, "save": round(save_s, 4)} if mode == "save" else {"restore": 0.04}}))
+                    "phases": {"capture": round(graphs_s, 4), "save": round(save_s, 4)} if mode == "save"
+                              else {"restore": round(graphs_s, 4)}}))
         step(0.05)  # the scheduler's set-up after its graphs
-        graphs = "prefill=0.00, decode=0.00" if eager or mode == "load" else "prefill=0.00, decode=0.20"
+        graphs = f"prefill=0.00, decode={0.0 if eager or mode == 'load' else graphs_s:.2f}"
         e2e = time.perf_counter() - begin
-        print("Engine startup timings (s): load_weight=0.10, kv_cache_allocation=0.05, "
+        print(f"Engine startup timings (s): load_weight={weights:.2f}, kv_cache_allocation={kv:.2f}, "
               f"scheduler_e2e={e2e:.3f}, cuda_graph={{{graphs}}}, tokenizer_e2e=0.70", flush=True)
         step(0.02)  # the engine's return
         decode = SimpleNamespace(max_bs=256)
