@@ -38,13 +38,13 @@ def test_a_forged_1_mib_kernel_part_declaring_a_gigabyte_is_refused_at_once(tmp_
     replace_kernel_part(root, 0, 0, part, 1050 * MIB)
     archive = open_archive(root)
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()  # CPU: what inflating would cost (a loaded CI machine stretches wall time)
     for every_byte in (True, False):
         with pytest.raises(ArchiveError) as caught:
             read_plan(archive, 0, every_byte=every_byte)
         message = str(caught.value)
         assert f"graph 'full-bs1', its kernel part of {len(part)} bytes declares {1050 * MIB}" in message, message
-    took = time.perf_counter() - started
+    took = time.process_time() - started
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert took < 0.5 and peak < 16 * MIB, (took, peak)
@@ -55,12 +55,12 @@ def test_a_kernel_part_declaring_more_than_its_kernel_table_can_describe_is_refu
     (function, parameters, attributes) can take only so much JSON."""
     root = write_loadable_archive(tmp_path / "a")
     replace_kernel_part(root, 0, 2, deflate_bomb(64), 64 * MIB)
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(ArchiveError, match=r"graph 'full-bs4': its kernel part of \d+ bytes declares 67108864 bytes "
                                            r"of kernel nodes, more than its 8 kernel nodes can take \(\d+ bytes at "
                                            r"most\)"):  # fmt: skip
         read_plan(open_archive(root), 0, every_byte=True)
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
 
 
 def test_inflating_stops_at_the_declared_size(tmp_path: Path) -> None:
