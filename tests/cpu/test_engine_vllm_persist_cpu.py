@@ -773,7 +773,7 @@ PATCHED_LINES = {
             "wait_for_engine_startup",
             ["            raise RuntimeError("],
             [
-                "            from vllm.graphpersist_switch import refusal_or",
+                "            from graphpersist.engine import refusal_or",
                 "",
                 "            raise refusal_or(RuntimeError(",
             ],
