@@ -372,7 +372,7 @@ def test_a_load_switch_restores_the_model_inspection_cache_before_the_engine_sta
         (saved / {inspected!r}).write_text('{{"architectures": ["Qwen3ForCausalLM"]}}')
         blob, _ = jitcache.collect({{"vllm_modelinfos": saved}})
         cfg = engine_config(tensor_parallel_size=2)
-        write_vllm_archive(root / "archive", cfg, facts.config_flags(cfg), {{jitcache.SHARED_NAME: blob}})
+        write_vllm_archive(root / "archive", cfg, adapter(cfg).config_flags(), {{jitcache.SHARED_NAME: blob}})
         EngineArgs(model=MODEL, graph_persist="load", graph_persist_dir=str(root / "archive"))
         EngineArgs(model=MODEL)  # vLLM builds more; the first restored already
         result = {{"restored": sorted(str(p) for p in (root / "fresh-host").rglob("*qwen3*") if p.is_file()),
@@ -571,7 +571,7 @@ def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
         one = open_session("save").memory_budget(lambda: 9 * 2**30 + 5)
         run.fresh()  # another process
         gathered = []
-        facts.cpu_gather = lambda: (lambda mine: gathered.append(mine) or [mine, 8 * 2**30 + 7 * 2**20])
+        VllmAdapter.cpu_gather = lambda self: (lambda mine: gathered.append(mine) or [mine, 8 * 2**30 + 7 * 2**20])
         two = open_session("save", world_size=2)
         result = [one, two.memory_budget(lambda: 9 * 2**30 + 5), gathered, two.budget_bytes]
         """
@@ -1041,7 +1041,7 @@ def test_load_refuses_an_inventory_that_differs(vllm: WarmPython, case: str) -> 
 
 # ---------------------------------------------------------------- LOAD compares the archive's vLLM facts early
 
-# What SAVE adds to the flags after setup (facts.flags); the early check before setup does not know them yet.
+# What SAVE adds to the flags after setup (VllmAdapter.flags); the early check before setup does not know them yet.
 POST_SETUP_FLAGS = {
     "cudagraph_mode": "FULL_AND_PIECEWISE",
     "cudagraph_capture_sizes": [1, 2, 4, 8],
@@ -1063,7 +1063,7 @@ def early_check_snippet(
 saved = engine_config(**{saved_args!r})
 if {saved_quantization!r}:
     saved.model_config.quantization = {saved_quantization!r}
-flags = {{**facts.config_flags(saved), **{POST_SETUP_FLAGS!r}, "memory_budget_bytes": {kv_flag}}}
+flags = {{**adapter(saved).config_flags(), **{POST_SETUP_FLAGS!r}, "memory_budget_bytes": {kv_flag}}}
 if flags["memory_budget_bytes"] is None:
     del flags["memory_budget_bytes"]
 notes = {{"kernel_choices": {{"c4f2": {{"kernel": "triton_red_fused_0", "candidates": ["a", "b"], "chosen": "b"}}}}}}
@@ -1289,7 +1289,7 @@ def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPytho
     """engine.commit is compared at LOAD: it is the pinned wheel's (vllm/_version.py), never empty."""
     from gpdist import pins
 
-    got = vllm.run("result = facts.engine_facts()").ok()
+    got = vllm.run("result = adapter().engine_facts()").ok()
     pinned = pins.load().engine("vllm").commit_wheel
     assert got["name"] == "vllm" and got["version"] == "0.26.0"
     assert got["commit"].removeprefix("g") == pinned
