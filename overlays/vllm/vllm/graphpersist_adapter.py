@@ -3,6 +3,7 @@ an archive must agree on (facts LOAD compares field by field; patches/vllm/READM
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -10,7 +11,6 @@ from vllm import graphpersist_caches as caches
 from vllm import graphpersist_capture as capture
 from vllm import graphpersist_customar as customar
 from vllm import graphpersist_facts as facts
-from vllm.logger import init_logger
 
 from graphpersist import engine
 
@@ -26,7 +26,7 @@ class VllmAdapter(engine.EngineAdapter):
 
     name = "vllm"
     note_sections = ("full", "pieces")
-    logger = init_logger("vllm.graphpersist")  # vLLM prints its own loggers' lines (vllm serve too)
+    logger = logging.getLogger("vllm.graphpersist")  # under vLLM's own logger, whose lines vLLM prints (serve too)
     entry_points = "LLM(...) or `vllm serve`"
     budget_what = "KV cache"
     budget_advice = "raise gpu_memory_utilization or lower max_model_len/max_num_seqs"
@@ -57,9 +57,10 @@ class VllmAdapter(engine.EngineAdapter):
         return {"world_size": par.world_size, "tp_size": par.tensor_parallel_size, "pp_size": 1, "ep_size": 1}
 
     def config_flags(self) -> dict[str, Any]:
-        """Flags known from the configuration alone (compared before setup and again at LOAD)."""
+        """Flags known from the configuration alone (compared before setup and again at LOAD): the settings users
+        change, named one by one; `vllm_config_hash` (`flags`) covers the rest of vLLM's configuration."""
         cfg = self.config
-        comp, cache, sched = cfg.compilation_config, cfg.cache_config, cfg.scheduler_config
+        cache, sched = cfg.cache_config, cfg.scheduler_config
         return {
             "max_model_len": cfg.model_config.max_model_len,
             "max_num_seqs": sched.max_num_seqs,
@@ -69,22 +70,20 @@ class VllmAdapter(engine.EngineAdapter):
             "quantization": cfg.model_config.quantization,
             "gpu_memory_utilization": float(cache.gpu_memory_utilization),
             "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
-            "compilation_mode": str(comp.mode),
             "disable_custom_all_reduce": bool(cfg.parallel_config.disable_custom_all_reduce),
-            "fuse_allreduce_rms": bool(comp.pass_config.fuse_allreduce_rms),
+            "fuse_allreduce_rms": bool(cfg.compilation_config.pass_config.fuse_allreduce_rms),
             "seed": cfg.model_config.seed,
         }
 
     def flags(self, session: engine.SessionView) -> dict[str, Any]:
-        """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
+        """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist. The capture
+        sizes are the session's own fact (`capture.sizes`, from `inventory`)."""
         cfg = self.config
         groups = self.worker.model_runner.attn_groups
         return {
             **self.config_flags(),
             "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
-            "cudagraph_capture_sizes": sorted(cfg.compilation_config.cudagraph_capture_sizes or []),
             "attention_backends": sorted({g.backend.get_name() for group in groups for g in group}),
-            "kv_num_blocks": self.worker.cache_config.num_gpu_blocks,
             "custom_all_reduce": customar.active() is not None,
             "vllm_config_hash": cfg.compute_hash(),
         }

@@ -75,7 +75,9 @@ def refuse_deepep(par: Any) -> None:
 def refuse_unsupported_runner(worker: Any) -> None:
     """After the runner exists: only the V2 model runner's capture sites are hooked (vLLM 0.26.0 runs MoE models
     outside `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` on V1 unless VLLM_USE_V2_MODEL_RUNNER=1)."""
-    if not getattr(worker, "use_v2_model_runner", False):
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    if not isinstance(worker.model_runner, GPUModelRunner):
         raise _refuse(
             "this model (it runs on vLLM's V1 model runner)",
             "serve a dense decoder model on the V2 runner, or set VLLM_USE_V2_MODEL_RUNNER=1 (vLLM 0.26.0 runs MoE "
@@ -89,18 +91,13 @@ def compile_forward(runner: Any) -> dict[str, float]:
     first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
     the reference host). One token per request of the largest batch (max_num_seqs tokens), the sampler's shape in the
     profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the profile run's
-    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `compile` (what vLLM's
-    torch.compile monitor counted: loading the compiled model, and the first forward through it), `sampler` and
-    `forward` (the rest)."""
-    comp = runner.vllm_config.compilation_config
-    compiled_before = float(comp.compilation_time)
+    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `forward` (loading the
+    compiled model included) and `sampler`; tools/gpdiag's variants of it also split out what vLLM's compile monitor
+    counted."""
     started = time.perf_counter()
     _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
     torch.cuda.synchronize()
     forward_s = time.perf_counter() - started
     runner._dummy_sampler_run(sample)
     torch.cuda.synchronize()
-    took = time.perf_counter() - started
-    compile_s = float(comp.compilation_time) - compiled_before
-    return {"compile": round(compile_s, 4), "sampler": round(took - forward_s, 4),
-            "forward": round(forward_s - compile_s, 4)}  # fmt: skip
+    return {"sampler": round(time.perf_counter() - started - forward_s, 4), "forward": round(forward_s, 4)}
