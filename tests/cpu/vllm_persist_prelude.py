@@ -42,6 +42,7 @@ __all__ = [
     "CUDAGraphEntry",
     "capture",
     "customar",
+    "facts",
     "gswitch",
     "json",
 ]
@@ -89,6 +90,12 @@ def piece_wrappers(cfg: VllmConfig, count: int) -> list[CUDAGraphWrapper]:
     return [CUDAGraphWrapper(r, cfg, CUDAGraphMode.PIECEWISE) for r in runnables]
 
 
+def adapter(cfg: VllmConfig | None = None) -> VllmAdapter:
+    """vLLM's adapter over a stand-in worker that holds `cfg` (default: the tiny model's): what the configuration alone
+    answers (facts, refusals, flags known before setup)."""
+    return VllmAdapter(types.SimpleNamespace(vllm_config=cfg if cfg is not None else engine_config()))
+
+
 def open_session(
     mode: str,
     directory: str | Path = "/nonexistent-archive",
@@ -98,9 +105,8 @@ def open_session(
 ) -> engine.PersistSession:
     """The worker's session (rank 0), opened as PersistWorker opens it, over a stand-in worker that holds `cfg`
     (default: the tiny model's); `saver` replaces the real Saver."""
-    worker = types.SimpleNamespace(vllm_config=cfg if cfg is not None else engine_config())
     resolved = switch.Switch(switch.Mode(mode), Path(directory), "test", "test")
-    sess = engine.PersistSession.open(VllmAdapter(worker), resolved, rank=0, world_size=world_size)
+    sess = engine.PersistSession.open(adapter(cfg), resolved, rank=0, world_size=world_size)
     if saver is not None:
         sess.saver = saver
     return sess
@@ -179,13 +185,9 @@ def write_vllm_archive(
     as the worker passes them, over the fixture's world for what a CPU host cannot know (CUDA runtime, NCCL).
     The ranks' payload is the fixture's stand-in (tests/cpu/archive_fixtures.py); rank 0 saved on the fake
     nvidia-smi's GPU 0; `notes`: every rank's engine notes, as SAVE stores them."""
-    live = collect_live(
-        device=0,
-        engine=facts.engine_facts(),
-        model=facts.model_facts(cfg),
-        parallel=facts.parallel(cfg),
-        flags=flags,
-    )
+    vllm = adapter(cfg)
+    live = collect_live(device=0, engine=vllm.engine_facts(), model=vllm.model_facts(), parallel=vllm.parallel(),
+                        flags=flags)  # fmt: skip
     saved = merge(world(), world_facts(live))
     saved["flags"] = flags
     with ArchiveWriter(root, saved) as writer:

@@ -33,13 +33,11 @@ def piece_index(wrapper: Any) -> int:
 
 
 def captured_full(manager: Any, desc: Any, graph: Any) -> None:
-    """SAVE: a FULL graph was captured; its output is the manager's hidden_states buffer."""
+    """SAVE: a FULL graph was captured; its output is the manager's hidden_states buffer (pipeline parallelism and
+    speculative decoding, which capture other outputs, are refused at start-up)."""
     sess = engine.current()
     if sess is None or not sess.saving:
         return
-    if not getattr(manager, "is_last_pp_rank", True) or getattr(manager, "use_aux_hidden_state_outputs", False):
-        raise PersistError("graphpersist: FULL graphs of a non-last pipeline stage or with auxiliary hidden "
-                               "states are not persisted (refused)")  # fmt: skip
     name = full_name(desc)
     fields = dataclasses.asdict(desc)
     fields["cg_mode"] = desc.cg_mode.name
@@ -91,8 +89,7 @@ def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:
         manager.hidden_states = graph.outputs
         installed += 1
 
-    wrappers = {piece_index(w): w for w in CUDAGraphWrapper._all_instances
-                if w.runtime_mode == CUDAGraphMode.PIECEWISE}  # fmt: skip
+    wrappers = {piece_index(w): w for w in CUDAGraphWrapper._all_instances}  # every one is a piece (V2 runner)
     live_piece_sizes = {d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, [])}
     saved_pieces = notes.get("pieces", {})
     expected = {piece_name(BatchDescriptor(num_tokens=n), i) for n in live_piece_sizes for i in wrappers}
@@ -105,7 +102,6 @@ def install(manager: Any, result: Any, notes: dict[str, Any]) -> int:
         wrapper = wrappers[int(name.rsplit("/", 1)[1])]
         wrapper.concrete_cudagraph_entries[bd] = CUDAGraphEntry(batch_descriptor=bd, cudagraph=graph,
                                                                 output=graph.outputs)  # fmt: skip
-        wrapper.first_run_finished = True
         installed += 1
     manager._graphs_captured = True
     return installed

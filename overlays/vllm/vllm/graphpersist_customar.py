@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from graphpersist import engine
 from graphpersist.engine import PersistError
@@ -52,13 +53,14 @@ def register_graph_buffers(ca: Any) -> None:
         ca.register_graph_buffers()
     torch.cuda.synchronize()
     sess.declare_state(STATE, ca.rank_data, how="bytes")
-    sess.notes[PHASE] = {"own_pointers": _own_pointers(ca, len(offsets)), "world_size": ca.world_size}
+    sess.notes[PHASE] = {"own_pointers": _own_pointers(ca, len(offsets)), "world_size": dist.get_world_size(ca.group)}
 
 
 def _own_pointers(ca: Any, n: int) -> list[int]:
     """This rank's buffer of each registered row, read back from rank_data (column `rank` of rows 1..n)."""
     rows = ca.rank_data[FIRST_GRAPH_ROW * ROW_BYTES : (FIRST_GRAPH_ROW + n) * ROW_BYTES].cpu().numpy().tobytes()
-    own = [struct.unpack_from("<Q", rows, i * ROW_BYTES + 8 * ca.rank)[0] for i in range(n)]
+    rank = dist.get_rank(ca.group)  # its place in the group, as CustomAllreduce computes it
+    own = [struct.unpack_from("<Q", rows, i * ROW_BYTES + 8 * rank)[0] for i in range(n)]
     if n and (0 in own or len(rows) != n * ROW_BYTES):
         raise PersistError(
             f"graphpersist: custom all-reduce registered {n} graph buffers, but rank_data rows "
@@ -95,13 +97,15 @@ class CustomAllReduce(engine.Communicator):
                 f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
             )
         own = [int(p) for p in saved["own_pointers"]]
+        rank, world_size = dist.get_rank(ca.group), dist.get_world_size(ca.group)
         with session.phase(PHASE):
             mine = [engine.ipc_export(ptr) for ptr in own]  # one export call per buffer, as C++ does
-            everyone = _gather(ca, mine)
+            everyone: list[Any] = [None] * world_size
+            dist.all_gather_object(everyone, mine, group=ca.group)  # over the group's CPU (gloo) side
             opened: dict[bytes, int] = {}
             for i in range(len(own)):
-                for peer in range(ca.world_size):
-                    if peer == ca.rank:
+                for peer in range(world_size):
+                    if peer == rank:
                         continue
                     handle = everyone[peer][i]
                     if handle not in opened:
@@ -109,11 +113,3 @@ class CustomAllReduce(engine.Communicator):
             session.kept.append(opened)
         session.declare_state(STATE, ca.rank_data, how="bytes")
         session.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))
-
-
-def _gather(ca: Any, mine: list[bytes]) -> list[list[bytes]]:
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * ca.world_size
-    dist.all_gather_object(out, mine, group=ca.group)
-    return out

@@ -1,5 +1,5 @@
-"""What a vLLM archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up, and
-the small engine lookups the worker needs."""
+"""What persistence refuses in vLLM at start-up (patches/vllm/README.md, "Facts and refusals"), and LOAD's compile
+forward."""
 
 from __future__ import annotations
 
@@ -75,79 +75,14 @@ def refuse_deepep(par: Any) -> None:
 def refuse_unsupported_runner(worker: Any) -> None:
     """After the runner exists: only the V2 model runner's capture sites are hooked (vLLM 0.26.0 runs MoE models
     outside `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` on V1 unless VLLM_USE_V2_MODEL_RUNNER=1)."""
-    if not getattr(worker, "use_v2_model_runner", False):
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    if not isinstance(worker.model_runner, GPUModelRunner):
         raise _refuse(
             "this model (it runs on vLLM's V1 model runner)",
             "serve a dense decoder model on the V2 runner, or set VLLM_USE_V2_MODEL_RUNNER=1 (vLLM 0.26.0 runs MoE "
             "models outside its V2 list, Qwen3-MoE among them, on V1 unless told)",
         )
-
-
-def device_index(worker: Any) -> int:
-    """The CUDA device this worker uses, as Worker.init_device computes it (single node, no data parallelism)."""
-    from vllm.platforms import current_platform
-
-    return int(current_platform.logical_device_id_to_visible_device_id(worker.local_rank))
-
-
-def engine_facts() -> dict[str, str]:
-    import vllm
-    from vllm import _version
-
-    return {"name": "vllm", "version": vllm.__version__, "commit": str(_version.__commit_id__ or "")}
-
-
-def model_facts(cfg: Any) -> dict[str, str]:
-    return {"dtype": str(cfg.model_config.dtype), "config_fingerprint": cfg.model_config.compute_hash()}
-
-
-def parallel(cfg: Any) -> dict[str, int]:
-    par = cfg.parallel_config
-    return {"world_size": par.world_size, "tp_size": par.tensor_parallel_size, "pp_size": 1, "ep_size": 1}
-
-
-def config_flags(cfg: Any) -> dict[str, Any]:
-    """Flags known from the configuration alone (compared before setup and again at LOAD)."""
-    comp, cache, sched = cfg.compilation_config, cfg.cache_config, cfg.scheduler_config
-    return {
-        "max_model_len": cfg.model_config.max_model_len,
-        "max_num_seqs": sched.max_num_seqs,
-        "max_num_batched_tokens": sched.max_num_batched_tokens,
-        "block_size": cache.block_size,
-        "kv_cache_dtype": str(cache.cache_dtype),
-        "quantization": cfg.model_config.quantization,
-        "gpu_memory_utilization": float(cache.gpu_memory_utilization),
-        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
-        "compilation_mode": str(comp.mode),
-        "disable_custom_all_reduce": bool(cfg.parallel_config.disable_custom_all_reduce),
-        "fuse_allreduce_rms": bool(comp.pass_config.fuse_allreduce_rms),
-        "seed": cfg.model_config.seed,
-    }
-
-
-def flags(worker: Any) -> dict[str, Any]:
-    """Every flag SAVE records and LOAD compares, after the KV cache and attention backends exist."""
-    from vllm import graphpersist_customar as customar
-
-    cfg = worker.vllm_config
-    runner = worker.model_runner
-    backends = sorted({g.backend.get_name() for groups in runner.attn_groups for g in groups})
-    return {
-        **config_flags(cfg),
-        "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
-        "cudagraph_capture_sizes": sorted(cfg.compilation_config.cudagraph_capture_sizes or []),
-        "attention_backends": backends,
-        "kv_num_blocks": worker.cache_config.num_gpu_blocks,
-        "custom_all_reduce": customar.active() is not None,
-        "vllm_config_hash": cfg.compute_hash(),
-    }
-
-
-def cpu_gather() -> Any:
-    """Rank agreement over vLLM's CPU (gloo) world group: nothing touches the GPU or NCCL."""
-    from vllm.distributed.parallel_state import get_world_group
-
-    return engine.torch_gather(get_world_group().cpu_group)
 
 
 def compile_forward(runner: Any) -> dict[str, float]:
@@ -156,23 +91,13 @@ def compile_forward(runner: Any) -> dict[str, float]:
     first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
     the reference host). One token per request of the largest batch (max_num_seqs tokens), the sampler's shape in the
     profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the profile run's
-    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `compile` (what vLLM's
-    torch.compile monitor counted: loading the compiled model, and the first forward through it), `sampler` and
-    `forward` (the rest)."""
-    comp = runner.vllm_config.compilation_config
-    compiled_before = float(comp.compilation_time)
+    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `forward` (loading the
+    compiled model included) and `sampler`; tools/gpdiag's variants of it also split out what vLLM's compile monitor
+    counted."""
     started = time.perf_counter()
     _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
     torch.cuda.synchronize()
     forward_s = time.perf_counter() - started
     runner._dummy_sampler_run(sample)
     torch.cuda.synchronize()
-    took = time.perf_counter() - started
-    compile_s = float(comp.compilation_time) - compiled_before
-    return {"compile": round(compile_s, 4), "sampler": round(took - forward_s, 4),
-            "forward": round(forward_s - compile_s, 4)}  # fmt: skip
-
-
-def setup_tensors(runner: Any) -> dict[str, torch.Tensor]:
-    """The setup tensors the graphs read, by name: parameters, buffers and KV caches (LOAD proves their place)."""
-    return {**engine.model_tensors(runner.model), **{f"kv_cache.{i}": t for i, t in enumerate(runner.kv_caches)}}
+    return {"sampler": round(time.perf_counter() - started - forward_s, 4), "forward": round(forward_s, 4)}

@@ -1,22 +1,20 @@
-"""vLLM glue for the graph-persistence switch, called by the patched `EngineArgs` (patch 0001), the start-method
-seams (0004, 0005) and the engine core's failed start (0006). The flag spellings, precedence and validation are the
-runtime's (graphpersist.switch, graphpersist.engine.start); patches/vllm/README.md says why each seam is where it
-is."""
+"""vLLM glue for the graph-persistence switch, called by the patched `EngineArgs` (patch 0001) and the start-method
+seams (0004, 0005); the engine core's failed start (0006) calls the runtime's `graphpersist.engine.refusal_or`
+itself. The flag spellings, precedence and validation are the runtime's (graphpersist.switch,
+graphpersist.engine.start); patches/vllm/README.md says why each seam is where it is."""
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import logging
 import multiprocessing.context
 import os
 from typing import Any
 
-from vllm.logger import init_logger
-
 from graphpersist import engine
 from graphpersist.engine import switch
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)  # vllm.graphpersist_switch: under vLLM's logger, which vLLM prints
 
 WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
 
@@ -54,8 +52,6 @@ def resolve_engine_args(engine_args: Any) -> switch.Switch:
     return resolved
 
 
-_spawn_logged = False
-
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 _cli_default_spawn = False  # `vllm serve` set START_METHOD_ENV=spawn as its default (patch 0005), not the user
@@ -69,35 +65,13 @@ def note_cli_default_spawn() -> None:
 
 
 def mp_context(upstream: str) -> multiprocessing.context.BaseContext:
-    """The multiprocessing context of the processes this process starts (vLLM's get_mp_context, patch 0004):
-    vLLM's choice with persistence off; on, where this process lacks the interposer and vLLM would fork, a spawn
-    that runs only the target, never this program's script again (graphpersist.engine.spawn); else vLLM's choice,
-    with `vllm serve`'s default spawn decided again (patches/vllm/README.md, "The start method")."""
-    global _spawn_logged
-    if not switch.resolve().enabled:
-        return multiprocessing.get_context(upstream)
-    interposer = engine.interposer_loaded()
-    if upstream == "spawn":
-        if _cli_default_spawn and interposer:
-            return multiprocessing.get_context(_fork_unless_vllm_must_spawn())
-        return multiprocessing.get_context(upstream)
-    if interposer:
-        return multiprocessing.get_context(upstream)
-    if not _spawn_logged:
-        _spawn_logged = True
-        logger.info(
-            "graphpersist: this process runs without the runtime's interposer, so vLLM's engine process starts "
-            "with spawn (it imports vLLM again; this script does not run again); start the program under "
-            "`python -m graphpersist exec` to let it fork"
-        )
-    return engine.spawn_context()
-
-
-def refusal_or(error: Exception) -> BaseException:
-    """What `wait_for_engine_startup` raises for an engine core that died (patch 0006): the refusal an engine
-    process of this start recorded (a refused LOAD as `LoadRefused`, every mismatch named), chained to vLLM's
-    error; else vLLM's error. Persistence off: vLLM's error, nothing read."""
-    return engine.refusal_or(error)
+    """The multiprocessing context of the processes this process starts (vLLM's get_mp_context, patch 0004): the
+    runtime's choice (graphpersist.engine.start_context: vLLM's own, except a spawn that runs only the target where
+    this process lacks the interposer and vLLM would fork), with `vllm serve`'s default spawn decided again where this
+    process has the interposer (patches/vllm/README.md, "The start method")."""
+    if upstream == "spawn" and _cli_default_spawn and switch.resolve().enabled and engine.interposer_loaded():
+        upstream = _fork_unless_vllm_must_spawn()
+    return engine.start_context(upstream, logger, "vLLM")
 
 
 def _fork_unless_vllm_must_spawn() -> str:

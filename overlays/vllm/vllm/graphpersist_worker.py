@@ -78,8 +78,7 @@ class PersistWorker(Worker):
         engine.release_cached()  # inside the variable phase: what the warm-ups cached differs between SAVE and LOAD
         sess.end_phase()
         sess.timed("warmup", self._warmup_started)
-        manager = self.model_runner.cudagraph_manager
-        if manager is None or not manager.needs_capture():
+        if not sess.adapter.inventory().modes:  # what vLLM's capture_model would capture (it skips an empty one)
             raise PersistError(
                 "graphpersist: this configuration captures no CUDA graphs (enforce_eager or cudagraph_mode NONE): "
                 "there is nothing to persist; turn persistence off"

@@ -30,6 +30,7 @@ from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
 from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
 from graphpersist.engine.start import add_switch_group, resolve_switch
+from graphpersist.engine.startmethod import start_context  # the start method of an engine's processes
 from graphpersist.errors import PersistError
 from graphpersist.graph import structure
 from graphpersist.memory.region import MULTICAST_OFF
@@ -67,6 +68,7 @@ __all__ = [
     "resolve_switch",
     "restore_caches_early",
     "spawn_context",
+    "start_context",
     "structure",
     "switch",
     "tensor_at",
