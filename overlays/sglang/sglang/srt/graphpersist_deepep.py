@@ -12,6 +12,7 @@ from graphpersist.engine import PersistError, Refused
 
 PHASE = "deepep"
 NOTES_KEY = "deepep"
+WHAT = "DeepEP buffer"
 MODES = ("normal",)
 USE_INSTEAD = (
     "use --deepep-mode normal (DeepEP's high-throughput kernels over NVLink within one node; SGLang then runs them "
@@ -22,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 def refuse(sa: Any) -> None:
-    """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use."""
+    """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use
+    (several nodes, where DeepEP runs on NVSHMEM, are refused with every start over several nodes)."""
     mode = str(getattr(sa, "deepep_mode", "auto"))
     if mode not in MODES:
         which = "decode batches in auto mode run" if mode == "auto" else "it runs"
@@ -31,12 +33,9 @@ def refuse(sa: Any) -> None:
             "captured in the decode graphs and needs NVSHMEM with an InfiniBand NIC (IBGDA), even within one node, "
             f"while persistence keeps only DeepEP's NVLink buffers. Instead, {USE_INSTEAD}"
         )
-    if getattr(sa, "enable_single_batch_overlap", False):
+    if sa.enable_single_batch_overlap:
         raise Refused("graphpersist: DeepEP with --enable-single-batch-overlap cannot be persisted (this DeepEP build "
                       "has no single-batch-overlap combine): serve without it")  # fmt: skip
-    if int(getattr(sa, "nnodes", 1)) != 1:
-        raise Refused(f"graphpersist: DeepEP over {sa.nnodes} nodes cannot be persisted (internode DeepEP runs on "
-                      f"NVSHMEM). Instead, {USE_INSTEAD}")  # fmt: skip
 
 
 def keep_graphs_in_normal_mode(sa: Any) -> bool:
@@ -88,7 +87,7 @@ def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
         buffer = dispatchers[0]._get_buffer()
     facts = buffer_facts(buffer)
     if session.loading:
-        check(session.saved_notes.get(NOTES_KEY), facts)
+        engine.check_noted(NOTES_KEY, WHAT, session.saved_notes.get(NOTES_KEY), facts)
     else:
         refuse_facts(facts)
     session.log("DeepEP buffer: %d NVL bytes at %s, rank %d of %d, deep_ep %s", facts["num_nvl_bytes"],
@@ -148,21 +147,6 @@ def refuse_facts(facts: Mapping[str, Any]) -> None:
                                 + [f"Instead, {USE_INSTEAD}."]))  # fmt: skip
 
 
-def check(saved: Any, live: Mapping[str, Any]) -> None:
-    """LOAD: every fact of the Buffer as SAVE recorded it; one line per difference (field, saved, live), then advice."""
-    if not isinstance(saved, dict):
-        raise PersistError(f"graphpersist: cannot LOAD: the archive records no DeepEP buffer (notes.{NOTES_KEY} = "
-                           f"{saved!r}), this start has one. Re-run with mode=save for this "
-                           "configuration.")  # fmt: skip
-    lines = [
-        f"graphpersist: cannot LOAD: {NOTES_KEY}.{name}: saved {saved.get(name)!r}, live {live.get(name)!r}"
-        for name in sorted(set(saved) | set(live))
-        if saved.get(name) != live.get(name)
-    ]
-    if lines:
-        raise PersistError("\n".join([*lines, "Re-run with mode=save for this configuration."]))
-
-
 class DeepEPBuffers(engine.Communicator):
     """The DeepEP Buffer as the session sees it: nothing registers after the capture (the peers' NVL buffers were
     opened when the Buffer was made, in setup); SAVE records its facts, LOAD compares them before the first replay."""
@@ -185,4 +169,4 @@ class DeepEPBuffers(engine.Communicator):
         session.notes[NOTES_KEY] = facts
 
     def restore(self, session: engine.PersistSession, notes: Mapping[str, Any]) -> None:
-        check(notes.get(NOTES_KEY), self._live("LOAD"))
+        engine.check_noted(NOTES_KEY, WHAT, notes.get(NOTES_KEY), self._live("LOAD"))

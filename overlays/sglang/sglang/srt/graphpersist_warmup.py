@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphpersist import engine
+
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 TOP_K_TOP_P: dict[str, Any] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
-MIN_P_PENALTIES: dict[str, Any] = {
-    "temperature": 0.8,
-    "min_p": 0.05,
-    "repetition_penalty": 1.1,
-    "frequency_penalty": 0.2,
-    "presence_penalty": 0.2,
-}
+# The repetition penalty is torch.compile'd; the frequency and presence penalties are plain torch (nothing to compile).
+MIN_P_PENALTIES: dict[str, Any] = {"temperature": 0.8, "min_p": 0.05, "repetition_penalty": 1.1}
 PLAIN_SAMPLING: dict[str, Any] = {}  # SGLang's defaults: temperature 1, whole vocabulary (torch.multinomial)
 
 # SGLang 0.5.17 replays a prefill graph only when padding at most doubles the tokens
@@ -153,63 +149,6 @@ class NoPrefixCache:
 
 
 @dataclass
-class Snapshot:
-    """The Python-side bookkeeping of objects the batches change, put back afterwards: attributes as they were
-    (lists copied, CPU tensors cloned and copied back in place, since others may hold them); device tensors are
-    kept by reference (the pools replace, never mutate, their free lists)."""
-
-    objects: list[tuple[Any, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, *objs: Any) -> Snapshot:
-        snap = cls()
-        for obj in objs:
-            attrs, cpu = {}, {}
-            for name, value in vars(obj).items():
-                if isinstance(value, list):
-                    attrs[name] = list(value)
-                elif _is_cpu_tensor(value):
-                    attrs[name], cpu[name] = value, value.clone()
-                else:
-                    attrs[name] = value
-            snap.objects.append((obj, attrs, cpu))
-        return snap
-
-    def restore(self) -> None:
-        for obj, attrs, cpu in self.objects:
-            for name in [n for n in vars(obj) if n not in attrs]:
-                delattr(obj, name)
-            for name, value in attrs.items():
-                setattr(obj, name, value)
-            for name, saved in cpu.items():
-                attrs[name].copy_(saved)
-
-
-def _is_cpu_tensor(value: Any) -> bool:
-    device = getattr(value, "device", None)
-    return getattr(device, "type", None) == "cpu" and hasattr(value, "clone") and hasattr(value, "copy_")
-
-
-@contextmanager
-def _state_put_back(model_runner: Any) -> Iterator[None]:
-    """The pools' bookkeeping, the random generators and the forward counter, as before the batches."""
-    import torch
-
-    snap = Snapshot.of(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator)
-    cpu_rng, gpu_rng = torch.get_rng_state(), torch.cuda.get_rng_state()
-    forward_pass_id = getattr(model_runner, "forward_pass_id", None)
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize()
-        snap.restore()
-        torch.set_rng_state(cpu_rng)
-        torch.cuda.set_rng_state(gpu_rng)
-        if forward_pass_id is not None:
-            model_runner.forward_pass_id = forward_pass_id
-
-
-@dataclass
 class Outcome:
     """What the warm-up ran: its batches, and how many forwards replayed a graph or ran eagerly."""
 
@@ -229,12 +168,16 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     started = time.perf_counter()
     batches, left_out = plan(limits_of(model_runner, runners))
     outcome = Outcome(left_out=left_out)
-    stream = getattr(model_runner, "forward_stream", None)
-    with _state_put_back(model_runner), DynamicGradMode(), torch.cuda.stream(stream):
-        driver = _Driver(model_runner, outcome)
-        for batch in batches:
-            driver.serve(batch)
-            outcome.batches.append(batch.key)
+    forward_pass_id = model_runner.forward_pass_id  # the forward counter, put back with the pools' bookkeeping
+    try:
+        with engine.put_back(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator), \
+                DynamicGradMode(), torch.cuda.stream(model_runner.forward_stream):  # fmt: skip
+            driver = _Driver(model_runner, outcome)
+            for batch in batches:
+                driver.serve(batch)
+                outcome.batches.append(batch.key)
+    finally:
+        model_runner.forward_pass_id = forward_pass_id
     outcome.seconds = time.perf_counter() - started
     for line in left_out:
         log("kernel warm-up left out %s", line)
@@ -260,16 +203,16 @@ class _Driver:
         reqs = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]
         sb = self._schedule_batch(reqs)
         sb.prepare_for_extend()
-        sb.input_ids = sb.prefill_input_ids_cpu.to(sb.device, non_blocking=True)  # the scheduler's staging, resolved
+        sb.input_ids = sb.prefill_input_ids_cpu.to(self.mr.device, non_blocking=True)  # the scheduler's staging
         sb.prefill_input_ids_cpu = None
-        next_ids = self._forward(sb)
+        next_ids = self._forward(sb, reqs)
         first = reqs[0]
         slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first.origin_input_ids)]
         self.first_prompts[batch.key] = (list(first.origin_input_ids), slots.to(first.prefix_indices.dtype, copy=True))
         for _ in range(batch.decode_steps):
             sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
             sb.prepare_for_decode()
-            next_ids = self._forward(sb)
+            next_ids = self._forward(sb, reqs)
         for req in reqs:
             self.mr.req_to_token_pool.free(req)
 
@@ -287,7 +230,6 @@ class _Driver:
             ids = prompt(self.count, length, vocab)
         params = SamplingParams(max_new_tokens=batch.decode_steps + 1, **batch.sampling)
         params.normalize(None)
-        params.verify(vocab)
         req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
                   sampling_params=params)  # fmt: skip
         req.full_untruncated_fill_ids = array("q", ids)
@@ -310,7 +252,7 @@ class _Driver:
             spec_algorithm=self.mr.spec_algorithm,
         )
 
-    def _forward(self, sb: Any) -> Any:
+    def _forward(self, sb: Any, reqs: list[Any]) -> Any:
         """One forward and sample, as `TpModelWorker.forward_batch_generation`; the tokens go to the requests."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -321,6 +263,6 @@ class _Driver:
         else:
             self.outcome.eager_forwards += 1
         next_ids = self.mr.sample(out.logits_output, fb)
-        for req, token in zip(sb.reqs, next_ids.tolist(), strict=True):
+        for req, token in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(int(token))
         return next_ids
