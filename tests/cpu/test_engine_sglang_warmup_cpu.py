@@ -215,7 +215,7 @@ class Upstream:
             def __init__(self, **kwargs: Any) -> None:
                 self.kwargs, self.checked = kwargs, []
 
-            def normalize(self, tokenizer: Any) -> None:
+            def normalize(self, tokenizer: Any) -> None:  # what the tokenizer manager calls, the warm-up not
                 self.checked.append(("normalize", tokenizer))
 
         class Req:
@@ -379,7 +379,7 @@ def test_the_dummy_requests_sample_as_the_tokenizer_manager_leaves_them(
     assert all(isinstance(k["tree_cache"], srt.warmup.NoPrefixCache) for k in seen)
     assert seen[0]["tree_cache"].token_to_kv_pool_allocator is mr.token_to_kv_pool_allocator
     reqs = [r for k in seen for r in k["reqs"]]
-    assert all(r.sampling_params.checked == [("normalize", None)] for r in reqs)
+    assert all(r.sampling_params.checked == [] for r in reqs), "as SGLang's one-batch benchmark leaves them"
     assert all(0 <= t < 1000 for r in reqs for t in r.origin_input_ids)
     assert reqs[1].sampling_params.kwargs == {"max_new_tokens": 3, **srt.warmup.TOP_K_TOP_P}
     assert reqs[0].output_ids == [11, 11, 11], "each forward's token goes to its request, as the scheduler does"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
-from graphpersist.engine import breakable
+from graphpersist.engine import breakable, warmup
 from graphpersist.engine.adapter import (
     Communicator,
     EngineAdapter,
@@ -77,6 +77,7 @@ __all__ = [
     "tensor_at",
     "tensor_spec",
     "torch_gather",
+    "warmup",
 ]
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from graphpersist import engine
+
+Batch, Outcome = engine.warmup.Batch, engine.warmup.Outcome  # the runtime's: what a batch is, what run() returns
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 TOP_K_TOP_P: dict[str, Any] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
@@ -20,24 +22,6 @@ PLAIN_SAMPLING: dict[str, Any] = {}  # SGLang's defaults: temperature 1, whole v
 # SGLang 0.5.17 replays a prefill graph only when padding at most doubles the tokens
 # (prefill_cuda_graph_runner._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR), so a 1-token prefill runs eagerly.
 ONE_TOKEN = 1
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One dummy batch: a prefill of these prompts (token counts), then `decode_steps` decode steps."""
-
-    key: str
-    what: str  # what it exercises, for the log
-    prompt_lens: tuple[int, ...]
-    sampling: dict[str, Any]
-    decode_steps: int
-    prefix_of: str | None = None  # the first prompt continues the first prompt of that batch (a radix-cache hit)
-
-    @property
-    def new_tokens(self) -> int:
-        """KV slots the batch takes: its prefill and one per request and decode step (an upper bound with a
-        prefix, whose slots are reused)."""
-        return sum(self.prompt_lens) + len(self.prompt_lens) * self.decode_steps
 
 
 @dataclass(frozen=True)
@@ -86,20 +70,8 @@ def plan(limits: Limits) -> tuple[list[Batch], list[str]]:
         else:
             left_out.append(f"an eager prefill of {n} tokens: a prefill batch holds at most {cap} tokens here, so "
                             "SGLang never runs one")  # fmt: skip
-    kept: list[Batch] = []
-    tokens = 0
-    for batch in batches:
-        too_long = max(batch.prompt_lens) + batch.decode_steps >= limits.context_len
-        if batch.prefix_of is not None and all(b.key != batch.prefix_of for b in kept):
-            left_out.append(f"{batch.what}: its prefix batch was left out")
-            continue
-        if too_long or tokens + batch.new_tokens > limits.max_tokens:
-            left_out.append(f"{batch.what}: it does not fit ({batch.new_tokens} KV slots, "
-                            f"{limits.max_tokens - tokens} free; context length {limits.context_len})")  # fmt: skip
-            continue
-        kept.append(batch)
-        tokens += batch.new_tokens
-    return kept, left_out
+    kept, too_big = engine.warmup.fit(batches, max_tokens=limits.max_tokens, context_len=limits.context_len)
+    return kept, left_out + too_big
 
 
 def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
@@ -116,11 +88,6 @@ def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
         max_tokens=int(model_runner.token_to_kv_pool_allocator.available_size()),
         context_len=int(model_runner.model_config.context_len),
     )
-
-
-def prompt(index: int, length: int, vocab_size: int) -> list[int]:
-    """Fixed token ids inside the vocabulary, different per prompt (no randomness: nothing to seed)."""
-    return [(1000 + 7919 * index + 131 * i) % vocab_size for i in range(length)]
 
 
 class NoPrefixCache:
@@ -146,17 +113,6 @@ class NoPrefixCache:
 
     def evict(self, params: Any) -> None:
         raise RuntimeError("graphpersist: the kernel warm-up ran out of KV slots (it never evicts)")
-
-
-@dataclass
-class Outcome:
-    """What the warm-up ran: its batches, and how many forwards replayed a graph or ran eagerly."""
-
-    batches: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-    graph_forwards: int = 0
-    eager_forwards: int = 0
-    seconds: float = 0.0
 
 
 def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) -> Outcome:
@@ -225,11 +181,11 @@ class _Driver:
         prefix = None
         if index == 0 and batch.prefix_of is not None:
             tokens, prefix = self.first_prompts[batch.prefix_of]
-            ids = tokens + prompt(self.count, length - len(tokens), vocab)
+            ids = tokens + engine.warmup.prompt(self.count, length - len(tokens), vocab)
         else:
-            ids = prompt(self.count, length, vocab)
+            ids = engine.warmup.prompt(self.count, length, vocab)
+        # not normalised, as in SGLang's one-batch benchmark: that prepares stop strings, read only by the finish check
         params = SamplingParams(max_new_tokens=batch.decode_steps + 1, **batch.sampling)
-        params.normalize(None)
         req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
                   sampling_params=params)  # fmt: skip
         req.full_untruncated_fill_ids = array("q", ids)
@@ -258,10 +214,8 @@ class _Driver:
 
         fb = ForwardBatch.init_new(sb, self.mr, return_hidden_states_before_norm=False)
         out = self.mr.forward(fb)
-        if out.can_run_graph:
-            self.outcome.graph_forwards += 1
-        else:
-            self.outcome.eager_forwards += 1
+        self.outcome.graph_forwards += bool(out.can_run_graph)
+        self.outcome.eager_forwards += not out.can_run_graph
         next_ids = self.mr.sample(out.logits_output, fb)
         for req, token in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(int(token))
