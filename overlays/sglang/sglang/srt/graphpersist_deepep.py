@@ -25,8 +25,7 @@ logger = logging.getLogger(__name__)
 def refuse(sa: Any) -> None:
     """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use
     (several nodes, where DeepEP runs on NVSHMEM, are refused with every start over several nodes)."""
-    mode = str(getattr(sa, "deepep_mode", "auto"))
-    if mode not in MODES:
+    if (mode := str(sa.deepep_mode)) not in MODES:
         which = "decode batches in auto mode run" if mode == "auto" else "it runs"
         raise Refused(
             f"graphpersist: DeepEP's low-latency mode (--deepep-mode {mode}: {which} it) cannot be persisted: it is "
@@ -63,28 +62,26 @@ def keep_graphs_in_normal_mode(sa: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- the Buffer in setup
-def normal_dispatchers(model: Any) -> list[Any]:
-    """Every normal-mode DeepEP dispatcher of the model's MoE layers, in module order (one per layer and inner)."""
-    found = []
+def first_normal_dispatcher(model: Any) -> Any:
+    """The first normal-mode DeepEP dispatcher of the model's MoE layers, in module order (one per layer and inner),
+    None without one."""
     for module in model.modules():
-        dispatcher = getattr(module, "dispatcher", None)
-        for inner in getattr(dispatcher, "_inners", None) or []:
-            normal = getattr(inner, "_normal_dispatcher", None)
-            if normal is not None:
-                found.append(normal)
-    return found
+        for inner in getattr(getattr(module, "dispatcher", None), "_inners", None) or []:
+            if (normal := getattr(inner, "_normal_dispatcher", None)) is not None:
+                return normal
+    return None
 
 
 def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
     """Setup, before the memory pool is sized: the Buffer made by upstream's own path (the first normal dispatcher's
     `_get_buffer`, which its first dispatch would call; SGLang keeps one per process) in the exact phase `deepep`.
     SAVE refuses what it cannot persist; LOAD compares its facts with SAVE's at once. Returns the Buffer."""
-    dispatchers = normal_dispatchers(model)
-    if not dispatchers:
+    dispatcher = first_normal_dispatcher(model)
+    if dispatcher is None:
         raise PersistError("graphpersist: --moe-a2a-backend deepep but the model has no DeepEP normal-mode dispatcher "
                            "(no MoE layer?): refused")  # fmt: skip
     with session.phase(PHASE):
-        buffer = dispatchers[0]._get_buffer()
+        buffer = dispatcher._get_buffer()
     facts = buffer_facts(buffer)
     if session.loading:
         engine.check_noted(NOTES_KEY, WHAT, session.saved_notes.get(NOTES_KEY), facts)

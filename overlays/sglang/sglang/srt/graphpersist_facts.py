@@ -108,10 +108,8 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
     for name, (what, instead) in ENV_REFUSED.items():
         if env.get(name, "").strip().lower() in ENV_TRUE:
             raise _refuse(f"{name}={env[name]} ({what})", instead)
-    if not sa.disable_custom_all_reduce and env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "1").strip().lower() not in (
-        *ENV_TRUE,
-        "",
-    ):
+    v2 = env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "").strip().lower()
+    if v2 not in (*ENV_TRUE, "") and not sa.disable_custom_all_reduce:
         raise _refuse(
             "the legacy custom all-reduce (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0)",
             "unset SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 (the default custom all-reduce v2 is persisted) or pass "

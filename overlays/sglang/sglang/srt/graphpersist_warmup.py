@@ -156,15 +156,16 @@ class _Driver:
         snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix)."""
         import torch
 
-        reqs = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]
+        made = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]  # (request, its token ids)
+        reqs = [req for req, _ in made]
         sb = self._schedule_batch(reqs)
         sb.prepare_for_extend()
         sb.input_ids = sb.prefill_input_ids_cpu.to(self.mr.device, non_blocking=True)  # the scheduler's staging
         sb.prefill_input_ids_cpu = None
         next_ids = self._forward(sb, reqs)
-        first = reqs[0]
-        slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first.origin_input_ids)]
-        self.first_prompts[batch.key] = (list(first.origin_input_ids), slots.to(first.prefix_indices.dtype, copy=True))
+        first, first_ids = made[0]
+        slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first_ids)]
+        self.first_prompts[batch.key] = (first_ids, slots.to(first.prefix_indices.dtype, copy=True))
         for _ in range(batch.decode_steps):
             sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
             sb.prepare_for_decode()
@@ -172,7 +173,9 @@ class _Driver:
         for req in reqs:
             self.mr.req_to_token_pool.free(req)
 
-    def _request(self, batch: Batch, index: int, length: int) -> Any:
+    def _request(self, batch: Batch, index: int, length: int) -> tuple[Any, list[int]]:
+        """A request of the batch and its token ids; the first request of a batch with `prefix_of` continues that
+        batch's first prompt, whose KV slots it takes as its prefix."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -193,7 +196,7 @@ class _Driver:
         if prefix is not None:
             req.prefix_indices = prefix
         req.set_extend_range(len(req.prefix_indices), len(ids))
-        return req
+        return req, ids
 
     def _schedule_batch(self, reqs: list[Any]) -> Any:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
