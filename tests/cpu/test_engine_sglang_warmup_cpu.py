@@ -584,7 +584,8 @@ def test_the_warm_up_drives_batches_as_sglangs_own_one_batch_benchmark_does(
                      "model_runner.forward", "model_runner.sample"])  # fmt: skip
     overlay = Path(__file__).resolve().parents[2] / "overlays/sglang/sglang/srt/graphpersist_warmup.py"
     serve = _calls(_function(overlay, "serve", "_Driver"))
-    assert _in_order(serve, ["_schedule_batch", "prepare_for_extend", "_forward", "prepare_for_decode", "_forward"])
+    assert _in_order(serve, ["ScheduleBatch.init_new", "prepare_for_extend", "_forward", "prepare_for_decode",
+                             "_forward"])  # fmt: skip
     assert _in_order(_calls(_function(overlay, "_forward", "_Driver")), ["ForwardBatch.init_new", "self.mr.forward",
                      "self.mr.sample"])  # fmt: skip
 

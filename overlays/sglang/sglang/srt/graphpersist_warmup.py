@@ -155,10 +155,19 @@ class _Driver:
         """Prefill, then decode steps; the requests' pool slots go back after (their KV slots stay taken until the
         snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix)."""
         import torch
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
 
         made = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]  # (request, its token ids)
         reqs = [req for req, _ in made]
-        sb = self._schedule_batch(reqs)
+        sb = ScheduleBatch.init_new(
+            reqs=reqs,
+            req_to_token_pool=self.mr.req_to_token_pool,
+            token_to_kv_pool_allocator=self.mr.token_to_kv_pool_allocator,
+            tree_cache=self.cache,
+            model_config=self.mr.model_config,
+            enable_overlap=False,
+            spec_algorithm=self.mr.spec_algorithm,
+        )
         sb.prepare_for_extend()
         sb.input_ids = sb.prefill_input_ids_cpu.to(self.mr.device, non_blocking=True)  # the scheduler's staging
         sb.prefill_input_ids_cpu = None
@@ -197,19 +206,6 @@ class _Driver:
             req.prefix_indices = prefix
         req.set_extend_range(len(req.prefix_indices), len(ids))
         return req, ids
-
-    def _schedule_batch(self, reqs: list[Any]) -> Any:
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-
-        return ScheduleBatch.init_new(
-            reqs=reqs,
-            req_to_token_pool=self.mr.req_to_token_pool,
-            token_to_kv_pool_allocator=self.mr.token_to_kv_pool_allocator,
-            tree_cache=self.cache,
-            model_config=self.mr.model_config,
-            enable_overlap=False,
-            spec_algorithm=self.mr.spec_algorithm,
-        )
 
     def _forward(self, sb: Any, reqs: list[Any]) -> Any:
         """One forward and sample, as `TpModelWorker.forward_batch_generation`; the tokens go to the requests."""
