@@ -209,6 +209,16 @@ def test_unsupported_configuration_is_refused_naming_it_and_what_to_use(
     assert names in message and instead in message
 
 
+def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNamespace) -> None:
+    """Each row of the table: a value persistence does not take is refused, the flag and the value named."""
+    for name, (needs, what, instead) in srt.facts.REFUSED.items():
+        value = True if needs is None else "other" if isinstance(needs, tuple) else needs + 1
+        with pytest.raises(srt.facts.Refused) as err:
+            srt.facts.refuse_unsupported(StandInServerArgs(**{name: value}), {})
+        flag = f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+        assert f"graphpersist: {what} ({flag}) cannot be persisted: {instead}." in str(err.value), name
+
+
 @pytest.mark.parametrize(
     ("env", "names"),
     [
@@ -846,12 +856,14 @@ def _fields_read(module: Path) -> set[str]:
 
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
 def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
-    upstream_tree: Callable[[str], Path],
+    srt: SimpleNamespace, upstream_tree: Callable[[str], Path]
 ) -> None:
+    """Read by name (`sa.<field>`) or through the facts' tables (the refused fields, the recorded ones)."""
     tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
     [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     read = {f for name in ("facts", "engine", "deepep") for f in _fields_read(OVERLAY_SRT / f"graphpersist_{name}.py")}
+    read |= {*srt.facts.REFUSED, *srt.facts.RECORDED, *srt.facts.RECORDED_DEEPEP}
     read -= {"graph_persist", "graph_persist_dir"}  # added by patch 0001
     assert read and read <= fields, f"not ServerArgs fields in 0.5.17: {sorted(read - fields)}"
     stand_in = set(StandInServerArgs.__dataclass_fields__)

@@ -24,6 +24,11 @@ ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 DECODE_BACKENDS = ("full",)
 DEEPEP_DECODE_BACKENDS = ("breakable",)  # --deepep-mode normal under persistence (graphpersist_deepep, patch 0009)
 PREFILL_BACKENDS = ("breakable", "disabled")
+GRAPH_BACKEND_INSTEAD = {
+    "decode": "use the default decode backend 'full' (persistence needs CUDA graphs to persist; with DeepEP in normal "
+    "mode persistence chooses 'breakable' itself)",
+    "prefill": "use the default 'breakable' prefill backend or --cuda-graph-backend-prefill disabled",
+}
 
 # Environment switches that change what SGLang captures or how it allocates, with the value persistence needs.
 ENV_REFUSED = {
@@ -94,17 +99,10 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
             raise _refuse(f"{what} (--{name.replace('_', '-')}{'' if value is True else f' {value}'})", instead)
     cfg = sa.cuda_graph_config
     decode_backends = DECODE_BACKENDS + (DEEPEP_DECODE_BACKENDS if uses_deepep(sa) else ())
-    if cfg.decode.backend not in decode_backends:
-        raise _refuse(
-            f"decode CUDA graphs with the {cfg.decode.backend!r} backend",
-            "use the default decode backend 'full' (persistence needs CUDA graphs to persist; with DeepEP in "
-            "normal mode persistence chooses 'breakable' itself)",
-        )
-    if cfg.prefill.backend not in PREFILL_BACKENDS:
-        raise _refuse(
-            f"prefill CUDA graphs with the {cfg.prefill.backend!r} backend",
-            "use the default 'breakable' prefill backend or --cuda-graph-backend-prefill disabled",
-        )
+    for phase, backend, takes in (("decode", cfg.decode.backend, decode_backends),
+                                  ("prefill", cfg.prefill.backend, PREFILL_BACKENDS)):  # fmt: skip
+        if backend not in takes:
+            raise _refuse(f"{phase} CUDA graphs with the {backend!r} backend", GRAPH_BACKEND_INSTEAD[phase])
     for name, (what, instead) in ENV_REFUSED.items():
         if env.get(name, "").strip().lower() in ENV_TRUE:
             raise _refuse(f"{name}={env[name]} ({what})", instead)

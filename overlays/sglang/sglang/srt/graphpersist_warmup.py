@@ -94,10 +94,9 @@ class NoPrefixCache:
     """The tree cache a batch hands KV slots through, without a radix tree (as SGLang's one-batch benchmark does):
     the warm-up takes slots from the allocator and never evicts (`plan` keeps it within the free slots)."""
 
-    def __init__(self, allocator: Any, page_size: int, device: Any) -> None:
+    def __init__(self, allocator: Any, page_size: int) -> None:
         self.token_to_kv_pool_allocator = allocator
         self.page_size = page_size
-        self.device = device
 
     def supports_swa(self) -> bool:
         return False
@@ -146,8 +145,7 @@ class _Driver:
     def __init__(self, model_runner: Any, outcome: Outcome) -> None:
         self.mr = model_runner
         self.outcome = outcome
-        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size,
-                                   model_runner.device)  # fmt: skip
+        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size)
         self.first_prompts: dict[str, tuple[list[int], Any]] = {}  # batch key -> its first prompt and KV slots
         self.count = 0
 
