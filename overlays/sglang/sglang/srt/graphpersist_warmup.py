@@ -194,8 +194,9 @@ class _Driver:
             ids = tokens + engine.warmup.prompt(self.count, length - len(tokens), vocab)
         else:
             ids = engine.warmup.prompt(self.count, length, vocab)
-        # not normalised, as in SGLang's one-batch benchmark: that prepares stop strings, read only by the finish check
-        params = SamplingParams(max_new_tokens=batch.decode_steps + 1, **batch.sampling)
+        # Neither normalised (as in SGLang's one-batch benchmark) nor given max_new_tokens (the default, not 0, keeps
+        # it generating): stop strings and the token limit are read only by the finish check, never run here.
+        params = SamplingParams(**batch.sampling)
         req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
                   sampling_params=params)  # fmt: skip
         req.full_untruncated_fill_ids = array("q", ids)
