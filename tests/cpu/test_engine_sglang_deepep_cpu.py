@@ -34,7 +34,7 @@ from test_engine_sglang_persist_cpu import (  # noqa: F401
     upstream_standins,
 )
 
-from graphpersist import switch
+from graphpersist import engine, switch
 from graphpersist.engine import PersistError, Refused
 
 NVL_AT = 0x7F3A00000000
@@ -68,7 +68,7 @@ def test_low_latency_mode_is_refused_at_start_up_saying_what_to_use(srt: SimpleN
     ("change", "names"),
     [
         ({"enable_single_batch_overlap": True}, "--enable-single-batch-overlap"),
-        ({"nnodes": 2}, "DeepEP over 2 nodes"),
+        ({"nnodes": 2}, "several nodes (--nnodes 2)"),
         ({"moe_a2a_backend": "mooncake"}, "--moe-a2a-backend mooncake"),
     ],
 )
@@ -254,19 +254,19 @@ def test_load_names_every_fact_that_differs_with_its_saved_and_live_value(srt: S
     saved = facts_of(srt, StandInBuffer())
     live = {**saved, "num_nvl_bytes": 1 << 29, "nvl_buffer": "0x7f3b00000000", "deep_ep_version": "1.2.1"}
     with pytest.raises(PersistError) as err:
-        srt.deepep.check(saved, live)
+        engine.check_noted(srt.deepep.NOTES_KEY, srt.deepep.WHAT, saved, live)  # as setup_buffer and restore do
     assert str(err.value).splitlines() == [
         "graphpersist: cannot LOAD: deepep.deep_ep_version: saved '1.2.1.post20251110+gp.1', live '1.2.1'",
         "graphpersist: cannot LOAD: deepep.num_nvl_bytes: saved 1073741824, live 536870912",
         "graphpersist: cannot LOAD: deepep.nvl_buffer: saved '0x7f3a00000000', live '0x7f3b00000000'",
         "Re-run with mode=save for this configuration.",
     ]
-    srt.deepep.check(saved, dict(saved))  # equal: nothing
+    engine.check_noted(srt.deepep.NOTES_KEY, srt.deepep.WHAT, saved, dict(saved))  # equal: nothing
 
 
 def test_load_refuses_an_archive_saved_without_deepep(srt: SimpleNamespace) -> None:
     with pytest.raises(PersistError, match=r"the archive records no DeepEP buffer \(notes.deepep = None\)"):
-        srt.deepep.check(None, facts_of(srt, StandInBuffer()))
+        engine.check_noted(srt.deepep.NOTES_KEY, srt.deepep.WHAT, None, facts_of(srt, StandInBuffer()))
 
 
 # ---------------------------------------------------------------------- the Buffer in setup, and the communicator

@@ -13,6 +13,7 @@ and give identical outputs (the recipe's proof on the GPU host does).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import logging
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from archive_fixtures import forge, live_for, redigest, write_archive, write_loadable_archive
@@ -171,18 +172,21 @@ def test_the_live_torch_symm_mem_communicators_are_named_with_their_state(
 @pytest.mark.parametrize(
     ("change", "names", "instead"),
     [
-        ({"speculative_algorithm": "EAGLE"}, "speculative decoding (EAGLE)", "without --speculative-algorithm"),
+        ({"speculative_algorithm": "EAGLE"}, "speculative decoding (--speculative-algorithm EAGLE)", "without it"),
         ({"pp_size": 2}, "pipeline parallelism (--pp-size 2)", "tensor parallelism only"),
         ({"enable_dp_attention": True}, "DP attention", "one engine per data-parallel rank"),
         ({"moe_a2a_backend": "mooncake"}, "--moe-a2a-backend mooncake", "--deepep-mode normal"),
         ({"moe_a2a_backend": "deepep"}, "DeepEP's low-latency mode (--deepep-mode auto", "--deepep-mode normal"),
-        ({"nnodes": 2}, "2 nodes", "single node"),
-        ({"enable_lora": True}, "LoRA", "without --enable-lora"),
-        ({"enable_pdmux": True}, "PD multiplexing", "without --enable-pdmux"),
-        ({"enable_torch_compile": True}, "torch.compile", "serve without it"),
-        ({"enable_symm_mem": True}, "NCCL symmetric-memory (--enable-symm-mem)", "--enable-torch-symm-mem"),
-        ({"enable_mscclpp": True}, "MSCCL++", "--disable-custom-all-reduce"),
-        ({"attention_backend": "trtllm_mha"}, "attention backend trtllm_mha", "--attention-backend fa3"),
+        ({"nnodes": 2}, "several nodes (--nnodes 2)", "single node"),
+        ({"enable_lora": True}, "LoRA (--enable-lora)", "serve without it"),
+        ({"enable_pdmux": True}, "PD multiplexing (--enable-pdmux)", "serve without it"),
+        ({"enable_torch_compile": True}, "torch.compile (--enable-torch-compile)", "serve without it"),
+        ({"enable_symm_mem": True}, "NCCL symmetric-memory all-reduce (--enable-symm-mem)", "--enable-torch-symm-mem"),
+        ({"enable_mscclpp": True}, "MSCCL++ all-reduce (--enable-mscclpp)", "--disable-custom-all-reduce"),
+        ({"forward_hooks": ["h"]}, "forward hooks (--forward-hooks ['h'])", "serve without them"),
+        ({"dcp_size": 2}, "context parallelism (--dcp-size 2)", "serve without it"),
+        ({"attention_backend": "trtllm_mha"}, "attention backend (--attention-backend trtllm_mha)", "backend fa3"),
+        ({"decode_attention_backend": "flashmla"}, "(--decode-attention-backend flashmla)", "or triton"),
         (
             {"cuda_graph_config": GraphConfig(prefill=Phase("tc_piecewise", [16]))},
             "'tc_piecewise' backend",
@@ -203,6 +207,16 @@ def test_unsupported_configuration_is_refused_naming_it_and_what_to_use(
     message = str(err.value)
     assert message.startswith("graphpersist: ") and "cannot be persisted" in message
     assert names in message and instead in message
+
+
+def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNamespace) -> None:
+    """Each row of the table: a value persistence does not take is refused, the flag and the value named."""
+    for name, (needs, what, instead) in srt.facts.REFUSED.items():
+        value = True if needs is None else "other" if isinstance(needs, tuple) else needs + 1
+        with pytest.raises(srt.facts.Refused) as err:
+            srt.facts.refuse_unsupported(StandInServerArgs(**{name: value}), {})
+        flag = f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+        assert f"graphpersist: {what} ({flag}) cannot be persisted: {instead}." in str(err.value), name
 
 
 @pytest.mark.parametrize(
@@ -252,14 +266,35 @@ def test_models_outside_the_dense_decoder_path_are_refused(
 # ----------------------------------------------------------------------------------------- the memory-pool budget
 
 
-def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(srt: SimpleNamespace, tmp_path: Path) -> None:
-    """SAVE records every MemoryPoolConfig field (the session records the byte budget it was sized by); LOAD
-    rebuilds the config from them and refuses a record that lacks or adds a field."""
-    config = SimpleNamespace(**{name: 0 for name in srt.facts.POOL_FIELDS})
-    config.max_total_num_tokens, config.mem_fraction_static = 123456, 0.83
+# The fields archives have recorded of SGLang 0.5.17's MemoryPoolConfig (flags.memory_pool), in its order.
+POOL_FIELDS = ("max_total_num_tokens", "max_running_requests", "full_max_total_num_tokens", "swa_max_total_num_tokens",
+               "c4_max_total_num_tokens", "c128_max_total_num_tokens", "c4_state_pool_size", "c128_state_pool_size",
+               "mem_fraction_static")  # fmt: skip
+
+
+@pytest.fixture
+def pool_config(upstream_tree: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> type:
+    """The pinned upstream MemoryPoolConfig dataclass, its class statement run alone (the module imports torch)."""
+    tree = ast.parse((upstream_tree("sglang") / "sglang/srt/model_executor/pool_configurator.py").read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MemoryPoolConfig"]
+    namespace: dict[str, Any] = {"dataclass": dataclasses.dataclass, "Optional": Optional}
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), "pool_configurator.py", "exec"), namespace)
+    module = ModuleType("sglang.srt.model_executor.pool_configurator")
+    module.MemoryPoolConfig = namespace["MemoryPoolConfig"]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return namespace["MemoryPoolConfig"]
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(
+    srt: SimpleNamespace, tmp_path: Path, pool_config: type
+) -> None:
+    """SAVE records every MemoryPoolConfig field (the session records the byte budget it was sized by): the fields
+    archives have always recorded; LOAD rebuilds the config from them and refuses a record that lacks or adds one."""
+    config = pool_config(max_total_num_tokens=123456, mem_fraction_static=0.83)
     record = srt.facts.pool_record(config)
-    assert set(record) == set(srt.facts.POOL_FIELDS) and record["max_total_num_tokens"] == 123456
-    assert srt.facts.saved_pool(record, tmp_path) == record
+    assert tuple(record) == POOL_FIELDS and record["max_total_num_tokens"] == 123456
+    assert srt.facts.saved_pool(record, tmp_path) == record and pool_config(**record) == config
     for bad in (
         None,
         {},
@@ -821,12 +856,14 @@ def _fields_read(module: Path) -> set[str]:
 
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
 def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
-    upstream_tree: Callable[[str], Path],
+    srt: SimpleNamespace, upstream_tree: Callable[[str], Path]
 ) -> None:
+    """Read by name (`sa.<field>`) or through the facts' tables (the refused fields, the recorded ones)."""
     tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
     [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     read = {f for name in ("facts", "engine", "deepep") for f in _fields_read(OVERLAY_SRT / f"graphpersist_{name}.py")}
+    read |= {*srt.facts.REFUSED, *srt.facts.RECORDED, *srt.facts.RECORDED_DEEPEP}
     read -= {"graph_persist", "graph_persist_dir"}  # added by patch 0001
     assert read and read <= fields, f"not ServerArgs fields in 0.5.17: {sorted(read - fields)}"
     stand_in = set(StandInServerArgs.__dataclass_fields__)

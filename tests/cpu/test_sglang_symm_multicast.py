@@ -1,9 +1,10 @@
 """Torch symmetric memory without multicast (SGLang patch 0007 and sglang/srt/graphpersist_symm_multicast.py).
 
-The decision logic runs here as it is (the overlay imports only the standard library). The patched communicator is
-checked in the built wheel (network: it needs dist/): its `__init__` runs against stand-ins for torch and the SGLang
-modules it imports, with rendezvous() reporting no multicast address, so what is pinned down is the behaviour upstream
-code gets from the patch: on with the opt-in at world size 2, off (with upstream's warning) everywhere else.
+The decision logic runs here as it is (the overlay imports only the standard library and graphpersist.engine). The
+patched communicator is checked in the built wheel (network: it needs dist/): its `__init__` runs against stand-ins for
+torch and the SGLang modules it imports, with rendezvous() reporting no multicast address, so what is pinned down is
+the behaviour upstream code gets from the patch: on with the opt-in at world size 2, off (with upstream's warning)
+everywhere else.
 """
 
 from __future__ import annotations
@@ -27,50 +28,50 @@ MULTIMEM = {9: [4, 6, 8], 10: [4, 6, 8]}  # TorchSymmMemCommunicator._WORLD_SIZE
 symm = load_module(OVERLAY_PATH, "sglang_symm_multicast_overlay", sys.modules.__setitem__)
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, False), ("", False), ("0", False), ("1", True)])
-def test_the_opt_in_is_1_and_off_is_unset_or_0(value: str | None, expected: bool) -> None:
-    assert symm.opted_in({} if value is None else {symm.ENV: value}) is expected
-
-
 @pytest.mark.parametrize("value", ["yes", "true", "2", " 1"])
-def test_any_other_value_is_refused_naming_what_to_set(value: str) -> None:
-    with pytest.raises(ValueError, match=rf"GRAPHPERSIST_SYMM_MEM_NO_MULTICAST={value!r} is not 1 or 0\. Set"):
-        symm.opted_in({symm.ENV: value})
+def test_any_other_value_is_refused_naming_what_to_set(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(symm.ENV, value)
+    with pytest.raises(ValueError, match=rf"GRAPHPERSIST_SYMM_MEM_NO_MULTICAST={value!r} is not 1 or 0\. Set .*=1 "
+                       "to let torch symmetric memory run its two-shot all-reduce without multicast"):  # fmt: skip
+        symm.keep_without_multicast(2, 9, MULTIMEM, inkling_custom_ar=False)
 
 
 @pytest.mark.parametrize("capability", [9, 10])
 def test_world_size_2_runs_two_shot_and_keeps_the_communicator(capability: int) -> None:
-    decision = symm.decide(2, capability, MULTIMEM, inkling_custom_ar=False)
-    assert decision.keep
-    assert decision.describe() == (
+    assert symm.decide(2, capability, MULTIMEM, inkling_custom_ar=False) == (
+        True,
         "graphpersist: torch symmetric memory without multicast: the two-shot all-reduce at world size 2 needs none: "
-        "communicator on"
+        "communicator on",
     )
 
 
 @pytest.mark.parametrize("world_size", [4, 6, 8])
 def test_multimem_world_sizes_still_need_multicast(world_size: int) -> None:
-    decision = symm.decide(world_size, 9, MULTIMEM, inkling_custom_ar=False)
-    assert not decision.keep
-    assert decision.describe() == (
+    assert symm.decide(world_size, 9, MULTIMEM, inkling_custom_ar=False) == (
+        False,
         f"graphpersist: torch symmetric memory without multicast: world size {world_size} on SM90 runs the multimem "
-        "all-reduce, which needs it: communicator off (as upstream)"
+        "all-reduce, which needs it: communicator off (as upstream)",
     )
 
 
 def test_a_capability_without_multimem_sizes_runs_two_shot_at_any_world_size() -> None:
-    assert symm.decide(4, 12, MULTIMEM, inkling_custom_ar=False).keep
+    assert symm.decide(4, 12, MULTIMEM, inkling_custom_ar=False)[0]
 
 
 def test_inklings_all_reduce_reads_the_multicast_address_so_it_stays_off() -> None:
-    decision = symm.decide(2, 9, MULTIMEM, inkling_custom_ar=True)
-    assert not decision.keep and "SGLANG_OPT_USE_INKLING_CUSTOM_AR" in decision.reason
+    keep, line = symm.decide(2, 9, MULTIMEM, inkling_custom_ar=True)
+    assert not keep and "SGLANG_OPT_USE_INKLING_CUSTOM_AR" in line
 
 
+@pytest.mark.parametrize("value", [None, "", "0"])
 def test_without_the_opt_in_upstream_decides_and_nothing_is_logged(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    value: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv(symm.ENV, raising=False)
+    """Unset or 0: not opted in; the communicator then stays off, as upstream turns it off."""
+    if value is None:
+        monkeypatch.delenv(symm.ENV, raising=False)
+    else:
+        monkeypatch.setenv(symm.ENV, value)
     with caplog.at_level(logging.DEBUG):
         assert symm.keep_without_multicast(2, 9, MULTIMEM, inkling_custom_ar=False) is False
     assert caplog.records == []
@@ -97,7 +98,7 @@ def test_the_archive_pins_the_opt_in() -> None:
 
 def test_the_symm_recipe_quotes_the_line_the_overlay_logs() -> None:
     readme = (REPO / "recipes" / "sglang-qwen3-8b-tp2-symm" / "README.md").read_text()
-    assert symm.decide(2, 9, MULTIMEM, inkling_custom_ar=False).describe() in readme
+    assert symm.decide(2, 9, MULTIMEM, inkling_custom_ar=False)[1] in readme
 
 
 def test_the_symm_recipe_sets_the_variable_the_overlay_reads() -> None:

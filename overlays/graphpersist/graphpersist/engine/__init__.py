@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
-from graphpersist.engine import breakable
+from graphpersist.engine import breakable, warmup
 from graphpersist.engine.adapter import (
     Communicator,
     EngineAdapter,
@@ -25,6 +25,8 @@ from graphpersist.engine.adapter import (
     bytes_in_param,
     graphs_differ,
 )
+from graphpersist.engine.checks import check_noted, opted_in
+from graphpersist.engine.putback import put_back
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
@@ -54,6 +56,7 @@ __all__ = [
     "breakable",
     "bytes_in_param",
     "cache_folders",
+    "check_noted",
     "current",
     "graphs_differ",
     "interposer_loaded",
@@ -61,6 +64,8 @@ __all__ = [
     "ipc_open",
     "model_tensors",
     "new_graph",
+    "opted_in",
+    "put_back",
     "recording_refusals",
     "refusal_or",
     "refusal_recorded",
@@ -74,6 +79,7 @@ __all__ = [
     "tensor_at",
     "tensor_spec",
     "torch_gather",
+    "warmup",
 ]
 
 

@@ -12,6 +12,7 @@ from graphpersist.engine import PersistError, Refused
 
 PHASE = "deepep"
 NOTES_KEY = "deepep"
+WHAT = "DeepEP buffer"
 MODES = ("normal",)
 USE_INSTEAD = (
     "use --deepep-mode normal (DeepEP's high-throughput kernels over NVLink within one node; SGLang then runs them "
@@ -22,21 +23,18 @@ logger = logging.getLogger(__name__)
 
 
 def refuse(sa: Any) -> None:
-    """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use."""
-    mode = str(getattr(sa, "deepep_mode", "auto"))
-    if mode not in MODES:
+    """What DeepEP configurations persistence cannot take, refused at start-up naming the setting and what to use
+    (several nodes, where DeepEP runs on NVSHMEM, are refused with every start over several nodes)."""
+    if (mode := str(sa.deepep_mode)) not in MODES:
         which = "decode batches in auto mode run" if mode == "auto" else "it runs"
         raise Refused(
             f"graphpersist: DeepEP's low-latency mode (--deepep-mode {mode}: {which} it) cannot be persisted: it is "
             "captured in the decode graphs and needs NVSHMEM with an InfiniBand NIC (IBGDA), even within one node, "
             f"while persistence keeps only DeepEP's NVLink buffers. Instead, {USE_INSTEAD}"
         )
-    if getattr(sa, "enable_single_batch_overlap", False):
+    if sa.enable_single_batch_overlap:
         raise Refused("graphpersist: DeepEP with --enable-single-batch-overlap cannot be persisted (this DeepEP build "
                       "has no single-batch-overlap combine): serve without it")  # fmt: skip
-    if int(getattr(sa, "nnodes", 1)) != 1:
-        raise Refused(f"graphpersist: DeepEP over {sa.nnodes} nodes cannot be persisted (internode DeepEP runs on "
-                      f"NVSHMEM). Instead, {USE_INSTEAD}")  # fmt: skip
 
 
 def keep_graphs_in_normal_mode(sa: Any) -> bool:
@@ -64,31 +62,29 @@ def keep_graphs_in_normal_mode(sa: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- the Buffer in setup
-def normal_dispatchers(model: Any) -> list[Any]:
-    """Every normal-mode DeepEP dispatcher of the model's MoE layers, in module order (one per layer and inner)."""
-    found = []
+def first_normal_dispatcher(model: Any) -> Any:
+    """The first normal-mode DeepEP dispatcher of the model's MoE layers, in module order (one per layer and inner),
+    None without one."""
     for module in model.modules():
-        dispatcher = getattr(module, "dispatcher", None)
-        for inner in getattr(dispatcher, "_inners", None) or []:
-            normal = getattr(inner, "_normal_dispatcher", None)
-            if normal is not None:
-                found.append(normal)
-    return found
+        for inner in getattr(getattr(module, "dispatcher", None), "_inners", None) or []:
+            if (normal := getattr(inner, "_normal_dispatcher", None)) is not None:
+                return normal
+    return None
 
 
 def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
     """Setup, before the memory pool is sized: the Buffer made by upstream's own path (the first normal dispatcher's
     `_get_buffer`, which its first dispatch would call; SGLang keeps one per process) in the exact phase `deepep`.
     SAVE refuses what it cannot persist; LOAD compares its facts with SAVE's at once. Returns the Buffer."""
-    dispatchers = normal_dispatchers(model)
-    if not dispatchers:
+    dispatcher = first_normal_dispatcher(model)
+    if dispatcher is None:
         raise PersistError("graphpersist: --moe-a2a-backend deepep but the model has no DeepEP normal-mode dispatcher "
                            "(no MoE layer?): refused")  # fmt: skip
     with session.phase(PHASE):
-        buffer = dispatchers[0]._get_buffer()
+        buffer = dispatcher._get_buffer()
     facts = buffer_facts(buffer)
     if session.loading:
-        check(session.saved_notes.get(NOTES_KEY), facts)
+        engine.check_noted(NOTES_KEY, WHAT, session.saved_notes.get(NOTES_KEY), facts)
     else:
         refuse_facts(facts)
     session.log("DeepEP buffer: %d NVL bytes at %s, rank %d of %d, deep_ep %s", facts["num_nvl_bytes"],
@@ -148,21 +144,6 @@ def refuse_facts(facts: Mapping[str, Any]) -> None:
                                 + [f"Instead, {USE_INSTEAD}."]))  # fmt: skip
 
 
-def check(saved: Any, live: Mapping[str, Any]) -> None:
-    """LOAD: every fact of the Buffer as SAVE recorded it; one line per difference (field, saved, live), then advice."""
-    if not isinstance(saved, dict):
-        raise PersistError(f"graphpersist: cannot LOAD: the archive records no DeepEP buffer (notes.{NOTES_KEY} = "
-                           f"{saved!r}), this start has one. Re-run with mode=save for this "
-                           "configuration.")  # fmt: skip
-    lines = [
-        f"graphpersist: cannot LOAD: {NOTES_KEY}.{name}: saved {saved.get(name)!r}, live {live.get(name)!r}"
-        for name in sorted(set(saved) | set(live))
-        if saved.get(name) != live.get(name)
-    ]
-    if lines:
-        raise PersistError("\n".join([*lines, "Re-run with mode=save for this configuration."]))
-
-
 class DeepEPBuffers(engine.Communicator):
     """The DeepEP Buffer as the session sees it: nothing registers after the capture (the peers' NVL buffers were
     opened when the Buffer was made, in setup); SAVE records its facts, LOAD compares them before the first replay."""
@@ -185,4 +166,4 @@ class DeepEPBuffers(engine.Communicator):
         session.notes[NOTES_KEY] = facts
 
     def restore(self, session: engine.PersistSession, notes: Mapping[str, Any]) -> None:
-        check(notes.get(NOTES_KEY), self._live("LOAD"))
+        engine.check_noted(NOTES_KEY, WHAT, notes.get(NOTES_KEY), self._live("LOAD"))

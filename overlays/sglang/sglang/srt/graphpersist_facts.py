@@ -3,6 +3,7 @@ and the small engine lookups the glue needs. Nothing here imports SGLang or torc
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,11 @@ ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 DECODE_BACKENDS = ("full",)
 DEEPEP_DECODE_BACKENDS = ("breakable",)  # --deepep-mode normal under persistence (graphpersist_deepep, patch 0009)
 PREFILL_BACKENDS = ("breakable", "disabled")
+GRAPH_BACKEND_INSTEAD = {
+    "decode": "use the default decode backend 'full' (persistence needs CUDA graphs to persist; with DeepEP in normal "
+    "mode persistence chooses 'breakable' itself)",
+    "prefill": "use the default 'breakable' prefill backend or --cuda-graph-backend-prefill disabled",
+}
 
 # Environment switches that change what SGLang captures or how it allocates, with the value persistence needs.
 ENV_REFUSED = {
@@ -35,83 +41,73 @@ ENV_REFUSED = {
 }
 ENV_TRUE = ("1", "true", "yes", "on")
 
+ALL_REDUCE_INSTEAD = "use SGLang's default custom all-reduce, --enable-torch-symm-mem or --disable-custom-all-reduce"
+ATTENTION_INSTEAD = f"use --attention-backend {' or '.join(ATTENTION_BACKENDS)}"
+# The ServerArgs fields persistence refuses, checked in this order: field -> (what it takes: None for unset or off, a
+# tuple of the values it takes, else the one value; what the setting is; what to do instead).
+REFUSED = {
+    "speculative_algorithm": (None, "speculative decoding", "serve without it"),
+    "pp_size": (1, "pipeline parallelism", "use tensor parallelism only"),
+    "dp_size": (1, "data parallelism", "start one engine per data-parallel rank"),
+    "enable_dp_attention": (None, "DP attention", "start one engine per data-parallel rank, without it"),
+    "nnodes": (1, "a start over several nodes", "run on a single node"),
+    "dcp_size": (1, "context parallelism", "serve without it"),
+    "attn_cp_size": (1, "context parallelism", "serve without it"),
+    "enable_lora": (None, "LoRA", "serve without it"),
+    "enable_pdmux": (None, "PD multiplexing", "serve without it"),
+    "enable_two_batch_overlap": (None, "two-batch overlap", "serve without it"),
+    "enable_torch_compile": (None, "torch.compile", "serve without it"),
+    "enable_memory_saver": (None, "the memory saver", "serve without it"),
+    "forward_hooks": (None, "forward hooks", "serve without them"),
+    "enable_symm_mem": (None, "NCCL symmetric-memory all-reduce", ALL_REDUCE_INSTEAD),
+    "enable_mscclpp": (None, "MSCCL++ all-reduce", ALL_REDUCE_INSTEAD),
+    "enable_nccl_nvls": (None, "NVLS all-reduce", ALL_REDUCE_INSTEAD),
+    "enable_profile_cuda_graph": (None, "CUDA-graph profiling", "serve without it"),
+    "debug_cuda_graph": (None, "CUDA-graph debugging", "serve without it"),
+    "attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
+    "prefill_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
+    "decode_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
+}
+
 
 def _refuse(what: str, instead: str) -> Refused:
     return Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
 
 
+def _takes(needs: Any, value: Any) -> bool:
+    """Whether a field's value is one persistence takes (`REFUSED`'s first column says which)."""
+    if needs is None:
+        return not value
+    return value in needs if isinstance(needs, tuple) else value == needs
+
+
 def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> None:
     """Refuses, before anything is allocated, the configurations whose graphs this integration cannot restore."""
     env = os.environ if environ is None else environ
-    if getattr(sa, "speculative_algorithm", None):
-        raise _refuse(f"speculative decoding ({sa.speculative_algorithm})", "serve without --speculative-algorithm")
-    if sa.pp_size != 1:
-        raise _refuse(f"pipeline parallelism (--pp-size {sa.pp_size})", "use tensor parallelism only")
-    if sa.dp_size != 1 or sa.enable_dp_attention:
-        raise _refuse(
-            "data parallelism / DP attention", "start one engine per data-parallel rank, without --enable-dp-attention"
-        )
     if uses_deepep(sa):
         from sglang.srt import graphpersist_deepep as deepep
 
         deepep.refuse(sa)
-    elif getattr(sa, "moe_a2a_backend", "none") not in (None, "none") or getattr(sa, "ep_size", 1) != 1:
+    elif sa.moe_a2a_backend not in (None, "none") or sa.ep_size != 1:
         raise _refuse(
-            f"expert parallelism (--moe-a2a-backend {sa.moe_a2a_backend}, --ep-size {getattr(sa, 'ep_size', 1)})",
+            f"expert parallelism (--moe-a2a-backend {sa.moe_a2a_backend}, --ep-size {sa.ep_size})",
             "serve without expert parallelism, or with DeepEP in normal mode (--moe-a2a-backend deepep "
             "--deepep-mode normal)",
         )
-    if sa.nnodes != 1:
-        raise _refuse(f"{sa.nnodes} nodes", "run on a single node")
-    if getattr(sa, "dcp_size", 1) != 1 or getattr(sa, "attn_cp_size", 1) != 1:
-        raise _refuse("context parallelism", "serve without --dcp-size / --attn-cp-size")
-    if sa.enable_lora:
-        raise _refuse("LoRA", "serve without --enable-lora")
-    if sa.enable_pdmux:
-        raise _refuse("PD multiplexing", "serve without --enable-pdmux")
-    if sa.enable_two_batch_overlap:
-        raise _refuse("two-batch overlap", "serve without --enable-two-batch-overlap")
-    if sa.enable_torch_compile:
-        raise _refuse("torch.compile (--enable-torch-compile)", "serve without it")
-    if sa.enable_memory_saver:
-        raise _refuse("the memory saver (--enable-memory-saver)", "serve without it")
-    if getattr(sa, "forward_hooks", None):
-        raise _refuse("forward hooks (--forward-hooks)", "serve without them")
-    if sa.enable_symm_mem or sa.enable_mscclpp or sa.enable_nccl_nvls:
-        raise _refuse(
-            "NCCL symmetric-memory (--enable-symm-mem), MSCCL++ or NVLS all-reduce",
-            "use SGLang's default custom all-reduce, --enable-torch-symm-mem or --disable-custom-all-reduce",
-        )
-    if sa.enable_profile_cuda_graph or sa.debug_cuda_graph:
-        raise _refuse(
-            "CUDA-graph profiling or debugging", "serve without --enable-profile-cuda-graph/--debug-cuda-graph"
-        )
+    for name, (needs, what, instead) in REFUSED.items():
+        if not _takes(needs, value := getattr(sa, name)):
+            raise _refuse(f"{what} (--{name.replace('_', '-')}{'' if value is True else f' {value}'})", instead)
     cfg = sa.cuda_graph_config
     decode_backends = DECODE_BACKENDS + (DEEPEP_DECODE_BACKENDS if uses_deepep(sa) else ())
-    if cfg.decode.backend not in decode_backends:
-        raise _refuse(
-            f"decode CUDA graphs with the {cfg.decode.backend!r} backend",
-            "use the default decode backend 'full' (persistence needs CUDA graphs to persist; with DeepEP in "
-            "normal mode persistence chooses 'breakable' itself)",
-        )
-    if cfg.prefill.backend not in PREFILL_BACKENDS:
-        raise _refuse(
-            f"prefill CUDA graphs with the {cfg.prefill.backend!r} backend",
-            "use the default 'breakable' prefill backend or --cuda-graph-backend-prefill disabled",
-        )
-    backends = {sa.attention_backend, sa.prefill_attention_backend, sa.decode_attention_backend} - {None}
-    other = sorted(b for b in backends if b not in ATTENTION_BACKENDS)
-    if other:
-        raise _refuse(
-            f"attention backend {', '.join(other)}", f"use --attention-backend {' or '.join(ATTENTION_BACKENDS)}"
-        )
+    for phase, backend, takes in (("decode", cfg.decode.backend, decode_backends),
+                                  ("prefill", cfg.prefill.backend, PREFILL_BACKENDS)):  # fmt: skip
+        if backend not in takes:
+            raise _refuse(f"{phase} CUDA graphs with the {backend!r} backend", GRAPH_BACKEND_INSTEAD[phase])
     for name, (what, instead) in ENV_REFUSED.items():
         if env.get(name, "").strip().lower() in ENV_TRUE:
             raise _refuse(f"{name}={env[name]} ({what})", instead)
-    if not sa.disable_custom_all_reduce and env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "1").strip().lower() not in (
-        *ENV_TRUE,
-        "",
-    ):
+    v2 = env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "").strip().lower()
+    if v2 not in (*ENV_TRUE, "") and not sa.disable_custom_all_reduce:
         raise _refuse(
             "the legacy custom all-reduce (SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=0)",
             "unset SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 (the default custom all-reduce v2 is persisted) or pass "
@@ -161,63 +157,42 @@ def parallel(sa: Any) -> dict[str, int]:
     return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": ep}
 
 
+# The ServerArgs fields recorded as they are, compared before setup and again at LOAD. enable_deterministic_inference
+# puts batch-invariant kernels in the graphs, and is the only mode in which SGLang honours per-request seeds.
+RECORDED = ("context_length", "max_running_requests", "max_total_tokens", "chunked_prefill_size", "page_size",
+            "kv_cache_dtype", "mem_fraction_static", "attention_backend", "prefill_attention_backend",
+            "decode_attention_backend", "disable_cuda_graph_padding", "disable_custom_all_reduce",
+            "enable_torch_symm_mem", "disable_overlap_schedule", "enable_deterministic_inference", "quantization",
+            "load_format")  # fmt: skip
+# With DeepEP, what changes its Buffer and what runs in the breaks (none without it: archives stay as before).
+RECORDED_DEEPEP = ("moe_a2a_backend", "deepep_mode", "deepep_config", "moe_runner_backend", "ep_size")
+
+
 def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Flags known from the server arguments alone (compared before setup and again at LOAD)."""
     env = os.environ if environ is None else environ
     cfg = sa.cuda_graph_config
     return {
-        "context_length": sa.context_length,
-        "max_running_requests": sa.max_running_requests,
-        "max_total_tokens": sa.max_total_tokens,
-        "chunked_prefill_size": sa.chunked_prefill_size,
-        "page_size": sa.page_size,
-        "kv_cache_dtype": str(sa.kv_cache_dtype),
-        "mem_fraction_static": sa.mem_fraction_static,
-        "attention_backend": sa.attention_backend,
-        "prefill_attention_backend": sa.prefill_attention_backend,
-        "decode_attention_backend": sa.decode_attention_backend,
+        **{name: getattr(sa, name) for name in RECORDED + (RECORDED_DEEPEP if uses_deepep(sa) else ())},
         "cuda_graph_decode_backend": cfg.decode.backend,
         "cuda_graph_decode_bs": sorted(cfg.decode.bs or []),
         "cuda_graph_prefill_backend": cfg.prefill.backend,
         "cuda_graph_prefill_bs": sorted(cfg.prefill.bs or []),
-        "disable_cuda_graph_padding": bool(sa.disable_cuda_graph_padding),
-        "disable_custom_all_reduce": bool(sa.disable_custom_all_reduce),
-        "enable_torch_symm_mem": bool(sa.enable_torch_symm_mem),
         "custom_all_reduce_v2": env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2"),
-        "disable_overlap_schedule": bool(sa.disable_overlap_schedule),
-        # batch-invariant kernels in the graphs, and the only mode in which SGLang honours per-request seeds
-        "enable_deterministic_inference": bool(sa.enable_deterministic_inference),
-        "quantization": sa.quantization,
-        "load_format": str(sa.load_format),
-        **deepep_flags(sa),
-    }
-
-
-def deepep_flags(sa: Any) -> dict[str, Any]:
-    """With DeepEP, what changes its Buffer and what runs in the breaks (none without it: archives stay as before)."""
-    if not uses_deepep(sa):
-        return {}
-    return {
-        "moe_a2a_backend": sa.moe_a2a_backend,
-        "deepep_mode": str(sa.deepep_mode),
-        "deepep_config": sa.deepep_config,
-        "moe_runner_backend": str(sa.moe_runner_backend),
-        "ep_size": int(sa.ep_size),
     }
 
 
 def flags(pool: dict[str, Any] | None, model_runner: Any, inventory: Mapping[str, list[int]]) -> dict[str, Any]:
-    """Every flag SAVE records and LOAD compares, once the memory pool, backends and graph runners exist."""
+    """Every flag SAVE records and LOAD compares, once the memory pool and graph runners exist. The attention backends
+    SGLang runs are the recorded flags' (ServerArgs.get_attention_backends; a draft worker is refused), and its
+    token count is the memory pool's."""
     from sglang.srt import graphpersist_customar as customar
 
     return {
         **config_flags(model_runner.server_args),
-        "attention_backend_prefill_live": str(model_runner.prefill_attention_backend_str),
-        "attention_backend_decode_live": str(model_runner.decode_attention_backend_str),
         "decode_batch_sizes": list(inventory.get("decode", [])),
         "prefill_token_sizes": list(inventory.get("prefill", [])),
         "memory_pool": dict(pool or {}),
-        "max_total_num_tokens": int(model_runner.max_total_num_tokens),
         "custom_all_reduce": customar.describe_live(),
         "torch_symm_mem": torch_symm_mem_live(),
     }
@@ -235,23 +210,12 @@ def torch_symm_mem_live() -> list[str]:
     ]
 
 
-POOL_FIELDS = (
-    "max_total_num_tokens",
-    "max_running_requests",
-    "full_max_total_num_tokens",
-    "swa_max_total_num_tokens",
-    "c4_max_total_num_tokens",
-    "c128_max_total_num_tokens",
-    "c4_state_pool_size",
-    "c128_state_pool_size",
-    "mem_fraction_static",
-)
-
-
 def saved_pool(value: Any, archive_dir: Any) -> dict[str, Any]:
     """The memory pool SAVE sized (every MemoryPoolConfig field), as recorded in flags.memory_pool; refuses an archive
     without one."""
-    if not isinstance(value, dict) or set(value) != set(POOL_FIELDS):
+    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+    if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(MemoryPoolConfig)}:
         raise PersistError(
             f"graphpersist: {archive_dir} records no memory-pool size (flags.memory_pool = {value!r}). "
             "Re-run with mode=save."
@@ -260,8 +224,9 @@ def saved_pool(value: Any, archive_dir: Any) -> dict[str, Any]:
 
 
 def pool_record(config: Any) -> dict[str, Any]:
-    """The MemoryPoolConfig SAVE used, every field by name, as the archive records it (LOAD rebuilds it)."""
-    return {name: getattr(config, name) for name in POOL_FIELDS}
+    """The MemoryPoolConfig SAVE used, every field by name (a dataclass of sizes), as the archive records it (LOAD
+    rebuilds it)."""
+    return dataclasses.asdict(config)
 
 
 def cpu_gather() -> Any:

@@ -5,43 +5,23 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from graphpersist import engine
+
+Batch, Outcome = engine.warmup.Batch, engine.warmup.Outcome  # the runtime's: what a batch is, what run() returns
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 TOP_K_TOP_P: dict[str, Any] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
-MIN_P_PENALTIES: dict[str, Any] = {
-    "temperature": 0.8,
-    "min_p": 0.05,
-    "repetition_penalty": 1.1,
-    "frequency_penalty": 0.2,
-    "presence_penalty": 0.2,
-}
+# The repetition penalty is torch.compile'd; the frequency and presence penalties are plain torch (nothing to compile).
+MIN_P_PENALTIES: dict[str, Any] = {"temperature": 0.8, "min_p": 0.05, "repetition_penalty": 1.1}
 PLAIN_SAMPLING: dict[str, Any] = {}  # SGLang's defaults: temperature 1, whole vocabulary (torch.multinomial)
 
 # SGLang 0.5.17 replays a prefill graph only when padding at most doubles the tokens
 # (prefill_cuda_graph_runner._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR), so a 1-token prefill runs eagerly.
 ONE_TOKEN = 1
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One dummy batch: a prefill of these prompts (token counts), then `decode_steps` decode steps."""
-
-    key: str
-    what: str  # what it exercises, for the log
-    prompt_lens: tuple[int, ...]
-    sampling: dict[str, Any]
-    decode_steps: int
-    prefix_of: str | None = None  # the first prompt continues the first prompt of that batch (a radix-cache hit)
-
-    @property
-    def new_tokens(self) -> int:
-        """KV slots the batch takes: its prefill and one per request and decode step (an upper bound with a
-        prefix, whose slots are reused)."""
-        return sum(self.prompt_lens) + len(self.prompt_lens) * self.decode_steps
 
 
 @dataclass(frozen=True)
@@ -90,20 +70,8 @@ def plan(limits: Limits) -> tuple[list[Batch], list[str]]:
         else:
             left_out.append(f"an eager prefill of {n} tokens: a prefill batch holds at most {cap} tokens here, so "
                             "SGLang never runs one")  # fmt: skip
-    kept: list[Batch] = []
-    tokens = 0
-    for batch in batches:
-        too_long = max(batch.prompt_lens) + batch.decode_steps >= limits.context_len
-        if batch.prefix_of is not None and all(b.key != batch.prefix_of for b in kept):
-            left_out.append(f"{batch.what}: its prefix batch was left out")
-            continue
-        if too_long or tokens + batch.new_tokens > limits.max_tokens:
-            left_out.append(f"{batch.what}: it does not fit ({batch.new_tokens} KV slots, "
-                            f"{limits.max_tokens - tokens} free; context length {limits.context_len})")  # fmt: skip
-            continue
-        kept.append(batch)
-        tokens += batch.new_tokens
-    return kept, left_out
+    kept, too_big = engine.warmup.fit(batches, max_tokens=limits.max_tokens, context_len=limits.context_len)
+    return kept, left_out + too_big
 
 
 def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
@@ -122,19 +90,13 @@ def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
     )
 
 
-def prompt(index: int, length: int, vocab_size: int) -> list[int]:
-    """Fixed token ids inside the vocabulary, different per prompt (no randomness: nothing to seed)."""
-    return [(1000 + 7919 * index + 131 * i) % vocab_size for i in range(length)]
-
-
 class NoPrefixCache:
     """The tree cache a batch hands KV slots through, without a radix tree (as SGLang's one-batch benchmark does):
     the warm-up takes slots from the allocator and never evicts (`plan` keeps it within the free slots)."""
 
-    def __init__(self, allocator: Any, page_size: int, device: Any) -> None:
+    def __init__(self, allocator: Any, page_size: int) -> None:
         self.token_to_kv_pool_allocator = allocator
         self.page_size = page_size
-        self.device = device
 
     def supports_swa(self) -> bool:
         return False
@@ -152,74 +114,6 @@ class NoPrefixCache:
         raise RuntimeError("graphpersist: the kernel warm-up ran out of KV slots (it never evicts)")
 
 
-@dataclass
-class Snapshot:
-    """The Python-side bookkeeping of objects the batches change, put back afterwards: attributes as they were
-    (lists copied, CPU tensors cloned and copied back in place, since others may hold them); device tensors are
-    kept by reference (the pools replace, never mutate, their free lists)."""
-
-    objects: list[tuple[Any, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, *objs: Any) -> Snapshot:
-        snap = cls()
-        for obj in objs:
-            attrs, cpu = {}, {}
-            for name, value in vars(obj).items():
-                if isinstance(value, list):
-                    attrs[name] = list(value)
-                elif _is_cpu_tensor(value):
-                    attrs[name], cpu[name] = value, value.clone()
-                else:
-                    attrs[name] = value
-            snap.objects.append((obj, attrs, cpu))
-        return snap
-
-    def restore(self) -> None:
-        for obj, attrs, cpu in self.objects:
-            for name in [n for n in vars(obj) if n not in attrs]:
-                delattr(obj, name)
-            for name, value in attrs.items():
-                setattr(obj, name, value)
-            for name, saved in cpu.items():
-                attrs[name].copy_(saved)
-
-
-def _is_cpu_tensor(value: Any) -> bool:
-    device = getattr(value, "device", None)
-    return getattr(device, "type", None) == "cpu" and hasattr(value, "clone") and hasattr(value, "copy_")
-
-
-@contextmanager
-def _state_put_back(model_runner: Any) -> Iterator[None]:
-    """The pools' bookkeeping, the random generators and the forward counter, as before the batches."""
-    import torch
-
-    snap = Snapshot.of(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator)
-    cpu_rng, gpu_rng = torch.get_rng_state(), torch.cuda.get_rng_state()
-    forward_pass_id = getattr(model_runner, "forward_pass_id", None)
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize()
-        snap.restore()
-        torch.set_rng_state(cpu_rng)
-        torch.cuda.set_rng_state(gpu_rng)
-        if forward_pass_id is not None:
-            model_runner.forward_pass_id = forward_pass_id
-
-
-@dataclass
-class Outcome:
-    """What the warm-up ran: its batches, and how many forwards replayed a graph or ran eagerly."""
-
-    batches: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-    graph_forwards: int = 0
-    eager_forwards: int = 0
-    seconds: float = 0.0
-
-
 def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) -> Outcome:
     """SAVE, every rank, collectively (the forwards all-reduce): runs `plan`'s batches through SGLang's request path
     and puts back what they changed. Raises what SGLang raises (the SAVE is then refused on every rank)."""
@@ -229,12 +123,16 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     started = time.perf_counter()
     batches, left_out = plan(limits_of(model_runner, runners))
     outcome = Outcome(left_out=left_out)
-    stream = getattr(model_runner, "forward_stream", None)
-    with _state_put_back(model_runner), DynamicGradMode(), torch.cuda.stream(stream):
-        driver = _Driver(model_runner, outcome)
-        for batch in batches:
-            driver.serve(batch)
-            outcome.batches.append(batch.key)
+    forward_pass_id = model_runner.forward_pass_id  # the forward counter, put back with the pools' bookkeeping
+    try:
+        with engine.put_back(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator), \
+                DynamicGradMode(), torch.cuda.stream(model_runner.forward_stream):  # fmt: skip
+            driver = _Driver(model_runner, outcome)
+            for batch in batches:
+                driver.serve(batch)
+                outcome.batches.append(batch.key)
+    finally:
+        model_runner.forward_pass_id = forward_pass_id
     outcome.seconds = time.perf_counter() - started
     for line in left_out:
         log("kernel warm-up left out %s", line)
@@ -247,8 +145,7 @@ class _Driver:
     def __init__(self, model_runner: Any, outcome: Outcome) -> None:
         self.mr = model_runner
         self.outcome = outcome
-        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size,
-                                   model_runner.device)  # fmt: skip
+        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size)
         self.first_prompts: dict[str, tuple[list[int], Any]] = {}  # batch key -> its first prompt and KV slots
         self.count = 0
 
@@ -256,51 +153,11 @@ class _Driver:
         """Prefill, then decode steps; the requests' pool slots go back after (their KV slots stay taken until the
         snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix)."""
         import torch
-
-        reqs = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]
-        sb = self._schedule_batch(reqs)
-        sb.prepare_for_extend()
-        sb.input_ids = sb.prefill_input_ids_cpu.to(sb.device, non_blocking=True)  # the scheduler's staging, resolved
-        sb.prefill_input_ids_cpu = None
-        next_ids = self._forward(sb)
-        first = reqs[0]
-        slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first.origin_input_ids)]
-        self.first_prompts[batch.key] = (list(first.origin_input_ids), slots.to(first.prefix_indices.dtype, copy=True))
-        for _ in range(batch.decode_steps):
-            sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
-            sb.prepare_for_decode()
-            next_ids = self._forward(sb)
-        for req in reqs:
-            self.mr.req_to_token_pool.free(req)
-
-    def _request(self, batch: Batch, index: int, length: int) -> Any:
-        from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        vocab = int(self.mr.model_config.vocab_size)
-        self.count += 1
-        prefix = None
-        if index == 0 and batch.prefix_of is not None:
-            tokens, prefix = self.first_prompts[batch.prefix_of]
-            ids = tokens + prompt(self.count, length - len(tokens), vocab)
-        else:
-            ids = prompt(self.count, length, vocab)
-        params = SamplingParams(max_new_tokens=batch.decode_steps + 1, **batch.sampling)
-        params.normalize(None)
-        params.verify(vocab)
-        req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
-                  sampling_params=params)  # fmt: skip
-        req.full_untruncated_fill_ids = array("q", ids)
-        req.logprob_start_len = -1
-        if prefix is not None:
-            req.prefix_indices = prefix
-        req.set_extend_range(len(req.prefix_indices), len(ids))
-        return req
-
-    def _schedule_batch(self, reqs: list[Any]) -> Any:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-        return ScheduleBatch.init_new(
+        made = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]  # (request, its token ids)
+        reqs = [req for req, _ in made]
+        sb = ScheduleBatch.init_new(
             reqs=reqs,
             req_to_token_pool=self.mr.req_to_token_pool,
             token_to_kv_pool_allocator=self.mr.token_to_kv_pool_allocator,
@@ -309,18 +166,55 @@ class _Driver:
             enable_overlap=False,
             spec_algorithm=self.mr.spec_algorithm,
         )
+        sb.prepare_for_extend()
+        sb.input_ids = sb.prefill_input_ids_cpu.to(self.mr.device, non_blocking=True)  # the scheduler's staging
+        sb.prefill_input_ids_cpu = None
+        next_ids = self._forward(sb, reqs)
+        first, first_ids = made[0]
+        slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first_ids)]
+        self.first_prompts[batch.key] = (first_ids, slots.to(first.prefix_indices.dtype, copy=True))
+        for _ in range(batch.decode_steps):
+            sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
+            sb.prepare_for_decode()
+            next_ids = self._forward(sb, reqs)
+        for req in reqs:
+            self.mr.req_to_token_pool.free(req)
 
-    def _forward(self, sb: Any) -> Any:
+    def _request(self, batch: Batch, index: int, length: int) -> tuple[Any, list[int]]:
+        """A request of the batch and its token ids; the first request of a batch with `prefix_of` continues that
+        batch's first prompt, whose KV slots it takes as its prefix."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        vocab = int(self.mr.model_config.vocab_size)
+        self.count += 1
+        prefix = None
+        if index == 0 and batch.prefix_of is not None:
+            tokens, prefix = self.first_prompts[batch.prefix_of]
+            ids = tokens + engine.warmup.prompt(self.count, length - len(tokens), vocab)
+        else:
+            ids = engine.warmup.prompt(self.count, length, vocab)
+        # Neither normalised (as in SGLang's one-batch benchmark) nor given max_new_tokens (the default, not 0, keeps
+        # it generating): stop strings and the token limit are read only by the finish check, never run here.
+        params = SamplingParams(**batch.sampling)
+        req = Req(rid=f"graphpersist-warmup-{self.count}", origin_input_text="", origin_input_ids=array("q", ids),
+                  sampling_params=params)  # fmt: skip
+        req.full_untruncated_fill_ids = array("q", ids)
+        req.logprob_start_len = -1
+        if prefix is not None:
+            req.prefix_indices = prefix
+        req.set_extend_range(len(req.prefix_indices), len(ids))
+        return req, ids
+
+    def _forward(self, sb: Any, reqs: list[Any]) -> Any:
         """One forward and sample, as `TpModelWorker.forward_batch_generation`; the tokens go to the requests."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
         fb = ForwardBatch.init_new(sb, self.mr, return_hidden_states_before_norm=False)
         out = self.mr.forward(fb)
-        if out.can_run_graph:
-            self.outcome.graph_forwards += 1
-        else:
-            self.outcome.eager_forwards += 1
+        self.outcome.graph_forwards += bool(out.can_run_graph)
+        self.outcome.eager_forwards += not out.can_run_graph
         next_ids = self.mr.sample(out.logits_output, fb)
-        for req, token in zip(sb.reqs, next_ids.tolist(), strict=True):
+        for req, token in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(int(token))
         return next_ids
