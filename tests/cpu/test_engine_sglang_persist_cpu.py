@@ -370,7 +370,8 @@ def test_hooks_do_what_upstream_does_with_persistence_off(srt: SimpleNamespace) 
     assert srt.engine.memory_pool_config(up, 77.5) == "upstream's config"
     srt.customar.register_graph_inputs(up)
     assert up.calls == [("_resolve_memory_pool_config", (77.5,)), ("_register_graph_inputs", ())]
-    assert srt.capture.defer(object()) is False
+    assert srt.engine.pool_budget(lambda: 12345) == 12345  # upstream's profile, unrounded
+    assert srt.capture.defer("decode", object(), up._register_graph_inputs) is False and len(up.calls) == 2
     assert srt.engine.before_distributed(object()) is None  # touches nothing of the model runner
     assert srt.engine.graphs(object()) is None
     assert srt.capture.captured_full(object(), object(), object(), object()) is None
@@ -834,10 +835,12 @@ def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
 
 
 # What each patch adds, and how to take it out again: the patched tree minus these is upstream's, AST for AST.
+PROFILE = "self._profile_available_bytes(pre_model_load_memory)"
 REVERSIONS = {
     "graphpersist_capture.new_graph()": "torch.cuda.CUDAGraph()",
     "graph_cls() if _is_xpu else graphpersist_capture.new_graph()": "graph_cls()",
     "memory_pool_config(self, pre_model_load_memory)": "self._resolve_memory_pool_config(pre_model_load_memory)",
+    f"pool_budget(lambda: {PROFILE})": PROFILE,
     "graphpersist_customar.register_graph_inputs(self)": "self._register_graph_inputs()",
     "kill_process_tree(os.getpid(), include_parent=not refused())": "kill_process_tree(os.getpid())",
 }
@@ -870,14 +873,29 @@ class _Revert(ast.NodeTransformer):
             return None
         return self.generic_visit(node)
 
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
+        """`def capture_now(): <upstream's capture>` then `if not defer(..., capture_now): capture_now()` (patch 0004)
+        -> upstream's capture."""
+        body: list[ast.stmt] = []
+        for stmt in node.body:
+            defined = body[-1].name if body and isinstance(body[-1], ast.FunctionDef) else None
+            if (
+                isinstance(stmt, ast.If)
+                and ast.unparse(stmt.test) == f"not graphpersist_capture.defer('decode', self, {defined})"
+            ):
+                self.removed.append(f"if {ast.unparse(stmt.test)}")
+                body[-1:] = body[-1].body
+            else:
+                body.append(stmt)
+        node.body = body
+        return self.generic_visit(node)
+
     def visit_If(self, node: ast.If) -> Any:
         test = ast.unparse(node.test)
-        if "graphpersist_capture.defer(self)" not in test:
+        if test != "not graphpersist_capture.defer('prefill', self, self.capture)":
             return self.generic_visit(node)
         self.removed.append(f"if {test}")
-        if test.startswith("not "):
-            return node.body  # `if not defer(self): self.capture()` -> `self.capture()`
-        return None  # `if defer(self): return`
+        return node.body  # `if not defer(..., self.capture): self.capture()` -> `self.capture()`
 
     def visit_Call(self, node: ast.Call) -> Any:
         """`refusal_or(upstream_error)` (patch 0010) -> `upstream_error`."""
@@ -948,7 +966,7 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
     assert len(touched) == 12
-    assert sum("import" in r for r in removed_all) == 14 and sum("defer" in r for r in removed_all) == 2
+    assert sum("import" in r for r in removed_all) == 15 and sum("defer" in r for r in removed_all) == 2
     assert [r for r in removed_all if "refus" in r] == [
         "from sglang.srt.graphpersist_switch import refused",
         "kill_process_tree(os.getpid(), include_parent=not refused())",

@@ -25,6 +25,7 @@ from graphpersist.engine.adapter import (
     bytes_in_param,
     graphs_differ,
 )
+from graphpersist.engine.prepared import PreparedState, per_shape_tensors
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
@@ -45,6 +46,7 @@ __all__ = [
     "Inventory",
     "PersistError",
     "PersistSession",
+    "PreparedState",
     "Refused",
     "RefusedInEngine",
     "Resolver",
@@ -60,6 +62,7 @@ __all__ = [
     "ipc_open",
     "model_tensors",
     "new_graph",
+    "per_shape_tensors",
     "recording_refusals",
     "refusal_or",
     "refusal_recorded",

@@ -35,6 +35,7 @@ from graphpersist import gcpause, rankstats, switch
 from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
+from graphpersist.engine.prepared import PreparedState
 from graphpersist.errors import PersistError
 from graphpersist.records import Facts
 from graphpersist.run import Run, active, fresh
@@ -305,23 +306,26 @@ class PersistSession:
         self.captured += 1
 
     @refusal.recording()
-    def graphs(self, capture: Callable[[], Any], *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    def graphs(self, capture: Callable[[], Any], *, prepared: PreparedState | None = None) -> Any:
         """Where upstream captures: setup ends here (what graphs may read from it is fixed). SAVE runs `capture()`
-        (upstream's capture; its sites call `add_graph`), then each communicator's post-capture registration, and
-        writes the archive unless the adapter writes once the engine is ready. LOAD captures nothing: it restores
-        every graph (`check(notes)` first runs the engine's own comparisons), installs them where the engine
-        replays them, repeats the communicators' registration and proves the declared state. Returns `capture()`'s
-        result (None at LOAD)."""
+        (upstream's capture; its sites call `add_graph`), proves the captures left the `prepared` state as setup made
+        it and records it, then runs each communicator's post-capture registration, and writes the archive unless the
+        adapter writes once the engine is ready. LOAD captures nothing: it restores every graph, proves the `prepared`
+        state is SAVE's, installs the graphs where the engine replays them, repeats the communicators' registration
+        and proves the declared state. Returns `capture()`'s result (None at LOAD)."""
         from graphpersist import api
 
         self._enter("graphs")
+        before = prepared.read() if prepared is not None else {}
         api.mark_setup(self.adapter.setup_tensors())
         started = time.perf_counter()
         if self.loading:
-            self._restore(check)
+            self._restore(prepared, before)
             result = None
         else:
             result = capture()
+            if prepared is not None:
+                self.notes[prepared.note] = prepared.after_capture(before)
             for comm in self.adapter.communicators():
                 comm.after_capture(self)
             self.timed("capture", started)
@@ -392,7 +396,7 @@ class PersistSession:
         return summary
 
     # -- LOAD -------------------------------------------------------------------------------------------------------
-    def _restore(self, check: Callable[[dict[str, Any]], None] | None) -> Any:
+    def _restore(self, prepared: PreparedState | None, before: dict[str, Any]) -> Any:
         """Validates the archive against this process, restores memory, images and graphs, installs them, repeats
         the communicators' registration and proves the declared state."""
         from graphpersist import api, breakdown
@@ -410,8 +414,8 @@ class PersistSession:
             output_types=self.adapter.output_types(),
         )
         self.kept.append(result)
-        if check is not None:
-            check(result.notes)
+        if prepared is not None:
+            prepared.check_saved(before, result.notes)
         self.restored = self.adapter.install(self, result)
         for comm in self.adapter.communicators():
             comm.restore(self, result.notes)

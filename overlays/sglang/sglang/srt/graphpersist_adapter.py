@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +57,9 @@ class SglangRun:
     """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
 
     pool: dict[str, Any] | None = None  # the MemoryPoolConfig fields SAVE sized; LOAD reuses them
-    deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
+    deferred: list[tuple[str, Any, Callable[[], None]]] = field(default_factory=list)  # (phase, runner, capture)
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
+    captures: dict[str, Callable[[], None]] = field(default_factory=dict)  # SAVE runs them: each as its __init__ would
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
     setup_started: float = 0.0  # when distributed init began (timing of the setup phase)

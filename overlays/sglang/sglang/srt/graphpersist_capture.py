@@ -8,6 +8,7 @@ normal mode, are breakable (`<phase>/<size>/<segment>`): their segments and eage
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sglang.srt import graphpersist_registry as registry
@@ -18,14 +19,15 @@ from graphpersist.engine import PersistError
 new_graph = engine.new_graph  # the graph object a capture site records into (patch 0005)
 
 
-def defer(runner: Any) -> bool:
-    """Called where a graph runner's __init__ would capture. With persistence on the capture waits until every
-    runner has allocated its buffers (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before
-    `mark_setup`; returns False (capture now, as upstream) when persistence is off."""
+def defer(phase: str, runner: Any, capture: Callable[[], None]) -> bool:
+    """Called where a graph runner's __init__ would capture ("decode" or "prefill"; `capture` runs the capture as the
+    __init__ does). With persistence on the capture waits until every runner has allocated its buffers
+    (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before `mark_setup`; returns False (capture
+    now, as upstream) when persistence is off."""
     sess = engine.current()
     if sess is None:
         return False
-    sess.adapter.run.deferred.append(runner)
+    sess.adapter.run.deferred.append((phase, runner, capture))
     return True
 
 
