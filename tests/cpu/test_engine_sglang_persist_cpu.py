@@ -13,6 +13,7 @@ and give identical outputs (the recipe's proof on the GPU host does).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import json
 import logging
@@ -36,7 +37,7 @@ from graphpersist.loadplan import read_plan
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast",
+MODULES = ("adapter", "facts", "capture", "customar", "warmup", "engine", "switch", "symm_multicast",
            "deepep", "registry")  # fmt: skip
 GiB = 1 << 30
 
@@ -804,6 +805,73 @@ def test_load_refuses_a_custom_all_reduce_other_than_saves(
         srt.customar.CustomAllReduceV2().restore(sess, notes)
 
 
+class StandInCustomAllReduce:
+    """CustomAllReduceV2 as persistence drives it: pending graph inputs, a row counter, one row per registered input."""
+
+    disabled = False
+
+    def __init__(self, inputs: list[tuple[int, int]], counter: int = 0) -> None:
+        self._graph_inputs, self._graph_counter = list(inputs), counter
+        self.graph_params: list[Any] = [f"row{i}" for i in range(8)]
+        self.registered: list[tuple[int, list[tuple[int, int]]]] = []
+
+    def _register_graph_inputs(self) -> None:
+        self.registered.append((self._graph_counter, list(self._graph_inputs)))
+        self._graph_counter += len(self._graph_inputs)
+        self._graph_inputs = []
+
+
+def registering(srt: SimpleNamespace, mode: switch.Mode, monkeypatch: pytest.MonkeyPatch,
+                comms: list[tuple[str, Any]]) -> tuple[engine.PersistSession, list[Any]]:  # fmt: skip
+    """A session whose post-capture phase and declared state are recorded (`seen`), over these live communicators."""
+    sess = open_session(srt, mode, Path("/nowhere"))
+    seen: list[Any] = []
+
+    @contextlib.contextmanager
+    def phase(name: str, **_: Any) -> Iterator[None]:
+        seen.append(("phase", name))
+        yield
+        seen.append(("end", name))
+
+    monkeypatch.setattr(sess, "phase", phase)
+    monkeypatch.setattr(sess, "declare_state", lambda name, what, how="bytes": seen.append((name, what, how)))
+    monkeypatch.setattr(srt.customar, "live", lambda: comms)
+    return sess, seen
+
+
+def test_save_registers_every_pending_graph_input_once_after_the_capture_and_load_repeats_it(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = StandInCustomAllReduce([(0x7E00, 4096), (0x7F00, 8192)], counter=2)
+    sess, seen = registering(srt, switch.Mode.SAVE, monkeypatch, [("tp", saved)])
+    srt.customar.CustomAllReduceV2().after_capture(sess)
+    record = {"tp": {"first_row": 2, "inputs": [(0x7E00, 4096), (0x7F00, 8192)]}}
+    assert sess.notes["custom_all_reduce"] == record and saved.registered == [(2, record["tp"]["inputs"])]
+    rows = ("custom_all_reduce.tp.graph_params", ["row2", "row3"], "recreated")
+    assert seen == [("phase", "custom_all_reduce"), ("end", "custom_all_reduce"), rows]
+    loaded = StandInCustomAllReduce([])
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", loaded)])
+    srt.customar.CustomAllReduceV2().restore(sess, json.loads(json.dumps({"custom_all_reduce": record})))
+    assert loaded.registered == saved.registered and seen == [
+        ("phase", "custom_all_reduce"),
+        ("end", "custom_all_reduce"),
+        rows,
+    ]
+
+
+def test_load_refuses_a_communicator_that_already_holds_graph_inputs_or_is_not_v2(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = {"custom_all_reduce": {"tp": {"first_row": 0, "inputs": [[0x7E00, 4096]]}}}
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", StandInCustomAllReduce([(0x1, 2)]))])
+    with pytest.raises(PersistError, match=r"^graphpersist: the tp custom all-reduce already holds graph inputs"):
+        srt.customar.CustomAllReduceV2().restore(sess, notes)
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", SimpleNamespace(disabled=False))])
+    with pytest.raises(PersistError, match=r"is SimpleNamespace, not CustomAllReduceV2"):
+        srt.customar.CustomAllReduceV2().restore(sess, notes)
+    assert seen == []  # refused before the phase: nothing registered
+
+
 # ------------------------------------------------------------------------------------ against the pinned upstream
 
 
@@ -1080,3 +1148,22 @@ def test_an_fa3_forward_kernel_of_another_layout_is_left_alone_and_said(
         assert adapter.unused_param_bytes(FA3_FWD_DECODE, [(0, 2800)]) == []  # one block, but not at byte 112
     assert "parameter layout [(0, 8), (8, 2792)], not the one checked" in caplog.text
     assert "parameter layout [(0, 2800)], not the one checked" in caplog.text
+
+
+def test_the_cache_folders_are_sglangs_own_as_the_scheduler_resolves_them_then_the_shared_ones(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", "~/tvm")
+    monkeypatch.setenv("SGLANG_CACHE_DIR", "")  # empty: SGLang's default
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr("getpass.getuser", lambda: "someone")
+    resolvers = srt.adapter.cache_resolvers()
+    assert list(resolvers) == ["tvm_ffi", "sglang", "flashinfer", "flashinfer_cubins", "triton", "inductor", "cute_dsl"]
+    assert resolvers["tvm_ffi"]() == tmp_path / "home" / "tvm"
+    assert resolvers["sglang"]() == tmp_path / "home" / ".cache" / "sglang"
+    assert resolvers["cute_dsl"]() == tmp_path / "tmp" / "someone" / "flash_attention_cute_dsl_cache"
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "cute"))
+    assert resolvers["cute_dsl"]() == tmp_path / "cute"
+    assert resolvers["triton"] is engine.cache_folders()["triton"]

@@ -25,6 +25,7 @@ from graphpersist.engine.adapter import (
     bytes_in_param,
     graphs_differ,
 )
+from graphpersist.engine.caches import env_folder
 from graphpersist.engine.prepared import PreparedState, per_shape_tensors
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
@@ -56,6 +57,7 @@ __all__ = [
     "bytes_in_param",
     "cache_folders",
     "current",
+    "env_folder",
     "graphs_differ",
     "interposer_loaded",
     "ipc_export",

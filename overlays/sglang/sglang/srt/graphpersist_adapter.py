@@ -3,14 +3,17 @@ SGLang's own bookkeeping of the run (`SglangRun`)."""
 
 from __future__ import annotations
 
+import getpass
 import logging
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sglang.srt import graphpersist_caches as caches
 from sglang.srt import graphpersist_capture as capture
 from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
@@ -52,6 +55,23 @@ def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple
     return []
 
 
+def _cute_dsl() -> Path:
+    value = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+    return Path(value) if value else Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
+
+
+def cache_resolvers() -> dict[str, engine.Resolver]:
+    """The JIT and compile cache folders an SGLang 0.5.17 scheduler reads, its own and those every engine shares, by
+    name (patches/sglang/README.md, "The caches an archive carries"; the session resolves them at start)."""
+    shared = engine.cache_folders()
+    return {
+        "tvm_ffi": engine.env_folder("TVM_FFI_CACHE_DIR", lambda: Path.home() / ".cache" / "tvm-ffi"),
+        "sglang": engine.env_folder("SGLANG_CACHE_DIR", lambda: Path.home() / ".cache" / "sglang"),
+        **{name: shared[name] for name in ("flashinfer", "flashinfer_cubins", "triton", "inductor")},
+        "cute_dsl": _cute_dsl,
+    }
+
+
 @dataclass
 class SglangRun:
     """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
@@ -83,20 +103,24 @@ class SglangAdapter(engine.EngineAdapter):
     writes_when_ready = True  # the kernel warm-up runs SGLang's first requests, through the installed graphs
 
     def refuse(self) -> None:
-        facts.refuse_unsupported(self.server_args)
-        if self.model_runner.is_draft_worker:
-            raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+        facts.refuse_unsupported(self.server_args)  # speculative decoding too: no draft model runner reaches here
         facts.refuse_unsupported_model(self.model_runner)
 
     @property
     def server_args(self) -> Any:
         return self.model_runner.server_args
 
-    def engine_facts(self) -> dict[str, str]:
-        return facts.engine_facts()
+    unused_param_bytes = staticmethod(unused_param_bytes)
+    cache_resolvers = staticmethod(cache_resolvers)
 
     def model_facts(self) -> dict[str, str]:
         return facts.model_facts(self.server_args, self.model_runner.model_config)
+
+    def engine_facts(self) -> dict[str, str]:
+        return facts.engine_facts()
+
+    def cpu_gather(self) -> Any:
+        return facts.cpu_gather()
 
     def parallel(self) -> dict[str, int]:
         return facts.parallel(self.server_args)
@@ -112,12 +136,6 @@ class SglangAdapter(engine.EngineAdapter):
 
     def device_index(self) -> int:
         return int(self.model_runner.gpu_id)
-
-    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        return unused_param_bytes(kernel, layout)
-
-    def cpu_gather(self) -> Any:
-        return facts.cpu_gather()
 
     def setup_tensors(self) -> dict[str, Any]:
         return facts.setup_tensors(self.model_runner)
@@ -141,9 +159,6 @@ class SglangAdapter(engine.EngineAdapter):
 
             found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
         return found
-
-    def cache_resolvers(self) -> dict[str, engine.Resolver]:
-        return caches.resolvers()
 
     def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
