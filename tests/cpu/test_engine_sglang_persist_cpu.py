@@ -498,8 +498,6 @@ class StandInGraph:
 @dataclass(frozen=True)
 class Key:
     size: int
-    stream_idx: int | None = None
-    variant_label: str | None = None
 
 
 def open_session(srt: SimpleNamespace, mode: switch.Mode, directory: Path, saver: Any = None,
@@ -544,9 +542,6 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
 
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path, registered: None) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.run.capturing = "decode"
-    with pytest.raises(PersistError, match="stream or variant"):
-        srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
     sess.adapter.run.capturing = "prefill"
     with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
         srt.capture.captured_breakable(
@@ -560,7 +555,6 @@ def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tm
 class StandInBackend:
     _graphs: dict[Any, Any] = field(default_factory=dict)
     _outputs: dict[Any, Any] = field(default_factory=dict)
-    _capture_inputs: dict[Any, Any] = field(default_factory=dict)
 
 
 class StandInBreakable:

@@ -35,15 +35,6 @@ def _model(sess: Any) -> Any:
     return getattr(getattr(sess.adapter, "model_runner", None), "model", None)
 
 
-def _key_name(phase: str, key: Any) -> str:
-    if key.stream_idx is not None or key.variant_label is not None:
-        raise PersistError(
-            f"graphpersist: {phase} graph {key} has a stream or variant (PD multiplexing, LoRA, chunked prefix): "
-            "not persisted (refused)"
-        )
-    return f"{phase}/{key.size}"
-
-
 def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     """SAVE: one decode graph was captured for `key`; its output is the structure the forward returned."""
     sess = engine.current()
@@ -52,7 +43,7 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     phase = sess.adapter.run.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
-    name = _key_name(phase, key)
+    name = f"decode/{key.size}"  # one graph a size: a second (a stream or variant) is refused as a duplicate name
     try:
         sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
     except PersistError as exc:
@@ -85,7 +76,7 @@ def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners "
                            f"({run.capturing}): refused")  # fmt: skip
     breaks, run.breaks = run.breaks, []
-    engine.breakable.add_breakable(sess, _key_name(run.capturing, key), list(graph._segments), len(graph._break_fns),
+    engine.breakable.add_breakable(sess, f"{run.capturing}/{key.size}", list(graph._segments), len(graph._break_fns),
                                    breaks, stored, size=key.size, mode=run.capturing)  # fmt: skip
 
 
@@ -110,37 +101,23 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
         _copy_output,
     )
 
-    decode, prefill = runners.get("decode"), runners.get("prefill")
-    saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
-    live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
-    if set(saved_decode) != live:
-        raise engine.graphs_differ("decode", set(saved_decode), live)
-    live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
-    if set(saved_prefill) != live:
-        raise engine.graphs_differ("prefill", set(saved_prefill), live)
-    breakables = []
-    live = {"model": model, "functions": registry.breaks(), "types": registry.output_types(),
-            "tensor_at": engine.tensor_at}  # fmt: skip
-    for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
-        for base, rec in saved.items():  # every break function is rebuilt before anything is installed
+    live = expected_inventory(runners).by_mode
+    for phase in ("decode", "prefill"):
+        saved, want = set(notes.get(phase, {})), {f"{phase}/{n}" for n in live.get(phase, [])}
+        if saved != want:
+            raise engine.graphs_differ(phase, saved, want)
+    found = {"model": model, "functions": registry.breaks(), "types": registry.output_types(),
+             "tensor_at": engine.tensor_at}  # fmt: skip
+    graphs: list[tuple[Any, Any, Any, list[Any]]] = []  # (backend, key, graph, its graphs in the archive)
+    for phase in ("prefill", "decode"):  # every break function is rebuilt before anything is installed
+        for base, rec in notes.get(phase, {}).items():
             if "segments" not in rec:
+                graphs.append((runners[phase].backend, ShapeKey(size=int(rec["size"])), result[base], [result[base]]))
                 continue
             bg = BreakableCUDAGraph(None)
-            bg._segments, bg._break_fns = engine.breakable.rebuild(base, rec, result, copy_output=_copy_output, **live)
-            breakables.append((runner, ShapeKey(size=int(rec["size"])), bg))
-
-    installed = 0
-    for name, rec in saved_decode.items():
-        if "segments" in rec:
-            continue
-        graph = result[name]
-        key = ShapeKey(size=int(rec["size"]))
-        decode.backend._graphs[key] = graph
-        decode.backend._outputs[key] = graph.outputs
-        installed += 1
-    for runner, key, bg in breakables:
-        runner.backend._graphs[key] = bg
-        runner.backend._outputs[key] = bg._segments[-1].outputs
-        runner.backend._capture_inputs[key] = None
-        installed += len(bg._segments)
-    return installed
+            bg._segments, bg._break_fns = engine.breakable.rebuild(base, rec, result, copy_output=_copy_output, **found)
+            graphs.append((runners[phase].backend, ShapeKey(size=int(rec["size"])), bg, bg._segments))
+    for backend, key, graph, restored in graphs:
+        backend._graphs[key] = graph
+        backend._outputs[key] = restored[-1].outputs
+    return sum(len(restored) for *_, restored in graphs)
