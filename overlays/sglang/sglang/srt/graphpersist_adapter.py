@@ -146,8 +146,8 @@ class SglangAdapter(engine.EngineAdapter):
     def inventory(self) -> engine.Inventory:
         return capture.expected_inventory(self.run.runners)
 
-    def output_types(self) -> registry.Registry:
-        return registry.output_types()
+    def output_types(self) -> engine.breakable.Registry:
+        return registry.output_types
 
     def install(self, session: engine.SessionView, result: Any) -> int:
         return capture.install(self.run.runners, result, result.notes, self.model_runner.model)

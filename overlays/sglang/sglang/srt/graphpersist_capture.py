@@ -59,7 +59,7 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
     instead = "serve without --moe-a2a-backend deepep" if sess.adapter.run.capturing == "decode" else (
         "use --cuda-graph-backend-prefill disabled")  # fmt: skip
     record = engine.breakable.record_break(
-        inner, args, kwargs, output, model=_model(sess), functions=registry.breaks(), types=registry.output_types(),
+        inner, args, kwargs, output, model=_model(sess), functions=registry.breaks, types=registry.output_types,
         tensor_spec=engine.tensor_spec, instead=instead, owner="SGLang", where="sglang/srt/graphpersist_registry.py"
     )  # fmt: skip
     sess.adapter.run.breaks.append(record)
@@ -106,7 +106,7 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
         saved, want = set(notes.get(phase, {})), {f"{phase}/{n}" for n in live.get(phase, [])}
         if saved != want:
             raise engine.graphs_differ(phase, saved, want)
-    found = {"model": model, "functions": registry.breaks(), "types": registry.output_types(),
+    found = {"model": model, "functions": registry.breaks, "types": registry.output_types,
              "tensor_at": engine.tensor_at}  # fmt: skip
     graphs: list[tuple[Any, Any, Any, list[Any]]] = []  # (backend, key, graph, its graphs in the archive)
     for phase in ("prefill", "decode"):  # every break function is rebuilt before anything is installed

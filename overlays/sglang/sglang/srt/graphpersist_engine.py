@@ -14,17 +14,11 @@ from graphpersist import engine
 from graphpersist.engine import PersistError
 
 
-def _adapter(sess: engine.PersistSession) -> SglangAdapter:
-    adapter = sess.adapter
-    assert isinstance(adapter, SglangAdapter)
-    return adapter
-
-
 def before_distributed(model_runner: Any) -> None:
     """First thing of `ModelRunner.init_torch_distributed`: with persistence off, nothing."""
     sess = engine.PersistSession.begin(SglangAdapter(model_runner))
     if sess is not None:
-        _adapter(sess).run.setup_started = time.perf_counter()
+        sess.adapter.run.setup_started = time.perf_counter()
 
 
 @engine.recording_refusals()  # its own refusals too, outside the session's steps
@@ -34,9 +28,8 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
     sess = engine.current()
     if sess is None:
         return configurator._resolve_memory_pool_config(pre_model_load_memory)
-    adapter = _adapter(sess)
-    run = adapter.run
-    if facts.uses_deepep(adapter.server_args):
+    run = sess.adapter.run
+    if facts.uses_deepep(sess.adapter.server_args):
         from sglang.srt import graphpersist_deepep as deepep
 
         run.deepep_buffer = deepep.setup_buffer(sess, configurator.model)  # before the pool is sized and placed
@@ -132,7 +125,7 @@ def graphs(model_runner: Any) -> None:
     sess = engine.current()
     if sess is None:
         return
-    run = _adapter(sess).run
+    run = sess.adapter.run
     runners = _runners(run)
     if "decode" not in runners:
         raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
@@ -163,7 +156,7 @@ def after_graphs(model_runner: Any) -> None:
     if sess is None or sess.finished:  # graphs set up again after the start are upstream's own
         return
     try:
-        if sess.saving and not _adapter(sess).run.runners:
+        if sess.saving and not sess.adapter.run.runners:
             raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
                                "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
         sess.ready()
