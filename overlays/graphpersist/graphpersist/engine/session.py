@@ -41,6 +41,7 @@ from graphpersist.records import Facts
 from graphpersist.run import Run, active, fresh
 
 KERNEL_WARMUP = "kernel_warmup_before_save"  # the stats phase of the SAVE's kernel warm-up (both engines)
+FILES_LISTED = 500  # at most this many of the JIT cache files a kernel warm-up added are named in rank 0's stats
 
 # The lifecycle's steps in order; a step may repeat itself (phases) but never go back.
 STEPS = ("begin", "budget", "graphs", "ready", "finish")
@@ -234,6 +235,23 @@ class PersistSession:
         took = time.perf_counter() - started
         self.timings[name] = round(took, 4)
         return took
+
+    def kernel_warmup(self, run: Callable[[], tuple[dict[str, Any], str]]) -> None:
+        """SAVE: the engine's kernel warm-up `run()` (what compiles kernels only when the engine serves), synchronized
+        and timed as KERNEL_WARMUP; rank 0 also lists the JIT cache files it added (a host's ranks share the folders).
+        `run()` returns its summary, for the rank's stats (`kernel_warmup`, with those files), and a description."""
+        import torch
+
+        started = time.perf_counter()
+        before = self.caches.listing() if self.rank == 0 else set()
+        summary, described = run()
+        torch.cuda.synchronize()
+        added = sorted(self.caches.listing() - before) if self.rank == 0 else []
+        took = self.timed(KERNEL_WARMUP, started)
+        new = {"new_cache_files": len(added) if self.rank == 0 else None, "files": added[:FILES_LISTED]}
+        self.stats_extra["kernel_warmup"] = {**summary, **new}
+        self.log("kernel warm-up before save: %s in %.2f s%s", described, took,
+                 f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
 
     # -- setup phases -----------------------------------------------------------------------------------------------
     @contextlib.contextmanager

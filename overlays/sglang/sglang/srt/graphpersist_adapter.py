@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,6 @@ from sglang.srt import graphpersist_registry as registry
 from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import engine
-
-FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
 
 # sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV: the buffer bytes none of them reads
 # (patches/sglang/README.md, "Parameter bytes never read"; recipes/diagnosis/fa3-unread-params derives the list).
@@ -163,23 +160,13 @@ class SglangAdapter(engine.EngineAdapter):
     def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
-        archive and a LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added."""
-        import torch
+        archive and a LOAD on a fresh host compiles none of them (the session names the cache files they added)."""
 
-        started = time.perf_counter()
-        before = session.caches.listing() if session.rank == 0 else set()
-        outcome = warmup.run(self.model_runner, self.run.runners, session.log)
-        torch.cuda.synchronize()
-        added = sorted(session.caches.listing() - before) if session.rank == 0 else []
-        took = session.timed(engine.KERNEL_WARMUP, started)
-        session.stats_extra["kernel_warmup"] = {
-            "batches": outcome.batches,
-            "left_out": outcome.left_out,
-            "graph_forwards": outcome.graph_forwards,
-            "eager_forwards": outcome.eager_forwards,
-            "new_cache_files": len(added) if session.rank == 0 else None,
-            "files": added[:FILES_LISTED],
-        }
-        session.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
-                    len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
-                    f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
+        def first_requests() -> tuple[dict[str, Any], str]:
+            done = warmup.run(self.model_runner, self.run.runners, session.log)
+            summary = {"batches": done.batches, "left_out": done.left_out, "graph_forwards": done.graph_forwards,
+                       "eager_forwards": done.eager_forwards}  # fmt: skip
+            return summary, (f"{len(done.batches)} batches ({done.graph_forwards} graph replays, "
+                             f"{done.eager_forwards} eager forwards)")  # fmt: skip
+
+        session.kernel_warmup(first_requests)
