@@ -22,6 +22,7 @@ from graphpersist.engine.adapter import (
     Inventory,
     Resolver,
     SessionView,
+    UnreadBytes,
     bytes_in_param,
     graphs_differ,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "RefusedInEngine",
     "Resolver",
     "SessionView",
+    "UnreadBytes",
     "add_switch_group",
     "breakable",
     "bytes_in_param",

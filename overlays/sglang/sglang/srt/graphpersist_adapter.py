@@ -21,35 +21,20 @@ from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import engine
 
-# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV: the buffer bytes none of them reads
-# (patches/sglang/README.md, "Parameter bytes never read"; recipes/diagnosis/fa3-unread-params derives the list).
-_FA3_FWD_V128_BF16 = re.compile(
-    r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
-)
+# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV (b5 = AppendKV below, false): the buffer
+# bytes none of them reads, in their one Params block at buffer byte 112 (patches/sglang/README.md, "Parameter bytes
+# never read"; recipes/diagnosis/fa3-unread-params derives the list). SAVE writes them as zeros so two SAVEs are
+# byte-identical.
 _FA3_FWD_UNREAD = (
     (124, 128), (132, 136), (144, 168), (172, 184), (232, 240), (276, 280), (304, 488), (496, 500), (512, 520),
     (580, 624), (752, 880), (1008, 1136), (1264, 1920), (1924, 2000), (2028, 2032), (2056, 2064), (2088, 2096),
     (2104, 2160), (2176, 2192), (2200, 2232), (2236, 2244), (2280, 2288), (2304, 2328), (2376, 2400), (2416, 2424),
     (2464, 2488), (2532, 2544),
 )  # fmt: skip
-
-
-def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) of `kernel`'s parameter buffer it never reads, which SAVE writes as zeros so two SAVEs
-    are byte-identical: the FA3 forward kernels' bytes above. Other kernels: none."""
-    if not _FA3_FWD_V128_BF16.search(kernel):
-        return []
-    if len(layout) == 1 and layout[0][0] == 112 and (ranges := engine.bytes_in_param(layout, 0, _FA3_FWD_UNREAD)):
-        return ranges
-    SglangAdapter.logger.warning(
-        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block at "
-        "buffer byte 112 holding bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
-        kernel[:120],
-        layout,
-        _FA3_FWD_UNREAD[0][0],
-        _FA3_FWD_UNREAD[-1][1] - 1,
-    )
-    return []
+_FA3_FWD_V128_BF16 = re.compile(
+    r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"
+)
+FA3_FWD = engine.UnreadBytes("FA3 forward kernel", _FA3_FWD_V128_BF16, 112, _FA3_FWD_UNREAD)
 
 
 def _cute_dsl() -> Path:
@@ -107,7 +92,9 @@ class SglangAdapter(engine.EngineAdapter):
     def server_args(self) -> Any:
         return self.model_runner.server_args
 
-    unused_param_bytes = staticmethod(unused_param_bytes)
+    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return FA3_FWD(kernel, layout, self.logger)  # other kernels: none
+
     cache_resolvers = staticmethod(cache_resolvers)
 
     def model_facts(self) -> dict[str, str]:
