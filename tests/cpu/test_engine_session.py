@@ -195,3 +195,15 @@ def test_the_kernel_warmup_is_timed_and_rank_0_names_the_cache_files_it_added(
     assert list(sess.timings) == ["kernel_warmup_before_save"]
     assert "kernel warm-up before save: 2 batches in " in caplog.text
     assert ("1 new JIT cache file(s), e.g. triton/new.cubin" in caplog.text) == (rank == 0)
+
+
+def test_an_engines_laps_time_its_setup_between_the_steps_each_from_the_previous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sess = session(switch.Mode.SAVE)
+    sess._lapped = 100.0  # begin ended here
+    ticks = iter([103.5, 110.0])
+    monkeypatch.setattr("graphpersist.engine.session.time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    sess.lap("setup")
+    sess.lap("kv_cache")
+    assert sess.timings == {"setup": 3.5, "kv_cache": 6.5}

@@ -1152,7 +1152,7 @@ def test_the_cache_folders_are_sglangs_own_as_the_scheduler_resolves_them_then_t
     monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
     monkeypatch.setattr("getpass.getuser", lambda: "someone")
-    resolvers = srt.adapter.cache_resolvers()
+    resolvers = srt.adapter.SglangAdapter(SimpleNamespace()).cache_resolvers()
     assert list(resolvers) == ["tvm_ffi", "sglang", "flashinfer", "flashinfer_cubins", "triton", "inductor", "cute_dsl"]
     assert resolvers["tvm_ffi"]() == tmp_path / "home" / "tvm"
     assert resolvers["sglang"]() == tmp_path / "home" / ".cache" / "sglang"

@@ -98,6 +98,7 @@ class PersistSession:
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
     step: str = "begin"
     _graphs_done: float | None = field(default=None, repr=False)
+    _lapped: float = field(default_factory=time.perf_counter, repr=False)  # where the next lap starts (begin: its end)
 
     def __post_init__(self) -> None:
         for section in self.adapter.note_sections:  # where the engine's capture sites note each graph
@@ -125,6 +126,7 @@ class PersistSession:
         sess = cls.open(adapter, resolved, adapter.rank(), adapter.parallel()["world_size"])
         sess._start()
         sess.timed("start", started)
+        sess._lapped = time.perf_counter()
         return sess
 
     @classmethod
@@ -235,6 +237,13 @@ class PersistSession:
         took = time.perf_counter() - started
         self.timings[name] = round(took, 4)
         return took
+
+    def lap(self, name: str) -> None:
+        """Records the time since the engine's previous lap (the first: since `begin` ended) as phase `name`: how an
+        engine times its own setup between the session's steps."""
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._lapped, 4)
+        self._lapped = now
 
     def kernel_warmup(self, run: Callable[[], tuple[dict[str, Any], str]]) -> None:
         """SAVE: the engine's kernel warm-up `run()` (what compiles kernels only when the engine serves), synchronized

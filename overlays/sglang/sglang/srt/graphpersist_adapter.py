@@ -42,18 +42,6 @@ def _cute_dsl() -> Path:
     return Path(value) if value else Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
 
 
-def cache_resolvers() -> dict[str, engine.Resolver]:
-    """The JIT and compile cache folders an SGLang 0.5.17 scheduler reads, its own and those every engine shares, by
-    name (patches/sglang/README.md, "The caches an archive carries"; the session resolves them at start)."""
-    shared = engine.cache_folders()
-    return {
-        "tvm_ffi": engine.env_folder("TVM_FFI_CACHE_DIR", lambda: Path.home() / ".cache" / "tvm-ffi"),
-        "sglang": engine.env_folder("SGLANG_CACHE_DIR", lambda: Path.home() / ".cache" / "sglang"),
-        **{name: shared[name] for name in ("flashinfer", "flashinfer_cubins", "triton", "inductor")},
-        "cute_dsl": _cute_dsl,
-    }
-
-
 @dataclass
 class SglangRun:
     """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
@@ -64,8 +52,6 @@ class SglangRun:
     captures: dict[str, Callable[[], None]] = field(default_factory=dict)  # SAVE runs them: each as its __init__ would
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
-    setup_started: float = 0.0  # when distributed init began (timing of the setup phase)
-    kv_started: float = 0.0  # when the memory pool's sizing began
     deepep_buffer: Any = None  # DeepEP's Buffer, made in setup (graphpersist_deepep.setup_buffer)
 
 
@@ -95,7 +81,16 @@ class SglangAdapter(engine.EngineAdapter):
     def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return FA3_FWD(kernel, layout, self.logger)  # other kernels: none
 
-    cache_resolvers = staticmethod(cache_resolvers)
+    def cache_resolvers(self) -> dict[str, engine.Resolver]:
+        """The JIT and compile cache folders an SGLang 0.5.17 scheduler reads, its own and those every engine shares
+        (patches/sglang/README.md, "The caches an archive carries"; the session resolves them at start)."""
+        shared = engine.cache_folders()
+        return {
+            "tvm_ffi": engine.env_folder("TVM_FFI_CACHE_DIR", lambda: Path.home() / ".cache" / "tvm-ffi"),
+            "sglang": engine.env_folder("SGLANG_CACHE_DIR", lambda: Path.home() / ".cache" / "sglang"),
+            **{name: shared[name] for name in ("flashinfer", "flashinfer_cubins", "triton", "inductor")},
+            "cute_dsl": _cute_dsl,
+        }
 
     def model_facts(self) -> dict[str, str]:
         return facts.model_facts(self.server_args, self.model_runner.model_config)

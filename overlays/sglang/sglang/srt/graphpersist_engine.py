@@ -3,7 +3,6 @@ each one of the session's steps (patches/sglang/README.md, "The scheduler's star
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +15,7 @@ from graphpersist.engine import PersistError
 
 def before_distributed(model_runner: Any) -> None:
     """First thing of `ModelRunner.init_torch_distributed`: with persistence off, nothing."""
-    sess = engine.PersistSession.begin(SglangAdapter(model_runner))
-    if sess is not None:
-        sess.adapter.run.setup_started = time.perf_counter()
+    engine.PersistSession.begin(SglangAdapter(model_runner))
 
 
 @engine.recording_refusals()  # its own refusals too, outside the session's steps
@@ -33,8 +30,7 @@ def memory_pool_config(configurator: Any, pre_model_load_memory: Any) -> Any:
         from sglang.srt import graphpersist_deepep as deepep
 
         run.deepep_buffer = deepep.setup_buffer(sess, configurator.model)  # before the pool is sized and placed
-    sess.timed("setup", run.setup_started)
-    run.kv_started = time.perf_counter()
+    sess.lap("setup")  # distributed init, the weights
     sess.begin_phase("kv_cache")
     if sess.loading:
         from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
@@ -131,7 +127,7 @@ def graphs(model_runner: Any) -> None:
         raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
                              "persist; turn persistence off")  # fmt: skip
     decode = runners["decode"]
-    sess.timed("kv_cache", run.kv_started)  # pool, attention backends, runners' buffers
+    sess.lap("kv_cache")  # pool, attention backends, runners' buffers
     with sess.phase("warmup", exact=False, span=WARMUP_SPAN, timed="warmup"):
         _warm_forward(decode)
         engine.release_cached()
