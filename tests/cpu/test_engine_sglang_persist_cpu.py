@@ -151,22 +151,17 @@ def test_load_refuses_an_archive_saved_with_the_other_torch_symm_mem_choice(
     assert shown == {"flags.enable_torch_symm_mem": (True, False)}
 
 
-def test_the_live_torch_symm_mem_communicators_are_named_with_their_state(
+def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
     srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whether the communicator came on depends on more than the flag (world size, GPU, multicast), so the live
-    state is a fact of its own; a group that shares another's communicator is named once."""
-    on = SimpleNamespace(disabled=False, max_size=64 << 20)
-    ps = ModuleType("sglang.srt.distributed.parallel_state")
-    ps._TP = SimpleNamespace(torch_symm_mem_comm=on)
-    ps._ATTN_TP = SimpleNamespace(torch_symm_mem_comm=on)
-    ps._PP = SimpleNamespace(torch_symm_mem_comm=SimpleNamespace(disabled=True, max_size=64 << 20))
-    ps._MOE_EP = SimpleNamespace(torch_symm_mem_comm=None)
+    """Whether the TP group's communicator came on depends on more than the flag (world size, GPU, multicast), so
+    its live state is a fact of its own; a TP group of one rank has none."""
     dist = ModuleType("sglang.srt.distributed")
-    dist.parallel_state = ps  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
-    monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", ps)
-    assert srt.facts.torch_symm_mem_live() == ["tp:on:67108864", "pp:off:0"]
+    on, off = SimpleNamespace(disabled=False, max_size=64 << 20), SimpleNamespace(disabled=True, max_size=64 << 20)
+    for comm, named in ((on, ["tp:on:67108864"]), (off, ["tp:off:0"]), (None, [])):
+        dist.get_tp_group = lambda comm=comm: SimpleNamespace(torch_symm_mem_comm=comm)  # type: ignore[attr-defined]
+        assert srt.facts.torch_symm_mem_live() == named
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from graphpersist import engine
 from graphpersist.engine import PersistError
 
 PHASE = "custom_all_reduce"
-GROUPS = ("tp", "pp", "dcp", "attn_tp", "moe_ep", "moe_tp")
 
 
 def register_graph_inputs(ca: Any) -> None:
@@ -21,19 +20,14 @@ def register_graph_inputs(ca: Any) -> None:
 
 
 def group_communicators(attr: str) -> list[tuple[str, Any]]:
-    """(group name, communicator) of each process group's `attr` (e.g. `ca_comm`), once each (groups may share
-    one), in a fixed order; groups without one are left out."""
-    from sglang.srt.distributed import parallel_state as ps
+    """("tp", communicator) for the TP group's `attr` (e.g. `ca_comm`) when it has one, else nothing. In what
+    persistence accepts it is the only group with a custom all-reduce or torch symmetric-memory communicator: SGLang
+    0.5.17 makes them only on groups of more than one rank, and without pipeline, DCP, attention-context or
+    MoE-data parallelism and DP attention (all refused) every other group is the TP group itself or has one rank."""
+    from sglang.srt.distributed import get_tp_group
 
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    for name in GROUPS:
-        comm = getattr(getattr(ps, f"_{name.upper()}", None), attr, None)
-        if comm is None or id(comm) in seen:
-            continue
-        seen.add(id(comm))
-        found.append((name, comm))
-    return found
+    comm = getattr(get_tp_group(), attr, None)
+    return [] if comm is None else [("tp", comm)]
 
 
 def live() -> list[tuple[str, Any]]:
