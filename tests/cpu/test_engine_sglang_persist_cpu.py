@@ -534,6 +534,19 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     assert sess.captured == 4 and sess.adapter.run.breaks == []
 
 
+def test_a_runner_hands_its_capture_to_the_graphs_step_and_a_second_runner_of_a_phase_is_refused(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    sess = saving(srt, tmp_path)
+    ran: list[str] = []
+    assert srt.capture.defer("decode", "decode runner", lambda: ran.append("decode")) is True
+    assert sess.adapter.run.runners == {"decode": "decode runner"} and ran == []  # not captured yet
+    sess.adapter.run.captures["decode"]()
+    assert ran == ["decode"]
+    with pytest.raises(PersistError, match=r"^graphpersist: an unexpected graph runner str: refused$"):
+        srt.capture.defer("decode", "another", lambda: None)
+
+
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path, registered: None) -> None:
     sess = saving(srt, tmp_path)
     sess.adapter.run.capturing = "prefill"

@@ -495,6 +495,7 @@ def saving(
         sess = persist_cpu.open_session(srt, switch.Mode.SAVE, tmp_path / "archive", saver=RecordingSaver(events),
                                         model_runner=SimpleNamespace(server_args=None))  # fmt: skip
         sess.adapter.run.runners, sess.caches.folders = dict(RUNNERS), {"triton": cache}
+        sess.step = "graphs"  # the runners captured in the session's graphs step
         torch = ModuleType("torch")
         torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "torch", torch)

@@ -47,7 +47,6 @@ class SglangRun:
     """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
 
     pool: dict[str, Any] | None = None  # the MemoryPoolConfig fields SAVE sized; LOAD reuses them
-    deferred: list[tuple[str, Any, Callable[[], None]]] = field(default_factory=list)  # (phase, runner, capture)
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
     captures: dict[str, Callable[[], None]] = field(default_factory=dict)  # SAVE runs them: each as its __init__ would
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture

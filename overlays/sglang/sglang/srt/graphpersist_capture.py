@@ -19,6 +19,7 @@ from graphpersist.engine import PersistError
 new_graph = engine.new_graph  # the graph object a capture site records into (patch 0005)
 
 
+@engine.recording_refusals()  # its own refusals too, outside the session's steps
 def defer(phase: str, runner: Any, capture: Callable[[], None]) -> bool:
     """Called where a graph runner's __init__ would capture ("decode" or "prefill"; `capture` runs the capture as the
     __init__ does). With persistence on the capture waits until every runner has allocated its buffers
@@ -27,7 +28,10 @@ def defer(phase: str, runner: Any, capture: Callable[[], None]) -> bool:
     sess = engine.current()
     if sess is None:
         return False
-    sess.adapter.run.deferred.append((phase, runner, capture))
+    run = sess.adapter.run
+    if phase in run.runners:
+        raise PersistError(f"graphpersist: an unexpected graph runner {type(runner).__name__}: refused")
+    run.runners[phase], run.captures[phase] = runner, capture
     return True
 
 

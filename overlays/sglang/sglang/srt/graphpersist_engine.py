@@ -57,20 +57,6 @@ def pool_budget(profile: Callable[[], int]) -> int:
     return profile() if sess is None else sess.memory_budget(lambda: int(profile()))
 
 
-def _runners(run: SglangRun) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for phase, runner, capture in run.deferred:
-        if phase in found:
-            raise PersistError(f"graphpersist: an unexpected graph runner {type(runner).__name__}: refused")
-        found[phase] = runner
-        run.captures[phase] = capture
-    prefill = found.get("prefill")
-    if prefill is not None and prefill.attn_metadata_buffers is not None:
-        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
-                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
-    return found
-
-
 def _prepare_attention_shapes(runner: Any) -> None:
     """The capture-time attention metadata of every decode shape (what `capture_one_shape` prepares before each
     capture), made in setup so SAVE and LOAD own it at the same addresses."""
@@ -122,11 +108,13 @@ def graphs(model_runner: Any) -> None:
     if sess is None:
         return
     run = sess.adapter.run
-    runners = _runners(run)
-    if "decode" not in runners:
+    if "decode" not in run.runners:
         raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
                              "persist; turn persistence off")  # fmt: skip
-    decode = runners["decode"]
+    prefill, decode = run.runners.get("prefill"), run.runners["decode"]
+    if prefill is not None and prefill.attn_metadata_buffers is not None:
+        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
+                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
     sess.lap("kv_cache")  # pool, attention backends, runners' buffers
     with sess.phase("warmup", exact=False, span=WARMUP_SPAN, timed="warmup"):
         _warm_forward(decode)
@@ -139,7 +127,6 @@ def graphs(model_runner: Any) -> None:
         lambda: engine.per_shape_tensors(decode.attn_backend, "attn_backend", decode.capture_bs),
         advice="use --attention-backend fa3",
     )  # fmt: skip
-    run.runners = runners
     sess.graphs(lambda: _capture_all(run), prepared=prepared)
 
 
@@ -152,7 +139,7 @@ def after_graphs(model_runner: Any) -> None:
     if sess is None or sess.finished:  # graphs set up again after the start are upstream's own
         return
     try:
-        if sess.saving and not sess.adapter.run.runners:
+        if sess.saving and sess.step != "graphs":  # the session's graphs step never ran
             raise PersistError("graphpersist: SGLang set up its CUDA graphs without the persistence seam in "
                                "capture_cuda_graphs (patch 0004): SAVE refused")  # fmt: skip
         sess.ready()
