@@ -545,6 +545,10 @@ def test_a_runner_hands_its_capture_to_the_graphs_step_and_a_second_runner_of_a_
     assert ran == ["decode"]
     with pytest.raises(PersistError, match=r"^graphpersist: an unexpected graph runner str: refused$"):
         srt.capture.defer("decode", "another", lambda: None)
+    per_shape = SimpleNamespace(attn_metadata_buffers={})  # the backend keeps captured prefill metadata per shape
+    with pytest.raises(engine.Refused, match=r"captured prefill metadata per shape.*--cuda-graph-backend-prefill"):
+        srt.capture.defer("prefill", per_shape, lambda: None)
+    assert srt.capture.defer("prefill", SimpleNamespace(attn_metadata_buffers=None), lambda: None) is True
 
 
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path, registered: None) -> None:

@@ -31,6 +31,9 @@ def defer(phase: str, runner: Any, capture: Callable[[], None]) -> bool:
     run = sess.adapter.run
     if phase in run.runners:
         raise PersistError(f"graphpersist: an unexpected graph runner {type(runner).__name__}: refused")
+    if phase == "prefill" and runner.attn_metadata_buffers is not None:
+        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
+                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
     run.runners[phase], run.captures[phase] = runner, capture
     return True
 

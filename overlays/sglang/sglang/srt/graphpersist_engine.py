@@ -111,10 +111,7 @@ def graphs(model_runner: Any) -> None:
     if "decode" not in run.runners:
         raise engine.Refused("graphpersist: this configuration captures no decode CUDA graphs: there is nothing to "
                              "persist; turn persistence off")  # fmt: skip
-    prefill, decode = run.runners.get("prefill"), run.runners["decode"]
-    if prefill is not None and prefill.attn_metadata_buffers is not None:
-        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
-                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
+    decode = run.runners["decode"]
     sess.lap("kv_cache")  # pool, attention backends, runners' buffers
     with sess.phase("warmup", exact=False, span=WARMUP_SPAN, timed="warmup"):
         _warm_forward(decode)
