@@ -167,3 +167,43 @@ def test_the_graphs_differ_refusal_names_both_sides_and_the_advice() -> None:
         "configuration ['decode/8']. Re-run with mode=save for this configuration."
     )
     assert Inventory([1], ["decode"]).by_mode == {}
+
+
+# --------------------------------------------------------------------------------------- SAVE's kernel warm-up
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_kernel_warmup_is_timed_and_rank_0_names_the_cache_files_it_added(
+    rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch = ModuleType("torch")
+    torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    sess = session(switch.Mode.SAVE)
+    sess.rank, sess.caches.folders = rank, {"triton": tmp_path}
+    (tmp_path / "old.cubin").write_bytes(b"x")
+
+    def first_requests() -> tuple[dict[str, Any], str]:
+        (tmp_path / "new.cubin").write_bytes(b"y")
+        return {"batches": 2}, "2 batches"
+
+    with caplog.at_level("INFO", logger="graphpersist"):
+        sess.kernel_warmup(first_requests)
+    files = ["triton/new.cubin"] if rank == 0 else []
+    assert sess.stats_extra["kernel_warmup"] == {"batches": 2, "new_cache_files": len(files) if rank == 0 else None,
+                                                 "files": files}  # fmt: skip
+    assert list(sess.timings) == ["kernel_warmup_before_save"]
+    assert "kernel warm-up before save: 2 batches in " in caplog.text
+    assert ("1 new JIT cache file(s), e.g. triton/new.cubin" in caplog.text) == (rank == 0)
+
+
+def test_an_engines_laps_time_its_setup_between_the_steps_each_from_the_previous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sess = session(switch.Mode.SAVE)
+    sess._lapped = 100.0  # begin ended here
+    ticks = iter([103.5, 110.0])
+    monkeypatch.setattr("graphpersist.engine.session.time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    sess.lap("setup")
+    sess.lap("kv_cache")
+    assert sess.timings == {"setup": 3.5, "kv_cache": 6.5}

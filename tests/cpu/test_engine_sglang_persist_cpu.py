@@ -13,6 +13,7 @@ and give identical outputs (the recipe's proof on the GPU host does).
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -37,7 +38,7 @@ from graphpersist.loadplan import read_plan
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY_SRT = REPO / "overlays" / "sglang" / "sglang" / "srt"
-MODULES = ("adapter", "facts", "capture", "customar", "caches", "warmup", "engine", "switch", "symm_multicast",
+MODULES = ("adapter", "facts", "capture", "customar", "warmup", "engine", "switch", "symm_multicast",
            "deepep", "registry")  # fmt: skip
 GiB = 1 << 30
 
@@ -151,22 +152,17 @@ def test_load_refuses_an_archive_saved_with_the_other_torch_symm_mem_choice(
     assert shown == {"flags.enable_torch_symm_mem": (True, False)}
 
 
-def test_the_live_torch_symm_mem_communicators_are_named_with_their_state(
+def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
     srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whether the communicator came on depends on more than the flag (world size, GPU, multicast), so the live
-    state is a fact of its own; a group that shares another's communicator is named once."""
-    on = SimpleNamespace(disabled=False, max_size=64 << 20)
-    ps = ModuleType("sglang.srt.distributed.parallel_state")
-    ps._TP = SimpleNamespace(torch_symm_mem_comm=on)
-    ps._ATTN_TP = SimpleNamespace(torch_symm_mem_comm=on)
-    ps._PP = SimpleNamespace(torch_symm_mem_comm=SimpleNamespace(disabled=True, max_size=64 << 20))
-    ps._MOE_EP = SimpleNamespace(torch_symm_mem_comm=None)
+    """Whether the TP group's communicator came on depends on more than the flag (world size, GPU, multicast), so
+    its live state is a fact of its own; a TP group of one rank has none."""
     dist = ModuleType("sglang.srt.distributed")
-    dist.parallel_state = ps  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
-    monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", ps)
-    assert srt.facts.torch_symm_mem_live() == ["tp:on:67108864", "pp:off:0"]
+    on, off = SimpleNamespace(disabled=False, max_size=64 << 20), SimpleNamespace(disabled=True, max_size=64 << 20)
+    for comm, named in ((on, ["tp:on:67108864"]), (off, ["tp:off:0"]), (None, [])):
+        dist.get_tp_group = lambda comm=comm: SimpleNamespace(torch_symm_mem_comm=comm)  # type: ignore[attr-defined]
+        assert srt.facts.torch_symm_mem_live() == named
 
 
 @pytest.mark.parametrize(
@@ -405,7 +401,8 @@ def test_hooks_do_what_upstream_does_with_persistence_off(srt: SimpleNamespace) 
     assert srt.engine.memory_pool_config(up, 77.5) == "upstream's config"
     srt.customar.register_graph_inputs(up)
     assert up.calls == [("_resolve_memory_pool_config", (77.5,)), ("_register_graph_inputs", ())]
-    assert srt.capture.defer(object()) is False
+    assert srt.engine.pool_budget(lambda: 12345) == 12345  # upstream's profile, unrounded
+    assert srt.capture.defer("decode", object(), up._register_graph_inputs) is False and len(up.calls) == 2
     assert srt.engine.before_distributed(object()) is None  # touches nothing of the model runner
     assert srt.engine.graphs(object()) is None
     assert srt.capture.captured_full(object(), object(), object(), object()) is None
@@ -487,10 +484,9 @@ def test_the_attention_op_break_is_stored_by_its_registry_id(
     srt.capture.captured_break(attention_module, (None, True, 3), {}, None)
     [record] = sess.adapter.run.breaks
     assert record["kind"] == "call" and record["fn"] == "sglang.attention"
-    assert srt.registry.breaks()["sglang.attention"] is attention_module
-    sys.modules["sglang.srt.layers.radix_attention"].unified_attention_with_output = StandInOpPacket()  # another op
+    assert srt.registry.breaks["sglang.attention"] is attention_module
     with pytest.raises(PersistError, match="not in SGLang's registry of break functions"):
-        srt.capture.captured_break(attention_module, (), {}, None)
+        srt.capture.captured_break(StandInOpPacket(), (), {}, None)  # another op of the same name
 
 
 def test_save_refuses_a_break_the_registry_lacks_naming_it_and_what_to_do(srt: SimpleNamespace, tmp_path: Path) -> None:
@@ -507,7 +503,7 @@ def test_save_refuses_a_break_the_registry_lacks_naming_it_and_what_to_do(srt: S
 
 def test_an_unimportable_registry_entry_is_absent_not_an_error(srt: SimpleNamespace) -> None:
     """Without DeepEP's module (here: SGLang is not installed at all) its entry is simply not in the live registry."""
-    live = srt.registry.breaks()
+    live = srt.registry.breaks
     assert list(live) == ["sglang.attention", "sglang.deepep_moe_a2a"]
     assert "sglang.deepep_moe_a2a" not in live and live.get("sglang.deepep_moe_a2a") is None
 
@@ -531,8 +527,6 @@ class StandInGraph:
 @dataclass(frozen=True)
 class Key:
     size: int
-    stream_idx: int | None = None
-    variant_label: str | None = None
 
 
 def open_session(srt: SimpleNamespace, mode: switch.Mode, directory: Path, saver: Any = None,
@@ -575,11 +569,25 @@ def test_save_records_decode_graphs_and_breakable_prefill_graphs_by_stable_names
     assert sess.captured == 4 and sess.adapter.run.breaks == []
 
 
+def test_a_runner_hands_its_capture_to_the_graphs_step_and_a_second_runner_of_a_phase_is_refused(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    sess = saving(srt, tmp_path)
+    ran: list[str] = []
+    assert srt.capture.defer("decode", "decode runner", lambda: ran.append("decode")) is True
+    assert sess.adapter.run.runners == {"decode": "decode runner"} and ran == []  # not captured yet
+    sess.adapter.run.captures["decode"]()
+    assert ran == ["decode"]
+    with pytest.raises(PersistError, match=r"^graphpersist: an unexpected graph runner str: refused$"):
+        srt.capture.defer("decode", "another", lambda: None)
+    per_shape = SimpleNamespace(attn_metadata_buffers={})  # the backend keeps captured prefill metadata per shape
+    with pytest.raises(engine.Refused, match=r"captured prefill metadata per shape.*--cuda-graph-backend-prefill"):
+        srt.capture.defer("prefill", per_shape, lambda: None)
+    assert srt.capture.defer("prefill", SimpleNamespace(attn_metadata_buffers=None), lambda: None) is True
+
+
 def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tmp_path: Path, registered: None) -> None:
     sess = saving(srt, tmp_path)
-    sess.adapter.run.capturing = "decode"
-    with pytest.raises(PersistError, match="stream or variant"):
-        srt.capture.captured_full(object(), Key(8, variant_label="lora"), StandInGraph(), None)
     sess.adapter.run.capturing = "prefill"
     with pytest.raises(PersistError, match="3 segments, 1 breaks, 0 recorded"):
         srt.capture.captured_breakable(
@@ -593,7 +601,6 @@ def test_save_refuses_graphs_it_could_not_install_again(srt: SimpleNamespace, tm
 class StandInBackend:
     _graphs: dict[Any, Any] = field(default_factory=dict)
     _outputs: dict[Any, Any] = field(default_factory=dict)
-    _capture_inputs: dict[Any, Any] = field(default_factory=dict)
 
 
 class StandInBreakable:
@@ -838,6 +845,73 @@ def test_load_refuses_a_custom_all_reduce_other_than_saves(
         srt.customar.CustomAllReduceV2().restore(sess, notes)
 
 
+class StandInCustomAllReduce:
+    """CustomAllReduceV2 as persistence drives it: pending graph inputs, a row counter, one row per registered input."""
+
+    disabled = False
+
+    def __init__(self, inputs: list[tuple[int, int]], counter: int = 0) -> None:
+        self._graph_inputs, self._graph_counter = list(inputs), counter
+        self.graph_params: list[Any] = [f"row{i}" for i in range(8)]
+        self.registered: list[tuple[int, list[tuple[int, int]]]] = []
+
+    def _register_graph_inputs(self) -> None:
+        self.registered.append((self._graph_counter, list(self._graph_inputs)))
+        self._graph_counter += len(self._graph_inputs)
+        self._graph_inputs = []
+
+
+def registering(srt: SimpleNamespace, mode: switch.Mode, monkeypatch: pytest.MonkeyPatch,
+                comms: list[tuple[str, Any]]) -> tuple[engine.PersistSession, list[Any]]:  # fmt: skip
+    """A session whose post-capture phase and declared state are recorded (`seen`), over these live communicators."""
+    sess = open_session(srt, mode, Path("/nowhere"))
+    seen: list[Any] = []
+
+    @contextlib.contextmanager
+    def phase(name: str, **_: Any) -> Iterator[None]:
+        seen.append(("phase", name))
+        yield
+        seen.append(("end", name))
+
+    monkeypatch.setattr(sess, "phase", phase)
+    monkeypatch.setattr(sess, "declare_state", lambda name, what, how="bytes": seen.append((name, what, how)))
+    monkeypatch.setattr(srt.customar, "live", lambda: comms)
+    return sess, seen
+
+
+def test_save_registers_every_pending_graph_input_once_after_the_capture_and_load_repeats_it(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = StandInCustomAllReduce([(0x7E00, 4096), (0x7F00, 8192)], counter=2)
+    sess, seen = registering(srt, switch.Mode.SAVE, monkeypatch, [("tp", saved)])
+    srt.customar.CustomAllReduceV2().after_capture(sess)
+    record = {"tp": {"first_row": 2, "inputs": [(0x7E00, 4096), (0x7F00, 8192)]}}
+    assert sess.notes["custom_all_reduce"] == record and saved.registered == [(2, record["tp"]["inputs"])]
+    rows = ("custom_all_reduce.tp.graph_params", ["row2", "row3"], "recreated")
+    assert seen == [("phase", "custom_all_reduce"), ("end", "custom_all_reduce"), rows]
+    loaded = StandInCustomAllReduce([])
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", loaded)])
+    srt.customar.CustomAllReduceV2().restore(sess, json.loads(json.dumps({"custom_all_reduce": record})))
+    assert loaded.registered == saved.registered and seen == [
+        ("phase", "custom_all_reduce"),
+        ("end", "custom_all_reduce"),
+        rows,
+    ]
+
+
+def test_load_refuses_a_communicator_that_already_holds_graph_inputs_or_is_not_v2(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = {"custom_all_reduce": {"tp": {"first_row": 0, "inputs": [[0x7E00, 4096]]}}}
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", StandInCustomAllReduce([(0x1, 2)]))])
+    with pytest.raises(PersistError, match=r"^graphpersist: the tp custom all-reduce already holds graph inputs"):
+        srt.customar.CustomAllReduceV2().restore(sess, notes)
+    sess, seen = registering(srt, switch.Mode.LOAD, monkeypatch, [("tp", SimpleNamespace(disabled=False))])
+    with pytest.raises(PersistError, match=r"is SimpleNamespace, not CustomAllReduceV2"):
+        srt.customar.CustomAllReduceV2().restore(sess, notes)
+    assert seen == []  # refused before the phase: nothing registered
+
+
 # ------------------------------------------------------------------------------------ against the pinned upstream
 
 
@@ -871,10 +945,12 @@ def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
 
 
 # What each patch adds, and how to take it out again: the patched tree minus these is upstream's, AST for AST.
+PROFILE = "self._profile_available_bytes(pre_model_load_memory)"
 REVERSIONS = {
     "graphpersist_capture.new_graph()": "torch.cuda.CUDAGraph()",
     "graph_cls() if _is_xpu else graphpersist_capture.new_graph()": "graph_cls()",
     "memory_pool_config(self, pre_model_load_memory)": "self._resolve_memory_pool_config(pre_model_load_memory)",
+    f"pool_budget(lambda: {PROFILE})": PROFILE,
     "graphpersist_customar.register_graph_inputs(self)": "self._register_graph_inputs()",
     "kill_process_tree(os.getpid(), include_parent=not refused())": "kill_process_tree(os.getpid())",
 }
@@ -907,14 +983,29 @@ class _Revert(ast.NodeTransformer):
             return None
         return self.generic_visit(node)
 
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
+        """`def capture_now(): <upstream's capture>` then `if not defer(..., capture_now): capture_now()` (patch 0004)
+        -> upstream's capture."""
+        body: list[ast.stmt] = []
+        for stmt in node.body:
+            defined = body[-1].name if body and isinstance(body[-1], ast.FunctionDef) else None
+            if (
+                isinstance(stmt, ast.If)
+                and ast.unparse(stmt.test) == f"not graphpersist_capture.defer('decode', self, {defined})"
+            ):
+                self.removed.append(f"if {ast.unparse(stmt.test)}")
+                body[-1:] = body[-1].body
+            else:
+                body.append(stmt)
+        node.body = body
+        return self.generic_visit(node)
+
     def visit_If(self, node: ast.If) -> Any:
         test = ast.unparse(node.test)
-        if "graphpersist_capture.defer(self)" not in test:
+        if test != "not graphpersist_capture.defer('prefill', self, self.capture)":
             return self.generic_visit(node)
         self.removed.append(f"if {test}")
-        if test.startswith("not "):
-            return node.body  # `if not defer(self): self.capture()` -> `self.capture()`
-        return None  # `if defer(self): return`
+        return node.body  # `if not defer(..., self.capture): self.capture()` -> `self.capture()`
 
     def visit_Call(self, node: ast.Call) -> Any:
         """`refusal_or(upstream_error)` (patch 0010) -> `upstream_error`."""
@@ -985,7 +1076,7 @@ def test_patched_files_are_upstream_plus_the_hooks_only(
             f"{rel}: with the hooks taken out the patched file is not upstream's"
         )
     assert len(touched) == 12
-    assert sum("import" in r for r in removed_all) == 14 and sum("defer" in r for r in removed_all) == 2
+    assert sum("import" in r for r in removed_all) == 15 and sum("defer" in r for r in removed_all) == 2
     assert [r for r in removed_all if "refus" in r] == [
         "from sglang.srt.graphpersist_switch import refused",
         "kill_process_tree(os.getpid(), include_parent=not refused())",
@@ -1099,3 +1190,22 @@ def test_an_fa3_forward_kernel_of_another_layout_is_left_alone_and_said(
         assert adapter.unused_param_bytes(FA3_FWD_DECODE, [(0, 2800)]) == []  # one block, but not at byte 112
     assert "parameter layout [(0, 8), (8, 2792)], not the one checked" in caplog.text
     assert "parameter layout [(0, 2800)], not the one checked" in caplog.text
+
+
+def test_the_cache_folders_are_sglangs_own_as_the_scheduler_resolves_them_then_the_shared_ones(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", "~/tvm")
+    monkeypatch.setenv("SGLANG_CACHE_DIR", "")  # empty: SGLang's default
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr("getpass.getuser", lambda: "someone")
+    resolvers = srt.adapter.SglangAdapter(SimpleNamespace()).cache_resolvers()
+    assert list(resolvers) == ["tvm_ffi", "sglang", "flashinfer", "flashinfer_cubins", "triton", "inductor", "cute_dsl"]
+    assert resolvers["tvm_ffi"]() == tmp_path / "home" / "tvm"
+    assert resolvers["sglang"]() == tmp_path / "home" / ".cache" / "sglang"
+    assert resolvers["cute_dsl"]() == tmp_path / "tmp" / "someone" / "flash_attention_cute_dsl_cache"
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "cute"))
+    assert resolvers["cute_dsl"]() == tmp_path / "cute"
+    assert resolvers["triton"] is engine.cache_folders()["triton"]

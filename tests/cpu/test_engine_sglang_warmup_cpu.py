@@ -480,6 +480,7 @@ def saving(
         sess = persist_cpu.open_session(srt, switch.Mode.SAVE, tmp_path / "archive", saver=RecordingSaver(events),
                                         model_runner=SimpleNamespace(server_args=None))  # fmt: skip
         sess.adapter.run.runners, sess.caches.folders = dict(RUNNERS), {"triton": cache}
+        sess.step = "graphs"  # the runners captured in the session's graphs step
         torch = ModuleType("torch")
         torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "torch", torch)
@@ -528,10 +529,9 @@ def test_the_save_phase_leaves_the_warm_up_out(
     srt: SimpleNamespace, saving: Callable[[], tuple[Any, list[str]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sess, _ = saving()
-    # save starts, the warm-up starts (session, adapter), the warm-up ends (adapter, session), save ends
+    # save starts, the warm-up starts (save's, the kernel warm-up's), the warm-up ends (both), save ends
     ticks = iter([100.0, 101.0, 101.0, 104.0, 104.0, 110.0])
     clock = SimpleNamespace(perf_counter=lambda: next(ticks))
-    monkeypatch.setattr(srt.adapter, "time", clock)
     monkeypatch.setattr(engine_session, "time", clock)
     srt.engine.after_graphs(SimpleNamespace(server_args=None))
     assert sess.timings == {"kernel_warmup_before_save": 3.0, "save": 7.0}

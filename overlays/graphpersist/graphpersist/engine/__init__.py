@@ -22,10 +22,13 @@ from graphpersist.engine.adapter import (
     Inventory,
     Resolver,
     SessionView,
+    UnreadBytes,
     bytes_in_param,
     graphs_differ,
 )
+from graphpersist.engine.caches import env_folder
 from graphpersist.engine.checks import check_noted, opted_in
+from graphpersist.engine.prepared import PreparedState, per_shape_tensors
 from graphpersist.engine.putback import put_back
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
@@ -48,16 +51,19 @@ __all__ = [
     "Inventory",
     "PersistError",
     "PersistSession",
+    "PreparedState",
     "Refused",
     "RefusedInEngine",
     "Resolver",
     "SessionView",
+    "UnreadBytes",
     "add_switch_group",
     "breakable",
     "bytes_in_param",
     "cache_folders",
     "check_noted",
     "current",
+    "env_folder",
     "graphs_differ",
     "interposer_loaded",
     "ipc_export",
@@ -65,6 +71,7 @@ __all__ = [
     "model_tensors",
     "new_graph",
     "opted_in",
+    "per_shape_tensors",
     "put_back",
     "recording_refusals",
     "refusal_or",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class SessionView(Protocol):
     def log(self, message: str, *args: Any) -> None: ...
 
     def timed(self, name: str, started: float) -> float: ...
+
+    def kernel_warmup(self, run: Callable[[], tuple[dict[str, Any], str]]) -> None: ...
 
     def phase(
         self, name: str, *, exact: bool = True, span: int | None = None, timed: str | None = None
@@ -107,6 +110,30 @@ def bytes_in_param(
     if all(start <= a <= b <= start + size for a, b in ranges):
         return list(ranges)
     return []
+
+
+@dataclass(frozen=True)
+class UnreadBytes:
+    """A rule for `unused_param_bytes`: the kernels whose name `pattern` matches never read these `ranges` (parameter
+    buffer offsets) of the one parameter block at buffer byte `at`, as proven for that layout. A kernel it matches
+    with another layout keeps its bytes as captured, said in a warning (`what` names the kernels)."""
+
+    what: str
+    pattern: re.Pattern[str]
+    at: int
+    ranges: tuple[tuple[int, int], ...]
+
+    def __call__(self, kernel: str, layout: list[tuple[int, int]], logger: logging.Logger) -> list[tuple[int, int]]:
+        if not self.pattern.search(kernel):
+            return []
+        if len(layout) == 1 and layout[0][0] == self.at and (found := bytes_in_param(layout, 0, self.ranges)):
+            return found
+        logger.warning(
+            "graphpersist: %s %s has the parameter layout %s, not the one checked (one parameter block at buffer byte "
+            "%d holding bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
+            self.what, kernel[:120], layout, self.at, self.ranges[0][0], self.ranges[-1][1] - 1,
+        )  # fmt: skip
+        return []
 
 
 class EngineAdapter(abc.ABC):

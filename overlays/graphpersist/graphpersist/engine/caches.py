@@ -8,6 +8,7 @@ compiles, and keeps what it has (graphpersist.archive.jitcache).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,17 @@ from typing import Any
 
 from graphpersist import cachefolders
 from graphpersist.errors import PersistError
+
+
+def env_folder(variable: str, default: Callable[[], Path]) -> cachefolders.Resolver:
+    """The resolver of a folder a library takes from `variable` when it is set and not empty (user-expanded), else
+    from `default()`: how most JIT caches are placed."""
+
+    def resolve() -> Path:
+        value = os.environ.get(variable)
+        return Path(value).expanduser() if value else default()
+
+    return resolve
 
 
 @dataclass

@@ -35,11 +35,13 @@ from graphpersist import gcpause, rankstats, switch
 from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
+from graphpersist.engine.prepared import PreparedState
 from graphpersist.errors import PersistError
 from graphpersist.records import Facts
 from graphpersist.run import Run, active, fresh
 
 KERNEL_WARMUP = "kernel_warmup_before_save"  # the stats phase of the SAVE's kernel warm-up (both engines)
+FILES_LISTED = 500  # at most this many of the JIT cache files a kernel warm-up added are named in rank 0's stats
 
 # The lifecycle's steps in order; a step may repeat itself (phases) but never go back.
 STEPS = ("begin", "budget", "graphs", "ready", "finish")
@@ -96,6 +98,7 @@ class PersistSession:
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
     step: str = "begin"
     _graphs_done: float | None = field(default=None, repr=False)
+    _lapped: float = field(default_factory=time.perf_counter, repr=False)  # where the next lap starts (begin: its end)
 
     def __post_init__(self) -> None:
         for section in self.adapter.note_sections:  # where the engine's capture sites note each graph
@@ -123,6 +126,7 @@ class PersistSession:
         sess = cls.open(adapter, resolved, adapter.rank(), adapter.parallel()["world_size"])
         sess._start()
         sess.timed("start", started)
+        sess._lapped = time.perf_counter()
         return sess
 
     @classmethod
@@ -234,6 +238,30 @@ class PersistSession:
         self.timings[name] = round(took, 4)
         return took
 
+    def lap(self, name: str) -> None:
+        """Records the time since the engine's previous lap (the first: since `begin` ended) as phase `name`: how an
+        engine times its own setup between the session's steps."""
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._lapped, 4)
+        self._lapped = now
+
+    def kernel_warmup(self, run: Callable[[], tuple[dict[str, Any], str]]) -> None:
+        """SAVE: the engine's kernel warm-up `run()` (what compiles kernels only when the engine serves), synchronized
+        and timed as KERNEL_WARMUP; rank 0 also lists the JIT cache files it added (a host's ranks share the folders).
+        `run()` returns its summary, for the rank's stats (`kernel_warmup`, with those files), and a description."""
+        import torch
+
+        started = time.perf_counter()
+        before = self.caches.listing() if self.rank == 0 else set()
+        summary, described = run()
+        torch.cuda.synchronize()
+        added = sorted(self.caches.listing() - before) if self.rank == 0 else []
+        took = self.timed(KERNEL_WARMUP, started)
+        new = {"new_cache_files": len(added) if self.rank == 0 else None, "files": added[:FILES_LISTED]}
+        self.stats_extra["kernel_warmup"] = {**summary, **new}
+        self.log("kernel warm-up before save: %s in %.2f s%s", described, took,
+                 f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
+
     # -- setup phases -----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def phase(
@@ -305,23 +333,26 @@ class PersistSession:
         self.captured += 1
 
     @refusal.recording()
-    def graphs(self, capture: Callable[[], Any], *, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    def graphs(self, capture: Callable[[], Any], *, prepared: PreparedState | None = None) -> Any:
         """Where upstream captures: setup ends here (what graphs may read from it is fixed). SAVE runs `capture()`
-        (upstream's capture; its sites call `add_graph`), then each communicator's post-capture registration, and
-        writes the archive unless the adapter writes once the engine is ready. LOAD captures nothing: it restores
-        every graph (`check(notes)` first runs the engine's own comparisons), installs them where the engine
-        replays them, repeats the communicators' registration and proves the declared state. Returns `capture()`'s
-        result (None at LOAD)."""
+        (upstream's capture; its sites call `add_graph`), proves the captures left the `prepared` state as setup made
+        it and records it, then runs each communicator's post-capture registration, and writes the archive unless the
+        adapter writes once the engine is ready. LOAD captures nothing: it restores every graph, proves the `prepared`
+        state is SAVE's, installs the graphs where the engine replays them, repeats the communicators' registration
+        and proves the declared state. Returns `capture()`'s result (None at LOAD)."""
         from graphpersist import api
 
         self._enter("graphs")
+        before = prepared.read() if prepared is not None else {}
         api.mark_setup(self.adapter.setup_tensors())
         started = time.perf_counter()
         if self.loading:
-            self._restore(check)
+            self._restore(prepared, before)
             result = None
         else:
             result = capture()
+            if prepared is not None:
+                self.notes[prepared.note] = prepared.after_capture(before)
             for comm in self.adapter.communicators():
                 comm.after_capture(self)
             self.timed("capture", started)
@@ -392,7 +423,7 @@ class PersistSession:
         return summary
 
     # -- LOAD -------------------------------------------------------------------------------------------------------
-    def _restore(self, check: Callable[[dict[str, Any]], None] | None) -> Any:
+    def _restore(self, prepared: PreparedState | None, before: dict[str, Any]) -> Any:
         """Validates the archive against this process, restores memory, images and graphs, installs them, repeats
         the communicators' registration and proves the declared state."""
         from graphpersist import api, breakdown
@@ -410,8 +441,8 @@ class PersistSession:
             output_types=self.adapter.output_types(),
         )
         self.kept.append(result)
-        if check is not None:
-            check(result.notes)
+        if prepared is not None:
+            prepared.check_saved(before, result.notes)
         self.restored = self.adapter.install(self, result)
         for comm in self.adapter.communicators():
             comm.restore(self, result.notes)

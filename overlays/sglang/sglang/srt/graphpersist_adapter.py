@@ -3,13 +3,16 @@ SGLang's own bookkeeping of the run (`SglangRun`)."""
 
 from __future__ import annotations
 
+import getpass
 import logging
+import os
 import re
-import time
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sglang.srt import graphpersist_caches as caches
 from sglang.srt import graphpersist_capture as capture
 from sglang.srt import graphpersist_customar as customar
 from sglang.srt import graphpersist_facts as facts
@@ -18,37 +21,25 @@ from sglang.srt import graphpersist_warmup as warmup
 
 from graphpersist import engine
 
-FILES_LISTED = 500  # at most this many of the JIT cache files the warm-up added are named in rank 0's stats
-
-# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV: the buffer bytes none of them reads
-# (patches/sglang/README.md, "Parameter bytes never read"; recipes/diagnosis/fa3-unread-params derives the list).
-_FA3_FWD_V128_BF16 = re.compile(
-    r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"  # b5 = AppendKV
-)
+# sgl-kernel 0.4.5's FA3 forward kernels, V head 128, bf16, not appending KV (b5 = AppendKV below, false): the buffer
+# bytes none of them reads, in their one Params block at buffer byte 112 (patches/sglang/README.md, "Parameter bytes
+# never read"; recipes/diagnosis/fa3-unread-params derives the list). SAVE writes them as zeros so two SAVEs are
+# byte-identical.
 _FA3_FWD_UNREAD = (
     (124, 128), (132, 136), (144, 168), (172, 184), (232, 240), (276, 280), (304, 488), (496, 500), (512, 520),
     (580, 624), (752, 880), (1008, 1136), (1264, 1920), (1924, 2000), (2028, 2032), (2056, 2064), (2088, 2096),
     (2104, 2160), (2176, 2192), (2200, 2232), (2236, 2244), (2280, 2288), (2304, 2328), (2376, 2400), (2416, 2424),
     (2464, 2488), (2532, 2544),
 )  # fmt: skip
+_FA3_FWD_V128_BF16 = re.compile(
+    r"FlashAttnFwdSm90.*Li128ENS_10bfloat16_tEfNS_4arch4Sm90E(?:Lb[01]E){5}Lb0E(?:Lb[01]E){7}"
+)
+FA3_FWD = engine.UnreadBytes("FA3 forward kernel", _FA3_FWD_V128_BF16, 112, _FA3_FWD_UNREAD)
 
 
-def unused_param_bytes(kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) of `kernel`'s parameter buffer it never reads, which SAVE writes as zeros so two SAVEs
-    are byte-identical: the FA3 forward kernels' bytes above. Other kernels: none."""
-    if not _FA3_FWD_V128_BF16.search(kernel):
-        return []
-    if len(layout) == 1 and layout[0][0] == 112 and (ranges := engine.bytes_in_param(layout, 0, _FA3_FWD_UNREAD)):
-        return ranges
-    SglangAdapter.logger.warning(
-        "graphpersist: FA3 forward kernel %s has the parameter layout %s, not the one checked (one Params block at "
-        "buffer byte 112 holding bytes %d-%d): its unread bytes are kept as captured, so two SAVEs may differ there",
-        kernel[:120],
-        layout,
-        _FA3_FWD_UNREAD[0][0],
-        _FA3_FWD_UNREAD[-1][1] - 1,
-    )
-    return []
+def _cute_dsl() -> Path:
+    value = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+    return Path(value) if value else Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
 
 
 @dataclass
@@ -56,12 +47,10 @@ class SglangRun:
     """SGLang's own bookkeeping of one SAVE or LOAD, between the seams the patches call."""
 
     pool: dict[str, Any] | None = None  # the MemoryPoolConfig fields SAVE sized; LOAD reuses them
-    deferred: list[Any] = field(default_factory=list)  # graph runners whose capture waits for every runner's setup
     runners: dict[str, Any] = field(default_factory=dict)  # the graph runners by phase ("decode", "prefill")
+    captures: dict[str, Callable[[], None]] = field(default_factory=dict)  # SAVE runs them: each as its __init__ would
     capturing: str | None = None  # "decode" or "prefill" while SAVE runs that runner's capture
     breaks: list[dict[str, Any]] = field(default_factory=list)  # SAVE: breaks of the graph being captured
-    setup_started: float = 0.0  # when distributed init began (timing of the setup phase)
-    kv_started: float = 0.0  # when the memory pool's sizing began
     deepep_buffer: Any = None  # DeepEP's Buffer, made in setup (graphpersist_deepep.setup_buffer)
 
 
@@ -81,20 +70,35 @@ class SglangAdapter(engine.EngineAdapter):
     writes_when_ready = True  # the kernel warm-up runs SGLang's first requests, through the installed graphs
 
     def refuse(self) -> None:
-        facts.refuse_unsupported(self.server_args)
-        if self.model_runner.is_draft_worker:
-            raise engine.Refused("graphpersist: a draft model cannot be persisted: serve without speculative decoding")
+        facts.refuse_unsupported(self.server_args)  # speculative decoding too: no draft model runner reaches here
         facts.refuse_unsupported_model(self.model_runner)
 
     @property
     def server_args(self) -> Any:
         return self.model_runner.server_args
 
-    def engine_facts(self) -> dict[str, str]:
-        return facts.engine_facts()
+    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return FA3_FWD(kernel, layout, self.logger)  # other kernels: none
+
+    def cache_resolvers(self) -> dict[str, engine.Resolver]:
+        """The JIT and compile cache folders an SGLang 0.5.17 scheduler reads, its own and those every engine shares
+        (patches/sglang/README.md, "The caches an archive carries"; the session resolves them at start)."""
+        shared = engine.cache_folders()
+        return {
+            "tvm_ffi": engine.env_folder("TVM_FFI_CACHE_DIR", lambda: Path.home() / ".cache" / "tvm-ffi"),
+            "sglang": engine.env_folder("SGLANG_CACHE_DIR", lambda: Path.home() / ".cache" / "sglang"),
+            **{name: shared[name] for name in ("flashinfer", "flashinfer_cubins", "triton", "inductor")},
+            "cute_dsl": _cute_dsl,
+        }
 
     def model_facts(self) -> dict[str, str]:
         return facts.model_facts(self.server_args, self.model_runner.model_config)
+
+    def engine_facts(self) -> dict[str, str]:
+        return facts.engine_facts()
+
+    def cpu_gather(self) -> Any:
+        return facts.cpu_gather()
 
     def parallel(self) -> dict[str, int]:
         return facts.parallel(self.server_args)
@@ -111,12 +115,6 @@ class SglangAdapter(engine.EngineAdapter):
     def device_index(self) -> int:
         return int(self.model_runner.gpu_id)
 
-    def unused_param_bytes(self, kernel: str, layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        return unused_param_bytes(kernel, layout)
-
-    def cpu_gather(self) -> Any:
-        return facts.cpu_gather()
-
     def setup_tensors(self) -> dict[str, Any]:
         return facts.setup_tensors(self.model_runner)
 
@@ -126,8 +124,8 @@ class SglangAdapter(engine.EngineAdapter):
     def inventory(self) -> engine.Inventory:
         return capture.expected_inventory(self.run.runners)
 
-    def output_types(self) -> registry.Registry:
-        return registry.output_types()
+    def output_types(self) -> engine.breakable.Registry:
+        return registry.output_types
 
     def install(self, session: engine.SessionView, result: Any) -> int:
         return capture.install(self.run.runners, result, result.notes, self.model_runner.model)
@@ -140,29 +138,16 @@ class SglangAdapter(engine.EngineAdapter):
             found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
         return found
 
-    def cache_resolvers(self) -> dict[str, engine.Resolver]:
-        return caches.resolvers()
-
     def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
-        archive and a LOAD on a fresh host compiles none of them. Rank 0 names the cache files they added."""
-        import torch
+        archive and a LOAD on a fresh host compiles none of them (the session names the cache files they added)."""
 
-        started = time.perf_counter()
-        before = session.caches.listing() if session.rank == 0 else set()
-        outcome = warmup.run(self.model_runner, self.run.runners, session.log)
-        torch.cuda.synchronize()
-        added = sorted(session.caches.listing() - before) if session.rank == 0 else []
-        took = session.timed(engine.KERNEL_WARMUP, started)
-        session.stats_extra["kernel_warmup"] = {
-            "batches": outcome.batches,
-            "left_out": outcome.left_out,
-            "graph_forwards": outcome.graph_forwards,
-            "eager_forwards": outcome.eager_forwards,
-            "new_cache_files": len(added) if session.rank == 0 else None,
-            "files": added[:FILES_LISTED],
-        }
-        session.log("kernel warm-up before save: %d batches (%d graph replays, %d eager forwards) in %.2f s%s",
-                    len(outcome.batches), outcome.graph_forwards, outcome.eager_forwards, took,
-                    f"; {len(added)} new JIT cache file(s), e.g. {', '.join(added[:3])}" if added else "")  # fmt: skip
+        def first_requests() -> tuple[dict[str, Any], str]:
+            done = warmup.run(self.model_runner, self.run.runners, session.log)
+            summary = {"batches": done.batches, "left_out": done.left_out, "graph_forwards": done.graph_forwards,
+                       "eager_forwards": done.eager_forwards}  # fmt: skip
+            return summary, (f"{len(done.batches)} batches ({done.graph_forwards} graph replays, "
+                             f"{done.eager_forwards} eager forwards)")  # fmt: skip
+
+        session.kernel_warmup(first_requests)

@@ -8,6 +8,7 @@ normal mode, are breakable (`<phase>/<size>/<segment>`): their segments and eage
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sglang.srt import graphpersist_registry as registry
@@ -18,28 +19,27 @@ from graphpersist.engine import PersistError
 new_graph = engine.new_graph  # the graph object a capture site records into (patch 0005)
 
 
-def defer(runner: Any) -> bool:
-    """Called where a graph runner's __init__ would capture. With persistence on the capture waits until every
-    runner has allocated its buffers (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before
-    `mark_setup`; returns False (capture now, as upstream) when persistence is off."""
+@engine.recording_refusals()  # its own refusals too, outside the session's steps
+def defer(phase: str, runner: Any, capture: Callable[[], None]) -> bool:
+    """Called where a graph runner's __init__ would capture ("decode" or "prefill"; `capture` runs the capture as the
+    __init__ does). With persistence on the capture waits until every runner has allocated its buffers
+    (`graphpersist_engine.graphs`), so SAVE and LOAD run the same setup before `mark_setup`; returns False (capture
+    now, as upstream) when persistence is off."""
     sess = engine.current()
     if sess is None:
         return False
-    sess.adapter.run.deferred.append(runner)
+    run = sess.adapter.run
+    if phase in run.runners:
+        raise PersistError(f"graphpersist: an unexpected graph runner {type(runner).__name__}: refused")
+    if phase == "prefill" and runner.attn_metadata_buffers is not None:
+        raise engine.Refused("graphpersist: this attention backend keeps captured prefill metadata per shape, which "
+                             "cannot be restored: use --cuda-graph-backend-prefill disabled")  # fmt: skip
+    run.runners[phase], run.captures[phase] = runner, capture
     return True
 
 
 def _model(sess: Any) -> Any:
     return getattr(getattr(sess.adapter, "model_runner", None), "model", None)
-
-
-def _key_name(phase: str, key: Any) -> str:
-    if key.stream_idx is not None or key.variant_label is not None:
-        raise PersistError(
-            f"graphpersist: {phase} graph {key} has a stream or variant (PD multiplexing, LoRA, chunked prefix): "
-            "not persisted (refused)"
-        )
-    return f"{phase}/{key.size}"
 
 
 def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
@@ -50,7 +50,7 @@ def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
     phase = sess.adapter.run.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
-    name = _key_name(phase, key)
+    name = f"decode/{key.size}"  # one graph a size: a second (a stream or variant) is refused as a duplicate name
     try:
         sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
     except PersistError as exc:
@@ -66,7 +66,7 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
     instead = "serve without --moe-a2a-backend deepep" if sess.adapter.run.capturing == "decode" else (
         "use --cuda-graph-backend-prefill disabled")  # fmt: skip
     record = engine.breakable.record_break(
-        inner, args, kwargs, output, model=_model(sess), functions=registry.breaks(), types=registry.output_types(),
+        inner, args, kwargs, output, model=_model(sess), functions=registry.breaks, types=registry.output_types,
         tensor_spec=engine.tensor_spec, instead=instead, owner="SGLang", where="sglang/srt/graphpersist_registry.py"
     )  # fmt: skip
     sess.adapter.run.breaks.append(record)
@@ -83,7 +83,7 @@ def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners "
                            f"({run.capturing}): refused")  # fmt: skip
     breaks, run.breaks = run.breaks, []
-    engine.breakable.add_breakable(sess, _key_name(run.capturing, key), list(graph._segments), len(graph._break_fns),
+    engine.breakable.add_breakable(sess, f"{run.capturing}/{key.size}", list(graph._segments), len(graph._break_fns),
                                    breaks, stored, size=key.size, mode=run.capturing)  # fmt: skip
 
 
@@ -108,37 +108,23 @@ def install(runners: dict[str, Any], result: Any, notes: dict[str, Any], model: 
         _copy_output,
     )
 
-    decode, prefill = runners.get("decode"), runners.get("prefill")
-    saved_decode, saved_prefill = notes.get("decode", {}), notes.get("prefill", {})
-    live = {f"decode/{bs}" for bs in decode.capture_bs} if decode is not None else set()
-    if set(saved_decode) != live:
-        raise engine.graphs_differ("decode", set(saved_decode), live)
-    live = {f"prefill/{n}" for n in prefill.capture_num_tokens} if prefill is not None else set()
-    if set(saved_prefill) != live:
-        raise engine.graphs_differ("prefill", set(saved_prefill), live)
-    breakables = []
-    live = {"model": model, "functions": registry.breaks(), "types": registry.output_types(),
-            "tensor_at": engine.tensor_at}  # fmt: skip
-    for runner, saved in ((prefill, saved_prefill), (decode, saved_decode)):
-        for base, rec in saved.items():  # every break function is rebuilt before anything is installed
+    live = expected_inventory(runners).by_mode
+    for phase in ("decode", "prefill"):
+        saved, want = set(notes.get(phase, {})), {f"{phase}/{n}" for n in live.get(phase, [])}
+        if saved != want:
+            raise engine.graphs_differ(phase, saved, want)
+    found = {"model": model, "functions": registry.breaks, "types": registry.output_types,
+             "tensor_at": engine.tensor_at}  # fmt: skip
+    graphs: list[tuple[Any, Any, Any, list[Any]]] = []  # (backend, key, graph, its graphs in the archive)
+    for phase in ("prefill", "decode"):  # every break function is rebuilt before anything is installed
+        for base, rec in notes.get(phase, {}).items():
             if "segments" not in rec:
+                graphs.append((runners[phase].backend, ShapeKey(size=int(rec["size"])), result[base], [result[base]]))
                 continue
             bg = BreakableCUDAGraph(None)
-            bg._segments, bg._break_fns = engine.breakable.rebuild(base, rec, result, copy_output=_copy_output, **live)
-            breakables.append((runner, ShapeKey(size=int(rec["size"])), bg))
-
-    installed = 0
-    for name, rec in saved_decode.items():
-        if "segments" in rec:
-            continue
-        graph = result[name]
-        key = ShapeKey(size=int(rec["size"]))
-        decode.backend._graphs[key] = graph
-        decode.backend._outputs[key] = graph.outputs
-        installed += 1
-    for runner, key, bg in breakables:
-        runner.backend._graphs[key] = bg
-        runner.backend._outputs[key] = bg._segments[-1].outputs
-        runner.backend._capture_inputs[key] = None
-        installed += len(bg._segments)
-    return installed
+            bg._segments, bg._break_fns = engine.breakable.rebuild(base, rec, result, copy_output=_copy_output, **found)
+            graphs.append((runners[phase].backend, ShapeKey(size=int(rec["size"])), bg, bg._segments))
+    for backend, key, graph, restored in graphs:
+        backend._graphs[key] = graph
+        backend._outputs[key] = restored[-1].outputs
+    return sum(len(restored) for *_, restored in graphs)

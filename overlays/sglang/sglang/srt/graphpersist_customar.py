@@ -9,30 +9,25 @@ from graphpersist import engine
 from graphpersist.engine import PersistError
 
 PHASE = "custom_all_reduce"
-GROUPS = ("tp", "pp", "dcp", "attn_tp", "moe_ep", "moe_tp")
 
 
 def register_graph_inputs(ca: Any) -> None:
     """Called where upstream registers at the end of `CustomAllReduceV2.capture()`: with persistence on (SAVE) the
-    registration waits for `register_after_capture`; LOAD never captures, so never reaches here with inputs."""
+    registration waits for the last capture (`CustomAllReduceV2.after_capture`); LOAD never captures, so never reaches
+    here with inputs."""
     if engine.current() is None:
         ca._register_graph_inputs()
 
 
 def group_communicators(attr: str) -> list[tuple[str, Any]]:
-    """(group name, communicator) of each process group's `attr` (e.g. `ca_comm`), once each (groups may share
-    one), in a fixed order; groups without one are left out."""
-    from sglang.srt.distributed import parallel_state as ps
+    """("tp", communicator) for the TP group's `attr` (e.g. `ca_comm`) when it has one, else nothing. In what
+    persistence accepts it is the only group with a custom all-reduce or torch symmetric-memory communicator: SGLang
+    0.5.17 makes them only on groups of more than one rank, and without pipeline, DCP, attention-context or
+    MoE-data parallelism and DP attention (all refused) every other group is the TP group itself or has one rank."""
+    from sglang.srt.distributed import get_tp_group
 
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    for name in GROUPS:
-        comm = getattr(getattr(ps, f"_{name.upper()}", None), attr, None)
-        if comm is None or id(comm) in seen:
-            continue
-        seen.add(id(comm))
-        found.append((name, comm))
-    return found
+    comm = getattr(get_tp_group(), attr, None)
+    return [] if comm is None else [("tp", comm)]
 
 
 def live() -> list[tuple[str, Any]]:
@@ -45,16 +40,37 @@ def describe_live() -> list[str]:
     return [f"{name}:{type(ca).__name__}" for name, ca in live()]
 
 
-def _state_rows(ca: Any, first: int, count: int) -> Any:
-    return ca.graph_params[first : first + count]
-
-
-def _check_v2(name: str, ca: Any) -> None:
+def _check_v2(name: str, ca: Any, loading: bool) -> None:
     if not hasattr(ca, "_graph_inputs") or not hasattr(ca, "_register_graph_inputs"):
         raise PersistError(
             f"graphpersist: the {name} group's custom all-reduce is {type(ca).__name__}, not CustomAllReduceV2: "
             "persistence supports only v2 (unset SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2) or --disable-custom-all-reduce"
         )
+    if loading and (ca._graph_inputs or ca._graph_counter):
+        raise PersistError(f"graphpersist: the {name} custom all-reduce already holds graph inputs at LOAD (something "
+                           "captured): refused")  # fmt: skip
+
+
+def _record(first_row: Any, inputs: Any) -> dict[str, Any]:
+    """A communicator's registration as the notes record it: its first row of graph_params and its graph inputs."""
+    return {"first_row": int(first_row), "inputs": [(int(p), int(n)) for p, n in inputs]}
+
+
+def _register(session: engine.PersistSession, found: dict[str, Any], record: dict[str, Any], loading: bool) -> None:
+    """Upstream's registration of each communicator's inputs (LOAD: SAVE's, set first), in the post-capture phase;
+    then their rows declared as state LOAD recreates and proves equal to SAVE's."""
+    with session.phase(PHASE):
+        for name, rec in record.items():
+            if rec["inputs"]:
+                if loading:
+                    found[name]._graph_counter, found[name]._graph_inputs = rec["first_row"], list(rec["inputs"])
+                found[name]._register_graph_inputs()
+    for name, rec in record.items():
+        if rec["inputs"]:
+            rows = found[name].graph_params[rec["first_row"] : rec["first_row"] + len(rec["inputs"])]
+            session.declare_state(f"{PHASE}.{name}.graph_params", rows, how="recreated")
+    session.log("custom all-reduce: %d graph inputs registered%s (%s)", sum(len(r["inputs"]) for r in record.values()),
+                " again" if loading else "", ", ".join(record) or "none")  # fmt: skip
 
 
 class CustomAllReduceV2(engine.Communicator):
@@ -64,29 +80,17 @@ class CustomAllReduceV2(engine.Communicator):
     name = PHASE
 
     def after_capture(self, session: engine.PersistSession) -> None:
-        """SAVE, after the last capture: each communicator's pending graph inputs registered by upstream's code, in
-        one post-capture phase; their rows declared as state and the inputs recorded in the notes."""
-        record: dict[str, Any] = {}
-        with session.phase(PHASE):
-            for name, ca in live():
-                _check_v2(name, ca)
-                inputs = [(int(p), int(n)) for p, n in ca._graph_inputs]
-                first = int(ca._graph_counter)
-                if inputs:
-                    ca._register_graph_inputs()
-                record[name] = {"first_row": first, "inputs": inputs}
-        for name, ca in live():
-            rows = record[name]
-            if rows["inputs"]:
-                session.declare_state(f"{PHASE}.{name}.graph_params",
-                                      _state_rows(ca, rows["first_row"], len(rows["inputs"])),
-                                      how="recreated")  # fmt: skip
+        """SAVE, after the last capture: each communicator's pending graph inputs and first row, recorded in the notes
+        and registered by upstream's code."""
+        found = dict(live())
+        for name, ca in found.items():
+            _check_v2(name, ca, loading=False)
+        record = {name: _record(ca._graph_counter, ca._graph_inputs) for name, ca in found.items()}
+        _register(session, found, record, loading=False)
         session.notes[PHASE] = record
-        total = sum(len(r["inputs"]) for r in record.values())
-        session.log("custom all-reduce: %d graph inputs registered (%s)", total, ", ".join(record) or "none")
 
     def restore(self, session: engine.PersistSession, notes: Any) -> None:
-        """LOAD: re-run each communicator's registration with SAVE's inputs, in the same phase; declare its rows."""
+        """LOAD: each communicator's registration again with SAVE's inputs, in the same phase."""
         saved: dict[str, Any] = notes.get(PHASE) or {}
         found = dict(live())
         if set(saved) != set(found):
@@ -95,24 +99,7 @@ class CustomAllReduceV2(engine.Communicator):
                 f"{sorted(saved) or 'none'}, this LOAD has communicators for {sorted(found) or 'none'}. Re-run with "
                 "mode=save for this configuration."
             )
-        with session.phase(PHASE):
-            for name, rec in saved.items():
-                ca = found[name]
-                _check_v2(name, ca)
-                if ca._graph_inputs or ca._graph_counter:
-                    raise PersistError(f"graphpersist: the {name} custom all-reduce already holds graph inputs at "
-                                       "LOAD (something captured): refused")  # fmt: skip
-                inputs = [(int(p), int(n)) for p, n in rec["inputs"]]
-                if not inputs:
-                    continue
-                ca._graph_counter = int(rec["first_row"])
-                ca._graph_inputs = list(inputs)
-                ca._register_graph_inputs()
-        total = 0
-        for name, rec in saved.items():
-            if rec["inputs"]:
-                total += len(rec["inputs"])
-                session.declare_state(f"{PHASE}.{name}.graph_params",
-                                      _state_rows(found[name], int(rec["first_row"]), len(rec["inputs"])),
-                                      how="recreated")  # fmt: skip
-        session.log("custom all-reduce: %d graph inputs registered again (%s)", total, ", ".join(saved) or "none")
+        for name in saved:
+            _check_v2(name, found[name], loading=True)
+        record = {name: _record(rec["first_row"], rec["inputs"]) for name, rec in saved.items()}
+        _register(session, found, record, loading=True)

@@ -18,8 +18,6 @@ from typing import Any
 
 from graphpersist import engine
 
-Registry = engine.breakable.Registry
-
 
 def _attention() -> Any:
     # What `breakable_unified_attention_with_output` wraps (eager_on_graph): the custom op, i.e.
@@ -54,11 +52,5 @@ OUTPUT_TYPES: dict[str, Callable[[], Any]] = {
 }
 
 
-def breaks() -> Registry:
-    """The break functions LOAD may call again, by id."""
-    return Registry(BREAKS)
-
-
-def output_types() -> Registry:
-    """The dataclasses SGLang's graphs and breaks may return, by id."""
-    return Registry(OUTPUT_TYPES)
+breaks = engine.breakable.Registry(BREAKS)  # the break functions LOAD may call again, by id
+output_types = engine.breakable.Registry(OUTPUT_TYPES)  # the dataclasses SGLang's graphs and breaks may return, by id

@@ -4,7 +4,7 @@ launcher when a scheduler failed to start (patch 0010): a refusal is raised in t
 
 from __future__ import annotations
 
-import argparse
+import functools
 import logging
 import os
 from typing import Any
@@ -20,9 +20,8 @@ logger = logging.getLogger(__name__)
 PINS = {**engine.MULTICAST_OFF, "NCCL_RUNTIME_CONNECT": "0"}
 
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add `--graph-persist`/`--graph-persist-dir` to SGLang's server parser as one titled group."""
-    engine.add_switch_group(parser, "graph persistence")
+# `--graph-persist`/`--graph-persist-dir`, added to SGLang's server parser as one titled group.
+add_cli_args = functools.partial(engine.add_switch_group, title="graph persistence")
 
 
 def resolve_server_args(server_args: Any) -> switch.Switch:
@@ -32,10 +31,9 @@ def resolve_server_args(server_args: Any) -> switch.Switch:
     return resolved
 
 
-def refused() -> bool:
-    """Whether a scheduler of this start recorded a refusal: the launch-phase SIGQUIT handler (patch 0010) then ends
-    every child but keeps this process, whose wait for the schedulers raises the refusal."""
-    return engine.refusal_recorded()
+# Whether a scheduler of this start recorded a refusal: the launch-phase SIGQUIT handler (patch 0010) then ends every
+# child but keeps this process, whose wait for the schedulers raises the refusal.
+refused = engine.refusal_recorded
 
 
 def refusal_or(error: RuntimeError) -> BaseException:
