@@ -450,6 +450,18 @@ REFUSED = {
         "for its high-throughput kernels (nothing to persist). Instead serve with tensor parallelism (expert "
         "parallelism off), or use SGLang's DeepEP normal mode (--moe-a2a-backend deepep --deepep-mode normal)",
     ),
+    "prefill-context": (  # vLLM's world is PP x TP x PCP ranks; this CPU host cannot build a PCP engine config
+        {"tensor_parallel_size": 2},
+        "cfg.parallel_config.world_size = 4",
+        "prefill context parallelism (a world of 4 ranks for tensor_parallel_size 2)",
+        "serve without prefill_context_parallel_size",
+    ),
+    "decode-context": (
+        {"tensor_parallel_size": 2},
+        "cfg.parallel_config.decode_context_parallel_size = 2",
+        "decode_context_parallel_size=2",
+        "serve without decode context parallelism",
+    ),
     "nodes": ({"tensor_parallel_size": 2, "nnodes": 2}, "", "2 nodes", "run on a single node"),
     "lora": ({"enable_lora": True, "tensor_parallel_size": 2}, "", "LoRA", "serve without LoRA adapters"),
     "speculative": (
@@ -488,9 +500,29 @@ def test_unsupported_configuration_is_refused_naming_it(vllm: WarmPython, case: 
     supported = (
         "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
         "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on "
-        "or off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+        "or off), no pipeline/data/expert/context parallelism, no LoRA, no speculative decoding"
     )
     assert outcome.raised("Refused") == f"graphpersist: {what} cannot be persisted: {advice}. ({supported})"
+
+
+def test_breakable_cuda_graphs_are_refused_as_vllm_reads_their_switch(vllm: WarmPython) -> None:
+    """VLLM_USE_BREAKABLE_CUDAGRAPH=1 (vLLM also sets it itself for some models) makes the V2 runner capture its
+    piecewise graphs outside the capture sites persistence sees: refused; any other value is vLLM's "off"."""
+    for value in ("0", "true", ""):
+        vllm.run(
+            f"""
+            env = {{"VLLM_USE_BREAKABLE_CUDAGRAPH": {value!r}}}
+            facts.refuse_unsupported(engine_config(tensor_parallel_size=1), env)
+            """
+        ).ok()
+    outcome = vllm.run(
+        """
+        facts.refuse_unsupported(engine_config(tensor_parallel_size=1), {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})
+        """
+    )
+    refused = outcome.raised("Refused")
+    assert refused.startswith("graphpersist: VLLM_USE_BREAKABLE_CUDAGRAPH=1 (breakable CUDA graphs"), refused
+    assert "cannot be persisted: unset it, or set VLLM_USE_BREAKABLE_CUDAGRAPH=0." in refused, refused
 
 
 @pytest.mark.parametrize(

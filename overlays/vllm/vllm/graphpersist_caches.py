@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from graphpersist import engine
@@ -15,21 +14,16 @@ def _vllm_root() -> Path:
     return Path(envs.VLLM_CACHE_ROOT)
 
 
-def _vllm_sub(variable: str, sub: str) -> Path:
-    """A folder vLLM takes from `variable` when set and non-empty (user-expanded), else from its cache root."""
-    value = os.environ.get(variable)
-    return Path(value).expanduser() if value else _vllm_root() / sub
-
-
 def resolvers() -> dict[str, engine.Resolver]:
-    """vLLM's cache folders and the ones every engine shares, by name (the session resolves them at start)."""
+    """vLLM's cache folders and the ones every engine shares, by name (the session resolves them at start); a
+    variable set and non-empty places a folder, else vLLM's cache root does."""
     return {
         "vllm_compile": lambda: _vllm_root() / "torch_compile_cache",
         "vllm_modelinfos": lambda: _vllm_root() / "modelinfos",
-        "vllm_flashinfer_autotune": lambda: _vllm_sub(
-            "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer_autotune_cache"
+        "vllm_flashinfer_autotune": engine.env_folder(
+            "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", lambda: _vllm_root() / "flashinfer_autotune_cache"
         ),
-        "deep_gemm": lambda: _vllm_sub("DG_JIT_CACHE_DIR", "deep_gemm"),
+        "deep_gemm": engine.env_folder("DG_JIT_CACHE_DIR", lambda: _vllm_root() / "deep_gemm"),
         **engine.cache_folders(),
     }
 

@@ -3,7 +3,9 @@ forward."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -13,7 +15,7 @@ from graphpersist import engine
 SUPPORTED = (
     "supported with persistence: the V2 model runner (dense decoder models), cudagraph_mode FULL_AND_PIECEWISE "
     "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or "
-    "off), no pipeline/data/expert parallelism, no LoRA, no speculative decoding"
+    "off), no pipeline/data/expert/context parallelism, no LoRA, no speculative decoding"
 )
 
 
@@ -21,9 +23,10 @@ def _refuse(what: str, instead: str) -> engine.Refused:
     return engine.Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
 
 
-def refuse_unsupported(cfg: Any) -> None:
+def refuse_unsupported(cfg: Any, environ: Mapping[str, str] | None = None) -> None:
     """Refuses, before anything is allocated, the configurations whose graphs this integration cannot restore."""
     par, comp = cfg.parallel_config, cfg.compilation_config
+    env = os.environ if environ is None else environ
     if cfg.model_config.enforce_eager:
         raise _refuse("enforce_eager (no CUDA graphs)", "turn persistence off, or drop enforce_eager")
     refuse_deepep(par)  # first: with DeepEP, data parallelism is the consequence, not the cause
@@ -31,6 +34,12 @@ def refuse_unsupported(cfg: Any) -> None:
         raise _refuse(f"pipeline_parallel_size={par.pipeline_parallel_size}", "use tensor parallelism only")
     if par.data_parallel_size != 1:
         raise _refuse(f"data_parallel_size={par.data_parallel_size}", "start one engine per data-parallel rank")
+    if par.world_size != par.tensor_parallel_size:  # vLLM's world: pipeline x tensor x prefill-context ranks
+        raise _refuse(f"prefill context parallelism (a world of {par.world_size} ranks for tensor_parallel_size "
+                      f"{par.tensor_parallel_size})", "serve without prefill_context_parallel_size")  # fmt: skip
+    if par.decode_context_parallel_size != 1:  # its own group's collectives run in the graphs, unpersisted
+        raise _refuse(f"decode_context_parallel_size={par.decode_context_parallel_size}",
+                      "serve without decode context parallelism")  # fmt: skip
     if getattr(par, "enable_expert_parallel", False):
         raise _refuse("expert parallelism", "turn expert parallelism off")
     if par.nnodes_within_dp != 1:
@@ -42,6 +51,12 @@ def refuse_unsupported(cfg: Any) -> None:
     mode = comp.cudagraph_mode
     if mode is not None and mode.name == "NONE":
         raise _refuse("cudagraph_mode NONE (no CUDA graphs)", "turn persistence off")
+    if env.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") == "1":  # read as vllm.envs reads it
+        raise _refuse(
+            "VLLM_USE_BREAKABLE_CUDAGRAPH=1 (breakable CUDA graphs: the model runner captures them outside the "
+            "capture sites persistence sees; vLLM sets it itself for DeepSeek-V4, Inkling and MiniMax-M3 models)",
+            "unset it, or set VLLM_USE_BREAKABLE_CUDAGRAPH=0",
+        )
     if par.tensor_parallel_size > 1 and comp.pass_config.fuse_allreduce_rms:
         raise _refuse(
             "the fused all-reduce + RMSNorm pass (flashinfer) at tensor parallelism > 1",
