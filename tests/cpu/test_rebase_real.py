@@ -131,6 +131,7 @@ TARGETS = {
                 "fuzzy",
                 [
                     ("sglang/srt/mem_cache/kv_cache_configurator.py", 1, "offset", 281, 37, 0),
+                    ("sglang/srt/mem_cache/kv_cache_configurator.py", 2, "offset", 1931, 154, 0),
                 ],
             ),
             "0004-let-graph-persistence-capture-after-every-graph-runn.patch": (
@@ -139,7 +140,8 @@ TARGETS = {
                     ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 1, "fuzz", 7, 0, 2),
                     ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 2, "offset", 189, 35, 0),
                     ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1, "fuzz", 42, 1, 1),
-                    ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 2, "offset", 457, 46, 0),
+                    # the hunk that hands upstream's capture block to defer() (2026-12-07) applies with fuzz here
+                    ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 2, "fuzz", 457, 46, 2),
                     ("sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", 1, "failed", 50, 0, 0),
                     ("sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", 2, "offset", 524, -5, 0),
                 ],
