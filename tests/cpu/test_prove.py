@@ -133,6 +133,11 @@ RUNS = {
     "load": 'mode = "load"\narchive = "a"',
     "load_fresh": 'mode = "load"\narchive = "a"\ncache = "fresh"',
     "refused": 'mode = "load"\narchive = "a"\nexpect_refusal = true',
+    # a real checkpoint's runs: their own output group, their own archive
+    "save_real": 'mode = "save"\narchive = "r"\nargs = ["--model", "{real_model}"]\noutputs = "real"',
+    "load_real": 'mode = "load"\narchive = "r"\nargs = ["--model", "{real_model}"]\noutputs = "real"',
+    "baseline_real": 'mode = "off"\nargs = ["--model", "{real_model}"]\noutputs = "real"',
+    "eager_real": 'mode = "off"\nargs = ["--model", "{real_model}"]\noutputs = "real"\ncompare_outputs = false',
 }
 
 
@@ -678,6 +683,10 @@ def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
         ),
         ("title = [", "not valid TOML"),
         (
+            proof_toml().replace('archive = "b"\n', 'archive = "b"\noutputs = "real weights"\n'),
+            "run[2].outputs: 'real weights' is not a plain name",
+        ),
+        (
             proof_toml().replace(
                 'archive = "a"\n', 'archive = "a"\nexpect_refusal = true\ncompare_outputs = true\n', 1
             ),
@@ -952,3 +961,109 @@ def test_archive_sizes_count_the_shared_kernel_images_once(tmp_path: Path) -> No
     header, rows = proofreport.archive_sizes(recipe, out)
     assert header == ["archive", "rank_0", "rank_1", "kernel images", "shared", "total"]
     assert rows == [["a", "3.0 MiB", "3.0 MiB", "5.0 MiB", "2.0 MiB", "13.0 MiB"]]
+
+
+# ------------------------------------------------------------------------------------------- real checkpoint runs
+
+REAL_RUNS = ("baseline", "save", "save2", "load", "save_real", "load_real", "baseline_real")
+
+
+def real_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, complete: bool = True) -> Path:
+    """A folder as recipes/gpu-host/real_checkpoint.py leaves it (`.gp-complete` last), named by GP_REAL_MODEL."""
+    folder = tmp_path / "qwen3-8b-random"
+    folder.mkdir()
+    if complete:
+        (folder / prove.REAL_MODEL_COMPLETE).write_text("{}\n")
+    monkeypatch.setenv(prove.REAL_MODEL_ENV, str(folder))
+    return folder
+
+
+def test_each_output_group_is_compared_only_within_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real checkpoint's runs give other tokens and another archive than the dummy-weight runs: each group passes
+    on its own, and no check compares one group's run or archive with the other's."""
+    real_model_run = {"change": ["sequential", 0, 3]}
+    behaviour = {r: real_model_run for r in ("load_real", "baseline_real", "eager_real")}
+    behaviour["save_real"] = {**real_model_run, "world": {"nccl.version": "2.27.5"}}
+    real_checkpoint(tmp_path, monkeypatch)
+    recipe = make_recipe(tmp_path, behaviour, runs=(*REAL_RUNS, "eager_real"))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    text, _, checks = report(out)
+    assert all(c["status"] == "pass" for c in checks.values()), checks
+    assert checks["outputs identical"]["detail"].startswith("4 runs identical in ")
+    assert checks["outputs identical (real)"]["detail"].startswith("3 runs identical in ")
+    assert [n for n in checks if n.startswith("archives")] == ["archives a = b"]
+    assert checks["load_real restored every graph"]["detail"] == "restored = captured by save_real per rank: [4, 4]"
+    assert checks["load_real runs the script as upstream"]["detail"].endswith("baseline_real 1")
+    assert "- eager_real vs save_real: identical" in text  # not the dummy-weight baseline, which differs
+
+
+def test_two_real_runs_that_differ_fail_their_groups_check_naming_the_difference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_checkpoint(tmp_path, monkeypatch)
+    recipe = make_recipe(tmp_path, {"load_real": {"change": ["concurrent", 1, 2]}}, runs=REAL_RUNS)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 1
+    text, _, checks = report(out)
+    assert text.splitlines()[0] == "FAILED: outputs identical (real)"
+    assert checks["outputs identical"]["status"] == "pass"
+    assert checks["outputs identical (real)"]["detail"] == (
+        "load_real differs from save_real at concurrent[1] (token 2): "
+        "save_real [15, 16, 17] (3 tokens) vs load_real [15, 16, 117] (3 tokens)"
+    )
+
+
+def test_the_real_model_placeholder_becomes_the_checkpoints_absolute_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = real_checkpoint(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(prove.REAL_MODEL_ENV, folder.name)  # relative to prove's cwd; drivers run in the recipe's
+    recipe = make_recipe(tmp_path, runs=REAL_RUNS)
+    out = tmp_path / "out"
+    prove_cli(recipe, out, "--runs", "baseline_real")
+    assert json.loads((out / "baseline_real" / "result.json").read_text())["seen"]["extra"] == ["--model", str(folder)]
+    assert json.loads((out / "baseline_real" / "run.json").read_text())["command"][-2:] == ["--model", str(folder)]
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        (None, "GP_REAL_MODEL is unset"),
+        ("missing", "GP_REAL_MODEL is '{folder}', not a folder"),
+        ("incomplete", "GP_REAL_MODEL is '{folder}', which holds no complete checkpoint (no .gp-complete)"),
+    ],
+)
+def test_a_real_model_run_without_a_complete_checkpoint_is_misuse_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], setting: str | None, why: str
+) -> None:
+    folder = real_checkpoint(tmp_path, monkeypatch, complete=False)
+    if setting is None:
+        monkeypatch.delenv(prove.REAL_MODEL_ENV)
+    elif setting == "missing":
+        folder = tmp_path / "nowhere"
+        monkeypatch.setenv(prove.REAL_MODEL_ENV, str(folder))
+    recipe = make_recipe(tmp_path, runs=REAL_RUNS)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out, "--runs", "baseline,load_real") == 2
+    first, advice = capsys.readouterr().err.splitlines()
+    assert first == f"gptools prove: run(s) load_real: args use {{real_model}}, and {why.format(folder=folder)}"
+    assert "python3 recipes/gpu-host/real_checkpoint.py DIR" in advice and "GP_REAL_MODEL=DIR" in advice
+    assert not out.exists()  # not even the baseline ran
+
+
+def test_runs_without_the_real_model_need_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(prove.REAL_MODEL_ENV, raising=False)
+    recipe = make_recipe(tmp_path, runs=REAL_RUNS)
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out, "--runs", "baseline,save,save2,load") == 1  # the real runs' checks: not run
+    _, _, checks = report(out)
+    assert {n for n, c in checks.items() if c["status"] != "pass"} == {
+        f"{r} {what}"
+        for r in ("save_real", "load_real", "baseline_real")
+        for what in ("finished", "log clean", "unaccounted <= 5 %")
+    } | {f"load_real {w}" for w in ("restored every graph", "captured nothing", "no new JIT files")} | {
+        "outputs identical (real)"
+    }
+    assert checks["outputs identical (real)"]["status"] == "not run"

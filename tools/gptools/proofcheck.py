@@ -5,7 +5,8 @@ FAIL with "not measured: ...": a proof never passes on missing evidence. Targets
 `compare_outputs = false` are computed here too, but they are statements for the report, not checks. A run with
 `expect_refusal = true` gets one check of its own, "<run> refused", instead of LOAD's checks and the clean-log check.
 A persistence run whose driver counts the processes that ran its script (`script_runs`) must count as many as the
-first persistence-off run ("<run> runs the script as upstream").
+first persistence-off run ("<run> runs the script as upstream"). Runs are compared only within their output group
+(proof.toml `outputs`, gptools.prove's docstring): a run of another model never meets the main group's runs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gptools import jsonfile, proofkit
-from gptools.proofrecipe import Recipe, RunSpec
+from gptools.proofrecipe import MAIN_OUTPUTS, Recipe, RunSpec
 
 PASS, FAIL, NOT_RUN = "pass", "FAIL", "not run"
 LOG_TAIL_LINES = 20
@@ -143,7 +144,7 @@ def run_problem(record: dict[str, Any], loaded: tuple[dict[str, Any] | None, str
 def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -> list[Check]:
     """Every check, in the report's order: runs finished, outputs, archives, LOAD's graphs / captures / JIT, logs."""
     checks = [check_finished(data) for data in runs.values()]
-    checks.append(check_outputs(runs))
+    checks += [check_outputs(runs, group) for group in output_groups(runs)]
     checks += check_archives(recipe, out, runs, python)
     for spec in recipe.runs:
         if spec.mode == "load" and not spec.expect_refusal:
@@ -208,9 +209,17 @@ def _outputs(data: RunData) -> dict[str, Any] | None:
     return outputs if isinstance(outputs, dict) and outputs else None
 
 
-def check_outputs(runs: dict[str, RunData]) -> Check:
-    name = "outputs identical"
-    compared = [d for d in runs.values() if d.spec.compare_outputs]
+def output_groups(runs: dict[str, RunData]) -> list[str]:
+    """The output groups of proof.toml's runs in first-seen order, the main group first (it always has its check)."""
+    groups = [MAIN_OUTPUTS]
+    groups += [g for g in dict.fromkeys(d.spec.outputs for d in runs.values()) if g != MAIN_OUTPUTS]
+    return groups
+
+
+def check_outputs(runs: dict[str, RunData], group: str = MAIN_OUTPUTS) -> Check:
+    """The group's compared runs gave identical tokens; the main group's check keeps its name of old."""
+    name = "outputs identical" if group == MAIN_OUTPUTS else f"outputs identical ({group})"
+    compared = [d for d in runs.values() if d.spec.compare_outputs and d.spec.outputs == group]
     ran = [d for d in compared if d.ran]
     if len(ran) < 2:
         return Check(name, NOT_RUN, f"needs 2 runs with compare_outputs; ran: {', '.join(d.spec.name for d in ran)}")
@@ -231,12 +240,14 @@ def check_outputs(runs: dict[str, RunData]) -> Check:
 
 
 def informational(runs: dict[str, RunData]) -> list[dict[str, str]]:
-    """Runs with compare_outputs = false against the first compared run: a statement, not a check."""
-    ref = next((d for d in runs.values() if d.spec.compare_outputs and _outputs(d)), None)
+    """Runs with compare_outputs = false against their group's first compared run: a statement, not a check."""
     notes = []
     for data in runs.values():
         if data.spec.compare_outputs or data.spec.expect_refusal or not data.ran:
             continue
+        group = data.spec.outputs
+        ref = next((d for d in runs.values() if d.spec.compare_outputs and d.spec.outputs == group and _outputs(d)),
+                   None)  # fmt: skip
         if ref is None or _outputs(data) is None:
             text = "not compared: " + ("no reference run with outputs" if ref is None else "it has no outputs")
         else:
@@ -346,7 +357,22 @@ def archive_writers(recipe: Recipe) -> dict[str, RunSpec]:
 
 
 def check_archives(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -> list[Check]:
+    """`archives <first> = <other>`: each archive against the first one its output group's save runs write (another
+    model's archives hold other graphs)."""
     writers = archive_writers(recipe)
+    groups: dict[str, list[str]] = {}
+    for archive, spec in writers.items():
+        groups.setdefault(spec.outputs, []).append(archive)
+    checks = []
+    for names in groups.values():
+        checks += _compare_archives(recipe, out, runs, python, {name: writers[name] for name in names})
+    return checks
+
+
+def _compare_archives(
+    recipe: Recipe, out: Path, runs: dict[str, RunData], python: str, writers: dict[str, RunSpec]
+) -> list[Check]:
+    """One group's archives, each against its first."""
     names = list(writers)
     seen: dict[str, tuple[dict[str, Any] | None, str]] = {}
     checks = []
@@ -544,15 +570,17 @@ def check_script_runs(runs: dict[str, RunData]) -> list[Check]:
     proofkit.note_script_run) ran it in as many as the first persistence-off run: an engine under persistence runs a
     user's script as often as upstream does (vLLM: once; spawning its engine core must not run it again)."""
     counted = {n: d for n, d in runs.items() if d.ran and isinstance((d.result or {}).get("script_runs"), int)}
-    base = next((d for d in counted.values() if d.spec.mode == "off"), None)
     checks = []
     for name, data in counted.items():
         if data.spec.mode == "off" or data.spec.expect_refusal:
             continue
+        base = next((d for d in counted.values() if d.spec.mode == "off" and d.spec.outputs == data.spec.outputs), None)
         check = f"{name} runs the script as upstream"
         got = int((data.result or {})["script_runs"])
         if base is None:
-            checks.append(Check(check, NOT_RUN, f"{got} process(es) ran the script; no persistence-off run counted"))
+            group = "" if data.spec.outputs == MAIN_OUTPUTS else f" of output group {data.spec.outputs}"
+            detail = f"{got} process(es) ran the script; no persistence-off run{group} counted"
+            checks.append(Check(check, NOT_RUN, detail))
             continue
         want = int((base.result or {})["script_runs"])
         what = f"{got} process(es) ran the driver's script, {base.spec.name} {want}"

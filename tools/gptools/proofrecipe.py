@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+MAIN_OUTPUTS = "main"  # the output group of runs that name none: the recipe's own model (dummy weights)
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -21,6 +23,9 @@ class RunSpec:
     compare_outputs: bool
     expect_refusal: bool = False  # the engine must refuse to start: no outputs, no graphs, errors in the log
     env: tuple[tuple[str, str], ...] = ()  # variables this run's driver gets on top of the runner's environment
+    # Runs are compared (outputs, archives, script runs) only within their group: a group's runs start one model,
+    # e.g. "real" for the runs on a real checkpoint, whose tokens never equal the dummy-weight runs'.
+    outputs: str = MAIN_OUTPUTS
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,11 @@ The driver contract:
 
 - argv: `<driver> --run NAME --mode off|save|load [--archive DIR] --result FILE <the run's args>`, started with
   cwd = the recipe folder, in a new session, stdout + stderr to `<out>/<run>/log.txt`. `{python}` in the driver's
-  argv is the --python interpreter. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH),
+  argv is the --python interpreter. `{real_model}` in a run's args is the real checkpoint's folder, from the
+  environment variable GP_REAL_MODEL: a folder that `recipes/gpu-host/real_checkpoint.py` completed (it writes
+  `.gp-complete` last). When a selected run uses it and the variable is unset or names no complete checkpoint, prove
+  exits 2 before running anything, naming the run, the variable and the command that makes the checkpoint; runs
+  that do not use it never need the variable. Drivers may use `gptools.proofkit` (tools/ is first on their PYTHONPATH),
   and one that starts an OpenAI-compatible server `gptools.serveproof`.
 - environment: each `cache_env` variable points at its own folder of the run's cache root (`<out>/cache-warm`,
   shared by all warm runs and kept; a `cache = "fresh"` run gets the same paths emptied, the warm content moved
@@ -33,6 +37,11 @@ The driver contract:
   `phase_check_stated = true`, a Targets row instead, stated and never failing the report), unaccounted
   being start to ready minus the sum of its measured phases; `residual_phases` (phases a driver computes as a
   remainder) count as unaccounted, not as measured.
+- outputs: the runs of one model are compared with one another only. A run's `outputs = "<group>"` puts it in
+  that group (default: the main group, the recipe's own model): "outputs identical" compares the main group's runs,
+  each other group gets "outputs identical (<group>)" over its own; archives are compared within the group of the
+  run that writes them, a `compare_outputs = false` run with its group's first compared run, and a run's script
+  count with its group's first persistence-off run (e.g. `outputs = "real"` for the runs on a real checkpoint).
 
 Misuse (a bad proof.toml, an unknown run) exits 2 naming the key; otherwise exit 0 when every check passes, else 1.
 """
@@ -57,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from gptools import proofcheck, proofkit, proofreport
-from gptools.proofrecipe import Recipe, RunSpec, Target
+from gptools.proofrecipe import MAIN_OUTPUTS, Recipe, RunSpec, Target
 
 TOOLS_DIR = Path(__file__).resolve().parents[1]  # put first on drivers' PYTHONPATH for gptools.proofkit
 TERM_GRACE_S = 10.0  # SIGTERM to SIGKILL
@@ -67,9 +76,13 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns", "residual_phases", "phase_check", "phase_check_stated"}
-RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env", "outputs"}
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED", "PYTHONPATH"}
+REAL_MODEL = "{real_model}"  # in a run's args: the folder REAL_MODEL_ENV names
+REAL_MODEL_ENV = "GP_REAL_MODEL"
+REAL_MODEL_COMPLETE = ".gp-complete"  # real_checkpoint.py writes it after the last shard
+REAL_CHECKPOINT = "recipes/gpu-host/real_checkpoint.py"  # makes the checkpoint (on the GPU host: it needs a GPU)
 
 
 class ProofConfigError(ValueError):
@@ -128,7 +141,11 @@ def _parse_run(table: Any, i: int) -> RunSpec:
     if refusal and compare:
         raise ProofConfigError(f"{where}compare_outputs: a run with expect_refusal = true has no outputs to compare")
     env = _run_env(table, where)
-    return RunSpec(name, mode, archive, cache, _strings(table, "args", where), compare, refusal, env)
+    outputs = _get(table, "outputs", where, str, MAIN_OUTPUTS)
+    if not NAME.fullmatch(outputs):
+        raise ProofConfigError(f"{where}outputs: {outputs!r} is not a plain name (letters, digits, _ . -)")
+    args = _strings(table, "args", where)
+    return RunSpec(name, mode, archive, cache, args, compare, refusal, env, outputs)
 
 
 def _run_env(table: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
@@ -261,7 +278,38 @@ def driver_command(recipe: Recipe, out: Path, spec: RunSpec, python: str) -> lis
     cmd += ["--run", spec.name, "--mode", spec.mode]
     if spec.archive:
         cmd += ["--archive", str(recipe.archive_path(out, spec.archive))]
-    return [*cmd, "--result", str(out / spec.name / "result.json"), *spec.args]
+    return [*cmd, "--result", str(out / spec.name / "result.json"), *expand_args(spec.args)]
+
+
+def expand_args(args: tuple[str, ...]) -> list[str]:
+    """A run's args with `{real_model}` replaced by REAL_MODEL_ENV's folder, absolute (drivers run in the recipe's
+    folder); `real_model_problem` has made sure that the folder holds a complete checkpoint."""
+    if not any(REAL_MODEL in a for a in args):
+        return list(args)
+    folder = str(Path(os.environ[REAL_MODEL_ENV]).resolve())
+    return [a.replace(REAL_MODEL, folder) for a in args]
+
+
+def real_model_problem(selected: list[RunSpec]) -> str | None:
+    """Why the selected runs that use `{real_model}` cannot start (REAL_MODEL_ENV unset, not a folder, no complete
+    checkpoint), with the advice; None when none uses it or the checkpoint is there."""
+    users = [s.name for s in selected if any(REAL_MODEL in a for a in s.args)]
+    value = os.environ.get(REAL_MODEL_ENV, "")
+    if not users:
+        return None
+    if not value:
+        why = "is unset"
+    elif not Path(value).is_dir():
+        why = f"is {value!r}, not a folder"
+    elif not (Path(value) / REAL_MODEL_COMPLETE).is_file():
+        why = f"is {value!r}, which holds no complete checkpoint (no {REAL_MODEL_COMPLETE})"
+    else:
+        return None
+    return (
+        f"run(s) {', '.join(users)}: args use {REAL_MODEL}, and {REAL_MODEL_ENV} {why}\n"
+        f"make the checkpoint once on the GPU host with `python3 {REAL_CHECKPOINT} DIR` and set {REAL_MODEL_ENV}=DIR "
+        f"(recipes/gpu-host/engine-proof.sh does both), or leave these runs out with --runs"
+    )
 
 
 def driver_env(caches: dict[str, Path], stats: Path, run_env: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
@@ -413,6 +461,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         return _misuse("--runs and --check-only exclude each other (--check-only re-checks every run in --out)")
     if args.check_only and not out.is_dir():
         return _misuse(f"--check-only: {out} does not exist; run the proof first")
+    if not args.check_only and (problem := real_model_problem(selected)):
+        return _misuse(problem)
     out.mkdir(parents=True, exist_ok=True)
     if not args.check_only:
         _run_all(recipe, out, selected, args.python, args.keep_going)
