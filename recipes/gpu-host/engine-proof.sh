@@ -10,6 +10,10 @@
 # to $OUT. STACKS=1 (diagnosis) has every Python process sample its stacks (stacksample/sitecustomize.py; read them
 # with stacksample/stackview.py) into $OUT/proof/stacks.tgz; a LOAD's engine processes are left unsampled, since
 # sampling can make them refuse their setup (stacksample/sitecustomize.py says why).
+# Real weights: when the recipe's proof.toml uses `{real_model}` and RUNS is unset (every run) or names a run ending in
+# `_real` (the recipes name their real-checkpoint runs so), GP_REAL_MODEL=${REAL_MODEL:-/root/qwen3-8b-random} and
+# recipes/gpu-host/real_checkpoint.py writes that checkpoint first (about 16 GiB, 1-3 min, once: a no-op when it is
+# complete); the proof's time limit (LIMIT) is shortened by the time it took.
 # REFRESH=1 (debugging only) copies the repository's overlays over the installed ones first, so a Python-only change
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail
@@ -46,12 +50,21 @@ if [[ ${REFRESH:-0} == 1 ]]; then
   cp -r overlays/graphpersist/graphpersist/. "$SITE/graphpersist/"
 fi
 export PYTHONPATH=$SITE:$PWD/tools
+limit=${LIMIT:-580}
+if grep -q '{real_model}' "recipes/$RECIPE/proof.toml" 2>/dev/null && [[ -z ${RUNS:-} || ,$RUNS, =~ _real, ]]; then
+  export GP_REAL_MODEL=${REAL_MODEL:-/root/qwen3-8b-random}
+  echo "engine-proof: real-weight runs: GP_REAL_MODEL=$GP_REAL_MODEL; python3 recipes/gpu-host/real_checkpoint.py $GP_REAL_MODEL"
+  t=$SECONDS
+  python3 recipes/gpu-host/real_checkpoint.py "$GP_REAL_MODEL" || exit 1
+  limit=$(( limit - (SECONDS - t) > 30 ? limit - (SECONDS - t) : 30 ))  # timeout 0 would mean none
+  echo "engine-proof: checkpoint ready after $((SECONDS - t)) s; the proof gets ${limit} s"
+fi
 if [[ ${STACKS:-0} == 1 ]]; then
   export GP_STACKS_DIR=$PROOF_OUT-stacks PYTHONPATH=$PWD/recipes/gpu-host/stacksample:$PYTHONPATH
   echo "engine-proof: STACKS=1: stack samples of every Python process go to $GP_STACKS_DIR"
 fi
 echo "engine-proof: $(date -u +%FT%TZ) recipe $RECIPE runs ${RUNS:-all} -> $PROOF_OUT"
-timeout "${LIMIT:-580}" python3 -m gptools.prove "recipes/$RECIPE" --out "$PROOF_OUT" ${RUNS:+--runs "$RUNS"} --keep-going
+timeout "$limit" python3 -m gptools.prove "recipes/$RECIPE" --out "$PROOF_OUT" ${RUNS:+--runs "$RUNS"} --keep-going
 rc=$?
 mkdir -p "$OUT/proof"
 cp "$PROOF_OUT"/REPORT.md "$PROOF_OUT"/report.json.gz "$PROOF_OUT"/phases.png "$OUT/proof/" 2>/dev/null

@@ -3,7 +3,8 @@
 The script runs ON the GPU host; here a fake bundle (an install.sh that makes the packages' folders) and a fake
 `python3` first on PATH (it records its arguments instead of proving) stand in for the host, so what is checked is
 the script's own logic: the engine read from the recipe's name, one install folder per engine, the refusal of a
-bundle of the other engine, and REFRESH copying the engine's overlay tree.
+bundle of the other engine, REFRESH copying the engine's overlay tree, and the real checkpoint written before the
+runs that load it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 printf '%s\\n' "$*" >> "$PROVE_RECORD.calls"
 [[ $1 == -c ]] && { echo "$FAKE_PURELIB"; exit 0; }  # host-bytecode.sh asks for the interpreter's purelib
 [[ $1 == -m && $2 == compileall ]] && exit 0
+[[ $1 == *real_checkpoint.py ]] && exit "${FAKE_CHECKPOINT_RC:-0}"  # writes the real checkpoint on the host
+[[ -n ${GP_REAL_MODEL:-} ]] && printf '%s\n' "$GP_REAL_MODEL" > "$PROVE_RECORD.real_model"
 printf '%s\\n' "$*" > "$PROVE_RECORD"
 printf '%s\\n' "$PYTHONPATH" >> "$PROVE_RECORD"
 """
@@ -146,3 +149,41 @@ def test_host_bytecode_0_leaves_the_host_as_it_is(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HOST_BYTECODE=0: the host's packages are left without their missing bytecode" in proc.stdout
     assert "purelib" not in (tmp_path / "rec.calls").read_text() and not (tmp_path / "host-bytecode-done").exists()
+
+
+REAL_RUNS = "save_real,load_real,baseline_real"
+
+
+@pytest.mark.parametrize("runs", [REAL_RUNS, "load_real", ""], ids=["real-runs", "one-real-run", "every-run"])
+def test_real_weight_runs_get_the_checkpoint_written_first_and_named_to_the_proof(tmp_path: Path, runs: str) -> None:
+    folder = tmp_path / "ckpt"
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS=runs, REAL_MODEL=str(folder))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"engine-proof: real-weight runs: GP_REAL_MODEL={folder}; python3 recipes/gpu-host/real_checkpoint.py" in (
+        proc.stdout
+    )
+    calls = (tmp_path / "rec.calls").read_text().splitlines()
+    writes = [i for i, c in enumerate(calls) if c == f"recipes/gpu-host/real_checkpoint.py {folder}"]
+    proves = [i for i, c in enumerate(calls) if c.startswith("-m gptools.prove")]
+    assert len(writes) == 1 and len(proves) == 1 and writes[0] < proves[0]
+    assert (tmp_path / "rec.real_model").read_text().strip() == str(folder)
+
+
+def test_the_real_checkpoint_defaults_to_the_hosts_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REAL_MODEL", raising=False)
+    proc = run_script(tmp_path, "sglang-qwen3-8b-tp1", RUNS=REAL_RUNS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "rec.real_model").read_text().strip() == "/root/qwen3-8b-random"
+
+
+def test_runs_without_real_weights_write_no_checkpoint(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS="save,load,baseline")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "real_checkpoint.py" not in (tmp_path / "rec.calls").read_text()
+    assert not (tmp_path / "rec.real_model").exists() and "real-weight" not in proc.stdout
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_before_the_proof(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS=REAL_RUNS, FAKE_CHECKPOINT_RC="1")
+    assert proc.returncode == 1
+    assert "gptools.prove" not in (tmp_path / "rec.calls").read_text()
