@@ -1,17 +1,21 @@
 """Writes a real safetensors checkpoint for the TP=1 recipes' `*_real` runs: Qwen3-8B's layout, random weights.
 
 The recipes' other runs load dummy weights (`load_format="dummy"`), which skips the engines' own checkpoint loaders.
-Users load real checkpoints, so each TP=1 recipe also starts from one (issue 32, "Real weights too"). The GPU host has
-no network, so the checkpoint is made there: transformers builds `Qwen3ForCausalLM` from the recipes' own Qwen3-8B
-config (randomly initialised, on the GPU so it takes seconds, in bfloat16) and writes it with `save_pretrained`
-(safetensors shards, the index file); then the serve recipes' model folder writer adds the synthetic tokenizer and
-puts the recipes' `config.json` back (so the folder's config is the dummy runs' own). Tokens are random-weight
-tokens: the runs compare LOAD with a baseline on the same checkpoint, never with a real model's text.
+Users load real checkpoints, so the dense TP=1 recipes (`vllm-qwen3-8b-tp1`, `sglang-qwen3-8b-tp1`) also start from
+one (issue 32, "Real weights too"; issue 43.3): their `*_real` runs pass `--model {real_model}`, which the proof
+runner takes from GP_REAL_MODEL (gptools/prove.py). The GPU host has no network, so the checkpoint is made there:
+transformers builds `Qwen3ForCausalLM` from the recipes' own Qwen3-8B config (randomly initialised, on the GPU so it
+takes seconds, in bfloat16) and writes it with `save_pretrained` (safetensors shards, the index file); then the serve
+recipes' model folder writer adds the synthetic tokenizer and puts the recipes' `config.json` back (so the folder's
+config is the dummy runs' own). Tokens are random-weight tokens: the runs compare LOAD with a baseline on the same
+checkpoint (their own output group, `outputs = "real"`), never with the dummy-weight runs or a real model's text.
 
     python recipes/gpu-host/real_checkpoint.py /root/qwen3-8b-random    # about 16 GiB; 1-3 min on the H200
 
-Run it with the engine bundle's Python (transformers is in both bundles: 5.17.0 for vLLM, 5.12.1 for SGLang). It
-does nothing when the folder already holds a complete checkpoint written by this script (`.gp-complete`).
+Run it with the engine bundle's Python (transformers is in both bundles: 5.17.0 for vLLM, 5.12.1 for SGLang);
+`engine-proof.sh` does, before a proof with `*_real` runs, and sets GP_REAL_MODEL to the folder. It does nothing when
+the folder already holds a complete checkpoint written by this script (`.gp-complete`, written last; the runner
+refuses a folder without it).
 """
 
 from __future__ import annotations
