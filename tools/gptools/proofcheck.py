@@ -567,8 +567,9 @@ def check_refused(data: RunData) -> Check:
 
 def check_script_runs(runs: dict[str, RunData]) -> list[Check]:
     """Every persistence run whose driver counts how many processes ran its script (result.json `script_runs`,
-    proofkit.note_script_run) ran it in as many as the first persistence-off run: an engine under persistence runs a
-    user's script as often as upstream does (vLLM: once; spawning its engine core must not run it again)."""
+    proofkit.note_script_run) ran it in as many as its output group's first persistence-off run: an engine under
+    persistence runs a user's script as often as upstream does (vLLM: once; spawning its engine core must not run it
+    again)."""
     counted = {n: d for n, d in runs.items() if d.ran and isinstance((d.result or {}).get("script_runs"), int)}
     checks = []
     for name, data in counted.items():
