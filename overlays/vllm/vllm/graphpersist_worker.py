@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
 from vllm import graphpersist_facts as facts
 from vllm.graphpersist_adapter import VllmAdapter
 from vllm.v1.worker.gpu_worker import Worker
@@ -94,10 +93,12 @@ class PersistWorker(Worker):
             self._kernel_warmup()
 
     def _kernel_warmup(self) -> None:
-        """The V2 runner's own kernel warm-up, timed as the session's KERNEL_WARMUP phase."""
+        """The V2 runner's own kernel warm-up, run by the session's `kernel_warmup` as SGLang's first requests are:
+        synchronized, timed as KERNEL_WARMUP, the JIT cache files it added named in rank 0's stats."""
         from vllm.v1.worker.gpu.warmup import warmup_kernels
 
-        started = time.perf_counter()
-        warmup_kernels(self.model_runner, self.execute_model, self.sample_tokens)
-        torch.cuda.synchronize()
-        self.persist.timed(engine.KERNEL_WARMUP, started)
+        def run() -> tuple[dict[str, Any], str]:
+            warmup_kernels(self.model_runner, self.execute_model, self.sample_tokens)
+            return {}, "vLLM's warmup_kernels"
+
+        self.persist.kernel_warmup(run)
