@@ -98,10 +98,8 @@ def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: 
             "moe_runner_backend": "deep_gemm", "ep_size": 2}  # fmt: skip
 
 
-def test_without_deepep_the_flags_and_parallel_facts_are_as_before(srt: SimpleNamespace) -> None:
-    flags = srt.facts.config_flags(StandInServerArgs(ep_size=2), {})
-    assert not {"moe_a2a_backend", "deepep_mode", "ep_size"} & set(flags)
-    assert srt.facts.parallel(StandInServerArgs())["ep_size"] == 1
+def test_without_deepep_the_expert_parallel_size_is_one(srt: SimpleNamespace) -> None:
+    assert srt.facts.parallel(StandInServerArgs(ep_size=2))["ep_size"] == 1
 
 
 # -------------------------------------------------------------- patch 0009: the graphs stay on, as breakable ones
