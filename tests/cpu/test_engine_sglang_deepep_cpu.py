@@ -116,6 +116,17 @@ def _graphs(cgc: ModuleType, decode: str, prefill: str) -> Any:
 
 
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_the_graph_backends_the_glue_names_are_upstreams_values(
+    srt: SimpleNamespace, cuda_graph_config: ModuleType
+) -> None:
+    """The glue names backends by value ("breakable", "disabled"), as graphpersist_facts checks them."""
+    backend = cuda_graph_config.Backend
+    assert (backend.FULL, backend.BREAKABLE, backend.DISABLED) == ("full", "breakable", "disabled")
+    named = {*srt.facts.DECODE_BACKENDS, *srt.facts.DEEPEP_DECODE_BACKENDS, *srt.facts.PREFILL_BACKENDS}
+    assert named <= set(backend.ALL)
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
 def test_persistence_off_leaves_upstream_to_turn_the_graphs_off(
     srt: SimpleNamespace, cuda_graph_config: ModuleType
 ) -> None:

@@ -43,15 +43,13 @@ def keep_graphs_in_normal_mode(sa: Any) -> bool:
     Persistence off: False, and upstream turns them off. On: the decode graphs use the breakable backend (DeepEP
     runs as an eager break, as upstream's breakable prefill graphs already run it), a breakable or disabled prefill
     backend stays, any other prefill backend (which would capture DeepEP's dispatch) becomes disabled; True."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
     if not engine.switch.resolve(sa.graph_persist, sa.graph_persist_dir).enabled:
         return False
-    cfg = sa.cuda_graph_config
-    if cfg.decode.backend != Backend.DISABLED:
-        cfg.decode.backend = Backend.BREAKABLE
-    if cfg.prefill.backend not in (Backend.BREAKABLE, Backend.DISABLED):
-        cfg.prefill.backend = Backend.DISABLED
+    cfg = sa.cuda_graph_config  # backends by the values graphpersist_facts checks them by (the tests: upstream's)
+    if cfg.decode.backend != "disabled":
+        cfg.decode.backend = "breakable"
+    if cfg.prefill.backend not in ("breakable", "disabled"):
+        cfg.prefill.backend = "disabled"
     logger.info(
         "graphpersist: --deepep-mode normal: CUDA graphs kept on for persistence (decode %s, prefill %s); DeepEP's "
         "dispatch and combine run as eager breaks between graph segments",
