@@ -382,6 +382,17 @@ def test_load_refuses_an_archive_of_another_model_case_naming_the_setting(
     assert str(LoadRefused(tmp_path / "a", mismatches, 0)).splitlines()[1] == f"  flags.{name}: {line}"
 
 
+def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = ModuleType("sglang.srt.distributed")
+    dist.get_tp_group = lambda: SimpleNamespace(cpu_group="tp gloo")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
+    monkeypatch.setattr(engine, "torch_gather", lambda group: ("gather over", group))
+    assert srt.facts.cpu_gather() == ("gather over", "tp gloo")
+    assert srt.facts.parallel(StandInServerArgs())["world_size"] == StandInServerArgs().tp_size
+
+
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:
     """SGLang draws a random seed per start when none is given: greedy graphs do not depend on it."""
     assert srt.facts.config_flags(StandInServerArgs(random_seed=1), {}) == srt.facts.config_flags(

@@ -268,10 +268,11 @@ def pool_record(config: Any) -> dict[str, Any]:
 
 
 def cpu_gather() -> Any:
-    """Rank agreement over SGLang's CPU (gloo) world group: nothing touches the GPU or NCCL."""
-    from sglang.srt.distributed import get_world_group
+    """Rank agreement over the TP group's CPU (gloo) group, which in what persistence accepts is the whole world (no
+    pipeline or data parallelism: `parallel` says world_size = tp_size): nothing touches the GPU or NCCL."""
+    from sglang.srt.distributed import get_tp_group
 
-    return engine.torch_gather(get_world_group().cpu_group)
+    return engine.torch_gather(get_tp_group().cpu_group)
 
 
 def setup_tensors(model_runner: Any) -> dict[str, Any]:
