@@ -393,6 +393,18 @@ def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(
     assert srt.facts.parallel(StandInServerArgs())["world_size"] == StandInServerArgs().tp_size
 
 
+def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it_out(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    archive = open_archive(write_archive(tmp_path / "a", flags=srt.facts.config_flags(StandInServerArgs(), {})))
+    live = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(model_path="/models/other"), {}))
+    assert [str(m) for m in evaluate(archive, live, 0).mismatches if m.field.startswith("flags.")] == [
+        "flags.model_path: saved 'Qwen/Qwen3-8B', live '/models/other'"
+    ]
+    config = SimpleNamespace(hf_config=None, context_len=4096, dtype="torch.bfloat16")
+    assert srt.facts.model_facts(config) == srt.facts.model_facts(SimpleNamespace(**vars(config)))
+
+
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:
     """SGLang draws a random seed per start when none is given: greedy graphs do not depend on it."""
     assert srt.facts.config_flags(StandInServerArgs(random_seed=1), {}) == srt.facts.config_flags(

@@ -137,17 +137,16 @@ def engine_facts() -> dict[str, str]:
     return {"name": "sglang", "version": str(version), "commit": ""}
 
 
-def model_facts(sa: Any, model_config: Any) -> dict[str, str]:
-    """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights."""
+def model_facts(model_config: Any) -> dict[str, str]:
+    """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights. The
+    model's path is a recorded flag (`server_args_record`), named plainly when it differs."""
     import hashlib
     import json
 
     hf = getattr(model_config, "hf_config", None)
     described = hf.to_json_string(use_diff=False) if hf is not None and hasattr(hf, "to_json_string") else repr(hf)
-    fingerprint = hashlib.sha256(
-        json.dumps({"hf": described, "context_len": model_config.context_len, "model_path": sa.model_path}).encode()
-    ).hexdigest()
-    return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint}
+    fingerprint = hashlib.sha256(json.dumps({"hf": described, "context_len": model_config.context_len}).encode())
+    return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint.hexdigest()}
 
 
 def uses_deepep(sa: Any) -> bool:
