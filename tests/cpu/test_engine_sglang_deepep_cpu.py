@@ -98,10 +98,8 @@ def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: 
             "moe_runner_backend": "deep_gemm", "ep_size": 2}  # fmt: skip
 
 
-def test_without_deepep_the_flags_and_parallel_facts_are_as_before(srt: SimpleNamespace) -> None:
-    flags = srt.facts.config_flags(StandInServerArgs(ep_size=2), {})
-    assert not {"moe_a2a_backend", "deepep_mode", "ep_size"} & set(flags)
-    assert srt.facts.parallel(StandInServerArgs())["ep_size"] == 1
+def test_without_deepep_the_expert_parallel_size_is_one(srt: SimpleNamespace) -> None:
+    assert srt.facts.parallel(StandInServerArgs(ep_size=2))["ep_size"] == 1
 
 
 # -------------------------------------------------------------- patch 0009: the graphs stay on, as breakable ones
@@ -115,6 +113,17 @@ def cuda_graph_config(upstream_tree: Callable[[str], Path], monkeypatch: pytest.
 
 def _graphs(cgc: ModuleType, decode: str, prefill: str) -> Any:
     return cgc.CudaGraphConfig(decode=cgc.PhaseConfig(backend=decode), prefill=cgc.PhaseConfig(backend=prefill))
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_the_graph_backends_the_glue_names_are_upstreams_values(
+    srt: SimpleNamespace, cuda_graph_config: ModuleType
+) -> None:
+    """The glue names backends by value ("breakable", "disabled"), as graphpersist_facts checks them."""
+    backend = cuda_graph_config.Backend
+    assert (backend.FULL, backend.BREAKABLE, backend.DISABLED) == ("full", "breakable", "disabled")
+    named = {*srt.facts.DECODE_BACKENDS, *srt.facts.DEEPEP_DECODE_BACKENDS, *srt.facts.PREFILL_BACKENDS}
+    assert named <= set(backend.ALL)
 
 
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
@@ -201,13 +210,34 @@ class StandInBuffer:
 
 
 VERSION = "1.2.1.post20251110+gp.1"
+OUR_DEEP_EP = Path(__file__).resolve().parents[2] / "overlays" / "deep_ep" / "deep_ep" / "graphpersist_buffer.py"
+
+
+def our_deep_ep(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """Our deep_ep as SGLang's glue imports it (`deep_ep.graphpersist_buffer`, the overlay's file: deep_ep's own
+    __init__ needs torch and the extension), recording with the stand-ins' dtype and our deep_ep's version."""
+    module = load_module(
+        OUR_DEEP_EP, "deep_ep.graphpersist_buffer", functools.partial(monkeypatch.setitem, sys.modules)
+    )
+    monkeypatch.setattr(module, "recorded", functools.partial(module.recorded, version=VERSION, byte="uint8"))
+    package = ModuleType("deep_ep")
+    package.graphpersist_buffer = module  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "deep_ep", package)
+    return module
+
+
+@pytest.fixture
+def ours(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return our_deep_ep(monkeypatch)
 
 
 def facts_of(srt: SimpleNamespace, buffer: Any) -> dict[str, Any]:
-    return srt.deepep.buffer_facts(buffer, version=VERSION, byte="uint8")
+    return srt.deepep.buffer_facts(buffer)
 
 
-def test_the_buffer_facts_are_its_sizes_mode_fabric_settings_place_and_build(srt: SimpleNamespace) -> None:
+def test_the_buffer_facts_are_its_sizes_mode_fabric_settings_place_and_build(
+    srt: SimpleNamespace, ours: ModuleType
+) -> None:
     buffer = StandInBuffer()
     assert facts_of(srt, buffer) == {
         "num_nvl_bytes": 1 << 30, "num_rdma_bytes": 0, "low_latency_mode": False, "use_fabric": False,
@@ -226,7 +256,7 @@ def test_the_buffer_facts_are_its_sizes_mode_fabric_settings_place_and_build(srt
     ],
 )
 def test_save_refuses_a_buffer_persistence_cannot_restore(
-    srt: SimpleNamespace, change: dict[str, Any], names: str
+    srt: SimpleNamespace, ours: ModuleType, change: dict[str, Any], names: str
 ) -> None:
     with pytest.raises(Refused) as err:
         srt.deepep.refuse_facts(facts_of(srt, StandInBuffer(**change)))
@@ -235,22 +265,16 @@ def test_save_refuses_a_buffer_persistence_cannot_restore(
     assert advice.startswith("Instead, use --deepep-mode normal")
 
 
-def test_save_refuses_a_deep_ep_that_is_not_ours(srt: SimpleNamespace) -> None:
-    upstream_buffer = SimpleNamespace(
-        num_nvl_bytes=1 << 30,
-        num_rdma_bytes=0,
-        low_latency_mode=False,
-        rank=1,
-        group_size=2,
-        get_local_buffer_tensor=lambda _: StandInTensor(NVL_AT),
-    )
-    facts = srt.deepep.buffer_facts(upstream_buffer, version="", byte="uint8")
-    assert facts["use_fabric"] is None and facts["allow_mnnvl"] is None
-    with pytest.raises(Refused, match=r"deep_ep \(not installed as deep_ep\) does not say .* \(dist/deep_ep-\*\+gp"):
-        srt.deepep.refuse_facts(facts)
+def test_save_and_load_refuse_a_deep_ep_that_is_not_ours(srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's deep_ep has no graphpersist_buffer (nor the fabric settings patch 0003 keeps on the Buffer)."""
+    monkeypatch.setitem(sys.modules, "deep_ep", ModuleType("deep_ep"))
+    with pytest.raises(Refused, match=r"needs graphpersist's deep_ep wheel \(dist/deep_ep-\*\+gp\.\*\.whl\)"):
+        srt.deepep.buffer_facts(StandInBuffer())
 
 
-def test_load_names_every_fact_that_differs_with_its_saved_and_live_value(srt: SimpleNamespace) -> None:
+def test_load_names_every_fact_that_differs_with_its_saved_and_live_value(
+    srt: SimpleNamespace, ours: ModuleType
+) -> None:
     saved = facts_of(srt, StandInBuffer())
     live = {**saved, "num_nvl_bytes": 1 << 29, "nvl_buffer": "0x7f3b00000000", "deep_ep_version": "1.2.1"}
     with pytest.raises(PersistError) as err:
@@ -264,7 +288,7 @@ def test_load_names_every_fact_that_differs_with_its_saved_and_live_value(srt: S
     engine.check_noted(srt.deepep.NOTES_KEY, srt.deepep.WHAT, saved, dict(saved))  # equal: nothing
 
 
-def test_load_refuses_an_archive_saved_without_deepep(srt: SimpleNamespace) -> None:
+def test_load_refuses_an_archive_saved_without_deepep(srt: SimpleNamespace, ours: ModuleType) -> None:
     with pytest.raises(PersistError, match=r"the archive records no DeepEP buffer \(notes.deepep = None\)"):
         engine.check_noted(srt.deepep.NOTES_KEY, srt.deepep.WHAT, None, facts_of(srt, StandInBuffer()))
 
@@ -307,11 +331,8 @@ class Phases:
 
 
 def without_torch(srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
-    """buffer_facts as the session calls it, with the stand-ins' dtype and our deep_ep's version."""
-    real = srt.deepep.buffer_facts
-    monkeypatch.setattr(
-        srt.deepep, "buffer_facts", lambda b, **kw: real(b, **{"version": VERSION, "byte": "uint8", **kw})
-    )
+    """buffer_facts as the session calls it: our deep_ep, with the stand-ins' dtype and its version."""
+    our_deep_ep(monkeypatch)
 
 
 def recording(sess: Any) -> Phases:

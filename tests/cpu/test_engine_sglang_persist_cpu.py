@@ -15,10 +15,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import http
 import importlib
 import json
 import logging
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -126,6 +128,14 @@ class StandInServerArgs:
     enable_deterministic_inference: bool = False
     load_format: str = "dummy"
     random_seed: int = 12345
+    max_prefill_tokens: int = 16384
+    sampling_backend: Any = "flashinfer"  # a field no table of the glue names
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    custom_sigquit_handler: Any = None
+    graph_persist: str | None = "save"
+    graph_persist_dir: str | None = None
 
 
 def test_the_default_tp2_start_is_supported(srt: SimpleNamespace) -> None:
@@ -330,7 +340,7 @@ def test_load_refuses_an_archive_of_another_sglang_configuration_naming_every_fa
     assert shown == {
         "flags.attention_backend": ("fa3", "flashinfer"),
         "flags.mem_fraction_static": (0.83, 0.7),
-        "flags.cuda_graph_decode_bs": ([1, 2, 4, 8], [1, 2]),
+        "flags.cuda_graph_config.decode.bs": ([1, 2, 4, 8], [1, 2]),
         "flags.custom_all_reduce_v2": (None, "1"),
     }
 
@@ -372,11 +382,85 @@ def test_load_refuses_an_archive_of_another_model_case_naming_the_setting(
     assert str(LoadRefused(tmp_path / "a", mismatches, 0)).splitlines()[1] == f"  flags.{name}: {line}"
 
 
+def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = ModuleType("sglang.srt.distributed")
+    dist.get_tp_group = lambda: SimpleNamespace(cpu_group="tp gloo")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
+    monkeypatch.setattr(engine, "torch_gather", lambda group: ("gather over", group))
+    assert srt.facts.cpu_gather() == ("gather over", "tp gloo")
+    assert srt.facts.parallel(StandInServerArgs())["world_size"] == StandInServerArgs().tp_size
+
+
+def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it_out(
+    srt: SimpleNamespace, tmp_path: Path
+) -> None:
+    archive = open_archive(write_archive(tmp_path / "a", flags=srt.facts.config_flags(StandInServerArgs(), {})))
+    live = live_for(0, flags=srt.facts.config_flags(StandInServerArgs(model_path="/models/other"), {}))
+    assert [str(m) for m in evaluate(archive, live, 0).mismatches if m.field.startswith("flags.")] == [
+        "flags.model_path: saved 'Qwen/Qwen3-8B', live '/models/other'"
+    ]
+    config = SimpleNamespace(hf_config=None, context_len=4096, dtype="torch.bfloat16")
+    assert srt.facts.model_facts(config) == srt.facts.model_facts(SimpleNamespace(**vars(config)))
+
+
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:
     """SGLang draws a random seed per start when none is given: greedy graphs do not depend on it."""
     assert srt.facts.config_flags(StandInServerArgs(random_seed=1), {}) == srt.facts.config_flags(
         StandInServerArgs(random_seed=2), {}
     )
+
+
+def test_every_server_argument_is_recorded_but_those_that_may_differ_and_secrets(srt: SimpleNamespace) -> None:
+    """A field no table names (one a new release adds) is recorded and compared; the reviewed may-differ fields and
+    secrets are never written."""
+    flags = srt.facts.config_flags(StandInServerArgs(), {})
+    left_out = {"random_seed", "host", "port", "api_key", "custom_sigquit_handler", "graph_persist",
+                "graph_persist_dir"}  # fmt: skip
+    assert set(StandInServerArgs.__dataclass_fields__) - left_out <= set(flags) and not left_out & set(flags)
+    assert "sampling_backend" in flags and "max_prefill_tokens" in flags
+    assert flags["cuda_graph_config"] == {"decode": {"backend": "full", "bs": [1, 2, 4, 8]},
+                                          "prefill": {"backend": "breakable", "bs": [16, 32, 64]}}  # fmt: skip
+
+
+def test_load_refuses_a_server_argument_no_table_names_naming_it(srt: SimpleNamespace, tmp_path: Path) -> None:
+    archive = open_archive(write_archive(tmp_path / "a", flags=srt.facts.config_flags(StandInServerArgs(), {})))
+    for live_args, ok in ((StandInServerArgs(host="0.0.0.0", port=1, api_key="other", random_seed=7), True),
+                          (StandInServerArgs(sampling_backend="pytorch"), False)):  # fmt: skip
+        mismatches = evaluate(archive, live_for(0, flags=srt.facts.config_flags(live_args, {})), 0).mismatches
+        assert [str(m) for m in mismatches if m.field.startswith("flags.")] == (
+            [] if ok else ["flags.sampling_backend: saved 'flashinfer', live 'pytorch'"]
+        )
+
+
+def test_secrets_are_never_written_whatever_a_release_names_them(srt: SimpleNamespace) -> None:
+    for name in ("api_key", "admin_api_key", "ssl_keyfile_password", "hf_token", "s3_secret", "credentials"):
+        assert srt.facts.SECRET.search(name), name
+    for name in ("max_total_tokens", "bucket_time_to_first_token", "kv_cache_dtype", "tokenizer_path"):
+        assert not srt.facts.SECRET.search(name), name
+
+
+@pytest.mark.parametrize(
+    ("value", "recorded"),
+    [
+        ({"b", "a"}, ["a", "b"]),
+        ((1, 2), [1, 2]),
+        ({1: Phase("full")}, {"1": {"backend": "full", "bs": None}}),
+        (http.HTTPStatus.OK, 200),
+        (socket.AddressFamily.AF_INET, int(socket.AddressFamily.AF_INET)),
+    ],
+)
+def test_a_server_argument_is_recorded_as_json(srt: SimpleNamespace, value: Any, recorded: Any) -> None:
+    flag = srt.facts.config_flags(StandInServerArgs(sampling_backend=value), {})["sampling_backend"]
+    assert flag == recorded and type(flag) is type(recorded)  # as the archive's JSON reads it back
+
+
+def test_a_server_argument_an_archive_cannot_record_is_refused_at_start_naming_it(srt: SimpleNamespace) -> None:
+    """A value with no JSON form (a function, an object) would be compared by a text that may differ per start."""
+    with pytest.raises(srt.facts.Refused, match=r"--sampling-backend \(a function\) cannot be persisted: start"):
+        srt.facts.refuse_unsupported(StandInServerArgs(sampling_backend=lambda: None), {})
+    srt.facts.refuse_unsupported(StandInServerArgs(custom_sigquit_handler=lambda: None), {})  # may differ: not recorded
 
 
 # ---------------------------------------------------------------------------- with persistence off: upstream's
@@ -928,20 +1012,40 @@ def _fields_read(module: Path) -> set[str]:
     }
 
 
+def _pinned_server_args_fields(upstream_tree: Callable[[str], Path]) -> set[str]:
+    tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
 def test_every_server_argument_persistence_reads_is_a_pinned_server_args_field(
     srt: SimpleNamespace, upstream_tree: Callable[[str], Path]
 ) -> None:
-    """Read by name (`sa.<field>`) or through the facts' tables (the refused fields, the recorded ones)."""
-    tree = ast.parse((upstream_tree("sglang") / "sglang/srt/server_args.py").read_text())
-    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"]
-    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-    read = {f for name in ("facts", "engine", "deepep") for f in _fields_read(OVERLAY_SRT / f"graphpersist_{name}.py")}
-    read |= {*srt.facts.REFUSED, *srt.facts.RECORDED, *srt.facts.RECORDED_DEEPEP}
+    """Read by name (`sa.<field>`) or through the refusals' table."""
+    fields = _pinned_server_args_fields(upstream_tree)
+    read = {f for name in ("facts", "engine", "deepep", "warmup")
+            for f in _fields_read(OVERLAY_SRT / f"graphpersist_{name}.py")}  # fmt: skip
+    read |= set(srt.facts.REFUSED)
     read -= {"graph_persist", "graph_persist_dir"}  # added by patch 0001
     assert read and read <= fields, f"not ServerArgs fields in 0.5.17: {sorted(read - fields)}"
     stand_in = set(StandInServerArgs.__dataclass_fields__)
     assert read <= stand_in, f"the stand-in lacks {sorted(read - stand_in)}"
+
+
+@pytest.mark.network  # reads the pristine upstream tree (cached by the build)
+def test_what_may_differ_and_the_secrets_are_pinned_server_args_fields(
+    srt: SimpleNamespace, upstream_tree: Callable[[str], Path]
+) -> None:
+    """Every entry of the reviewed may-differ list is a field (a stale one would only make LOAD stricter, but says the
+    review is out of date); the secret pattern matches exactly the pinned secrets (a new match is reviewed here); no
+    field shares a name with a flag the glue derives (it would overwrite the field's record)."""
+    fields = _pinned_server_args_fields(upstream_tree) | {"graph_persist", "graph_persist_dir"}  # + patch 0001's
+    assert fields >= srt.facts.MAY_DIFFER, f"not ServerArgs fields in 0.5.17: {sorted(srt.facts.MAY_DIFFER - fields)}"
+    assert {f for f in fields if srt.facts.SECRET.search(f)} == {"api_key", "admin_api_key", "ssl_keyfile_password"}
+    derived = {"custom_all_reduce_v2", "decode_batch_sizes", "prefill_token_sizes", "memory_pool", "custom_all_reduce",
+               "torch_symm_mem", engine.budget.FLAG}  # fmt: skip
+    assert not derived & fields
 
 
 # What each patch adds, and how to take it out again: the patched tree minus these is upstream's, AST for AST.

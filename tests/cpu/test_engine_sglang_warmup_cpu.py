@@ -283,7 +283,33 @@ class Upstream:
             synchronize=lambda: None,
             stream=stream,
         )
+
+        def extend(reqs: list[Any], model_runner: Any) -> tuple[Any, Any, Any]:
+            """sglang.benchmark.one_batch.extend, as upstream's: its own tree cache, the scheduler's input staging."""
+            allocator = model_runner.token_to_kv_pool_allocator
+            tree_cache = SimpleNamespace(
+                page_size=model_runner.server_args.page_size, token_to_kv_pool_allocator=allocator
+            )
+            batch = ScheduleBatch.init_new(
+                reqs=reqs, req_to_token_pool=model_runner.req_to_token_pool,
+                token_to_kv_pool_allocator=model_runner.token_to_kv_pool_allocator, tree_cache=tree_cache,
+                model_config=model_runner.model_config, enable_overlap=False, spec_algorithm="NONE",
+            )  # fmt: skip
+            batch.prepare_for_extend()
+            batch.input_ids, batch.prefill_input_ids_cpu = batch.prefill_input_ids_cpu.to(batch.device), None
+            fb = ForwardBatch.init_new(batch, model_runner, return_hidden_states_before_norm=False)
+            logits_output = model_runner.forward(fb).logits_output
+            return model_runner.sample(logits_output, fb), "next token logits", batch
+
+        def decode(input_token_ids: Any, batch: Any, model_runner: Any) -> tuple[Any, Any]:
+            batch.input_ids = input_token_ids.to(torch.int64)
+            batch.prepare_for_decode()
+            fb = ForwardBatch.init_new(batch, model_runner, return_hidden_states_before_norm=False)
+            logits_output = model_runner.forward(fb).logits_output
+            return model_runner.sample(logits_output, fb), "next token logits"
+
         self.modules = {
+            "sglang.benchmark.one_batch": SimpleNamespace(extend=extend, decode=decode),
             "torch": torch,
             "sglang.srt.utils.common": SimpleNamespace(DynamicGradMode=DynamicGradMode),
             "sglang.srt.sampling.sampling_params": SimpleNamespace(SamplingParams=SamplingParams),
@@ -375,8 +401,6 @@ def test_the_dummy_requests_sample_as_the_tokenizer_manager_leaves_them(
     upstream.modules["sglang.srt.managers.schedule_batch"].ScheduleBatch.init_new = init_new
     mr = ModelRunner(upstream)
     served(srt, upstream, mr)
-    assert all(k["enable_overlap"] is False and k["spec_algorithm"] == "NONE" for k in seen)
-    assert all(isinstance(k["tree_cache"], srt.warmup.NoPrefixCache) for k in seen)
     assert seen[0]["tree_cache"].token_to_kv_pool_allocator is mr.token_to_kv_pool_allocator
     reqs = [r for k in seen for r in k["reqs"]]
     assert all(r.sampling_params.checked == [] for r in reqs), "as SGLang's one-batch benchmark leaves them"
@@ -419,6 +443,7 @@ def test_what_the_batches_changed_is_put_back(srt: SimpleNamespace, upstream: Up
     assert alloc.free_pages is free_pages and alloc.release_pages is release_pages and len(free_pages) == 100_000
     assert pool.free_slots == slots and pool.req_generation is generation and set(generation.values) == {0}
     assert upstream.rng_set == [("cpu", "cpu state 0"), ("cuda", "cuda state 0")] and mr.forward_pass_id == 5
+    assert "forward" not in vars(mr), "the forward that counts graph replays is the warm-up's only"
 
 
 def test_a_failing_forward_puts_everything_back_and_raises_what_sglang_raised(
@@ -430,6 +455,7 @@ def test_a_failing_forward_puts_everything_back_and_raises_what_sglang_raised(
     with pytest.raises(RuntimeError, match="illegal memory access"):
         served(srt, upstream, mr)
     assert mr.req_to_token_pool.free_slots == slots and mr.forward_pass_id == 5 and len(upstream.rng_set) == 2
+    assert "forward" not in vars(mr)
 
 
 def test_a_small_pool_serves_what_fits_and_says_what_it_left_out(srt: SimpleNamespace, upstream: Upstream) -> None:
@@ -583,11 +609,10 @@ def test_the_warm_up_drives_batches_as_sglangs_own_one_batch_benchmark_does(
     assert _in_order(_calls(_function(bench, "decode")), ["prepare_for_decode", "ForwardBatch.init_new",
                      "model_runner.forward", "model_runner.sample"])  # fmt: skip
     overlay = Path(__file__).resolve().parents[2] / "overlays/sglang/sglang/srt/graphpersist_warmup.py"
-    serve = _calls(_function(overlay, "serve", "_Driver"))
-    assert _in_order(serve, ["ScheduleBatch.init_new", "prepare_for_extend", "_forward", "prepare_for_decode",
-                             "_forward"])  # fmt: skip
-    assert _in_order(_calls(_function(overlay, "_forward", "_Driver")), ["ForwardBatch.init_new", "self.mr.forward",
-                     "self.mr.sample"])  # fmt: skip
+    assert _in_order(_calls(_function(overlay, "serve", "_Driver")), ["extend", "decode", "free"])
+    cache = _function(bench, "extend").body[0]
+    assert "TreeCacheNamespace" in ast.unparse(cache), "extend hands out KV slots through a tree cache of its own"
+    assert "pass" in ast.unparse(_function(bench, "evict", "TreeCacheNamespace")), "which never evicts"
 
 
 @pytest.mark.network  # reads the pristine upstream tree (cached by the build)
@@ -620,7 +645,7 @@ def test_what_the_plan_assumes_of_sglang_holds(upstream_tree: Callable[[str], Pa
                 and ast.unparse(n.targets[0]) == "_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR"]  # fmt: skip
     assert factor == 2, "a 1-token prefill pads to 4 (the smallest prefill graph): more than twice, so eager"
     runner = (root / "model_executor/model_runner.py").read_text()
-    for attribute in ("forward_stream", "forward_pass_id", "spec_algorithm"):
+    for attribute in ("forward_stream", "forward_pass_id"):
         assert f"self.{attribute} = " in runner, f"ModelRunner no longer sets {attribute}"
     init_graphs = _function(root / "model_executor/model_runner.py", "init_cuda_graphs", "ModelRunner")
     set_last = [ast.unparse(s.targets[0]) for s in init_graphs.body if isinstance(s, ast.Assign)]

@@ -15,8 +15,8 @@ import re
 import subprocess
 import sys
 import tomllib
+from dataclasses import make_dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -160,12 +160,7 @@ def test_the_refusal_regex_matches_what_a_refused_load_prints() -> None:
     graphpersist_facts = load_module(
         REPO / "overlays/sglang/sglang/srt/graphpersist_facts.py", "sglang_graphpersist_facts"
     )
-    cfg = SimpleNamespace(decode=SimpleNamespace(backend="full", bs=[1]), prefill=SimpleNamespace(backend="x", bs=[]))
-    server_args = SimpleNamespace(context_length=2048, cuda_graph_config=cfg, **dict.fromkeys(
-        ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "page_size", "kv_cache_dtype",
-         "mem_fraction_static", "attention_backend", "prefill_attention_backend", "decode_attention_backend",
-         "disable_cuda_graph_padding", "disable_custom_all_reduce", "enable_torch_symm_mem",
-         "disable_overlap_schedule", "quantization", "load_format", "enable_deterministic_inference")))  # fmt: skip
+    server_args = make_dataclass("ServerArgs", [("context_length", int), ("model_path", str)])(2048, "m")
     assert graphpersist_facts.config_flags(server_args, {})["context_length"] == 2048
     message = str(LoadRefused("/out/archives/serve_a", [Mismatch("model.config_fingerprint", "e5", "3d"),
                                                         Mismatch("flags.context_length", 4096, 2048)], 0))  # fmt: skip

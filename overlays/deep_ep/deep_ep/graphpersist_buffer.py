@@ -13,7 +13,11 @@ on) returns the caller's values unchanged: upstream behaviour. With persistence 
   (an NVSHMEM RDMA buffer: internode, or low-latency) each get one line naming the setting, then one line saying what
   to use instead (DeepEP's normal mode within one node).
 
-Standard library only (no torch, no CUDA) and Python 3.10+, like the oldest deep_ep wheel we build.
+An engine's persistence records a live Buffer's facts in its archive and compares them at LOAD (``recorded``), and
+refuses to SAVE a Buffer whose facts it cannot restore (``unrestorable``).
+
+Standard library only at import (``recorded`` imports torch, which deep_ep needs anyway) and Python 3.10+, like the
+oldest deep_ep wheel we build.
 """
 
 from __future__ import annotations
@@ -145,10 +149,45 @@ def refuse_unsupported(method: str, kwargs: Mapping[str, Any]) -> None:
     raise UnsupportedByThisBuild("\n".join(lines))
 
 
-def _build() -> str:
+def recorded(buffer: Any, version: str | None = None, byte: Any = None) -> dict[str, Any]:
+    """What an archive records of a live Buffer: its sizes, mode and fabric settings (patch 0003 keeps them), its rank
+    and group size, where its NVL buffer lies, and this build. (Tests without torch pass `byte` and `version`.)"""
+    if byte is None:
+        import torch
+
+        byte = torch.uint8
+    nvl = int(buffer.num_nvl_bytes)
+    address = buffer.get_local_buffer_tensor(byte).data_ptr() if nvl > 0 else 0
+    return {
+        "num_nvl_bytes": nvl, "num_rdma_bytes": int(buffer.num_rdma_bytes),
+        "low_latency_mode": bool(buffer.low_latency_mode), "use_fabric": bool(buffer.use_fabric),
+        "allow_mnnvl": bool(buffer.allow_mnnvl), "rank": int(buffer.rank), "group_size": int(buffer.group_size),
+        "nvl_buffer": f"{address:#x}", "deep_ep_version": _version() if version is None else version,
+    }  # fmt: skip
+
+
+def unrestorable(facts: Mapping[str, Any]) -> list[str]:
+    """One line per recorded fact persistence cannot restore (NVSHMEM, fabric handles): a Buffer made while this
+    module did not see persistence on. Empty when it can."""
+    lines = []
+    if facts["low_latency_mode"]:
+        lines.append("low_latency_mode=True: low-latency mode runs on NVSHMEM (IBGDA), which persistence does not keep")
+    if facts["num_rdma_bytes"]:
+        lines.append(f"num_rdma_bytes={facts['num_rdma_bytes']}: an NVSHMEM RDMA buffer, not kept by persistence")
+    if facts["use_fabric"] or facts["allow_mnnvl"]:
+        lines.append(f"use_fabric={facts['use_fabric']}, allow_mnnvl={facts['allow_mnnvl']}: fabric handles are not "
+                     "placed or restored (persistence sets both False)")  # fmt: skip
+    return lines
+
+
+def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return f"this DeepEP build (deep_ep {version('deep_ep')})"
+        return version("deep_ep")
     except PackageNotFoundError:
-        return "this DeepEP build"
+        return ""
+
+
+def _build() -> str:
+    return f"this DeepEP build (deep_ep {_version()})" if _version() else "this DeepEP build"

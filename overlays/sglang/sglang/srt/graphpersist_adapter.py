@@ -92,7 +92,7 @@ class SglangAdapter(engine.EngineAdapter):
         }
 
     def model_facts(self) -> dict[str, str]:
-        return facts.model_facts(self.server_args, self.model_runner.model_config)
+        return facts.model_facts(self.model_runner.model_config)
 
     def engine_facts(self) -> dict[str, str]:
         return facts.engine_facts()

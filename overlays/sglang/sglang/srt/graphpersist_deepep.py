@@ -43,15 +43,13 @@ def keep_graphs_in_normal_mode(sa: Any) -> bool:
     Persistence off: False, and upstream turns them off. On: the decode graphs use the breakable backend (DeepEP
     runs as an eager break, as upstream's breakable prefill graphs already run it), a breakable or disabled prefill
     backend stays, any other prefill backend (which would capture DeepEP's dispatch) becomes disabled; True."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
     if not engine.switch.resolve(sa.graph_persist, sa.graph_persist_dir).enabled:
         return False
-    cfg = sa.cuda_graph_config
-    if cfg.decode.backend != Backend.DISABLED:
-        cfg.decode.backend = Backend.BREAKABLE
-    if cfg.prefill.backend not in (Backend.BREAKABLE, Backend.DISABLED):
-        cfg.prefill.backend = Backend.DISABLED
+    cfg = sa.cuda_graph_config  # backends by the values graphpersist_facts checks them by (the tests: upstream's)
+    if cfg.decode.backend != "disabled":
+        cfg.decode.backend = "breakable"
+    if cfg.prefill.backend not in ("breakable", "disabled"):
+        cfg.prefill.backend = "disabled"
     logger.info(
         "graphpersist: --deepep-mode normal: CUDA graphs kept on for persistence (decode %s, prefill %s); DeepEP's "
         "dispatch and combine run as eager breaks between graph segments",
@@ -92,54 +90,24 @@ def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
     return buffer
 
 
-def _deep_ep_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
+def buffer_facts(buffer: Any) -> dict[str, Any]:
+    """The live Buffer's facts as our deep_ep records them (`deep_ep.graphpersist_buffer.recorded`); a deep_ep
+    without that module (not graphpersist's wheel) is refused: it does not keep the fabric settings a Buffer took."""
     try:
-        return version("deep_ep")
-    except PackageNotFoundError:
-        return ""
-
-
-def buffer_facts(buffer: Any, version: str | None = None, byte: Any = None) -> dict[str, Any]:
-    """What an archive records of the live Buffer: sizes, mode, fabric settings, its rank and group size, where its
-    NVL buffer lies, and which deep_ep build made it. allow_mnnvl and use_fabric are None without our deep_ep (its
-    patch 0003 keeps them on the Buffer)."""
-    if byte is None:  # the tensor's dtype (tests without torch pass their own)
-        import torch
-
-        byte = torch.uint8
-    nvl = int(buffer.num_nvl_bytes)
-    address = buffer.get_local_buffer_tensor(byte).data_ptr() if nvl > 0 else 0
-    return {
-        "num_nvl_bytes": nvl,
-        "num_rdma_bytes": int(buffer.num_rdma_bytes),
-        "low_latency_mode": bool(buffer.low_latency_mode),
-        "use_fabric": getattr(buffer, "use_fabric", None),
-        "allow_mnnvl": getattr(buffer, "allow_mnnvl", None),
-        "rank": int(buffer.rank),
-        "group_size": int(buffer.group_size),
-        "nvl_buffer": f"{address:#x}",
-        "deep_ep_version": _deep_ep_version() if version is None else version,
-    }
+        from deep_ep import graphpersist_buffer
+    except ImportError:
+        raise Refused(
+            "graphpersist: --moe-a2a-backend deepep under persistence needs graphpersist's deep_ep wheel "
+            "(dist/deep_ep-*+gp.*.whl), which keeps the fabric settings a Buffer took: install it"
+        ) from None
+    return graphpersist_buffer.recorded(buffer)
 
 
 def refuse_facts(facts: Mapping[str, Any]) -> None:
-    """SAVE: a Buffer persistence cannot restore (NVSHMEM, fabric handles, not our deep_ep) is refused, every reason
-    named, then what to do."""
-    lines = []
-    if facts["low_latency_mode"]:
-        lines.append("low_latency_mode=True: low-latency mode runs on NVSHMEM (IBGDA), which persistence does not keep")
-    if facts["num_rdma_bytes"]:
-        lines.append(f"num_rdma_bytes={facts['num_rdma_bytes']}: an NVSHMEM RDMA buffer, not kept by persistence")
-    if facts["use_fabric"] is None or facts["allow_mnnvl"] is None:
-        build = facts["deep_ep_version"] or "(not installed as deep_ep)"
-        lines.append(f"deep_ep {build} does not say which fabric settings the Buffer took: install graphpersist's "
-                     "deep_ep wheel (dist/deep_ep-*+gp.*.whl)")  # fmt: skip
-    elif facts["use_fabric"] or facts["allow_mnnvl"]:
-        lines.append(f"use_fabric={facts['use_fabric']}, allow_mnnvl={facts['allow_mnnvl']}: fabric handles are not "
-                     "placed or restored (graphpersist's deep_ep sets both False under persistence)")  # fmt: skip
-    if lines:
+    """SAVE: a Buffer persistence cannot restore is refused, every reason named, then what to do."""
+    from deep_ep import graphpersist_buffer
+
+    if lines := graphpersist_buffer.unrestorable(facts):
         raise Refused("\n".join([f"graphpersist: cannot SAVE this DeepEP Buffer: {line}" for line in lines]
                                 + [f"Instead, {USE_INSTEAD}."]))  # fmt: skip
 

@@ -4,7 +4,9 @@ and the small engine lookups the glue needs. Nothing here imports SGLang or torc
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,6 +115,7 @@ def refuse_unsupported(sa: Any, environ: Mapping[str, str] | None = None) -> Non
             "unset SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 (the default custom all-reduce v2 is persisted) or pass "
             "--disable-custom-all-reduce",
         )
+    server_args_record(sa)  # a value an archive cannot record is refused now, before anything is allocated
 
 
 def refuse_unsupported_model(model_runner: Any) -> None:
@@ -134,17 +137,16 @@ def engine_facts() -> dict[str, str]:
     return {"name": "sglang", "version": str(version), "commit": ""}
 
 
-def model_facts(sa: Any, model_config: Any) -> dict[str, str]:
-    """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights."""
+def model_facts(model_config: Any) -> dict[str, str]:
+    """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights. The
+    model's path is a recorded flag (`server_args_record`), named plainly when it differs."""
     import hashlib
     import json
 
     hf = getattr(model_config, "hf_config", None)
     described = hf.to_json_string(use_diff=False) if hf is not None and hasattr(hf, "to_json_string") else repr(hf)
-    fingerprint = hashlib.sha256(
-        json.dumps({"hf": described, "context_len": model_config.context_len, "model_path": sa.model_path}).encode()
-    ).hexdigest()
-    return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint}
+    fingerprint = hashlib.sha256(json.dumps({"hf": described, "context_len": model_config.context_len}).encode())
+    return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint.hexdigest()}
 
 
 def uses_deepep(sa: Any) -> bool:
@@ -157,29 +159,64 @@ def parallel(sa: Any) -> dict[str, int]:
     return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": ep}
 
 
-# The ServerArgs fields recorded as they are, compared before setup and again at LOAD. enable_deterministic_inference
-# puts batch-invariant kernels in the graphs, and is the only mode in which SGLang honours per-request seeds.
-RECORDED = ("context_length", "max_running_requests", "max_total_tokens", "chunked_prefill_size", "page_size",
-            "kv_cache_dtype", "mem_fraction_static", "attention_backend", "prefill_attention_backend",
-            "decode_attention_backend", "disable_cuda_graph_padding", "disable_custom_all_reduce",
-            "enable_torch_symm_mem", "disable_overlap_schedule", "enable_deterministic_inference", "quantization",
-            "load_format")  # fmt: skip
-# With DeepEP, what changes its Buffer and what runs in the breaks (none without it: archives stay as before).
-RECORDED_DEEPEP = ("moe_a2a_backend", "deepep_mode", "deepep_config", "moe_runner_backend", "ep_size")
+# ServerArgs fields that may differ between SAVE and LOAD without changing any graph (reviewed against SGLang 0.5.17;
+# a CPU test holds each to a field of the pinned ServerArgs): persistence's own switch, the seed SGLang draws on each
+# start that names none, rendezvous ports, the HTTP front-end, logging, metrics and tracing, process supervision.
+# Every other field is recorded as it is and compared, so a field a new release adds is compared until reviewed here.
+MAY_DIFFER = frozenset((
+    "graph_persist", "graph_persist_dir", "random_seed", "host", "port", "nccl_port", "dist_init_addr", "grpc_port",
+    "smg_http_sidecar_port", "fastapi_root_path", "enable_http2", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
+    "enable_ssl_refresh", "served_model_name", "chat_template", "hf_chat_template_name", "completion_template",
+    "default_chat_template_kwargs", "reasoning_parser", "tool_call_parser", "tool_server", "file_storage_path",
+    "enable_cache_report", "stream_interval", "stream_response_default_include_usage",
+    "incremental_streaming_output", "uvicorn_access_log_exclude_prefixes", "log_level", "log_level_http",
+    "log_requests", "log_requests_level", "log_requests_format", "log_requests_target", "show_time_cost",
+    "decode_log_interval", "enable_request_time_stats_logging", "crash_dump_folder", "gc_warning_threshold_secs",
+    "enable_metrics", "enable_metrics_for_all_schedulers", "bucket_time_to_first_token",
+    "bucket_inter_token_latency", "bucket_e2e_request_latency", "prompt_tokens_buckets",
+    "generation_tokens_buckets", "tokenizer_metrics_custom_labels_header",
+    "tokenizer_metrics_allowed_custom_labels", "extra_metric_labels", "stat_loggers", "export_metrics_to_file",
+    "export_metrics_to_file_dir", "enable_trace", "trace_modules", "otlp_traces_endpoint", "kv_events_config",
+    "load_snapshot_publish_interval", "watchdog_timeout", "soft_watchdog_timeout", "dist_timeout",
+    "custom_sigquit_handler"
+))  # fmt: skip
+# Secrets are never written into an archive, whatever a release names them (a CPU test pins what this matches).
+SECRET = re.compile(r"(api_key|password|secret|credentials?|(auth|access|hf|api)_token)$")
+
+
+def _recordable(name: str, value: Any) -> Any:
+    """A field's value as JSON the archive records and LOAD compares (sets sorted, dataclasses by their fields); a
+    value of another kind is refused, naming the field, rather than compared by a text that may differ per start."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    for kind in (bool, int, float, str):  # a subclass (IntEnum, a str enum) as JSON reads it back
+        if isinstance(value, kind):
+            return kind(value)
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _recordable(f"{name}.{k}", v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        value = sorted(value, key=repr)
+    if isinstance(value, list | tuple):
+        return [_recordable(name, v) for v in value]
+    raise _refuse(f"--{name.replace('_', '-')} (a {type(value).__name__})", "start without it: an archive records "
+                  "every server argument that may change a graph, and cannot record this one")  # fmt: skip
+
+
+def server_args_record(sa: Any) -> dict[str, Any]:
+    """Every ServerArgs field (`dataclasses.fields`) but `MAY_DIFFER` and secrets, as recorded: compared before setup
+    and again at LOAD, each differing field named with its saved and live value."""
+    return {f.name: _recordable(f.name, getattr(sa, f.name)) for f in dataclasses.fields(sa)
+            if f.name not in MAY_DIFFER and not SECRET.search(f.name)}  # fmt: skip
 
 
 def config_flags(sa: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Flags known from the server arguments alone (compared before setup and again at LOAD)."""
     env = os.environ if environ is None else environ
-    cfg = sa.cuda_graph_config
-    return {
-        **{name: getattr(sa, name) for name in RECORDED + (RECORDED_DEEPEP if uses_deepep(sa) else ())},
-        "cuda_graph_decode_backend": cfg.decode.backend,
-        "cuda_graph_decode_bs": sorted(cfg.decode.bs or []),
-        "cuda_graph_prefill_backend": cfg.prefill.backend,
-        "cuda_graph_prefill_bs": sorted(cfg.prefill.bs or []),
-        "custom_all_reduce_v2": env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2"),
-    }
+    return {**server_args_record(sa), "custom_all_reduce_v2": env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2")}
 
 
 def flags(pool: dict[str, Any] | None, model_runner: Any, inventory: Mapping[str, list[int]]) -> dict[str, Any]:
@@ -230,10 +267,11 @@ def pool_record(config: Any) -> dict[str, Any]:
 
 
 def cpu_gather() -> Any:
-    """Rank agreement over SGLang's CPU (gloo) world group: nothing touches the GPU or NCCL."""
-    from sglang.srt.distributed import get_world_group
+    """Rank agreement over the TP group's CPU (gloo) group, which in what persistence accepts is the whole world (no
+    pipeline or data parallelism: `parallel` says world_size = tp_size): nothing touches the GPU or NCCL."""
+    from sglang.srt.distributed import get_tp_group
 
-    return engine.torch_gather(get_world_group().cpu_group)
+    return engine.torch_gather(get_tp_group().cpu_group)
 
 
 def setup_tensors(model_runner: Any) -> dict[str, Any]:

@@ -90,30 +90,6 @@ def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
     )
 
 
-class NoPrefixCache:
-    """The tree cache a batch hands KV slots through, without a radix tree (as SGLang's one-batch benchmark does):
-    the warm-up takes slots from the allocator and never evicts (`plan` keeps it within the free slots)."""
-
-    def __init__(self, allocator: Any, page_size: int) -> None:
-        self.token_to_kv_pool_allocator = allocator
-        self.page_size = page_size
-
-    def supports_swa(self) -> bool:
-        return False
-
-    def supports_mamba(self) -> bool:
-        return False
-
-    def is_chunk_cache(self) -> bool:
-        return False
-
-    def is_tree_cache(self) -> bool:
-        return True
-
-    def evict(self, params: Any) -> None:
-        raise RuntimeError("graphpersist: the kernel warm-up ran out of KV slots (it never evicts)")
-
-
 def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) -> Outcome:
     """SAVE, every rank, collectively (the forwards all-reduce): runs `plan`'s batches through SGLang's request path
     and puts back what they changed. Raises what SGLang raises (the SAVE is then refused on every rank)."""
@@ -124,14 +100,16 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     batches, left_out = plan(limits_of(model_runner, runners))
     outcome = Outcome(left_out=left_out)
     forward_pass_id = model_runner.forward_pass_id  # the forward counter, put back with the pools' bookkeeping
+    model_runner.forward = _counted(model_runner.forward, outcome)  # this instance, for the warm-up only
     try:
         with engine.put_back(model_runner.req_to_token_pool, model_runner.token_to_kv_pool_allocator), \
                 DynamicGradMode(), torch.cuda.stream(model_runner.forward_stream):  # fmt: skip
-            driver = _Driver(model_runner, outcome)
+            driver = _Driver(model_runner)
             for batch in batches:
                 driver.serve(batch)
                 outcome.batches.append(batch.key)
     finally:
+        del model_runner.forward
         model_runner.forward_pass_id = forward_pass_id
     outcome.seconds = time.perf_counter() - started
     for line in left_out:
@@ -139,44 +117,43 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     return outcome
 
 
-class _Driver:
-    """Serves the dummy batches one after the other, as SGLang's one-batch benchmark does (no scheduler loop)."""
+def _counted(forward: Callable[..., Any], outcome: Outcome) -> Callable[..., Any]:
+    """`ModelRunner.forward`, counting whether SGLang replayed a graph or ran eagerly (its `can_run_graph`)."""
 
-    def __init__(self, model_runner: Any, outcome: Outcome) -> None:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        outcome.graph_forwards += bool(out.can_run_graph)
+        outcome.eager_forwards += not out.can_run_graph
+        return out
+
+    return counted
+
+
+class _Driver:
+    """Serves the dummy batches one after the other through SGLang's one-batch benchmark (`extend`, `decode`: no
+    scheduler loop, a tree cache that hands out KV slots and never evicts, `plan` keeping within the free slots)."""
+
+    def __init__(self, model_runner: Any) -> None:
         self.mr = model_runner
-        self.outcome = outcome
-        self.cache = NoPrefixCache(model_runner.token_to_kv_pool_allocator, model_runner.server_args.page_size)
         self.first_prompts: dict[str, tuple[list[int], Any]] = {}  # batch key -> its first prompt and KV slots
         self.count = 0
 
     def serve(self, batch: Batch) -> None:
         """Prefill, then decode steps; the requests' pool slots go back after (their KV slots stay taken until the
-        snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix)."""
-        import torch
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        snapshot puts the allocator back, so a later batch can reuse a prompt's KV as a prefix). Each sampled token
+        goes to its request, as the scheduler appends it."""
+        from sglang.benchmark.one_batch import decode, extend
 
         made = [self._request(batch, i, n) for i, n in enumerate(batch.prompt_lens)]  # (request, its token ids)
         reqs = [req for req, _ in made]
-        sb = ScheduleBatch.init_new(
-            reqs=reqs,
-            req_to_token_pool=self.mr.req_to_token_pool,
-            token_to_kv_pool_allocator=self.mr.token_to_kv_pool_allocator,
-            tree_cache=self.cache,
-            model_config=self.mr.model_config,
-            enable_overlap=False,
-            spec_algorithm=self.mr.spec_algorithm,
-        )
-        sb.prepare_for_extend()
-        sb.input_ids = sb.prefill_input_ids_cpu.to(self.mr.device, non_blocking=True)  # the scheduler's staging
-        sb.prefill_input_ids_cpu = None
-        next_ids = self._forward(sb, reqs)
+        next_ids, _, sb = extend(reqs, self.mr)
+        _append(reqs, next_ids)
         first, first_ids = made[0]
         slots = self.mr.req_to_token_pool.req_to_token[first.req_pool_idx, : len(first_ids)]
         self.first_prompts[batch.key] = (first_ids, slots.to(first.prefix_indices.dtype, copy=True))
         for _ in range(batch.decode_steps):
-            sb.input_ids = next_ids.to(torch.int64)  # as the scheduler's FutureMap relays them
-            sb.prepare_for_decode()
-            next_ids = self._forward(sb, reqs)
+            next_ids, _ = decode(next_ids, sb, self.mr)
+            _append(reqs, next_ids)
         for req in reqs:
             self.mr.req_to_token_pool.free(req)
 
@@ -206,15 +183,7 @@ class _Driver:
         req.set_extend_range(len(req.prefix_indices), len(ids))
         return req, ids
 
-    def _forward(self, sb: Any, reqs: list[Any]) -> Any:
-        """One forward and sample, as `TpModelWorker.forward_batch_generation`; the tokens go to the requests."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-        fb = ForwardBatch.init_new(sb, self.mr, return_hidden_states_before_norm=False)
-        out = self.mr.forward(fb)
-        self.outcome.graph_forwards += bool(out.can_run_graph)
-        self.outcome.eager_forwards += not out.can_run_graph
-        next_ids = self.mr.sample(out.logits_output, fb)
-        for req, token in zip(reqs, next_ids.tolist(), strict=True):
-            req.output_ids.append(int(token))
-        return next_ids
+def _append(reqs: list[Any], next_ids: Any) -> None:
+    for req, token in zip(reqs, next_ids.tolist(), strict=True):
+        req.output_ids.append(int(token))
