@@ -1321,6 +1321,52 @@ def test_gpdiag_wraps_the_workers_steps_from_outside(vllm: WarmPython, tmp_path:
     assert got == {"wrapped": [True] * 4, "forward": "profile_forward:full", "warmed": ["kernel warm-up"]}
 
 
+def test_gpdiag_pieces_wraps_vllms_compile_steps_and_reuses_only_where_vllms_cache_has_no_entry(
+    vllm: WarmPython, tmp_path: Path
+) -> None:
+    """tools/gpdiag/vllm_pieces.py (GP_DIAG_PIECES=reuse) on vLLM's own classes: the compile call, the split, the AOT
+    load and its finalize_loading are wrapped once; a real CompilerManager that read vLLM's cache file hands a piece
+    the file lists to upstream, and a piece it does not list the recorded artifact, without compiling."""
+    got = vllm.run(
+        f"""
+        sys.path.insert(0, {str(TOOLS)!r})
+        from gpdiag import vllm_pieces
+        from vllm.compilation import backends, caching, decorators
+        from vllm.compilation.counter import compilation_counter
+        from vllm.config.utils import Range
+
+        vllm_pieces.install("reuse")
+        vllm_pieces.install("reuse")  # a second install wraps nothing twice
+        folder = Path({str(tmp_path)!r}) / "rank_0_0" / "backbone"
+        folder.mkdir(parents=True)
+        (folder / "vllm_compile_cache.py").write_text(
+            "{{((1, 16384), 0, 'inductor_standalone'): {{'graph_handle': ('k', 'p'), 'cache_key': 'a-first'}}}}")
+        vllm_pieces.write_keys(folder / vllm_pieces.KEYS_FILE, {{"1-16384/0": "a-first", "1-16384/2": "a-mid"}})
+        comp = engine_config().compilation_config
+        comp.backend = "inductor"
+        manager = backends.CompilerManager(comp)
+        manager.initialize_cache(str(folder), False, "backbone")
+        manager.loaded_artifacts.update({{"a-first": "first artifact", "a-mid": "middle artifact"}})
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("Inductor was asked to compile")
+
+        manager.compiler.compile = refuse
+        before = compilation_counter.num_backend_compilations
+        whole = Range(start=1, end=16384)
+        result = {{
+            "wrapped": [getattr(f, "_gpdiag", False) for f in (backends.CompilerManager.compile, backends.split_graph,
+                        decorators._try_load_aot_compiled_fn, caching.VllmSerializableFunction.finalize_loading)],
+            "listed": vllm_pieces.reusable(manager, whole, 0, vllm_pieces._keys_of(manager)),
+            "middle": manager.compile(None, [], {{}}, comp, compile_range=whole, graph_index=2, num_graphs=3),
+            "counted": compilation_counter.num_backend_compilations - before,
+            "reused": len(vllm_pieces._tally.seconds["reused"]),
+        }}
+        """
+    ).ok()
+    assert got == {"wrapped": [True] * 4, "listed": None, "middle": "middle artifact", "counted": 1, "reused": 1}
+
+
 def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:
     """engine.commit is compared at LOAD: it is the pinned wheel's (vllm/_version.py), never empty."""
     from gpdist import pins

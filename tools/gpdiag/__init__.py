@@ -10,6 +10,7 @@ runs; without any of them nothing is wrapped.
 | `vllm` | the wiring: wraps the session's steps and runs the switches below there |
 | `vllm_state` | runner state, region sums, allocation history, SAVE's bytes, KV blocks, DOT (`GP_DIAG_DUMP` ...) |
 | `startprofile` | cProfile of a worker's start (`GP_DIAG_CPROFILE`) |
+| `vllm_pieces` | the compiled model's load piece by piece, equal pieces' artifacts reused (`GP_DIAG_PIECES`) |
 | `restored_fill` | fill the memory a LOAD mapped afresh with one byte (`GP_DIAG_FILL_RESTORED`) |
 | `vllm_rpc` | functions a driver runs in the worker through `LLM.collective_rpc` (bisect, probes) |
 | `vllm_replaytime` | replay timing of the restored or captured graphs (`LLM.collective_rpc`) |

@@ -8,10 +8,11 @@ Nothing in the product calls it: a diagnosis run puts `tools/gpdiag/site` on PYT
 |---|---|
 | `PersistSession.begin` | cProfile starts (`GP_DIAG_CPROFILE`); the allocation history begins (`GP_DIAG_HISTORY`) |
 | (a vLLM worker's begin) | `GP_DIAG_EXTRA_WARMUP=1`, `GP_DIAG_LOAD_PROFILE=full|small`: LOAD's work before graphs |
+| (the same) | `GP_DIAG_PIECES=count|record|reuse`: the compiled model's load, piece by piece (`vllm_pieces`) |
 | `memory.region.restore` | LOAD mapped memory afresh: listed, optionally filled (`restored_fill`) |
 | `PersistSession._save` / `_restore` | the graphs as DOT (`GP_DIAG_DOT`) |
 | `PersistSession.ready` | runner-state fingerprints, SAVE's bytes, KV blocks (`GP_DIAG_DUMP` ...) |
-| `PersistSession.finish` | the cProfile is written |
+| `PersistSession.finish` | the cProfile and the compiled pieces' numbers (`GP_DIAG_PIECES`) are written |
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from gpdiag import restored_fill, startprofile
+from gpdiag import restored_fill, startprofile, vllm_pieces
 
 EXTRA_WARMUP_ENV = "GP_DIAG_EXTRA_WARMUP"
 LOAD_PROFILE_ENV = "GP_DIAG_LOAD_PROFILE"
@@ -82,6 +83,7 @@ def install() -> None:
 
     def finished(self: Any) -> None:
         startprofile.stop(self.rank)
+        vllm_pieces.report(self.rank, self.log)
         finish(self)
 
     cls.finish = finished  # type: ignore[method-assign]
@@ -103,7 +105,11 @@ def _dump_state(sess: Any, _: Any) -> None:
 def _wire_worker(worker_cls: Any) -> None:
     """GP_DIAG_EXTRA_WARMUP=1: LOAD runs SAVE's kernel warm-up before the graphs too. GP_DIAG_LOAD_PROFILE: LOAD's
     profile phase runs upstream's whole profile run (`full`) or a one-token forward without the sampler (`small`)
-    instead of the product's `lean` forward."""
+    instead of the product's `lean` forward. GP_DIAG_PIECES: vLLM's compile calls are timed, and recorded or reused
+    (`vllm_pieces`)."""
+    pieces = vllm_pieces.mode()
+    if pieces is not None:
+        vllm_pieces.install(pieces)
     if os.environ.get(EXTRA_WARMUP_ENV) == "1":
         _after(worker_cls, "_warm_up_before_graphs", lambda w, _: w._kernel_warmup() if w.persist.loading else None)
     how = os.environ.get(LOAD_PROFILE_ENV, "lean")
