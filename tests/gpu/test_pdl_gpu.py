@@ -65,7 +65,7 @@ def step_probe(_tmp: Path) -> dict[str, Any]:
         t = _tensors(torch, m, d)
         _forward(torch, t)
         torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
+        g = torch.cuda.CUDAGraph(keep_graph=True)  # raw_cuda_graph() needs the captured graph kept
         with torch.cuda.graph(g):
             _forward(torch, t)
         graph = drv.CUgraph(g.raw_cuda_graph())
