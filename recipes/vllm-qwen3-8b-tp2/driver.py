@@ -25,7 +25,9 @@ Workloads (greedy, `ignore_eos`, fixed token ids): sequential prompts one at a t
 "oversize" batch whose prefill is larger than the largest capture size (it runs without graphs, then decode
 replays); then the measurements: time to first token on a long prompt, decode tokens/s at batch 1 and 32
 (median of three timings each); with `--long-prompts`, a prompt near max_model_len alone, then two at once
-(compared like the others); with `--replay-timing`, last, graph replays timed in the worker.
+(compared like the others); with `--replay-timing`, last, graph replays timed in the worker. A batch of several
+prompts is held until all of it is in the engine core (`held_batch`), so every run serves the same batches;
+`--unheld-batches` sends it as one plain `LLM.generate()` call instead.
 Phases (one vocabulary for every run, adding up to the start-up time): vLLM's own log lines (weights, engine init,
 profile, capture) split further by the runtime's per-rank stats when persistence is on.
 """
@@ -219,7 +221,9 @@ def build_llm(a: argparse.Namespace) -> Any:
     return LLM(**llm_kwargs(a))
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int = GEN, sampling: str = "greedy") -> list[list[int]]:
+def generate(
+    llm: Any, prompts: list[list[int]], max_tokens: int = GEN, sampling: str = "greedy", held: bool = True
+) -> list[list[int]]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -227,8 +231,27 @@ def generate(llm: Any, prompts: list[list[int]], max_tokens: int = GEN, sampling
         params: Any = SamplingParams(**sampling_kwargs([], max_tokens))
     else:
         params = [SamplingParams(**sampling_kwargs(p, max_tokens, sampling)) for p in prompts]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    if held and len(requests) > 1:
+        outs = held_batch(llm, requests, params)
+    else:
+        outs = llm.generate(requests, params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def held_batch(llm: Any, requests: list[Any], params: Any) -> list[Any]:
+    """One batch whose first step holds every request. vLLM's engine core starts a step as soon as a request arrives
+    (`EngineCore._process_input_queue`), so which of one `generate()` call's requests share its first steps depends on
+    timing, and another batch's rounding changes a token where the top logits are close (seen with random real
+    weights: SAVE, LOAD and the baseline each served the concurrent batch differently, 2026-12-07). So scheduling is
+    paused (vLLM's level-0 sleep, requests kept), the requests enqueued, scheduling resumed: runs compare the same
+    batches. The utility calls travel the engine core's input queue in order, behind nothing."""
+    llm.sleep(level=0, mode="keep")
+    try:
+        llm.enqueue(requests, params, use_tqdm=False)
+    finally:
+        llm.wake_up(tags=["scheduling"])
+    return llm.wait_for_completion(use_tqdm=False)
 
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -377,7 +400,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     marks = stamp_marks(started.stamps, proofkit.process_births(os.getpgid(0)), started.t0_wall)
     after_start = proofkit.cache_snapshot()
 
-    gen = functools.partial(generate, sampling=a.sampling)  # every workload samples as --sampling says
+    # every workload samples as --sampling says; a batch is held until all of it is in, unless --unheld-batches
+    gen = functools.partial(generate, sampling=a.sampling, held=not a.unheld_batches)
     sequential_prompts = [prompt(i, n) for i, n in enumerate((7, 64, 300, 1000))]
     first, first_s = timed(gen, llm, sequential_prompts[:1])
     after_first = proofkit.cache_snapshot()
@@ -519,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="VLLM_FLASHINFER_ALLREDUCE_BACKEND for that pass (default: vLLM's, auto)")  # fmt: skip
     ap.add_argument("--expect-refusal", metavar="REGEX",
                     help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
+    ap.add_argument("--unheld-batches", action="store_true",
+                    help="send each batch with one LLM.generate() call (the engine core may start on part of it; "
+                    "default: hold the batch until every request is in, so runs compare the same batches)")
     ap.add_argument("--no-reexec", action="store_true",
                     help="stay out of the runtime's interposer, as `python app.py` without `graphpersist exec`: vLLM "
                     "then spawns its engine core (persistence's spawn: it does not run this script again)")  # fmt: skip

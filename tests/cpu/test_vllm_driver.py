@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from module_file import load_module
@@ -141,6 +142,100 @@ def test_a_refused_load_records_what_llm_raised_and_how_often_the_script_ran(tmp
     assert got["ok"] is True and got["script_runs"] == 1
     assert got["refusal"]["raised_type"] == "graphpersist.archive.validate.LoadRefused"
     assert got["refusal"]["first_mismatch"] == "flags.max_model_len: saved 32768, live 4096"
+
+
+# ---------------------------------------------------------------------------------------------------- held batches
+
+
+class Engine:
+    """vLLM's LLM as the driver sees it, with its engine core's arrival race: a plain generate() call's first step
+    holds only the first request; while scheduling is paused (level-0 sleep) requests wait and the first step after
+    the wake-up holds all of them. A request's tokens name the size of the step that prefilled it."""
+
+    def __init__(self, fail_enqueue: bool = False) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.paused = False
+        self.waiting: list[list[int]] = []
+        self.fail_enqueue = fail_enqueue
+
+    @staticmethod
+    def _served(steps: list[list[list[int]]]) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[len(step), *ids[:1]])]) for step in steps
+                for ids in step]  # fmt: skip
+
+    def generate(self, requests: list[dict[str, Any]], params: Any, use_tqdm: bool) -> list[Any]:
+        self.calls.append(("generate", len(requests)))
+        ids = [r["prompt_token_ids"] for r in requests]
+        return self._served([ids[:1], ids[1:]] if len(ids) > 1 else [ids])
+
+    def sleep(self, level: int, mode: str) -> None:
+        self.calls.append(("sleep", level, mode))
+        self.paused = True
+
+    def enqueue(self, requests: list[dict[str, Any]], params: Any, use_tqdm: bool) -> list[str]:
+        self.calls.append(("enqueue", len(requests)))
+        if self.fail_enqueue:
+            raise ValueError("a prompt longer than max_model_len")
+        self.waiting += [r["prompt_token_ids"] for r in requests]
+        return [str(i) for i in range(len(requests))]
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(("wake_up", tags))
+        self.paused = False
+
+    def wait_for_completion(self, use_tqdm: bool) -> list[Any]:
+        self.calls.append(("wait_for_completion",))
+        assert not self.paused, "a paused engine never completes"
+        served, self.waiting = self._served([self.waiting]), []
+        return served
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two names `generate` imports: SamplingParams and TokensPrompt (a dict, as vLLM's TypedDict is)."""
+    import sys
+    from types import ModuleType
+
+    vllm, inputs = ModuleType("vllm"), ModuleType("vllm.inputs")
+    vllm.SamplingParams = lambda **kw: kw  # type: ignore[attr-defined]
+    inputs.TokensPrompt = dict  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+
+def test_a_batch_is_held_until_every_request_is_in_so_its_first_step_holds_all(fake_vllm: None) -> None:
+    llm = Engine()
+    got = driver.generate(llm, [[11], [12], [13]], 4)
+    assert llm.calls == [("sleep", 0, "keep"), ("enqueue", 3), ("wake_up", ["scheduling"]), ("wait_for_completion",)]
+    assert got == [[3, 11], [3, 12], [3, 13]]  # one step of three
+
+
+def test_unheld_a_batch_is_one_generate_call_and_its_steps_follow_arrival(fake_vllm: None) -> None:
+    llm = Engine()
+    got = driver.generate(llm, [[11], [12], [13]], 4, held=False)
+    assert llm.calls == [("generate", 3)]
+    assert got == [[1, 11], [2, 12], [2, 13]]  # the race the held batch removes
+
+
+def test_a_single_prompt_needs_no_holding(fake_vllm: None) -> None:
+    llm = Engine()
+    assert driver.generate(llm, [[11]], 4) == [[1, 11]]
+    assert llm.calls == [("generate", 1)]
+
+
+def test_a_failed_enqueue_still_resumes_scheduling(fake_vllm: None) -> None:
+    llm = Engine(fail_enqueue=True)
+    with pytest.raises(ValueError, match="max_model_len"):
+        driver.generate(llm, [[11], [12]], 4)
+    assert llm.calls[-1] == ("wake_up", ["scheduling"]) and not llm.paused
+
+
+def test_the_driver_holds_batches_unless_told_not_to(tmp_path: Path) -> None:
+    base = ["--run", "r", "--mode", "off", "--result", str(tmp_path / "r.json")]
+    assert driver.build_parser().parse_args(base).unheld_batches is False
+    assert driver.build_parser().parse_args([*base, "--unheld-batches"]).unheld_batches is True
 
 
 # ------------------------------------------------------------------------------------------- measured start (issue 32)
