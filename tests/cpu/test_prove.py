@@ -905,7 +905,8 @@ COMMITTED_RECIPES = sorted(
 @pytest.mark.parametrize("recipe", COMMITTED_RECIPES)
 def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> None:
     """Every committed engine recipe, validated configuration or diagnosis record, parses and its driver file exists
-    (a typo fails here, not on a GPU host)."""
+    (a typo fails here, not on a GPU host). A configuration runs all three modes; a diagnosis record may study one
+    (e.g. upstream alone, persistence off)."""
     from gptools import prove
 
     parsed = prove.parse_recipe(REPO / "recipes" / recipe)
@@ -913,7 +914,8 @@ def test_committed_recipes_parse_and_name_an_existing_driver(recipe: str) -> Non
     assert scripts, f"{recipe}: the driver command names no .py file: {parsed.driver}"
     for script in scripts:
         assert (REPO / "recipes" / recipe / script).resolve().is_file(), f"{recipe}: {script} does not exist"
-    assert {r.mode for r in parsed.runs} == {"off", "save", "load"}
+    modes = {r.mode for r in parsed.runs}
+    assert modes == {"off", "save", "load"} or (recipe.startswith("diagnosis/") and modes <= {"off", "save", "load"})
 
 
 def test_a_driver_whose_engine_was_refused_quotes_the_line_from_its_log(tmp_path: Path) -> None:
