@@ -156,6 +156,29 @@ def test_a_live_pin_the_archive_does_not_know_is_drift(archive):
     ]
 
 
+def test_many_fields_known_on_one_side_are_named_together_one_line_per_side(archive):
+    """An archive of an earlier build misses what this build records (SGLang records every server argument): each
+    field is still named, the live-only ones on one line, not one line each; the count stays the mismatches'."""
+    from graphpersist.archive.validate import ONE_SIDED_LISTED
+
+    added = {f"flags.arg_{i}": i for i in range(ONE_SIDED_LISTED)}
+    lines = refusal(archive, live_for(0, **{"parallel.tp_size": 4, **added}))
+    assert lines[0] == f"graphpersist: cannot LOAD {archive.root} (rank 0): {ONE_SIDED_LISTED + 1} mismatches"
+    assert lines[1] == "  parallel.tp_size: saved 2, live 4"
+    names = ", ".join(added)
+    assert lines[2] == f"  {ONE_SIDED_LISTED} fields live, not in the archive (saved <missing>); an archive of " \
+        f"another build? {names}"
+    assert len(lines) == 4
+
+
+def test_a_few_fields_known_on_one_side_keep_their_own_lines(archive):
+    from graphpersist.archive.validate import ONE_SIDED_LISTED
+
+    added = {f"flags.arg_{i}": i for i in range(ONE_SIDED_LISTED - 1)}
+    lines = refusal(archive, live_for(0, **added))
+    assert lines[1:-1] == [f"  {name}: saved <missing>, live {value}" for name, value in added.items()]
+
+
 def test_live_facts_that_are_not_compared_are_ignored(archive):
     check_or_refuse(archive, live_for(0, **{"python.version": "3.13.0", "region.final_offset": 5}), 0)
 

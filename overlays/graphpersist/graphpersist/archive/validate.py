@@ -145,15 +145,29 @@ class LoadRefused(RuntimeError):
         super().__init__(mismatch_report(self.archive_dir, self.mismatches, rank, ADVICE))
 
 
+# From this many fields known on one side only, they are named on one line per side instead of one line each: an
+# archive of an earlier build (SGLang records every server argument) would otherwise be refused in hundreds of lines.
+ONE_SIDED_LISTED = 8
+
+
 def mismatch_report(archive_dir: Path | str, mismatches: Sequence[Mismatch], rank: int | None, advice: str) -> str:
-    """The lines users read: which archive and rank cannot LOAD, one line per mismatch, then `advice`.
+    """The lines users read: which archive and rank cannot LOAD, one line per mismatch, then `advice`. Many fields
+    known on one side only (`ONE_SIDED_LISTED`) are named together, one line for each side.
 
     An engine start (LoadRefused) and `graphpersist check` list the same mismatches but advise differently.
     """
     n = len(mismatches)
     who = "" if rank is None else f" (rank {rank})"
     lines = [f"graphpersist: cannot LOAD {shown(str(archive_dir))}{who}: {n} mismatch{'es' if n != 1 else ''}"]
-    lines += [f"  {m}" for m in mismatches]
+    live_only = [m for m in mismatches if m.saved is MISSING]
+    saved_only = [m for m in mismatches if m.live is MISSING]
+    grouped = {id(m) for group in (live_only, saved_only) if len(group) >= ONE_SIDED_LISTED for m in group}
+    lines += [f"  {m}" for m in mismatches if id(m) not in grouped]
+    for group, where in ((live_only, "live, not in the archive (saved <missing>)"),
+                         (saved_only, "in the archive, not live (live <missing>)")):  # fmt: skip
+        if len(group) >= ONE_SIDED_LISTED:
+            names = ", ".join(shown(m.field) for m in group)
+            lines.append(f"  {len(group)} fields {where}; an archive of another build? {names}")
     lines.append(advice)
     return "\n".join(lines)
 
