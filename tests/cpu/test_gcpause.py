@@ -1,5 +1,5 @@
-"""graphpersist.gcpause at start-up: LOAD freezes the imports' heap, SAVE and persistence off leave the collector
-as upstream has it, and the meter counts the collections a start runs.
+"""graphpersist.gcpause at start-up: a persistence session (SAVE or LOAD) freezes the imports' heap, persistence off
+(no session) leaves the collector as upstream has it, and the meter counts the collections a start runs.
 
 Each case runs in a fresh interpreter: a freeze is process-wide and would change the test process's collector.
 """
@@ -43,7 +43,7 @@ def cycle():
 
 old = cycle()
 tracked_before = len(gc.get_objects())
-frozen = gcpause.freeze_at_start(loading=LOADING)
+frozen = gcpause.freeze_at_start() if FREEZE else None
 tracked_after = len(gc.get_objects())
 new = cycle()
 gc.collect()
@@ -56,8 +56,8 @@ print(json.dumps(result))
 """
 
 
-def test_load_freezes_the_start_up_heap_and_still_collects_what_the_start_makes() -> None:
-    got = run(CYCLES.replace("LOADING", "True"))
+def test_a_session_freezes_the_start_up_heap_and_still_collects_what_the_start_makes() -> None:
+    got = run(CYCLES.replace("FREEZE", "True"))
     assert got["frozen"] == got["freeze_count"] > 1000  # the interpreter's and the runtime's objects
     assert got["tracked_after"] < got["tracked_before"] - 1000  # full passes no longer walk them
     assert got["new_alive"] is False  # garbage made after the freeze is collected as before
@@ -65,8 +65,9 @@ def test_load_freezes_the_start_up_heap_and_still_collects_what_the_start_makes(
     assert got["old_alive_after_unfreeze"] is False
 
 
-def test_save_and_off_leave_the_collector_as_upstream_has_it() -> None:
-    got = run(CYCLES.replace("LOADING", "False"))
+def test_without_a_freeze_the_collector_frees_both_cycles_as_upstream() -> None:
+    """What persistence off keeps (no session, so nothing calls freeze_at_start): the contrast to the case above."""
+    got = run(CYCLES.replace("FREEZE", "False"))
     assert got["frozen"] is None and got["freeze_count"] == 0
     assert got["old_alive"] is False and got["new_alive"] is False
 
@@ -93,7 +94,7 @@ def test_the_meter_counts_full_passes_and_younger_ones_apart() -> None:
     assert got["full_s"] >= 0 and got["full_s"] == got["seconds"][2]
 
 
-def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> None:
+def test_a_session_freezes_whether_it_saves_or_loads_and_reports_its_collections() -> None:
     """PersistSession.begin() freezes before it touches the GPU; its stats carry the freeze and the meter. torch is
     stood in (CPU test host: no CUDA), the region start and LOAD's checks too: what is pinned is the order."""
     code = """
@@ -138,5 +139,5 @@ def test_a_session_freezes_only_when_it_loads_and_reports_its_collections() -> N
     assert load["gc"]["full_passes"] >= 1
     assert load["after_stop"] == load["gc"]["full_passes"]  # finish ends the start: the meter stops
     save = run(code.replace("WHICH", "save"))
-    assert save["calls"] == [["set_device", False]]
-    assert save["gc"]["frozen_at_start"] is None
+    assert save["calls"] == [["set_device", True]]
+    assert save["gc"]["frozen_at_start"] > 1000

@@ -1,5 +1,5 @@
-"""Python's cyclic garbage collector during LOAD: paused while LOAD reads and rebuilds an archive, and the
-start-up heap frozen when a LOAD's session starts (below).
+"""Python's cyclic garbage collector during persistence: paused while LOAD reads and rebuilds an archive, and the
+start-up heap frozen when a SAVE's or a LOAD's session starts (below).
 
 LOAD allocates hundreds of thousands of small containers (records, descriptions, index entries) that it keeps,
 and none of them form cycles. Every few hundred allocations the collector runs, and now and then a full pass
@@ -37,14 +37,13 @@ def paused_gc() -> Iterator[None]:
 # generation, which no collection walks: each later pass looks only at what the start created since. It frees
 # nothing early and keeps nothing alive that a collection would not have kept, except cyclic garbage that already
 # exists (the imports' own, no device memory: the session freezes before its region exists); the engines' own
-# shutdown (gc.unfreeze) hands all of it back.
+# shutdown (gc.unfreeze) hands all of it back. SAVE freezes as LOAD does (since 2026-12-07; until then LOAD alone, and
+# both laid out their memory identically, so the freeze moves no allocation): its 14 unfrozen full passes took 5.65 s
+# of a TP=1 vLLM SAVE on an H100. With persistence off there is no session, and the collector is upstream's.
 
 
-def freeze_at_start(loading: bool) -> int | None:
-    """LOAD: freezes the heap as it stands (the imports) and returns how many objects are frozen now; SAVE and
-    persistence off: nothing (None), so SAVE's start stays the baseline's."""
-    if not loading:
-        return None
+def freeze_at_start() -> int:
+    """Freezes the heap as it stands (the imports); returns how many objects are frozen now."""
     gc.freeze()
     return gc.get_freeze_count()
 

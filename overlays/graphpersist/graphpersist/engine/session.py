@@ -94,7 +94,7 @@ class PersistSession:
     caches: SessionCaches = field(default_factory=SessionCaches)
     written: bool = False  # SAVE: the archive is written (later captures are upstream's own)
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
-    frozen: int | None = None  # LOAD: objects of the start-up heap gc.freeze() moved out of the collector's way
+    frozen: int | None = None  # objects of the start-up heap gc.freeze() moved out of the collector's way (None: not started)
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
     step: str = "begin"
     _graphs_done: float | None = field(default=None, repr=False)
@@ -156,16 +156,16 @@ class PersistSession:
         self.run = fresh(session=self)
 
     def _start(self) -> None:
-        """The region on this rank's GPU (before any library allocates); LOAD also freezes the start-up heap
-        (graphpersist.gcpause), refuses what the facts known this early contradict, puts the JIT caches back before
-        anything compiles, and anchors the phases; then Inductor's kernel choices are pinned where the engine
+        """Freezes the start-up heap (graphpersist.gcpause) and starts the region on this rank's GPU (before any
+        library allocates); LOAD also refuses what the facts known this early contradict, puts the JIT caches back
+        before anything compiles, and anchors the phases; then Inductor's kernel choices are pinned where the engine
         compiles with it."""
         import torch
 
         from graphpersist import api
 
         self.gc_meter.start()
-        self.frozen = gcpause.freeze_at_start(self.loading)  # the imports' heap, before any device memory exists
+        self.frozen = gcpause.freeze_at_start()  # the imports' heap, before any device memory exists
         torch.cuda.set_device(self.adapter.device_index())
         info = api.start_region()
         if self.loading:
