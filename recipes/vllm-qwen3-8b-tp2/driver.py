@@ -545,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine must not start: ok when its log matches REGEX")  # fmt: skip
     ap.add_argument("--unheld-batches", action="store_true",
                     help="send each batch with one LLM.generate() call (the engine core may start on part of it; "
-                    "default: hold the batch until every request is in, so runs compare the same batches)")
+                    "default: hold the batch until every request is in, so runs compare the same batches)")  # fmt: skip
     ap.add_argument("--no-reexec", action="store_true",
                     help="stay out of the runtime's interposer, as `python app.py` without `graphpersist exec`: vLLM "
                     "then spawns its engine core (persistence's spawn: it does not run this script again)")  # fmt: skip

@@ -166,8 +166,10 @@ def test_many_fields_known_on_one_side_are_named_together_one_line_per_side(arch
     assert lines[0] == f"graphpersist: cannot LOAD {archive.root} (rank 0): {ONE_SIDED_LISTED + 1} mismatches"
     assert lines[1] == "  parallel.tp_size: saved 2, live 4"
     names = ", ".join(added)
-    assert lines[2] == f"  {ONE_SIDED_LISTED} fields live, not in the archive (saved <missing>); an archive of " \
+    assert (
+        lines[2] == f"  {ONE_SIDED_LISTED} fields live, not in the archive (saved <missing>); an archive of "
         f"another build? {names}"
+    )
     assert len(lines) == 4
 
 

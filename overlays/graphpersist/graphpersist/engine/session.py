@@ -94,7 +94,7 @@ class PersistSession:
     caches: SessionCaches = field(default_factory=SessionCaches)
     written: bool = False  # SAVE: the archive is written (later captures are upstream's own)
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
-    frozen: int | None = None  # objects of the start-up heap gc.freeze() moved out of the collector's way (None: not started)
+    frozen: int | None = None  # start-up heap objects gc.freeze() moved out of the collector's way (None: not yet)
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
     step: str = "begin"
     _graphs_done: float | None = field(default=None, repr=False)
