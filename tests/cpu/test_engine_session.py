@@ -169,6 +169,27 @@ def test_the_graphs_differ_refusal_names_both_sides_and_the_advice() -> None:
     assert Inventory([1], ["decode"]).by_mode == {}
 
 
+def test_a_capture_sites_hook_runs_with_the_session_only_while_it_saves() -> None:
+    """Persistence off, LOAD and a SAVE whose archive is written leave the site to upstream: the hook is not called."""
+    from graphpersist.engine import while_saving
+
+    calls: list[tuple[Any, ...]] = []
+
+    @while_saving
+    def captured(sess: PersistSession, graph: str, *, size: int) -> None:
+        calls.append((sess, graph, size))
+
+    assert captured("off", size=1) is None and calls == []  # no session: persistence off
+    session(switch.Mode.LOAD)
+    captured("load", size=2)
+    assert calls == []
+    saving = session(switch.Mode.SAVE)
+    captured("save", size=3)
+    saving.written = True
+    captured("written", size=4)
+    assert calls == [(saving, "save", 3)]
+
+
 # --------------------------------------------------------------------------------------- SAVE's kernel warm-up
 
 

@@ -33,7 +33,14 @@ from graphpersist.engine.putback import put_back
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
-from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
+from graphpersist.engine.session import (
+    KERNEL_WARMUP,
+    PersistSession,
+    current,
+    interposer_loaded,
+    release_cached,
+    while_saving,
+)
 from graphpersist.engine.start import add_switch_group, resolve_switch
 from graphpersist.engine.startmethod import start_context  # the start method of an engine's processes
 from graphpersist.errors import PersistError
@@ -87,6 +94,7 @@ __all__ = [
     "tensor_spec",
     "torch_gather",
     "warmup",
+    "while_saving",
 ]
 
 
