@@ -518,7 +518,7 @@ def saving(
             events.append("first requests")
             (cache / "ABC" / "write_req_to_token_pool_triton.cubin").parent.mkdir()
             (cache / "ABC" / "write_req_to_token_pool_triton.cubin").write_bytes(b"\x7fELF")
-            return srt.warmup.Outcome(batches=["first"], graph_forwards=3, eager_forwards=1, seconds=0.25)
+            return srt.warmup.Outcome(batches=["first"], graph_forwards=3, eager_forwards=1)
 
         monkeypatch.setattr(srt.warmup, "run", warm_up)
         monkeypatch.setenv("GRAPHPERSIST_STATS_DIR", str(tmp_path / "stats"))

@@ -42,3 +42,12 @@ def test_prompts_are_fixed_inside_the_vocabulary_and_differ_per_request() -> Non
     first = engine.warmup.prompt(1, 20, 1000)
     assert first == engine.warmup.prompt(1, 20, 1000) and len(first) == 20 and all(0 <= t < 1000 for t in first)
     assert first != engine.warmup.prompt(2, 20, 1000)
+
+
+def test_an_outcome_sums_up_as_its_stats_and_one_line() -> None:
+    """What PersistSession.kernel_warmup records (rank stats) and logs of an engine's first requests."""
+    done = engine.warmup.Outcome(batches=["a", "b"], left_out=["c: why"], graph_forwards=5, eager_forwards=2)
+    assert done.summary() == (
+        {"batches": ["a", "b"], "left_out": ["c: why"], "graph_forwards": 5, "eager_forwards": 2},
+        "2 batches (5 graph replays, 2 eager forwards)",
+    )

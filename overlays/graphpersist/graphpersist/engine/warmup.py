@@ -8,7 +8,7 @@ request path; this keeps those that fit, names each one left out and why, makes 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -39,7 +39,13 @@ class Outcome:
     left_out: list[str] = field(default_factory=list)
     graph_forwards: int = 0
     eager_forwards: int = 0
-    seconds: float = 0.0
+
+    def summary(self) -> tuple[dict[str, Any], str]:
+        """What `PersistSession.kernel_warmup` takes from the run: its stats (every field) and a description."""
+        described = (
+            f"{len(self.batches)} batches ({self.graph_forwards} graph replays, {self.eager_forwards} eager forwards)"
+        )
+        return asdict(self), described
 
 
 def fit(batches: Iterable[Batch], *, max_tokens: int, context_len: int) -> tuple[list[Batch], list[str]]:

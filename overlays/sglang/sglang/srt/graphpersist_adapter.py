@@ -142,12 +142,4 @@ class SglangAdapter(engine.EngineAdapter):
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
         archive and a LOAD on a fresh host compiles none of them (the session names the cache files they added)."""
-
-        def first_requests() -> tuple[dict[str, Any], str]:
-            done = warmup.run(self.model_runner, self.run.runners, session.log)
-            summary = {"batches": done.batches, "left_out": done.left_out, "graph_forwards": done.graph_forwards,
-                       "eager_forwards": done.eager_forwards}  # fmt: skip
-            return summary, (f"{len(done.batches)} batches ({done.graph_forwards} graph replays, "
-                             f"{done.eager_forwards} eager forwards)")  # fmt: skip
-
-        session.kernel_warmup(first_requests)
+        session.kernel_warmup(lambda: warmup.run(self.model_runner, self.run.runners, session.log).summary())

@@ -3,7 +3,6 @@ host's first requests would otherwise compile (patches/sglang/README.md, "The fi
 
 from __future__ import annotations
 
-import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,7 +95,6 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     import torch
     from sglang.srt.utils.common import DynamicGradMode
 
-    started = time.perf_counter()
     batches, left_out = plan(limits_of(model_runner, runners))
     outcome = Outcome(left_out=left_out)
     forward_pass_id = model_runner.forward_pass_id  # the forward counter, put back with the pools' bookkeeping
@@ -111,7 +109,6 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     finally:
         del model_runner.forward
         model_runner.forward_pass_id = forward_pass_id
-    outcome.seconds = time.perf_counter() - started
     for line in left_out:
         log("kernel warm-up left out %s", line)
     return outcome
