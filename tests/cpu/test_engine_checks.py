@@ -1,5 +1,6 @@
 """The checks an engine's glue makes through the runtime (graphpersist.engine.checks): an opt-in environment variable,
-and the facts SAVE noted of an object compared with the live object's at LOAD."""
+and the facts SAVE noted of an object compared with the live object's at LOAD; and the form of a start-up refusal
+(graphpersist.engine.refuser)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,9 @@ def test_an_archive_that_noted_nothing_is_refused_naming_what_it_lacks(saved: ob
         engine.check_noted("buf", "test buffer", saved, {"size": 1})
     assert str(err.value) == (f"graphpersist: cannot LOAD: the archive records no test buffer (notes.buf = {saved!r}), "
                               "this start has one. Re-run with mode=save for this configuration.")  # fmt: skip
+
+
+def test_a_start_up_refusal_names_what_cannot_be_persisted_what_instead_and_what_is_supported() -> None:
+    refused = engine.refuser("supported: dense models")("LoRA", "serve without it")
+    assert isinstance(refused, engine.Refused) and isinstance(refused, PersistError)
+    assert str(refused) == "graphpersist: LoRA cannot be persisted: serve without it. (supported: dense models)"

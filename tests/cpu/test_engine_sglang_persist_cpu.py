@@ -208,7 +208,7 @@ def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
 def test_unsupported_configuration_is_refused_naming_it_and_what_to_use(
     srt: SimpleNamespace, change: dict[str, Any], names: str, instead: str
 ) -> None:
-    with pytest.raises(srt.facts.Refused) as err:
+    with pytest.raises(engine.Refused) as err:
         srt.facts.refuse_unsupported(StandInServerArgs(**change), {})
     message = str(err.value)
     assert message.startswith("graphpersist: ") and "cannot be persisted" in message
@@ -219,7 +219,7 @@ def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNam
     """Each row of the table: a value persistence does not take is refused, the flag and the value named."""
     for name, (needs, what, instead) in srt.facts.REFUSED.items():
         value = True if needs is None else "other" if isinstance(needs, tuple) else needs + 1
-        with pytest.raises(srt.facts.Refused) as err:
+        with pytest.raises(engine.Refused) as err:
             srt.facts.refuse_unsupported(StandInServerArgs(**{name: value}), {})
         flag = f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
         assert f"graphpersist: {what} ({flag}) cannot be persisted: {instead}." in str(err.value), name
@@ -235,7 +235,7 @@ def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNam
     ],
 )
 def test_environment_that_changes_the_capture_is_refused(srt: SimpleNamespace, env: dict[str, str], names: str) -> None:
-    with pytest.raises(srt.facts.Refused, match="cannot be persisted") as err:
+    with pytest.raises(engine.Refused, match="cannot be persisted") as err:
         srt.facts.refuse_unsupported(StandInServerArgs(), env)
     assert names in str(err.value)
 
@@ -265,7 +265,7 @@ class StandInRunner:
 def test_models_outside_the_dense_decoder_path_are_refused(
     srt: SimpleNamespace, change: dict[str, bool], names: str
 ) -> None:
-    with pytest.raises(srt.facts.Refused, match=names):
+    with pytest.raises(engine.Refused, match=names):
         srt.facts.refuse_unsupported_model(StandInRunner(**change))
 
 
@@ -458,7 +458,7 @@ def test_a_server_argument_is_recorded_as_json(srt: SimpleNamespace, value: Any,
 
 def test_a_server_argument_an_archive_cannot_record_is_refused_at_start_naming_it(srt: SimpleNamespace) -> None:
     """A value with no JSON form (a function, an object) would be compared by a text that may differ per start."""
-    with pytest.raises(srt.facts.Refused, match=r"--sampling-backend \(a function\) cannot be persisted: start"):
+    with pytest.raises(engine.Refused, match=r"--sampling-backend \(a function\) cannot be persisted: start"):
         srt.facts.refuse_unsupported(StandInServerArgs(sampling_backend=lambda: None), {})
     srt.facts.refuse_unsupported(StandInServerArgs(custom_sigquit_handler=lambda: None), {})  # may differ: not recorded
 

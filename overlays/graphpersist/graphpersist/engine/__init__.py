@@ -83,6 +83,7 @@ __all__ = [
     "recording_refusals",
     "refusal_or",
     "refusal_recorded",
+    "refuser",
     "release_cached",
     "resolve_switch",
     "restore_caches_early",
@@ -100,6 +101,12 @@ __all__ = [
 
 class Refused(PersistError):
     """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
+
+
+def refuser(supported: str) -> Callable[[str, str], Refused]:
+    """An engine's start-up refusal, one form for every engine: `what` cannot be persisted, what to use `instead`, then
+    what the engine's integration supports (`supported`)."""
+    return lambda what, instead: Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({supported})")
 
 
 def new_graph() -> Any:

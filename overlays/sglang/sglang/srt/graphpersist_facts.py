@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphpersist import engine
-from graphpersist.engine import PersistError, Refused
+from graphpersist.engine import PersistError
 
 SUPPORTED = (
     "supported with persistence: dense decoder models, tensor parallelism on one node (custom all-reduce "
@@ -21,6 +21,7 @@ SUPPORTED = (
     "--deepep-mode normal: breakable decode graphs); no speculative decoding, pipeline or data parallelism, DP "
     "attention, other expert-parallel backends, LoRA, PD multiplexing, two-batch overlap or torch.compile"
 )
+_refuse = engine.refuser(SUPPORTED)
 
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 DECODE_BACKENDS = ("full",)
@@ -70,10 +71,6 @@ REFUSED = {
     "prefill_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
     "decode_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
 }
-
-
-def _refuse(what: str, instead: str) -> Refused:
-    return Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
 
 
 def _takes(needs: Any, value: Any) -> bool:
