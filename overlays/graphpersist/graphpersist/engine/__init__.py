@@ -73,10 +73,9 @@ __all__ = [
     "env_folder",
     "graphs_differ",
     "interposer_loaded",
-    "ipc_export",
-    "ipc_open",
     "model_tensors",
     "new_graph",
+    "open_peers",
     "opted_in",
     "per_shape_tensors",
     "put_back",
@@ -171,18 +170,14 @@ def model_tensors(model: Any) -> dict[str, Any]:
     return named
 
 
-def ipc_export(ptr: int) -> bytes:
-    """The legacy CUDA IPC handle of the allocation holding `ptr` (graphpersist.memory.legacyipc)."""
+def open_peers(own: list[int], gather: Callable[[Any], list[Any]], rank: int) -> dict[bytes, int]:
+    """LOAD: the peers' buffers a post-capture registration opened by legacy CUDA IPC handle, opened again at the
+    addresses the archive expects: this rank's buffers `own` exported, the handles exchanged over `gather`, each
+    peer's opened once in SAVE's order (graphpersist.memory.legacyipc.open_peers). Returns them by handle (keep them
+    alive)."""
     from graphpersist.memory import legacyipc
 
-    return legacyipc.export_handle(ptr)
-
-
-def ipc_open(handle: bytes) -> int:
-    """A peer's allocation opened from its legacy CUDA IPC handle, at the address the archive expects."""
-    from graphpersist.memory import legacyipc
-
-    return legacyipc.open_handle(handle)
+    return legacyipc.open_peers(own, gather, rank)
 
 
 def tensor_spec(t: Any) -> dict[str, Any]:
