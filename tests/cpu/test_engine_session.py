@@ -190,6 +190,21 @@ def test_a_capture_sites_hook_runs_with_the_session_only_while_it_saves() -> Non
     assert calls == [(saving, "save", 3)]
 
 
+def test_a_graph_save_cannot_keep_is_refused_in_the_glues_words() -> None:
+    """What the saver refuses (a duplicate name, an output it cannot store: graphpersist.save.Saver.add) reaches the
+    engine's log as its other refusals do, after `graphpersist:`; the graph is not counted."""
+
+    def add(name: str, *args: Any, **kwargs: Any) -> None:
+        raise PersistError(f"graph {name!r} is already registered: SAVE refused")  # as Saver.add words it
+
+    sess = session(switch.Mode.SAVE)
+    sess.saver = SimpleNamespace(add=add)
+    with pytest.raises(PersistError) as refused:
+        sess.add_graph("decode/8", SimpleNamespace(instantiate=lambda: None), [], None, size=8, mode="decode")
+    assert str(refused.value) == "graphpersist: graph 'decode/8' is already registered: SAVE refused"
+    assert sess.captured == 0
+
+
 # --------------------------------------------------------------------------------------- SAVE's kernel warm-up
 
 

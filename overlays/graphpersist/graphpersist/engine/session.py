@@ -344,10 +344,14 @@ class PersistSession:
         return torch.cuda.CUDAGraph()
 
     def add_graph(self, name: str, graph: Any, inputs: list[Any], outputs: Any, *, size: int, mode: str) -> None:
-        """SAVE: one captured graph with its static input and output tensors (instantiated as torch would)."""
+        """SAVE: one captured graph with its static input and output tensors (instantiated as torch would); a graph SAVE
+        cannot keep is refused in the glue's words (`graphpersist: ...`)."""
         assert self.saver is not None
         graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
-        self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
+        try:
+            self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
+        except PersistError as exc:
+            raise PersistError(f"graphpersist: {exc}") from None
         self.captured += 1
 
     @refusal.recording()

@@ -49,10 +49,7 @@ def captured_full(sess: engine.PersistSession, backend: Any, key: Any, graph: An
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
     name = f"decode/{key.size}"  # one graph a size: a second (a stream or variant) is refused as a duplicate name
-    try:
-        sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
-    except PersistError as exc:
-        raise PersistError(f"graphpersist: {exc}") from None
+    sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
     sess.notes["decode"][name] = {"size": key.size}
 
 
