@@ -90,8 +90,13 @@ def test_breakable_decode_graphs_are_taken_only_with_deepep(srt: SimpleNamespace
 
 
 # --------------------------------------------------------------------------------------------- facts and flags
+def parallel(srt: SimpleNamespace, server_args: Any) -> dict[str, int]:
+    """The parallel layout the archive records, as the adapter answers it."""
+    return srt.adapter.SglangAdapter(SimpleNamespace(server_args=server_args)).parallel()
+
+
 def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: SimpleNamespace) -> None:
-    assert srt.facts.parallel(deepep_args()) == {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 2}
+    assert parallel(srt, deepep_args()) == {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 2}
     flags = srt.facts.config_flags(deepep_args(), {})
     assert {k: flags[k] for k in ("moe_a2a_backend", "deepep_mode", "deepep_config", "moe_runner_backend", "ep_size")} \
         == {"moe_a2a_backend": "deepep", "deepep_mode": "normal", "deepep_config": None,
@@ -99,7 +104,7 @@ def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: 
 
 
 def test_without_deepep_the_expert_parallel_size_is_one(srt: SimpleNamespace) -> None:
-    assert srt.facts.parallel(StandInServerArgs(ep_size=2))["ep_size"] == 1
+    assert parallel(srt, StandInServerArgs(ep_size=2))["ep_size"] == 1
 
 
 # -------------------------------------------------------------- patch 0009: the graphs stay on, as breakable ones

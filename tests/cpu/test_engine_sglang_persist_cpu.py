@@ -300,7 +300,7 @@ def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(
     config = pool_config(max_total_num_tokens=123456, mem_fraction_static=0.83)
     record = srt.facts.pool_record(config)
     assert tuple(record) == POOL_FIELDS and record["max_total_num_tokens"] == 123456
-    assert srt.facts.saved_pool(record, tmp_path) == record and pool_config(**record) == config
+    assert saved_pool(srt, record, tmp_path) == record and pool_config(**record) == config
     for bad in (
         None,
         {},
@@ -308,7 +308,14 @@ def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(
         {k: v for k, v in record.items() if k != "max_running_requests"},
     ):
         with pytest.raises(PersistError, match=r"records no memory-pool size.*Re-run with mode=save"):
-            srt.facts.saved_pool(bad, tmp_path)
+            saved_pool(srt, bad, tmp_path)
+
+
+def saved_pool(srt: SimpleNamespace, value: Any, archive_dir: Path) -> Any:
+    """LOAD's memory pool as the adapter reads it back from SAVE's flags."""
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace())
+    adapter.read_saved(SimpleNamespace(saved_flags={"memory_pool": value}, directory=archive_dir))
+    return adapter.run.pool
 
 
 def test_the_adapter_names_the_pool_and_the_sglang_settings_that_size_it(srt: SimpleNamespace) -> None:
@@ -389,8 +396,9 @@ def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(
     dist.get_tp_group = lambda: SimpleNamespace(cpu_group="tp gloo")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
     monkeypatch.setattr(engine, "torch_gather", lambda group: ("gather over", group))
-    assert srt.facts.cpu_gather() == ("gather over", "tp gloo")
-    assert srt.facts.parallel(StandInServerArgs())["world_size"] == StandInServerArgs().tp_size
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
+    assert adapter.cpu_gather() == ("gather over", "tp gloo")
+    assert adapter.parallel()["world_size"] == StandInServerArgs().tp_size
 
 
 def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it_out(
@@ -402,7 +410,9 @@ def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it
         "flags.model_path: saved 'Qwen/Qwen3-8B', live '/models/other'"
     ]
     config = SimpleNamespace(hf_config=None, context_len=4096, dtype="torch.bfloat16")
-    assert srt.facts.model_facts(config) == srt.facts.model_facts(SimpleNamespace(**vars(config)))
+    other = SimpleNamespace(**vars(config), model_path="/models/other")
+    facts = [srt.adapter.SglangAdapter(SimpleNamespace(model_config=c)).model_facts() for c in (config, other)]
+    assert facts[0] == facts[1]
 
 
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:

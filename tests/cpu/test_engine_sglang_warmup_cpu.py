@@ -511,7 +511,7 @@ def saving(
         torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "torch", torch)
         for name, value in {"engine_facts": {}, "parallel": {}, "flags": {}, "cpu_gather": None}.items():
-            monkeypatch.setattr(srt.facts, name, lambda *a, v=value: v)
+            monkeypatch.setattr(srt.adapter.SglangAdapter, name, lambda *a, v=value: v)
         monkeypatch.setattr(type(sess.caches), "carry", lambda c, s: events.append("caches packed") or {})
 
         def warm_up(mr: Any, runners: dict[str, Any], log: Any) -> Any:
