@@ -172,7 +172,7 @@ def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
     on, off = SimpleNamespace(disabled=False, max_size=64 << 20), SimpleNamespace(disabled=True, max_size=64 << 20)
     for comm, named in ((on, ["tp:on:67108864"]), (off, ["tp:off:0"]), (None, [])):
         dist.get_tp_group = lambda comm=comm: SimpleNamespace(torch_symm_mem_comm=comm)  # type: ignore[attr-defined]
-        assert srt.facts.torch_symm_mem_live() == named
+        assert srt.customar.torch_symm_mem_live() == named
 
 
 @pytest.mark.parametrize(

@@ -204,20 +204,8 @@ def flags(pool: dict[str, Any] | None, model_runner: Any, inventory: Mapping[str
         "prefill_token_sizes": list(inventory.get("prefill", [])),
         "memory_pool": dict(pool or {}),
         "custom_all_reduce": customar.describe_live(),
-        "torch_symm_mem": torch_symm_mem_live(),
+        "torch_symm_mem": customar.torch_symm_mem_live(),
     }
-
-
-def torch_symm_mem_live() -> list[str]:
-    """Each process group's torch symmetric-memory communicator as `group:on|off:<buffer bytes>`: whether it came
-    on depends on more than the flag (world size, GPU, multicast, patch 0007's GRAPHPERSIST_SYMM_MEM_NO_MULTICAST), and
-    which all-reduces it takes (those below its buffer size) is in the captured graphs."""
-    from sglang.srt import graphpersist_customar as customar
-
-    return [
-        f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}"
-        for name, comm in customar.group_communicators("torch_symm_mem_comm")
-    ]
 
 
 def pool_record(config: Any) -> dict[str, Any]:
