@@ -354,7 +354,7 @@ def test_save_makes_the_buffer_in_setup_through_upstreams_path_in_its_own_phase(
     model = StandInModel(StandInBuffer())
     assert srt.deepep.setup_buffer(sess, model) is model.normal[0].buffer
     assert phases.opened == ["deepep", "/deepep"] and [n.calls for n in model.normal] == [1, 0]
-    comm = srt.deepep.DeepEPBuffers(model.normal[0].buffer)
+    comm = srt.deepep.noted(model.normal[0].buffer)
     comm.after_capture(sess)
     assert sess.notes["deepep"] == facts_of(srt, StandInBuffer())
 
@@ -384,23 +384,27 @@ def test_load_compares_the_buffer_in_setup_and_again_before_the_first_replay(
     saved = facts_of(srt, StandInBuffer())
     sess.saved_notes = {"deepep": saved}
     buffer = srt.deepep.setup_buffer(sess, StandInModel(StandInBuffer()))
-    srt.deepep.DeepEPBuffers(buffer).restore(sess, {"deepep": saved})
+    srt.deepep.noted(buffer).restore(sess, {"deepep": saved})
     moved = StandInBuffer()
     moved.get_local_buffer_tensor = lambda dtype: StandInTensor(NVL_AT + (2 << 20))  # type: ignore[method-assign]
     with pytest.raises(PersistError, match=r"deepep.nvl_buffer: saved '0x7f3a00000000', live '0x7f3a00200000'"):
         srt.deepep.setup_buffer(sess, StandInModel(moved))
     with pytest.raises(PersistError, match=r"deepep.rank: saved 0, live 1"):
-        srt.deepep.DeepEPBuffers(StandInBuffer(rank=1)).restore(sess, {"deepep": saved})
-    with pytest.raises(PersistError, match="no DeepEP Buffer was made in setup: LOAD refused"):
-        srt.deepep.DeepEPBuffers(None).restore(sess, {"deepep": saved})
+        srt.deepep.noted(StandInBuffer(rank=1)).restore(sess, {"deepep": saved})
+    with pytest.raises(PersistError, match="no DeepEP Buffer was made in setup: refused"):
+        srt.deepep.noted(None).restore(sess, {"deepep": saved})
 
 
-def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(srt: SimpleNamespace) -> None:
+def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with_deepep = srt.adapter.SglangAdapter(
         SimpleNamespace(server_args=deepep_args()), srt.adapter.SglangRun(deepep_buffer="buffer")
     )
-    names = [type(c).__name__ for c in with_deepep.communicators()]
-    assert names == ["CustomAllReduceV2", "DeepEPBuffers"] and with_deepep.communicators()[1].buffer == "buffer"
+    custom_all_reduce, deepep = with_deepep.communicators()
+    assert type(custom_all_reduce).__name__ == "CustomAllReduceV2" and deepep.name == "deepep"
+    monkeypatch.setattr(srt.deepep, "buffer_facts", lambda buffer: {"buffer": buffer})
+    assert deepep.read() == {"buffer": "buffer"}  # the Buffer setup made
     without = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
     assert [type(c).__name__ for c in without.communicators()] == ["CustomAllReduceV2"]
 

@@ -27,7 +27,7 @@ from graphpersist.engine.adapter import (
     graphs_differ,
 )
 from graphpersist.engine.caches import env_folder
-from graphpersist.engine.checks import check_noted, opted_in
+from graphpersist.engine.checks import NotedFacts, check_noted, opted_in
 from graphpersist.engine.prepared import PreparedState, per_shape_tensors
 from graphpersist.engine.putback import put_back
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
@@ -56,6 +56,7 @@ __all__ = [
     "Communicator",
     "EngineAdapter",
     "Inventory",
+    "NotedFacts",
     "PersistError",
     "PersistSession",
     "PreparedState",

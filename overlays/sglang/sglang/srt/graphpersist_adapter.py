@@ -167,7 +167,7 @@ class SglangAdapter(engine.EngineAdapter):
         if facts.uses_deepep(self.server_args):
             from sglang.srt import graphpersist_deepep as deepep
 
-            found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
+            found.append(deepep.noted(self.run.deepep_buffer))
         return found
 
     def warm_kernels_before_save(self, session: engine.SessionView) -> None:
