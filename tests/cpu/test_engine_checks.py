@@ -1,7 +1,11 @@
 """The checks an engine's glue makes through the runtime (graphpersist.engine.checks): an opt-in environment variable,
-and the facts SAVE noted of an object compared with the live object's at LOAD."""
+the facts SAVE noted of an object compared with the live object's at LOAD (and `NotedFacts`, the communicator that
+notes and compares them); and the form of a start-up refusal (graphpersist.engine.refuser)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -57,3 +61,37 @@ def test_an_archive_that_noted_nothing_is_refused_naming_what_it_lacks(saved: ob
         engine.check_noted("buf", "test buffer", saved, {"size": 1})
     assert str(err.value) == (f"graphpersist: cannot LOAD: the archive records no test buffer (notes.buf = {saved!r}), "
                               "this start has one. Re-run with mode=save for this configuration.")  # fmt: skip
+
+
+def test_a_start_up_refusal_names_what_cannot_be_persisted_what_instead_and_what_is_supported() -> None:
+    refused = engine.refuser("supported: dense models")("LoRA", "serve without it")
+    assert isinstance(refused, engine.Refused) and isinstance(refused, PersistError)
+    assert str(refused) == "graphpersist: LoRA cannot be persisted: serve without it. (supported: dense models)"
+
+
+def noted_buffer(facts: dict[str, Any], refused: list[dict[str, Any]]) -> engine.NotedFacts:
+    return engine.NotedFacts("buffer", "test buffer", lambda: facts, refused.append)
+
+
+def test_save_notes_an_objects_facts_once_refuse_had_its_say() -> None:
+    refused: list[dict[str, Any]] = []
+    session = SimpleNamespace(loading=False, notes={})
+    noted_buffer({"size": 8}, refused).after_capture(session)  # type: ignore[arg-type]
+    assert session.notes == {"buffer": {"size": 8}} and refused == [{"size": 8}]
+
+    def no(facts: Any) -> None:
+        raise engine.Refused("graphpersist: cannot SAVE this test buffer")
+
+    with pytest.raises(engine.Refused, match="cannot SAVE this test buffer"):
+        engine.NotedFacts("buffer", "test buffer", lambda: {"size": 8}, no).after_capture(session)  # type: ignore[arg-type]
+
+
+def test_load_compares_an_objects_facts_with_what_save_noted_and_refuses_none_noted() -> None:
+    refused: list[dict[str, Any]] = []
+    session = SimpleNamespace(loading=True)
+    noted_buffer({"size": 8}, refused).restore(session, {"buffer": {"size": 8}})  # type: ignore[arg-type]
+    with pytest.raises(PersistError, match=r"buffer.size: saved 4, live 8"):
+        noted_buffer({"size": 8}, refused).restore(session, {"buffer": {"size": 4}})  # type: ignore[arg-type]
+    with pytest.raises(PersistError, match=r"records no test buffer \(notes.buffer = None\)"):
+        noted_buffer({"size": 8}, refused).check(session, None)  # type: ignore[arg-type]
+    assert refused == []  # LOAD never asks what SAVE would refuse

@@ -169,6 +169,42 @@ def test_the_graphs_differ_refusal_names_both_sides_and_the_advice() -> None:
     assert Inventory([1], ["decode"]).by_mode == {}
 
 
+def test_a_capture_sites_hook_runs_with_the_session_only_while_it_saves() -> None:
+    """Persistence off, LOAD and a SAVE whose archive is written leave the site to upstream: the hook is not called."""
+    from graphpersist.engine import while_saving
+
+    calls: list[tuple[Any, ...]] = []
+
+    @while_saving
+    def captured(sess: PersistSession, graph: str, *, size: int) -> None:
+        calls.append((sess, graph, size))
+
+    assert captured("off", size=1) is None and calls == []  # no session: persistence off
+    session(switch.Mode.LOAD)
+    captured("load", size=2)
+    assert calls == []
+    saving = session(switch.Mode.SAVE)
+    captured("save", size=3)
+    saving.written = True
+    captured("written", size=4)
+    assert calls == [(saving, "save", 3)]
+
+
+def test_a_graph_save_cannot_keep_is_refused_in_the_glues_words() -> None:
+    """What the saver refuses (a duplicate name, an output it cannot store: graphpersist.save.Saver.add) reaches the
+    engine's log as its other refusals do, after `graphpersist:`; the graph is not counted."""
+
+    def add(name: str, *args: Any, **kwargs: Any) -> None:
+        raise PersistError(f"graph {name!r} is already registered: SAVE refused")  # as Saver.add words it
+
+    sess = session(switch.Mode.SAVE)
+    sess.saver = SimpleNamespace(add=add)
+    with pytest.raises(PersistError) as refused:
+        sess.add_graph("decode/8", SimpleNamespace(instantiate=lambda: None), [], None, size=8, mode="decode")
+    assert str(refused.value) == "graphpersist: graph 'decode/8' is already registered: SAVE refused"
+    assert sess.captured == 0
+
+
 # --------------------------------------------------------------------------------------- SAVE's kernel warm-up
 
 

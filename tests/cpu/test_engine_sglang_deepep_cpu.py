@@ -90,8 +90,13 @@ def test_breakable_decode_graphs_are_taken_only_with_deepep(srt: SimpleNamespace
 
 
 # --------------------------------------------------------------------------------------------- facts and flags
+def parallel(srt: SimpleNamespace, server_args: Any) -> dict[str, int]:
+    """The parallel layout the archive records, as the adapter answers it."""
+    return srt.adapter.SglangAdapter(SimpleNamespace(server_args=server_args)).parallel()
+
+
 def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: SimpleNamespace) -> None:
-    assert srt.facts.parallel(deepep_args()) == {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 2}
+    assert parallel(srt, deepep_args()) == {"world_size": 2, "tp_size": 2, "pp_size": 1, "ep_size": 2}
     flags = srt.facts.config_flags(deepep_args(), {})
     assert {k: flags[k] for k in ("moe_a2a_backend", "deepep_mode", "deepep_config", "moe_runner_backend", "ep_size")} \
         == {"moe_a2a_backend": "deepep", "deepep_mode": "normal", "deepep_config": None,
@@ -99,7 +104,7 @@ def test_the_archive_records_the_expert_parallel_size_and_deepeps_settings(srt: 
 
 
 def test_without_deepep_the_expert_parallel_size_is_one(srt: SimpleNamespace) -> None:
-    assert srt.facts.parallel(StandInServerArgs(ep_size=2))["ep_size"] == 1
+    assert parallel(srt, StandInServerArgs(ep_size=2))["ep_size"] == 1
 
 
 # -------------------------------------------------------------- patch 0009: the graphs stay on, as breakable ones
@@ -349,7 +354,7 @@ def test_save_makes_the_buffer_in_setup_through_upstreams_path_in_its_own_phase(
     model = StandInModel(StandInBuffer())
     assert srt.deepep.setup_buffer(sess, model) is model.normal[0].buffer
     assert phases.opened == ["deepep", "/deepep"] and [n.calls for n in model.normal] == [1, 0]
-    comm = srt.deepep.DeepEPBuffers(model.normal[0].buffer)
+    comm = srt.deepep.noted(model.normal[0].buffer)
     comm.after_capture(sess)
     assert sess.notes["deepep"] == facts_of(srt, StandInBuffer())
 
@@ -379,23 +384,27 @@ def test_load_compares_the_buffer_in_setup_and_again_before_the_first_replay(
     saved = facts_of(srt, StandInBuffer())
     sess.saved_notes = {"deepep": saved}
     buffer = srt.deepep.setup_buffer(sess, StandInModel(StandInBuffer()))
-    srt.deepep.DeepEPBuffers(buffer).restore(sess, {"deepep": saved})
+    srt.deepep.noted(buffer).restore(sess, {"deepep": saved})
     moved = StandInBuffer()
     moved.get_local_buffer_tensor = lambda dtype: StandInTensor(NVL_AT + (2 << 20))  # type: ignore[method-assign]
     with pytest.raises(PersistError, match=r"deepep.nvl_buffer: saved '0x7f3a00000000', live '0x7f3a00200000'"):
         srt.deepep.setup_buffer(sess, StandInModel(moved))
     with pytest.raises(PersistError, match=r"deepep.rank: saved 0, live 1"):
-        srt.deepep.DeepEPBuffers(StandInBuffer(rank=1)).restore(sess, {"deepep": saved})
-    with pytest.raises(PersistError, match="no DeepEP Buffer was made in setup: LOAD refused"):
-        srt.deepep.DeepEPBuffers(None).restore(sess, {"deepep": saved})
+        srt.deepep.noted(StandInBuffer(rank=1)).restore(sess, {"deepep": saved})
+    with pytest.raises(PersistError, match="no DeepEP Buffer was made in setup: refused"):
+        srt.deepep.noted(None).restore(sess, {"deepep": saved})
 
 
-def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(srt: SimpleNamespace) -> None:
+def test_the_adapter_hands_the_deepep_communicator_over_only_with_deepep(
+    srt: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with_deepep = srt.adapter.SglangAdapter(
         SimpleNamespace(server_args=deepep_args()), srt.adapter.SglangRun(deepep_buffer="buffer")
     )
-    names = [type(c).__name__ for c in with_deepep.communicators()]
-    assert names == ["CustomAllReduceV2", "DeepEPBuffers"] and with_deepep.communicators()[1].buffer == "buffer"
+    custom_all_reduce, deepep = with_deepep.communicators()
+    assert type(custom_all_reduce).__name__ == "CustomAllReduceV2" and deepep.name == "deepep"
+    monkeypatch.setattr(srt.deepep, "buffer_facts", lambda buffer: {"buffer": buffer})
+    assert deepep.read() == {"buffer": "buffer"}  # the Buffer setup made
     without = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
     assert [type(c).__name__ for c in without.communicators()] == ["CustomAllReduceV2"]
 

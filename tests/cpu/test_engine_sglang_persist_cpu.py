@@ -172,7 +172,7 @@ def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
     on, off = SimpleNamespace(disabled=False, max_size=64 << 20), SimpleNamespace(disabled=True, max_size=64 << 20)
     for comm, named in ((on, ["tp:on:67108864"]), (off, ["tp:off:0"]), (None, [])):
         dist.get_tp_group = lambda comm=comm: SimpleNamespace(torch_symm_mem_comm=comm)  # type: ignore[attr-defined]
-        assert srt.facts.torch_symm_mem_live() == named
+        assert srt.customar.torch_symm_mem_live() == named
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ def test_the_live_torch_symm_mem_communicator_is_named_with_its_state(
 def test_unsupported_configuration_is_refused_naming_it_and_what_to_use(
     srt: SimpleNamespace, change: dict[str, Any], names: str, instead: str
 ) -> None:
-    with pytest.raises(srt.facts.Refused) as err:
+    with pytest.raises(engine.Refused) as err:
         srt.facts.refuse_unsupported(StandInServerArgs(**change), {})
     message = str(err.value)
     assert message.startswith("graphpersist: ") and "cannot be persisted" in message
@@ -219,7 +219,7 @@ def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNam
     """Each row of the table: a value persistence does not take is refused, the flag and the value named."""
     for name, (needs, what, instead) in srt.facts.REFUSED.items():
         value = True if needs is None else "other" if isinstance(needs, tuple) else needs + 1
-        with pytest.raises(srt.facts.Refused) as err:
+        with pytest.raises(engine.Refused) as err:
             srt.facts.refuse_unsupported(StandInServerArgs(**{name: value}), {})
         flag = f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
         assert f"graphpersist: {what} ({flag}) cannot be persisted: {instead}." in str(err.value), name
@@ -235,7 +235,7 @@ def test_every_refused_field_is_refused_naming_its_flag_and_value(srt: SimpleNam
     ],
 )
 def test_environment_that_changes_the_capture_is_refused(srt: SimpleNamespace, env: dict[str, str], names: str) -> None:
-    with pytest.raises(srt.facts.Refused, match="cannot be persisted") as err:
+    with pytest.raises(engine.Refused, match="cannot be persisted") as err:
         srt.facts.refuse_unsupported(StandInServerArgs(), env)
     assert names in str(err.value)
 
@@ -265,7 +265,7 @@ class StandInRunner:
 def test_models_outside_the_dense_decoder_path_are_refused(
     srt: SimpleNamespace, change: dict[str, bool], names: str
 ) -> None:
-    with pytest.raises(srt.facts.Refused, match=names):
+    with pytest.raises(engine.Refused, match=names):
         srt.facts.refuse_unsupported_model(StandInRunner(**change))
 
 
@@ -300,7 +300,7 @@ def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(
     config = pool_config(max_total_num_tokens=123456, mem_fraction_static=0.83)
     record = srt.facts.pool_record(config)
     assert tuple(record) == POOL_FIELDS and record["max_total_num_tokens"] == 123456
-    assert srt.facts.saved_pool(record, tmp_path) == record and pool_config(**record) == config
+    assert saved_pool(srt, record, tmp_path) == record and pool_config(**record) == config
     for bad in (
         None,
         {},
@@ -308,7 +308,14 @@ def test_the_pool_is_recorded_field_by_field_and_malformed_records_refuse(
         {k: v for k, v in record.items() if k != "max_running_requests"},
     ):
         with pytest.raises(PersistError, match=r"records no memory-pool size.*Re-run with mode=save"):
-            srt.facts.saved_pool(bad, tmp_path)
+            saved_pool(srt, bad, tmp_path)
+
+
+def saved_pool(srt: SimpleNamespace, value: Any, archive_dir: Path) -> Any:
+    """LOAD's memory pool as the adapter reads it back from SAVE's flags."""
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace())
+    adapter.read_saved(SimpleNamespace(saved_flags={"memory_pool": value}, directory=archive_dir))
+    return adapter.run.pool
 
 
 def test_the_adapter_names_the_pool_and_the_sglang_settings_that_size_it(srt: SimpleNamespace) -> None:
@@ -389,8 +396,9 @@ def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(
     dist.get_tp_group = lambda: SimpleNamespace(cpu_group="tp gloo")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed", dist)
     monkeypatch.setattr(engine, "torch_gather", lambda group: ("gather over", group))
-    assert srt.facts.cpu_gather() == ("gather over", "tp gloo")
-    assert srt.facts.parallel(StandInServerArgs())["world_size"] == StandInServerArgs().tp_size
+    adapter = srt.adapter.SglangAdapter(SimpleNamespace(server_args=StandInServerArgs()))
+    assert adapter.cpu_gather() == ("gather over", "tp gloo")
+    assert adapter.parallel()["world_size"] == StandInServerArgs().tp_size
 
 
 def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it_out(
@@ -402,7 +410,9 @@ def test_load_refuses_another_model_path_naming_it_and_the_fingerprint_leaves_it
         "flags.model_path: saved 'Qwen/Qwen3-8B', live '/models/other'"
     ]
     config = SimpleNamespace(hf_config=None, context_len=4096, dtype="torch.bfloat16")
-    assert srt.facts.model_facts(config) == srt.facts.model_facts(SimpleNamespace(**vars(config)))
+    other = SimpleNamespace(**vars(config), model_path="/models/other")
+    facts = [srt.adapter.SglangAdapter(SimpleNamespace(model_config=c)).model_facts() for c in (config, other)]
+    assert facts[0] == facts[1]
 
 
 def test_the_seed_is_not_a_fact(srt: SimpleNamespace) -> None:
@@ -458,7 +468,7 @@ def test_a_server_argument_is_recorded_as_json(srt: SimpleNamespace, value: Any,
 
 def test_a_server_argument_an_archive_cannot_record_is_refused_at_start_naming_it(srt: SimpleNamespace) -> None:
     """A value with no JSON form (a function, an object) would be compared by a text that may differ per start."""
-    with pytest.raises(srt.facts.Refused, match=r"--sampling-backend \(a function\) cannot be persisted: start"):
+    with pytest.raises(engine.Refused, match=r"--sampling-backend \(a function\) cannot be persisted: start"):
         srt.facts.refuse_unsupported(StandInServerArgs(sampling_backend=lambda: None), {})
     srt.facts.refuse_unsupported(StandInServerArgs(custom_sigquit_handler=lambda: None), {})  # may differ: not recorded
 

@@ -511,14 +511,14 @@ def saving(
         torch.cuda = SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "torch", torch)
         for name, value in {"engine_facts": {}, "parallel": {}, "flags": {}, "cpu_gather": None}.items():
-            monkeypatch.setattr(srt.facts, name, lambda *a, v=value: v)
+            monkeypatch.setattr(srt.adapter.SglangAdapter, name, lambda *a, v=value: v)
         monkeypatch.setattr(type(sess.caches), "carry", lambda c, s: events.append("caches packed") or {})
 
         def warm_up(mr: Any, runners: dict[str, Any], log: Any) -> Any:
             events.append("first requests")
             (cache / "ABC" / "write_req_to_token_pool_triton.cubin").parent.mkdir()
             (cache / "ABC" / "write_req_to_token_pool_triton.cubin").write_bytes(b"\x7fELF")
-            return srt.warmup.Outcome(batches=["first"], graph_forwards=3, eager_forwards=1, seconds=0.25)
+            return srt.warmup.Outcome(batches=["first"], graph_forwards=3, eager_forwards=1)
 
         monkeypatch.setattr(srt.warmup, "run", warm_up)
         monkeypatch.setenv("GRAPHPERSIST_STATS_DIR", str(tmp_path / "stats"))

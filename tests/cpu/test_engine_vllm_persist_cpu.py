@@ -614,6 +614,19 @@ def test_every_rank_records_the_agreed_budget(vllm: WarmPython) -> None:
     assert got == [9 * GIB, 8 * GIB, [9 * GIB + 5], 8 * GIB]
 
 
+def test_ranks_agree_over_the_tp_groups_cpu_group_the_whole_world_here(vllm: WarmPython) -> None:
+    """A world larger than tensor parallelism is refused at start-up, so the TP group's gloo group is every rank."""
+    got = vllm.run(
+        """
+        from vllm.distributed import parallel_state
+        parallel_state.get_tp_group = lambda: types.SimpleNamespace(cpu_group="tp gloo")
+        engine.torch_gather = lambda group: ["gather over", group]
+        result = VllmAdapter(None).cpu_gather()
+        """
+    ).ok()
+    assert got == ["gather over", "tp gloo"]
+
+
 # A stand-in for the V2 runner's profile path (CPU torch has no CUDA to run a real forward): the dummy forward takes
 # its time (loading the compiled model, on a GPU), and the sampler run takes its own.
 STAND_IN_RUNNER = """

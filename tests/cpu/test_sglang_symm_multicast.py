@@ -36,9 +36,23 @@ def test_any_other_value_is_refused_naming_what_to_set(value: str, monkeypatch: 
         symm.keep_without_multicast(2, 9, MULTIMEM, inkling_custom_ar=False)
 
 
+def decided(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, world_size: int, capability: int, inkling: bool
+) -> tuple[bool, str]:
+    """An opted-in start's decision and the one line it logs."""
+    monkeypatch.setenv(symm.ENV, "1")
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        keep = symm.keep_without_multicast(world_size, capability, MULTIMEM, inkling_custom_ar=inkling)
+    [record] = caplog.records
+    return keep, record.getMessage()
+
+
 @pytest.mark.parametrize("capability", [9, 10])
-def test_world_size_2_runs_two_shot_and_keeps_the_communicator(capability: int) -> None:
-    assert symm.decide(2, capability, MULTIMEM, inkling_custom_ar=False) == (
+def test_world_size_2_runs_two_shot_and_keeps_the_communicator(
+    capability: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert decided(monkeypatch, caplog, 2, capability, False) == (
         True,
         "graphpersist: torch symmetric memory without multicast: the two-shot all-reduce at world size 2 needs none: "
         "communicator on",
@@ -46,20 +60,26 @@ def test_world_size_2_runs_two_shot_and_keeps_the_communicator(capability: int) 
 
 
 @pytest.mark.parametrize("world_size", [4, 6, 8])
-def test_multimem_world_sizes_still_need_multicast(world_size: int) -> None:
-    assert symm.decide(world_size, 9, MULTIMEM, inkling_custom_ar=False) == (
+def test_multimem_world_sizes_still_need_multicast(
+    world_size: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert decided(monkeypatch, caplog, world_size, 9, False) == (
         False,
         f"graphpersist: torch symmetric memory without multicast: world size {world_size} on SM90 runs the multimem "
         "all-reduce, which needs it: communicator off (as upstream)",
     )
 
 
-def test_a_capability_without_multimem_sizes_runs_two_shot_at_any_world_size() -> None:
-    assert symm.decide(4, 12, MULTIMEM, inkling_custom_ar=False)[0]
+def test_a_capability_without_multimem_sizes_runs_two_shot_at_any_world_size(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert decided(monkeypatch, caplog, 4, 12, False)[0]
 
 
-def test_inklings_all_reduce_reads_the_multicast_address_so_it_stays_off() -> None:
-    keep, line = symm.decide(2, 9, MULTIMEM, inkling_custom_ar=True)
+def test_inklings_all_reduce_reads_the_multicast_address_so_it_stays_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    keep, line = decided(monkeypatch, caplog, 2, 9, True)
     assert not keep and "SGLANG_OPT_USE_INKLING_CUSTOM_AR" in line
 
 
@@ -96,9 +116,11 @@ def test_the_archive_pins_the_opt_in() -> None:
     assert symm.ENV in PINNED_ENV
 
 
-def test_the_symm_recipe_quotes_the_line_the_overlay_logs() -> None:
+def test_the_symm_recipe_quotes_the_line_the_overlay_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     readme = (REPO / "recipes" / "sglang-qwen3-8b-tp2-symm" / "README.md").read_text()
-    assert symm.decide(2, 9, MULTIMEM, inkling_custom_ar=False)[1] in readme
+    assert decided(monkeypatch, caplog, 2, 9, False)[1] in readme
 
 
 def test_the_symm_recipe_sets_the_variable_the_overlay_reads() -> None:

@@ -98,10 +98,11 @@ class VllmAdapter(engine.EngineAdapter):
         return int(current_platform.logical_device_id_to_visible_device_id(self.worker.local_rank))
 
     def cpu_gather(self) -> Any:
-        """Rank agreement over vLLM's CPU (gloo) world group: nothing touches the GPU or NCCL."""
-        from vllm.distributed.parallel_state import get_world_group
+        """Rank agreement over the TP group's CPU (gloo) group, which in what persistence accepts is the whole world
+        (`refuse_unsupported` refuses a world larger than tensor parallelism): nothing touches the GPU or NCCL."""
+        from vllm.distributed.parallel_state import get_tp_group
 
-        return engine.torch_gather(get_world_group().cpu_group)
+        return engine.torch_gather(get_tp_group().cpu_group)
 
     def setup_tensors(self) -> dict[str, Any]:
         """The setup tensors the graphs read, by name: parameters, buffers and KV caches (LOAD proves their place)."""

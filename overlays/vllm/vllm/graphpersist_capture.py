@@ -32,12 +32,10 @@ def piece_index(wrapper: Any) -> int:
     return index
 
 
-def captured_full(manager: Any, desc: Any, graph: Any) -> None:
+@engine.while_saving
+def captured_full(sess: engine.PersistSession, manager: Any, desc: Any, graph: Any) -> None:
     """SAVE: a FULL graph was captured; its output is the manager's hidden_states buffer (pipeline parallelism and
     speculative decoding, which capture other outputs, are refused at start-up)."""
-    sess = engine.current()
-    if sess is None or not sess.saving:
-        return
     name = full_name(desc)
     fields = dataclasses.asdict(desc)
     fields["cg_mode"] = desc.cg_mode.name
@@ -45,11 +43,9 @@ def captured_full(manager: Any, desc: Any, graph: Any) -> None:
     sess.add_graph(name, graph, [], manager.hidden_states, size=desc.num_tokens, mode="full")
 
 
-def captured_piece(wrapper: Any, entry: Any, args: tuple[Any, ...], output: Any) -> None:
+@engine.while_saving
+def captured_piece(sess: engine.PersistSession, wrapper: Any, entry: Any, args: tuple[Any, ...], output: Any) -> None:
     """SAVE: one piece of a PIECEWISE forward was captured for `entry.batch_descriptor`."""
-    sess = engine.current()
-    if sess is None or not sess.saving:
-        return
     name = piece_name(entry.batch_descriptor, piece_index(wrapper))
     sess.notes["pieces"][name] = dataclasses.asdict(entry.batch_descriptor)
     inputs = [x for x in args if isinstance(x, torch.Tensor)]

@@ -97,19 +97,8 @@ class CustomAllReduce(engine.Communicator):
                 f"{'off' if saved is None else 'on'} at SAVE. Re-run with mode=save for this configuration."
             )
         own = [int(p) for p in saved["own_pointers"]]
-        rank, world_size = dist.get_rank(ca.group), dist.get_world_size(ca.group)
-        with session.phase(PHASE):
-            mine = [engine.ipc_export(ptr) for ptr in own]  # one export call per buffer, as C++ does
-            everyone: list[Any] = [None] * world_size
-            dist.all_gather_object(everyone, mine, group=ca.group)  # over the group's CPU (gloo) side
-            opened: dict[bytes, int] = {}
-            for i in range(len(own)):
-                for peer in range(world_size):
-                    if peer == rank:
-                        continue
-                    handle = everyone[peer][i]
-                    if handle not in opened:
-                        opened[handle] = engine.ipc_open(handle)
+        with session.phase(PHASE):  # the handles go over the group's CPU (gloo) side
+            opened = engine.open_peers(own, engine.torch_gather(ca.group), dist.get_rank(ca.group))
             session.kept.append(opened)
         session.declare_state(STATE, ca.rank_data, how="bytes")
         session.log("custom all-reduce: %d graph buffers, %d peer allocations re-opened", len(own), len(opened))

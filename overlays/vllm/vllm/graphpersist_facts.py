@@ -17,10 +17,7 @@ SUPPORTED = (
     "(default), FULL_DECODE_ONLY or PIECEWISE, tensor parallelism on one node (custom all-reduce on or "
     "off), no pipeline/data/expert/context parallelism, no LoRA, no speculative decoding"
 )
-
-
-def _refuse(what: str, instead: str) -> engine.Refused:
-    return engine.Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
+_refuse = engine.refuser(SUPPORTED)
 
 
 def refuse_unsupported(cfg: Any, environ: Mapping[str, str] | None = None) -> None:

@@ -5,7 +5,7 @@ graphpersist.engine.start); patches/vllm/README.md says why each seam is where i
 
 from __future__ import annotations
 
-import argparse
+import functools
 import logging
 import multiprocessing.context
 import os
@@ -19,9 +19,8 @@ logger = logging.getLogger(__name__)  # vllm.graphpersist_switch: under vLLM's l
 WORKER_CLS = "vllm.graphpersist_worker.PersistWorker"
 
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """`--graph-persist`/`--graph-persist-dir` as their own group (`vllm serve --help=GraphPersist`)."""
-    engine.add_switch_group(parser, "GraphPersist")
+# `--graph-persist`/`--graph-persist-dir` as their own group (`vllm serve --help=GraphPersist`).
+add_cli_args = functools.partial(engine.add_switch_group, title="GraphPersist")
 
 
 def resolve_engine_args(engine_args: Any) -> switch.Switch:

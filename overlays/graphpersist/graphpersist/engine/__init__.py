@@ -27,13 +27,20 @@ from graphpersist.engine.adapter import (
     graphs_differ,
 )
 from graphpersist.engine.caches import env_folder
-from graphpersist.engine.checks import check_noted, opted_in
+from graphpersist.engine.checks import NotedFacts, check_noted, opted_in
 from graphpersist.engine.prepared import PreparedState, per_shape_tensors
 from graphpersist.engine.putback import put_back
 from graphpersist.engine.refusal import RefusedInEngine, refusal_or
 from graphpersist.engine.refusal import recorded as refusal_recorded
 from graphpersist.engine.refusal import recording as recording_refusals
-from graphpersist.engine.session import KERNEL_WARMUP, PersistSession, current, interposer_loaded, release_cached
+from graphpersist.engine.session import (
+    KERNEL_WARMUP,
+    PersistSession,
+    current,
+    interposer_loaded,
+    release_cached,
+    while_saving,
+)
 from graphpersist.engine.start import add_switch_group, resolve_switch
 from graphpersist.engine.startmethod import start_context  # the start method of an engine's processes
 from graphpersist.errors import PersistError
@@ -49,6 +56,7 @@ __all__ = [
     "Communicator",
     "EngineAdapter",
     "Inventory",
+    "NotedFacts",
     "PersistError",
     "PersistSession",
     "PreparedState",
@@ -66,16 +74,16 @@ __all__ = [
     "env_folder",
     "graphs_differ",
     "interposer_loaded",
-    "ipc_export",
-    "ipc_open",
     "model_tensors",
     "new_graph",
+    "open_peers",
     "opted_in",
     "per_shape_tensors",
     "put_back",
     "recording_refusals",
     "refusal_or",
     "refusal_recorded",
+    "refuser",
     "release_cached",
     "resolve_switch",
     "restore_caches_early",
@@ -87,11 +95,18 @@ __all__ = [
     "tensor_spec",
     "torch_gather",
     "warmup",
+    "while_saving",
 ]
 
 
 class Refused(PersistError):
     """A configuration persistence cannot restore exactly: refused at start-up, saying what to use instead."""
+
+
+def refuser(supported: str) -> Callable[[str, str], Refused]:
+    """An engine's start-up refusal, one form for every engine: `what` cannot be persisted, what to use `instead`, then
+    what the engine's integration supports (`supported`)."""
+    return lambda what, instead: Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({supported})")
 
 
 def new_graph() -> Any:
@@ -156,18 +171,14 @@ def model_tensors(model: Any) -> dict[str, Any]:
     return named
 
 
-def ipc_export(ptr: int) -> bytes:
-    """The legacy CUDA IPC handle of the allocation holding `ptr` (graphpersist.memory.legacyipc)."""
+def open_peers(own: list[int], gather: Callable[[Any], list[Any]], rank: int) -> dict[bytes, int]:
+    """LOAD: the peers' buffers a post-capture registration opened by legacy CUDA IPC handle, opened again at the
+    addresses the archive expects: this rank's buffers `own` exported, the handles exchanged over `gather`, each
+    peer's opened once in SAVE's order (graphpersist.memory.legacyipc.open_peers). Returns them by handle (keep them
+    alive)."""
     from graphpersist.memory import legacyipc
 
-    return legacyipc.export_handle(ptr)
-
-
-def ipc_open(handle: bytes) -> int:
-    """A peer's allocation opened from its legacy CUDA IPC handle, at the address the archive expects."""
-    from graphpersist.memory import legacyipc
-
-    return legacyipc.open_handle(handle)
+    return legacyipc.open_peers(own, gather, rank)
 
 
 def tensor_spec(t: Any) -> dict[str, Any]:

@@ -124,10 +124,7 @@ def add_breakable(
         )
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1
-        try:
-            sess.add_graph(segment_name(base, i), seg, [], stored if last else None, size=size, mode=mode)
-        except PersistError as exc:
-            raise PersistError(f"graphpersist: {exc}") from None
+        sess.add_graph(segment_name(base, i), seg, [], stored if last else None, size=size, mode=mode)
     sess.notes[mode][base] = {"size": size, "segments": len(segments), "breaks": breaks}
 
 

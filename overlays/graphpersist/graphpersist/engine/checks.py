@@ -4,10 +4,11 @@ at SAVE compared with the live ones at LOAD. Engine-neutral: the glue supplies t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from graphpersist.archive.validate import ADVICE
+from graphpersist.engine.adapter import Communicator, SessionView
 from graphpersist.errors import PersistError
 
 
@@ -36,3 +37,34 @@ def check_noted(section: str, what: str, saved: Any, live: Mapping[str, Any]) ->
     ]
     if lines:
         raise PersistError("\n".join([*lines, ADVICE]))
+
+
+class NotedFacts(Communicator):
+    """An object the graphs depend on that nothing registers after the capture (SGLang's DeepEP Buffer: its peers'
+    buffers were opened when it was made, in setup), as a communicator: SAVE notes its facts (`read()`) under `name`
+    once every graph is captured, after `refuse` (which raises for facts persistence cannot restore) had its say;
+    LOAD compares them with SAVE's before the first replay. `check` does the same at an earlier step (where the glue
+    makes the object)."""
+
+    def __init__(
+        self, name: str, what: str, read: Callable[[], Mapping[str, Any]], refuse: Callable[[Mapping[str, Any]], None]
+    ) -> None:
+        self.name = name
+        self.what = what
+        self.read = read
+        self.refuse = refuse
+
+    def check(self, session: SessionView, saved: Any) -> dict[str, Any]:
+        """The live facts, refused at SAVE as `refuse` says, compared at LOAD with `saved` (what SAVE noted)."""
+        facts = dict(self.read())
+        if session.loading:
+            check_noted(self.name, self.what, saved, facts)
+        else:
+            self.refuse(facts)
+        return facts
+
+    def after_capture(self, session: SessionView) -> None:
+        session.notes[self.name] = self.check(session, None)
+
+    def restore(self, session: SessionView, notes: Mapping[str, Any]) -> None:
+        self.check(session, notes.get(self.name))

@@ -24,12 +24,13 @@ import: the engine glue imports this while it parses arguments.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from graphpersist import gcpause, rankstats, switch
 from graphpersist.engine import budget, refusal
@@ -51,6 +52,23 @@ def current() -> PersistSession | None:
     """The session of this process, or None when persistence is off (or this process runs no model)."""
     now = active()
     return now.session if now is not None else None
+
+
+P = ParamSpec("P")
+
+
+def while_saving(hook: Callable[Concatenate[PersistSession, P], None]) -> Callable[P, None]:
+    """A capture site's hook (`captured_...`), called with this process's session first while it saves (SAVE, until
+    its archive is written: later captures are upstream's own); persistence off, LOAD or a SAVE already written: the
+    hook is not called, and the site does what upstream does."""
+
+    @functools.wraps(hook)
+    def called(*args: P.args, **kwargs: P.kwargs) -> None:
+        sess = current()
+        if sess is not None and sess.saving:
+            hook(sess, *args, **kwargs)
+
+    return called
 
 
 def release_cached() -> None:
@@ -326,10 +344,14 @@ class PersistSession:
         return torch.cuda.CUDAGraph()
 
     def add_graph(self, name: str, graph: Any, inputs: list[Any], outputs: Any, *, size: int, mode: str) -> None:
-        """SAVE: one captured graph with its static input and output tensors (instantiated as torch would)."""
+        """SAVE: one captured graph with its static input and output tensors (instantiated as torch would); a graph SAVE
+        cannot keep is refused in the glue's words (`graphpersist: ...`)."""
         assert self.saver is not None
         graph.instantiate()  # keep_graph=True defers instantiation to the first replay: keep upstream's timing
-        self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
+        try:
+            self.saver.add(name, graph, inputs, outputs, capture_size=size, mode=mode)
+        except PersistError as exc:
+            raise PersistError(f"graphpersist: {exc}") from None
         self.captured += 1
 
     @refusal.recording()

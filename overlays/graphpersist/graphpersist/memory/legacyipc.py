@@ -1,10 +1,11 @@
 """CUDA IPC handles in the driver's legacy form (cuIpcGetMemHandle / cuIpcOpenMemHandle), for an engine's post-capture
 registration that opens its peers' buffers that way (vLLM's custom all-reduce). Under the runtime's interposer both
 calls go through its VMM-IPC (graphpersist/native/gp_ipc_hooks.c), so an opened peer buffer lands at the address the
-archive expects; the engine exchanges the handles over its own CPU group."""
+archive expects; the handles are exchanged over the engine's own CPU group."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from graphpersist.errors import PersistError
@@ -35,3 +36,17 @@ def open_handle(raw: bytes) -> int:
     err, ptr = drv.cuIpcOpenMemHandle(handle, drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
     _check(drv, err, "cuIpcOpenMemHandle")
     return int(ptr)
+
+
+def open_peers(own: list[int], gather: Callable[[Any], list[Any]], rank: int) -> dict[bytes, int]:
+    """LOAD, for a registration that opened its peers' buffers after the capture (vLLM's custom all-reduce): each rank
+    exports the handle of each of its buffers `own` (one export call per buffer, as the engine's C++ side does), the
+    ranks exchange them over `gather`, and each peer's handle is opened once, buffer by buffer and peer by peer in
+    rank order, the order the engine opened them at SAVE. Returns the opened allocations by handle (keep them)."""
+    everyone = gather([export_handle(ptr) for ptr in own])
+    opened: dict[bytes, int] = {}
+    for i in range(len(own)):
+        for peer, handles in enumerate(everyone):
+            if peer != rank and handles[i] not in opened:
+                opened[handles[i]] = open_handle(handles[i])
+    return opened

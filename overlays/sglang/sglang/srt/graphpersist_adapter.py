@@ -3,7 +3,10 @@ SGLang's own bookkeeping of the run (`SglangRun`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
+import hashlib
+import json
 import logging
 import os
 import re
@@ -91,17 +94,31 @@ class SglangAdapter(engine.EngineAdapter):
             "cute_dsl": _cute_dsl,
         }
 
-    def model_facts(self) -> dict[str, str]:
-        return facts.model_facts(self.model_runner.model_config)
-
     def engine_facts(self) -> dict[str, str]:
-        return facts.engine_facts()
+        import sglang
+
+        return {"name": "sglang", "version": str(getattr(sglang, "__version__", "")), "commit": ""}
+
+    def model_facts(self) -> dict[str, str]:
+        """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights. The
+        model's path is a recorded flag (`graphpersist_facts.server_args_record`), named plainly when it differs."""
+        config = self.model_runner.model_config
+        hf = getattr(config, "hf_config", None)
+        described = hf.to_json_string(use_diff=False) if hf is not None and hasattr(hf, "to_json_string") else repr(hf)
+        fingerprint = hashlib.sha256(json.dumps({"hf": described, "context_len": config.context_len}).encode())
+        return {"dtype": str(config.dtype), "config_fingerprint": fingerprint.hexdigest()}
 
     def cpu_gather(self) -> Any:
-        return facts.cpu_gather()
+        """Rank agreement over the TP group's CPU (gloo) group, which in what persistence accepts is the whole world
+        (no pipeline or data parallelism: `parallel` says world_size = tp_size): nothing touches the GPU or NCCL."""
+        from sglang.srt.distributed import get_tp_group
+
+        return engine.torch_gather(get_tp_group().cpu_group)
 
     def parallel(self) -> dict[str, int]:
-        return facts.parallel(self.server_args)
+        sa = self.server_args
+        ep = int(getattr(sa, "ep_size", 1)) if facts.uses_deepep(sa) else 1
+        return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": ep}
 
     def config_flags(self) -> dict[str, Any]:
         return facts.config_flags(self.server_args)
@@ -116,10 +133,25 @@ class SglangAdapter(engine.EngineAdapter):
         return int(self.model_runner.gpu_id)
 
     def setup_tensors(self) -> dict[str, Any]:
-        return facts.setup_tensors(self.model_runner)
+        """The setup tensors the graphs read, by name: parameters, buffers and the KV pool (LOAD proves their place)."""
+        named = engine.model_tensors(self.model_runner.model)
+        pool = self.model_runner.token_to_kv_pool
+        for kind in ("k_buffer", "v_buffer"):
+            named.update({f"kv_pool.{kind}.{i}": t for i, t in enumerate(getattr(pool, kind, None) or [])})
+        return named
 
     def read_saved(self, session: engine.SessionView) -> None:
-        self.run.pool = facts.saved_pool(session.saved_flags.get("memory_pool"), session.directory)
+        """The memory pool SAVE sized (every MemoryPoolConfig field, flags.memory_pool), which LOAD reuses; an archive
+        without one is refused."""
+        from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+        value = session.saved_flags.get("memory_pool")
+        if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(MemoryPoolConfig)}:
+            raise engine.PersistError(
+                f"graphpersist: {session.directory} records no memory-pool size (flags.memory_pool = {value!r}). "
+                "Re-run with mode=save."
+            )
+        self.run.pool = value
 
     def inventory(self) -> engine.Inventory:
         return capture.expected_inventory(self.run.runners)
@@ -135,19 +167,11 @@ class SglangAdapter(engine.EngineAdapter):
         if facts.uses_deepep(self.server_args):
             from sglang.srt import graphpersist_deepep as deepep
 
-            found.append(deepep.DeepEPBuffers(self.run.deepep_buffer))
+            found.append(deepep.noted(self.run.deepep_buffer))
         return found
 
     def warm_kernels_before_save(self, session: engine.SessionView) -> None:
         """SAVE, every rank, once the archive's content is fixed and before rank 0 packs the JIT caches: SGLang's
         first requests (`graphpersist_warmup`), so the kernels SGLang compiles only when it serves travel in the
         archive and a LOAD on a fresh host compiles none of them (the session names the cache files they added)."""
-
-        def first_requests() -> tuple[dict[str, Any], str]:
-            done = warmup.run(self.model_runner, self.run.runners, session.log)
-            summary = {"batches": done.batches, "left_out": done.left_out, "graph_forwards": done.graph_forwards,
-                       "eager_forwards": done.eager_forwards}  # fmt: skip
-            return summary, (f"{len(done.batches)} batches ({done.graph_forwards} graph replays, "
-                             f"{done.eager_forwards} eager forwards)")  # fmt: skip
-
-        session.kernel_warmup(first_requests)
+        session.kernel_warmup(lambda: warmup.run(self.model_runner, self.run.runners, session.log).summary())

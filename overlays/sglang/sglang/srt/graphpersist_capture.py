@@ -42,27 +42,22 @@ def _model(sess: Any) -> Any:
     return getattr(getattr(sess.adapter, "model_runner", None), "model", None)
 
 
-def captured_full(backend: Any, key: Any, graph: Any, out: Any) -> None:
+@engine.while_saving
+def captured_full(sess: engine.PersistSession, backend: Any, key: Any, graph: Any, out: Any) -> None:
     """SAVE: one decode graph was captured for `key`; its output is the structure the forward returned."""
-    sess = engine.current()
-    if sess is None or not sess.saving:
-        return
     phase = sess.adapter.run.capturing
     if phase != "decode":
         raise PersistError(f"graphpersist: a full CUDA graph was captured outside the decode runner ({phase}): refused")
     name = f"decode/{key.size}"  # one graph a size: a second (a stream or variant) is refused as a duplicate name
-    try:
-        sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
-    except PersistError as exc:
-        raise PersistError(f"graphpersist: {exc}") from None
+    sess.add_graph(name, graph, [], out, size=key.size, mode="decode")
     sess.notes["decode"][name] = {"size": key.size}
 
 
-def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+@engine.while_saving
+def captured_break(
+    sess: engine.PersistSession, inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> None:
     """SAVE: the breakable capture ran `inner(*args, **kwargs)` eagerly between two segments (replayed so)."""
-    sess = engine.current()
-    if sess is None or not sess.saving:
-        return
     instead = "serve without --moe-a2a-backend deepep" if sess.adapter.run.capturing == "decode" else (
         "use --cuda-graph-backend-prefill disabled")  # fmt: skip
     record = engine.breakable.record_break(
@@ -72,12 +67,10 @@ def captured_break(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ou
     sess.adapter.run.breaks.append(record)
 
 
-def captured_breakable(backend: Any, key: Any, graph: Any, stored: Any) -> None:
+@engine.while_saving
+def captured_breakable(sess: engine.PersistSession, backend: Any, key: Any, graph: Any, stored: Any) -> None:
     """SAVE: one breakable graph (segments and breaks) was captured for `key`; `stored` is what replay returns.
     Prefill graphs are breakable; decode graphs only with DeepEP in normal mode (graphpersist_facts refuses others)."""
-    sess = engine.current()
-    if sess is None or not sess.saving:
-        return
     run = sess.adapter.run
     if run.capturing not in ("prefill", "decode"):
         raise PersistError(f"graphpersist: a breakable CUDA graph was captured outside the graph runners "

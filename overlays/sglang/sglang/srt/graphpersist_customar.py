@@ -40,6 +40,16 @@ def describe_live() -> list[str]:
     return [f"{name}:{type(ca).__name__}" for name, ca in live()]
 
 
+def torch_symm_mem_live() -> list[str]:
+    """Each process group's torch symmetric-memory communicator as `group:on|off:<buffer bytes>`: whether it came
+    on depends on more than the flag (world size, GPU, multicast, patch 0007's GRAPHPERSIST_SYMM_MEM_NO_MULTICAST), and
+    which all-reduces it takes (those below its buffer size) is in the captured graphs."""
+    return [
+        f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}"
+        for name, comm in group_communicators("torch_symm_mem_comm")
+    ]
+
+
 def _check_v2(name: str, ca: Any, loading: bool) -> None:
     if not hasattr(ca, "_graph_inputs") or not hasattr(ca, "_register_graph_inputs"):
         raise PersistError(

@@ -80,11 +80,7 @@ def setup_buffer(session: engine.PersistSession, model: Any) -> Any:
                            "(no MoE layer?): refused")  # fmt: skip
     with session.phase(PHASE):
         buffer = dispatcher._get_buffer()
-    facts = buffer_facts(buffer)
-    if session.loading:
-        engine.check_noted(NOTES_KEY, WHAT, session.saved_notes.get(NOTES_KEY), facts)
-    else:
-        refuse_facts(facts)
+    facts = noted(buffer).check(session, session.saved_notes.get(NOTES_KEY))
     session.log("DeepEP buffer: %d NVL bytes at %s, rank %d of %d, deep_ep %s", facts["num_nvl_bytes"],
                 facts["nvl_buffer"], facts["rank"], facts["group_size"], facts["deep_ep_version"])  # fmt: skip
     return buffer
@@ -112,26 +108,15 @@ def refuse_facts(facts: Mapping[str, Any]) -> None:
                                 + [f"Instead, {USE_INSTEAD}."]))  # fmt: skip
 
 
-class DeepEPBuffers(engine.Communicator):
-    """The DeepEP Buffer as the session sees it: nothing registers after the capture (the peers' NVL buffers were
-    opened when the Buffer was made, in setup); SAVE records its facts, LOAD compares them before the first replay."""
+def noted(buffer: Any) -> engine.NotedFacts:
+    """The DeepEP Buffer as the session sees it (`buffer`: the one setup_buffer made): nothing registers after the
+    capture (the peers' NVL buffers were opened when the Buffer was made, in setup); SAVE records its facts, refusing
+    what it cannot restore, LOAD compares them before the first replay."""
 
-    name = PHASE
+    def live() -> dict[str, Any]:
+        if buffer is None:
+            raise PersistError("graphpersist: --moe-a2a-backend deepep but no DeepEP Buffer was made in setup: refused "
+                               "(the persistence seam in KVCacheConfigurator.configure did not run?)")  # fmt: skip
+        return buffer_facts(buffer)
 
-    def __init__(self, buffer: Any) -> None:
-        self.buffer = buffer  # the one setup_buffer made (None: setup never made one)
-
-    def _live(self, what: str) -> dict[str, Any]:
-        if self.buffer is None:
-            raise PersistError(f"graphpersist: --moe-a2a-backend deepep but no DeepEP Buffer was made in setup: "
-                               f"{what} refused (the persistence seam in KVCacheConfigurator.configure did not "
-                               "run?)")  # fmt: skip
-        return buffer_facts(self.buffer)
-
-    def after_capture(self, session: engine.PersistSession) -> None:
-        facts = self._live("SAVE")
-        refuse_facts(facts)
-        session.notes[NOTES_KEY] = facts
-
-    def restore(self, session: engine.PersistSession, notes: Mapping[str, Any]) -> None:
-        engine.check_noted(NOTES_KEY, WHAT, notes.get(NOTES_KEY), self._live("LOAD"))
+    return engine.NotedFacts(NOTES_KEY, WHAT, live, refuse_facts)

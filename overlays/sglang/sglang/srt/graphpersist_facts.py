@@ -1,5 +1,6 @@
-"""What an SGLang archive must agree on (facts LOAD compares field by field), what persistence refuses at start-up,
-and the small engine lookups the glue needs. Nothing here imports SGLang or torch at module level (CPU tests)."""
+"""The flags an SGLang archive records (LOAD compares them field by field; the other facts are the adapter's own
+answers), what persistence refuses at start-up, and the small engine lookups the glue needs. Nothing here imports
+SGLang or torch at module level (CPU tests)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphpersist import engine
-from graphpersist.engine import PersistError, Refused
 
 SUPPORTED = (
     "supported with persistence: dense decoder models, tensor parallelism on one node (custom all-reduce "
@@ -21,6 +21,7 @@ SUPPORTED = (
     "--deepep-mode normal: breakable decode graphs); no speculative decoding, pipeline or data parallelism, DP "
     "attention, other expert-parallel backends, LoRA, PD multiplexing, two-batch overlap or torch.compile"
 )
+_refuse = engine.refuser(SUPPORTED)
 
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 DECODE_BACKENDS = ("full",)
@@ -70,10 +71,6 @@ REFUSED = {
     "prefill_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
     "decode_attention_backend": ((*ATTENTION_BACKENDS, None), "this attention backend", ATTENTION_INSTEAD),
 }
-
-
-def _refuse(what: str, instead: str) -> Refused:
-    return Refused(f"graphpersist: {what} cannot be persisted: {instead}. ({SUPPORTED})")
 
 
 def _takes(needs: Any, value: Any) -> bool:
@@ -130,33 +127,9 @@ def refuse_unsupported_model(model_runner: Any) -> None:
         raise _refuse("a hybrid (mamba or linear-attention) model", "serve a dense decoder model")
 
 
-def engine_facts() -> dict[str, str]:
-    import sglang
-
-    version = getattr(sglang, "__version__", "")
-    return {"name": "sglang", "version": str(version), "commit": ""}
-
-
-def model_facts(model_config: Any) -> dict[str, str]:
-    """dtype and a fingerprint of the model's configuration (architecture, sizes), known before the weights. The
-    model's path is a recorded flag (`server_args_record`), named plainly when it differs."""
-    import hashlib
-    import json
-
-    hf = getattr(model_config, "hf_config", None)
-    described = hf.to_json_string(use_diff=False) if hf is not None and hasattr(hf, "to_json_string") else repr(hf)
-    fingerprint = hashlib.sha256(json.dumps({"hf": described, "context_len": model_config.context_len}).encode())
-    return {"dtype": str(model_config.dtype), "config_fingerprint": fingerprint.hexdigest()}
-
-
 def uses_deepep(sa: Any) -> bool:
     """Whether this start runs DeepEP expert parallelism (`--moe-a2a-backend deepep`)."""
     return getattr(sa, "moe_a2a_backend", "none") == "deepep"
-
-
-def parallel(sa: Any) -> dict[str, int]:
-    ep = int(getattr(sa, "ep_size", 1)) if uses_deepep(sa) else 1
-    return {"world_size": sa.tp_size, "tp_size": sa.tp_size, "pp_size": 1, "ep_size": ep}
 
 
 # ServerArgs fields that may differ between SAVE and LOAD without changing any graph (reviewed against SGLang 0.5.17;
@@ -231,53 +204,11 @@ def flags(pool: dict[str, Any] | None, model_runner: Any, inventory: Mapping[str
         "prefill_token_sizes": list(inventory.get("prefill", [])),
         "memory_pool": dict(pool or {}),
         "custom_all_reduce": customar.describe_live(),
-        "torch_symm_mem": torch_symm_mem_live(),
+        "torch_symm_mem": customar.torch_symm_mem_live(),
     }
-
-
-def torch_symm_mem_live() -> list[str]:
-    """Each process group's torch symmetric-memory communicator as `group:on|off:<buffer bytes>`: whether it came
-    on depends on more than the flag (world size, GPU, multicast, patch 0007's GRAPHPERSIST_SYMM_MEM_NO_MULTICAST), and
-    which all-reduces it takes (those below its buffer size) is in the captured graphs."""
-    from sglang.srt import graphpersist_customar as customar
-
-    return [
-        f"{name}:off:0" if comm.disabled else f"{name}:on:{int(comm.max_size)}"
-        for name, comm in customar.group_communicators("torch_symm_mem_comm")
-    ]
-
-
-def saved_pool(value: Any, archive_dir: Any) -> dict[str, Any]:
-    """The memory pool SAVE sized (every MemoryPoolConfig field), as recorded in flags.memory_pool; refuses an archive
-    without one."""
-    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
-
-    if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(MemoryPoolConfig)}:
-        raise PersistError(
-            f"graphpersist: {archive_dir} records no memory-pool size (flags.memory_pool = {value!r}). "
-            "Re-run with mode=save."
-        )
-    return value
 
 
 def pool_record(config: Any) -> dict[str, Any]:
     """The MemoryPoolConfig SAVE used, every field by name (a dataclass of sizes), as the archive records it (LOAD
     rebuilds it)."""
     return dataclasses.asdict(config)
-
-
-def cpu_gather() -> Any:
-    """Rank agreement over the TP group's CPU (gloo) group, which in what persistence accepts is the whole world (no
-    pipeline or data parallelism: `parallel` says world_size = tp_size): nothing touches the GPU or NCCL."""
-    from sglang.srt.distributed import get_tp_group
-
-    return engine.torch_gather(get_tp_group().cpu_group)
-
-
-def setup_tensors(model_runner: Any) -> dict[str, Any]:
-    """The setup tensors the graphs read, by name: parameters, buffers and the KV pool (LOAD proves their place)."""
-    named = engine.model_tensors(model_runner.model)
-    pool = model_runner.token_to_kv_pool
-    for kind in ("k_buffer", "v_buffer"):
-        named.update({f"kv_pool.{kind}.{i}": t for i, t in enumerate(getattr(pool, kind, None) or [])})
-    return named

@@ -15,24 +15,6 @@ OPTS_IN_TO = "let torch symmetric memory run its two-shot all-reduce without mul
 PREFIX = "graphpersist: torch symmetric memory without multicast: "
 
 
-def decide(
-    world_size: int,
-    capability: int,
-    multimem_world_sizes: Mapping[int, Iterable[int]],
-    *,
-    inkling_custom_ar: bool,
-) -> tuple[bool, str]:
-    """For an opted-in start: whether the communicator stays on, and the line that says why. Its kernel is multimem
-    exactly where `multimem_world_sizes` (the communicator's own table) lists this world size for this capability."""
-    if world_size in tuple(multimem_world_sizes.get(capability, ())):
-        reason = f"world size {world_size} on SM{capability}0 runs the multimem all-reduce, which needs it"
-    elif inkling_custom_ar:
-        reason = "SGLANG_OPT_USE_INKLING_CUSTOM_AR is on, and its all-reduce reads the multicast address"
-    else:
-        return True, f"{PREFIX}the two-shot all-reduce at world size {world_size} needs none: communicator on"
-    return False, f"{PREFIX}{reason}: communicator off (as upstream)"
-
-
 def keep_without_multicast(
     world_size: int,
     capability: int,
@@ -42,9 +24,16 @@ def keep_without_multicast(
 ) -> bool:
     """The patch's one call, made only when rendezvous() returned no multicast address: True keeps the communicator
     on. Not opted in (`ENV` unset or "0"; any value but "1" or "0" is refused): False and silent, so upstream's
-    warning and shutdown follow unchanged."""
+    warning and shutdown follow unchanged. Opted in, the line that says why is logged: the kernel is multimem exactly
+    where `multimem_world_sizes` (the communicator's own table) lists this world size for this capability."""
     if not engine.opted_in(ENV, OPTS_IN_TO):
         return False
-    keep, line = decide(world_size, capability, multimem_world_sizes, inkling_custom_ar=inkling_custom_ar)
-    (logger.info if keep else logger.warning)("%s", line)
-    return keep
+    if world_size in tuple(multimem_world_sizes.get(capability, ())):
+        reason = f"world size {world_size} on SM{capability}0 runs the multimem all-reduce, which needs it"
+    elif inkling_custom_ar:
+        reason = "SGLANG_OPT_USE_INKLING_CUSTOM_AR is on, and its all-reduce reads the multicast address"
+    else:
+        logger.info("%sthe two-shot all-reduce at world size %d needs none: communicator on", PREFIX, world_size)
+        return True
+    logger.warning("%s%s: communicator off (as upstream)", PREFIX, reason)
+    return False

@@ -3,15 +3,13 @@ host's first requests would otherwise compile (patches/sglang/README.md, "The fi
 
 from __future__ import annotations
 
-import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from graphpersist import engine
 
-Batch, Outcome = engine.warmup.Batch, engine.warmup.Outcome  # the runtime's: what a batch is, what run() returns
+Batch, Limits, Outcome = engine.warmup.Batch, engine.warmup.Limits, engine.warmup.Outcome  # the runtime's
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 TOP_K_TOP_P: dict[str, Any] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
@@ -24,20 +22,9 @@ PLAIN_SAMPLING: dict[str, Any] = {}  # SGLang's defaults: temperature 1, whole v
 ONE_TOKEN = 1
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What this start can serve, read from SGLang once its graphs are captured."""
-
-    max_decode_graph_bs: int | None  # the largest decode graph (None: decode graphs disabled)
-    max_prefill_graph_tokens: int | None  # the largest prefill graph (None: prefill graphs disabled)
-    max_extend_tokens: int | None  # the most tokens one prefill batch may hold (chunked prefill), None: no limit
-    max_requests: int  # slots of the request-to-token pool
-    max_tokens: int  # free KV slots
-    context_len: int
-
-
 def plan(limits: Limits) -> tuple[list[Batch], list[str]]:
-    """The batches SAVE runs, in order, and one line per batch left out (why). Pure: the CPU tests pin it down.
+    """The batches SAVE runs, in order, and one line per batch left out (why): SGLang's, then the runtime's eager ones
+    above the largest graphs (engine.warmup.plan). Pure: the CPU tests pin it down.
 
     Starting from an untouched KV allocator, the first prefill's slots begin at its free list's start (aligned) and
     the second's after 9 slots (7 prompt + 2 decode): both alignments of `out_cache_loc`. Token and request counts
@@ -50,28 +37,7 @@ def plan(limits: Limits) -> tuple[list[Batch], list[str]]:
         Batch("one_token", "a 1-token prefill (eager: no prefill graph pads it)", (ONE_TOKEN,), GREEDY, 1),
         Batch("sixteen", "16 requests of 16 tokens, SGLang's default sampling", (16,) * 16, PLAIN_SAMPLING, 1),
     ]
-    left_out: list[str] = []
-    if limits.max_decode_graph_bs is not None:
-        n = limits.max_decode_graph_bs + 1
-        if n <= limits.max_requests:
-            batches.append(Batch("eager_decode", f"{n} requests: eager decode above the largest decode graph",
-                                 (2,) * n, GREEDY, 1))  # fmt: skip
-        else:
-            left_out.append(f"an eager decode of {n} requests: the request pool holds {limits.max_requests}, so "
-                            "SGLang never runs one")  # fmt: skip
-    graph_tokens, cap = limits.max_prefill_graph_tokens, limits.max_extend_tokens
-    if graph_tokens is not None:
-        n = graph_tokens + 1
-        if cap is None or cap >= n:
-            longest = max(1, limits.context_len - 2)  # a prompt and its decode step within the context
-            lens = (longest,) * (n // longest) + ((n % longest,) if n % longest else ())
-            batches.append(Batch("eager_prefill", f"a {n}-token prefill: eager above the largest prefill graph",
-                                 lens, GREEDY, 1))  # fmt: skip
-        else:
-            left_out.append(f"an eager prefill of {n} tokens: a prefill batch holds at most {cap} tokens here, so "
-                            "SGLang never runs one")  # fmt: skip
-    kept, too_big = engine.warmup.fit(batches, max_tokens=limits.max_tokens, context_len=limits.context_len)
-    return kept, left_out + too_big
+    return engine.warmup.plan(batches, limits, sampling=GREEDY, engine="SGLang")
 
 
 def limits_of(model_runner: Any, runners: dict[str, Any]) -> Limits:
@@ -96,7 +62,6 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     import torch
     from sglang.srt.utils.common import DynamicGradMode
 
-    started = time.perf_counter()
     batches, left_out = plan(limits_of(model_runner, runners))
     outcome = Outcome(left_out=left_out)
     forward_pass_id = model_runner.forward_pass_id  # the forward counter, put back with the pools' bookkeeping
@@ -111,7 +76,6 @@ def run(model_runner: Any, runners: dict[str, Any], log: Callable[..., None]) ->
     finally:
         del model_runner.forward
         model_runner.forward_pass_id = forward_pass_id
-    outcome.seconds = time.perf_counter() - started
     for line in left_out:
         log("kernel warm-up left out %s", line)
     return outcome
