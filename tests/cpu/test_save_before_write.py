@@ -161,3 +161,51 @@ def test_a_warm_up_that_fails_on_one_rank_refuses_the_save_on_every_rank_and_wri
     assert all("rank 0: RuntimeError: Capture cuda graph failed" in str(r) for r in results)
     assert not [e for e in events if e.startswith("write") or e == "shared"]
     assert not list(tmp_path.iterdir()), "no archive and no staging folder"
+
+
+TP1 = {"world_size": 1, "tp_size": 1, "pp_size": 1, "ep_size": 1}
+
+
+def test_the_collector_is_paused_while_save_serializes_and_writes_and_only_then(
+    save_module: ModuleType, tmp_path: Path
+) -> None:
+    """As LOAD (graphpersist.gcpause): SAVE's own steps make many small objects and no cycles, so the collector is
+    off in them; the engine's work in between (before_write, the shared caches) runs with it as it was."""
+    import gc
+
+    seen: dict[str, bool] = {}
+    saver = save_module.Saver()
+
+    def prepare(*args: Any) -> Any:
+        seen["prepare"] = gc.isenabled()
+        return SimpleNamespace(world=world(**{"parallel.world_size": 1, "parallel.tp_size": 1}), t0=0.0)
+
+    def write(w: Any, r: int, prep: Any, notes: dict[str, Any]) -> dict[str, Any]:
+        seen["write"] = gc.isenabled()
+        write_rank(w, r, gpu=r, shared_image=SHARED_IMAGE)
+        return {}
+
+    def shared() -> dict[str, bytes]:
+        seen["shared"] = gc.isenabled()
+        return {"jitcache.tar": b"compiled"}
+
+    saver._prepare, saver._write = prepare, write
+    assert gc.isenabled()
+    saver.save(tmp_path / "a", Facts({}, {}, parallel=TP1), shared=shared,
+               before_write=lambda: seen.update(before_write=gc.isenabled()))  # fmt: skip
+    assert seen == {"prepare": False, "before_write": True, "shared": True, "write": False}
+    assert gc.isenabled()
+
+
+def test_a_refused_preparation_gives_the_collector_back(save_module: ModuleType, tmp_path: Path) -> None:
+    import gc
+
+    saver = save_module.Saver()
+
+    def refuse(*args: Any) -> Any:
+        raise PersistError("graph 'x': an unsupported node")
+
+    saver._prepare = refuse
+    with pytest.raises(PersistError, match="unsupported node"):
+        saver.save(tmp_path / "a", Facts({}, {}, parallel=TP1))
+    assert gc.isenabled()

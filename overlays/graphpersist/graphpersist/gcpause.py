@@ -1,11 +1,12 @@
-"""Python's cyclic garbage collector during persistence: paused while LOAD reads and rebuilds an archive, and the
-start-up heap frozen when a SAVE's or a LOAD's session starts (below).
+"""Python's cyclic garbage collector during persistence: paused while LOAD reads and rebuilds an archive and while
+SAVE serializes and writes one, and the start-up heap frozen when a SAVE's or a LOAD's session starts (below).
 
 LOAD allocates hundreds of thousands of small containers (records, descriptions, index entries) that it keeps,
-and none of them form cycles. Every few hundred allocations the collector runs, and now and then a full pass
-walks every object of the process: in an engine that has imported torch that is millions of objects, 50-100 ms
-a pass (recipes/runtime-scale/cpu_bench.py --heap). Pausing it for the length of one LOAD changes no result;
-whatever cycles arise meanwhile are collected by the first pass after it.
+and none of them form cycles; SAVE's serialization of every graph node and its writing do the same. Every few
+hundred allocations the collector runs, and now and then a full pass walks every object of the process: in an
+engine that has imported torch that is millions of objects, 50-100 ms a pass (recipes/runtime-scale/cpu_bench.py
+--heap). Pausing it for the length of one LOAD, or of SAVE's own steps (not the engine's work between them),
+changes no result; whatever cycles arise meanwhile are collected by the first pass after it.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from graphpersist.archive import ArchiveWriter, archive_path, world
 from graphpersist.archive.liveenv import collect_live, world_facts
 from graphpersist.collective import collective, parallel_layout, run_on_every_rank
 from graphpersist.errors import PersistError
+from graphpersist.gcpause import paused_gc
 from graphpersist.graph import format as graphformat
 from graphpersist.graph import images, structure
 from graphpersist.graph import pack as graphpack
@@ -195,7 +196,8 @@ class Saver:
         coll = collective(par, rank, gather)
         prep, error = None, None
         try:
-            prep = self._prepare(facts, par)
+            with paused_gc():  # as LOAD (graphpersist.gcpause): serializing makes many small objects and no cycles
+                prep = self._prepare(facts, par)
         except Exception as exc:
             if coll.world_size == 1:
                 raise  # one rank: the refusal as it is, nobody to tell
@@ -215,7 +217,8 @@ class Saver:
             if shared is not None:  # before this rank's record: rank 0's record commits to the shared files
                 w.add_shared(shared() if callable(shared) else shared)
             t_write = time.perf_counter()
-            summary = self._write(w, rank, prep, dict(notes or {}))
+            with paused_gc():
+                summary = self._write(w, rank, prep, dict(notes or {}))
         except Exception as exc:  # every rank must hear about it before rank 0 publishes
             if coll.world_size == 1:
                 w.abort()
