@@ -512,3 +512,51 @@ def test_with_every_part_measured_the_phase_check_passes_and_a_gap_fails(
     checks = {c["name"]: c for c in jsonfile.load(tmp_path / "gap" / "report.json")["checks"]}
     assert checks["baseline unaccounted <= 5 %"]["status"] == "FAIL"
     assert "remainders counted as unaccounted: start, rest_of_init" in checks["baseline unaccounted <= 5 %"]["detail"]
+
+
+FAKE_REFUSING_SGLANG = """
+__version__ = "0.5.17+gp.1"
+
+
+class Engine:
+    \"\"\"A LOAD refused in a scheduler, raised in this process as patched SGLang raises it (patch 0010).\"\"\"
+
+    def __init__(self, **kwargs):
+        import sys
+        from pathlib import Path
+        from graphpersist.archive.validate import LoadRefused, Mismatch
+
+        live = kwargs["mem_fraction_static"]
+        refused = LoadRefused(kwargs["graph_persist_dir"], [Mismatch("flags.mem_fraction_static", 0.5, live)], 0)
+        log = Path(sys.argv[sys.argv.index("--result") + 1]).parent / "log.txt"  # the runner's log of the run
+        log.write_text(f"[2026-12-07 06:40:00] {refused}\\n")
+        raise refused from RuntimeError("Rank 0 scheduler died during initialization")
+"""
+
+
+def test_a_refused_load_records_the_load_refused_engine_raised_in_the_driver(tmp_path: Path) -> None:
+    """The whole driver (`main`, mode load: re-executed under the interposer) against an SGLang whose Engine() raises
+    the runtime's LoadRefused: the run passes on the log's line, as recipes/sglang-qwen3-8b-tp1's `load_refused` wants,
+    and records the exception's type and its first mismatch line."""
+    site = tmp_path / "site" / "sglang"
+    (site / "srt" / "entrypoints").mkdir(parents=True)
+    (site / "__init__.py").write_text(FAKE_REFUSING_SGLANG)
+    for package in (site / "srt", site / "srt" / "entrypoints"):
+        (package / "__init__.py").write_text("")
+    (site / "srt" / "entrypoints" / "engine.py").write_text("")
+    result, archive = tmp_path / "load_refused" / "result.json", tmp_path / "archive"
+    archive.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("GP_REEXECED", "LD_PRELOAD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(REPO / "overlays" / "graphpersist"),
+                                         str(REPO / "tools")])  # fmt: skip
+    toml = tomllib.loads((RECIPES / "sglang-qwen3-8b-tp1" / "proof.toml").read_text())
+    spec = next(run for run in toml["run"] if run["name"] == "load_refused")
+    argv = ["--run", "load_refused", "--mode", "load", "--archive", str(archive), "--result", str(result), "--tp", "1",
+            *spec["args"]]  # fmt: skip
+    proc = subprocess.run([sys.executable, str(DRIVER_PATH), *argv], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(result.read_text())
+    assert got["ok"] is True, got
+    assert got["refusal"]["raised_type"] == "graphpersist.archive.validate.LoadRefused"
+    assert got["refusal"]["first_mismatch"] == "flags.mem_fraction_static: saved 0.5, live 0.45"
