@@ -1151,8 +1151,8 @@ def test_early_check_refuses_another_configuration_naming_every_fact(vllm: WarmP
         "  parallel.world_size: saved 1, live 2",
         "  parallel.tp_size: saved 1, live 2",
         "  model.dtype: saved 'torch.bfloat16', live 'torch.float16'",
-        fingerprint,
         "  flags.max_model_len: saved 4096, live 8192",
+        fingerprint,  # a digest of the others: last (archive.validate.DIGESTS)
     ]
 
 

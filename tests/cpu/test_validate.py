@@ -156,6 +156,20 @@ def test_a_live_pin_the_archive_does_not_know_is_drift(archive):
     ]
 
 
+def test_a_changed_setting_is_named_before_the_digests_it_changed(archive):
+    """A setting that is a flag and part of the model configuration's fingerprint (vLLM's --max-model-len): the
+    refusal names the flag first (what the user changed), then the fingerprint; the mismatches keep the facts' order."""
+    live = live_for(0, **{"model.config_fingerprint": "sha256:" + "cd" * 32, "flags.enforce_eager": True})
+    with pytest.raises(LoadRefused) as refused:
+        check_or_refuse(archive, live, 0)
+    lines = str(refused.value).splitlines()
+    assert lines[1:3] == [
+        "  flags.enforce_eager: saved false, live true",
+        f"  model.config_fingerprint: saved 'sha256:{'ab' * 32}', live 'sha256:{'cd' * 32}'",
+    ]
+    assert [m.field for m in refused.value.mismatches] == ["model.config_fingerprint", "flags.enforce_eager"]
+
+
 def test_many_fields_known_on_one_side_are_named_together_one_line_per_side(archive):
     """An archive of an earlier build misses what this build records (SGLang records every server argument): each
     field is still named, the live-only ones on one line, not one line each; the count stays the mismatches'."""

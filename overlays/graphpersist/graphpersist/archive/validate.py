@@ -148,17 +148,22 @@ class LoadRefused(RuntimeError):
 # From this many fields known on one side only, they are named on one line per side instead of one line each: an
 # archive of an earlier build (SGLang records every server argument) would otherwise be refused in hundreds of lines.
 ONE_SIDED_LISTED = 8
+# Fields that digest others (the model configuration's fingerprint, vLLM's configuration hash): listed after the
+# fields that say what changed, so a refusal's first line is the setting a user changed, not a pair of hashes.
+DIGESTS: Final = ("config_fingerprint", "_hash")
 
 
 def mismatch_report(archive_dir: Path | str, mismatches: Sequence[Mismatch], rank: int | None, advice: str) -> str:
-    """The lines users read: which archive and rank cannot LOAD, one line per mismatch, then `advice`. Many fields
-    known on one side only (`ONE_SIDED_LISTED`) are named together, one line for each side.
+    """The lines users read: which archive and rank cannot LOAD, one line per mismatch (digests of other fields last:
+    `DIGESTS`), then `advice`. Many fields known on one side only (`ONE_SIDED_LISTED`) are named together, one line
+    for each side.
 
     An engine start (LoadRefused) and `graphpersist check` list the same mismatches but advise differently.
     """
     n = len(mismatches)
     who = "" if rank is None else f" (rank {rank})"
     lines = [f"graphpersist: cannot LOAD {shown(str(archive_dir))}{who}: {n} mismatch{'es' if n != 1 else ''}"]
+    mismatches = sorted(mismatches, key=lambda m: m.field.endswith(DIGESTS))  # stable: digests last
     live_only = [m for m in mismatches if m.saved is MISSING]
     saved_only = [m for m in mismatches if m.live is MISSING]
     grouped = {id(m) for group in (live_only, saved_only) if len(group) >= ONE_SIDED_LISTED for m in group}
