@@ -43,7 +43,7 @@ def cycle():
 
 old = cycle()
 tracked_before = len(gc.get_objects())
-frozen = gcpause.freeze_at_start() if FREEZE else None
+frozen = gcpause.freeze_at_start()
 tracked_after = len(gc.get_objects())
 new = cycle()
 gc.collect()
@@ -57,19 +57,12 @@ print(json.dumps(result))
 
 
 def test_a_session_freezes_the_start_up_heap_and_still_collects_what_the_start_makes() -> None:
-    got = run(CYCLES.replace("FREEZE", "True"))
+    got = run(CYCLES)
     assert got["frozen"] == got["freeze_count"] > 1000  # the interpreter's and the runtime's objects
     assert got["tracked_after"] < got["tracked_before"] - 1000  # full passes no longer walk them
     assert got["new_alive"] is False  # garbage made after the freeze is collected as before
     assert got["old_alive"] is True  # garbage that existed at the freeze waits for the unfreeze
     assert got["old_alive_after_unfreeze"] is False
-
-
-def test_without_a_freeze_the_collector_frees_both_cycles_as_upstream() -> None:
-    """What persistence off keeps (no session, so nothing calls freeze_at_start): the contrast to the case above."""
-    got = run(CYCLES.replace("FREEZE", "False"))
-    assert got["frozen"] is None and got["freeze_count"] == 0
-    assert got["old_alive"] is False and got["new_alive"] is False
 
 
 def test_the_meter_counts_full_passes_and_younger_ones_apart() -> None:
