@@ -1380,6 +1380,114 @@ def test_gpdiag_pieces_wraps_vllms_compile_steps_and_reuses_only_where_vllms_cac
     assert got == {"wrapped": [True] * 4, "listed": None, "middle": "middle artifact", "counted": 1, "reused": 1}
 
 
+PIECES = """
+from vllm import graphpersist_pieces as pieces
+from vllm.compilation import backends
+from vllm.compilation.counter import compilation_counter
+from vllm.config.utils import Range
+import tempfile
+
+folder = Path(tempfile.mkdtemp()) / "hash0" / "rank_0_0" / "backbone"
+folder.mkdir(parents=True, exist_ok=True)
+(folder / "vllm_compile_cache.py").write_text(
+    "{((1, 16384), 0, 'inductor_standalone'): {'graph_handle': ('k', 'p'), 'cache_key': 'a-first'}}")
+comp = engine_config().compilation_config
+comp.backend = "inductor"
+whole = Range(start=1, end=16384)
+
+
+def manager(made):
+    # a real CompilerManager over vLLM's cache file; its compiler files `made` under a key, as Inductor would
+    m = backends.CompilerManager(comp)
+    m.initialize_cache(str(folder), False, "backbone")
+    calls = []
+
+    def compile(graph, example_inputs, config, compile_range, key):
+        calls.append(compile_range.start)
+        compilation_counter.num_inductor_compiles += 1
+        m.loaded_artifacts.setdefault(made[0], made[1])
+        return m.loaded_artifacts[made[0]], None
+
+    m.compiler.compile = compile
+    return m, calls
+
+
+def piece(m, index):
+    return m.compile(None, [], {}, comp, compile_range=whole, graph_index=index, num_graphs=4)
+"""
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["noted", "saved-before-noting"])
+def test_load_hands_an_unlisted_piece_the_artifact_save_noted_without_compiling_it(
+    vllm: WarmPython, saved: bool
+) -> None:
+    """overlays/vllm/vllm/graphpersist_pieces.py on vLLM's own CompilerManager: SAVE notes the AOTAutograd key each
+    piece got under the piece's name; LOAD hands an unlisted middle piece the artifact filed under it, moving vLLM's
+    counters as the StopCompiling path does; listed, first and last pieces, and archives without notes, take vLLM's
+    path."""
+    got = vllm.run(
+        PIECES
+        + f"""
+save = open_session("save")
+pieces.install(save)
+pieces.install(save)  # once per process
+m, calls = manager(("a-layer", "layer artifact"))
+m.loaded_artifacts["a-first"] = "first artifact"
+done = [piece(m, i) for i in (1, 2)]
+noted = dict(save.notes[pieces.NOTES_KEY])
+
+load = engine.PersistSession(adapter(), switch.Mode.LOAD, Path("/nonexistent-archive"), 0, 1)  # a second process's
+load.saved_notes = {{pieces.NOTES_KEY: noted}} if {saved!r} else {{}}
+load.activate()
+pieces.install(load)
+m, calls = manager(("a-layer", "compiled again"))
+m.loaded_artifacts["a-layer"] = "layer artifact"  # what the listed piece's load filed, in the real engine
+before = (compilation_counter.num_backend_compilations, compilation_counter.num_inductor_compiles)
+handed = [piece(m, i) for i in (1, 2, 3)]
+result = {{
+    "noted": noted,
+    "handed": handed,
+    "compiled": calls,
+    "moved": [compilation_counter.num_backend_compilations - before[0],
+              compilation_counter.num_inductor_compiles - before[1]],
+    "stats": load.stats().get("noted_keys"),
+    "wrapped": backends.CompilerManager.compile.__module__,
+}}
+"""
+    ).ok()
+    folder = "hash0/rank_0_0/backbone/1-16384"
+    assert got["noted"] == {f"{folder}/1": "a-layer", f"{folder}/2": "a-layer"}
+    assert got["handed"] == ["layer artifact"] * 3
+    assert got["wrapped"] == "vllm.compilation.backends"
+    assert got["moved"] == [3, 3]  # each piece moves both counters once, handed out or compiled
+    if saved:  # the last piece (3) is vLLM's: its compile timing and log line
+        assert got["compiled"] == [1] and got["stats"] == {"compiled_pieces": {"reused": 2, "upstream": 1}}
+    else:
+        assert got["compiled"] == [1, 1, 1] and got["stats"] == {"compiled_pieces": {"upstream": 3}}
+
+
+def test_load_refuses_damaged_piece_notes_at_the_workers_first_seam(vllm: WarmPython) -> None:
+    """A noted key that is no string (an archive names data, never code) refuses the LOAD when the glue installs."""
+    got = vllm.run(
+        """
+from vllm import graphpersist_pieces as pieces
+from graphpersist.errors import PersistError
+load = open_session("load")
+load.saved_notes = {pieces.NOTES_KEY: {"h/rank_0_0/backbone/1-16384/1": {"fn": "os:system"}}}
+try:
+    pieces.install(load)
+    result = "installed"
+except PersistError as err:
+    result = str(err).splitlines()
+"""
+    ).ok()
+    assert got == [
+        "graphpersist: cannot LOAD: notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved {'fn': 'os:system'}, "
+        "expected a string (the key SAVE noted for that piece)",
+        "Re-run with mode=save for this configuration.",
+    ]
+
+
 def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:
     """engine.commit is compared at LOAD: it is the pinned wheel's (vllm/_version.py), never empty."""
     from gpdist import pins
