@@ -99,8 +99,9 @@ if args.mode != "off" and not todo.get("no_stats"):
         calls = captured if args.mode == "save" else todo.get("capture_calls", 0)
         record = {"rank": rank, "mode": args.mode, "captured": captured, "restored": restored,
                   "capture_calls": calls, "phases": {}}
-        if "kernel_choices" in todo:
-            record["kernel_choices"] = todo["kernel_choices"]
+        for counted in ("kernel_choices", "noted_keys"):
+            if counted in todo:
+                record[counted] = todo[counted]
         (stats / f"rank_{rank}.json").write_text(json.dumps(record))
 if todo.get("log"):
     print(todo["log"], flush=True)
@@ -470,11 +471,30 @@ def test_the_report_tables_the_kernel_choices_of_the_runs_that_count_them(tmp_pa
     ]
 
 
-def test_a_report_without_kernel_choices_has_no_such_table(tmp_path: Path) -> None:
+def test_the_report_tables_the_pieces_load_handed_saves_noted_object(tmp_path: Path) -> None:
+    behaviour = {"save": {"noted_keys": {"compiled_pieces": {"upstream": 37}}},
+                 "load": {"noted_keys": {"compiled_pieces": {"upstream": 3, "reused": 34}}}}  # fmt: skip
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    lines = report(out)[0].splitlines()
+    at = lines.index("## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)")
+    assert lines[at + 2 : at + 8] == [
+        "| run | rank | section | upstream | reused |",
+        "|---|---|---|---|---|",
+        "| save | 0 | compiled_pieces | 37 | 0 |",
+        "| save | 1 | compiled_pieces | 37 | 0 |",
+        "| load | 0 | compiled_pieces | 3 | 34 |",
+        "| load | 1 | compiled_pieces | 3 | 34 |",
+    ]
+
+
+def test_a_report_without_kernel_choices_or_noted_keys_has_no_such_table(tmp_path: Path) -> None:
     recipe = make_recipe(tmp_path, {}, runs=("baseline", "save", "load"))
     out = tmp_path / "out"
     prove_cli(recipe, out)
-    assert "Inductor kernel choices" not in report(out)[0]
+    text = report(out)[0]
+    assert "Inductor kernel choices" not in text and "## Pieces handed" not in text
 
 
 def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:

@@ -147,6 +147,19 @@ def kernel_choice_rows(runs: dict[str, RunData]) -> list[list[Any]]:
     return rows
 
 
+def noted_key_rows(runs: dict[str, RunData]) -> list[list[Any]]:
+    """Per run, rank and notes section, how many pieces the engine's own path made and how many LOAD handed the object
+    SAVE noted (graphpersist.engine.notedkeys; vLLM's compiled pieces). Runs whose stats count none have no row."""
+    rows = []
+    for name, d in runs.items():
+        for stat in d.stats if d.ran else []:
+            sections = stat.get("noted_keys")
+            for section, counts in sections.items() if isinstance(sections, dict) else ():
+                if isinstance(counts, dict):
+                    rows.append([name, stat.get("rank"), section, counts.get("upstream", 0), counts.get("reused", 0)])
+    return rows
+
+
 def archive_sizes(recipe: Recipe, out: Path) -> tuple[list[str], list[list[Any]]]:
     """Per archive: bytes under each rank_<r>/ folder, in the kernel images all ranks share (`images/`, one file
     per image since 2026-12-02; older archives kept them in their rank folders) and in the other shared files."""
@@ -260,6 +273,10 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     if choices:
         lines += ["", "## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)", ""]
         lines += _table(["run", "rank", *CHOICE_COUNTS], choices)
+    noted = noted_key_rows(runs)
+    if noted:
+        lines += ["", "## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)", ""]
+        lines += _table(["run", "rank", "section", "upstream", "reused"], noted)
     if data["informational"]:
         lines += ["", "## Outputs of runs not compared (compare_outputs = false)", ""]
         lines += [f"- {n['run']} vs {n['reference']}: {n['comparison']}" for n in data["informational"]]
