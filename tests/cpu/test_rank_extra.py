@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -124,6 +125,25 @@ def a_record(extra: Any) -> dict[str, Any]:
         "pointers": {"fingerprint": SHA, "count": 0},
         "extra": extra,
     }
+
+
+def test_saves_write_summary_splits_its_seconds_into_images_records_and_files(
+    standin_save: ModuleType, tmp_path: Path
+) -> None:
+    """The engines log the split (graphpersist.breakdown.of_save): where the write of a SAVE's files goes."""
+    from save_record_fixture import ONE_RANK, world
+
+    from graphpersist.archive import ArchiveWriter
+
+    saver, prep = prepared(standin_save)
+    with ArchiveWriter(tmp_path / "a", world(**ONE_RANK)) as writer:
+        started = time.perf_counter()
+        summary = saver._write(writer, 0, prep, dict(NOTES))
+        took = time.perf_counter() - started
+        writer.commit()
+    parts = summary["write_split_s"]
+    assert list(parts) == ["images", "records", "files"]
+    assert min(parts.values()) >= 0 and 0 < sum(parts.values()) <= took
 
 
 def test_every_key_round_trips_through_json() -> None:

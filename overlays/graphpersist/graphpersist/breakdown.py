@@ -10,9 +10,12 @@ from typing import Any
 def of_save(summary: Mapping[str, Any]) -> str:
     """Saver.save's summary: serialization inside the preparation, then the rank's files, the shared files, commit."""
     split = summary["split_s"]
+    parts = summary.get("write_split_s") or {}
+    of_write = " (" + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()) + ")" if parts else ""
     zeroed = len(summary.get("zeroed_params", {}))
     return (f"serialize {summary['serialize_s']:.2f} s of prepare {split['prepare']:.2f} s, "
-            f"write {split['write']:.2f} s, shared files {split['shared']:.2f} s, commit {split['commit']:.2f} s; "
+            f"write {split['write']:.2f} s{of_write}, shared files {split['shared']:.2f} s, "
+            f"commit {split['commit']:.2f} s; "
             f"{summary['images']} kernel images; unread parameter bytes zeroed in {zeroed} "
             f"kernel(s); graph addresses by phase {summary.get('pointer_phases')}")  # fmt: skip
 

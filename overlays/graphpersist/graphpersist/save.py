@@ -323,13 +323,16 @@ class Saver:
 
     def _write(self, w: ArchiveWriter, rank: int, prep: _Prepared, notes: dict[str, Any]) -> dict[str, Any]:
         """Writes this rank's files and rank record into the (shared) staging folder."""
+        started = time.perf_counter()
         image_records = []
         for sha, (load, names) in sorted(prep.used.items()):
             rel = w.add_image(sha, load.data())  # once per archive, whichever ranks load it
             image_records.append(
                 {"sha256": sha, "file": rel, "size": load.size, "kind": load.kind, "entries": sorted(names)}
             )
+        t_images = time.perf_counter()
         graph_records, content_fps, pack = self._graph_records(rank, prep)
+        t_records = time.perf_counter()
         w.add_json(rank, "alloc_log.json", [[ev.kind, ev.addr, ev.size, ev.req] for ev in prep.evs])
         w.add_json(rank, "pointers.json", prep.pointers)
         w.add_json(rank, "setup_tensors.json", prep.mark.tensors)
@@ -340,8 +343,12 @@ class Saver:
         w.add_json(rank, graphpack.INDEX_NAME, pack.index())
         w.set_rank_facts(rank, _rank_facts(rank, prep, graph_records, image_records, content_fps, notes))
         info, saved, used = prep.info, prep.saved, prep.used
+        # the write's parts: kernel images (hashed, written), graph records and pack, the rank's other files
+        end = time.perf_counter()
+        split = {"images": t_images - started, "records": t_records - t_images, "files": end - t_records}
         return {
             "serialize_s": prep.serialize_s,
+            "write_split_s": split,
             "final_offset": info.cursor,
             "pointer_fingerprint": prep.inv_fp,
             "pointers": len(prep.pointers),
