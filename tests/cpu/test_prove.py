@@ -453,40 +453,37 @@ def test_a_load_that_launched_saves_kernel_choices_passes_and_an_engine_without_
     assert "load_fresh timed no kernel choice" not in checks  # its stats count no choices (as SGLang's)
 
 
-def test_the_report_tables_the_kernel_choices_of_the_runs_that_count_them(tmp_path: Path) -> None:
-    behaviour = {"save": {"kernel_choices": {"timed": 14, "reused": 10, "overruled": 1}},
-                 "load": {"kernel_choices": {"pinned": 5}}}  # fmt: skip
+COUNT_TABLES = {
+    "kernel_choices": (
+        {"save": {"kernel_choices": {"timed": 14, "reused": 10, "overruled": 1}},
+         "load": {"kernel_choices": {"pinned": 5}}},
+        "## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)",
+        ["| run | rank | timed | reused | overruled | pinned |", "|---|---|---|---|---|---|",
+         "| save | 0 | 14 | 10 | 1 | 0 |", "| save | 1 | 14 | 10 | 1 | 0 |",
+         "| load | 0 | 0 | 0 | 0 | 5 |", "| load | 1 | 0 | 0 | 0 | 5 |"],
+    ),
+    "noted_keys": (
+        {"save": {"noted_keys": {"compiled_pieces": {"upstream": 37}}},
+         "load": {"noted_keys": {"compiled_pieces": {"upstream": 3, "reused": 34}}}},
+        "## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)",
+        ["| run | rank | section | upstream | reused |", "|---|---|---|---|---|",
+         "| save | 0 | compiled_pieces | 37 | 0 |", "| save | 1 | compiled_pieces | 37 | 0 |",
+         "| load | 0 | compiled_pieces | 3 | 34 |", "| load | 1 | compiled_pieces | 3 | 34 |"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("counted", sorted(COUNT_TABLES))
+def test_the_report_tables_the_counts_of_the_runs_whose_stats_have_them(tmp_path: Path, counted: str) -> None:
+    """Kernel choices (graphpersist.graph.kernelchoice) and pieces handed a noted object
+    (graphpersist.engine.notedkeys), per run and rank."""
+    behaviour, heading, table = COUNT_TABLES[counted]
     recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load"))
     out = tmp_path / "out"
     prove_cli(recipe, out)
     lines = report(out)[0].splitlines()
-    at = lines.index("## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)")
-    assert lines[at + 2 : at + 8] == [
-        "| run | rank | timed | reused | overruled | pinned |",
-        "|---|---|---|---|---|---|",
-        "| save | 0 | 14 | 10 | 1 | 0 |",
-        "| save | 1 | 14 | 10 | 1 | 0 |",
-        "| load | 0 | 0 | 0 | 0 | 5 |",
-        "| load | 1 | 0 | 0 | 0 | 5 |",
-    ]
-
-
-def test_the_report_tables_the_pieces_load_handed_saves_noted_object(tmp_path: Path) -> None:
-    behaviour = {"save": {"noted_keys": {"compiled_pieces": {"upstream": 37}}},
-                 "load": {"noted_keys": {"compiled_pieces": {"upstream": 3, "reused": 34}}}}  # fmt: skip
-    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load"))
-    out = tmp_path / "out"
-    prove_cli(recipe, out)
-    lines = report(out)[0].splitlines()
-    at = lines.index("## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)")
-    assert lines[at + 2 : at + 8] == [
-        "| run | rank | section | upstream | reused |",
-        "|---|---|---|---|---|",
-        "| save | 0 | compiled_pieces | 37 | 0 |",
-        "| save | 1 | compiled_pieces | 37 | 0 |",
-        "| load | 0 | compiled_pieces | 3 | 34 |",
-        "| load | 1 | compiled_pieces | 3 | 34 |",
-    ]
+    at = lines.index(heading)
+    assert lines[at + 2 : at + 8] == table
 
 
 def test_a_report_without_kernel_choices_or_noted_keys_has_no_such_table(tmp_path: Path) -> None:
