@@ -4,14 +4,14 @@ PersistSession.noted_keys): what SAVE notes, what LOAD hands out and counts, and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from test_engine_session import own_run  # noqa: F401  (fixture: each test its own run)
+from test_engine_session import session as open_session
 
-from graphpersist import run, switch
-from graphpersist.engine import EngineAdapter, PersistSession
+from graphpersist import switch
+from graphpersist.engine import PersistSession
 from graphpersist.engine.notedkeys import NotedKeys
 from graphpersist.errors import PersistError
 
@@ -20,26 +20,9 @@ FIRST, LAYER = object(), object()
 FILED = {"k-first": FIRST, "k-layer": LAYER}  # what the engine filed its objects under
 
 
-class Minimal(EngineAdapter):
-    """An engine asked nothing: the keys are the session's own bookkeeping."""
-
-    name = "minimal"
-
-    def _unasked(self, *args: Any) -> Any:
-        raise AssertionError("the session asked the engine something")
-
-    engine_facts = model_facts = parallel = config_flags = flags = rank = device_index = cpu_gather = _unasked
-    setup_tensors = inventory = install = _unasked
-
-
-@pytest.fixture(autouse=True)
-def own_run() -> Iterator[None]:
-    with run.activated(run.Run()):
-        yield
-
-
 def session(mode: switch.Mode, saved_notes: dict[str, Any] | None = None) -> PersistSession:
-    sess = PersistSession(Minimal(), mode, Path("/archive"), 0, 1)
+    """test_engine_session's session (its Minimal engine answers nothing the keys need), with SAVE's notes."""
+    sess = open_session(mode)
     sess.saved_notes = saved_notes or {}
     return sess
 

@@ -55,8 +55,10 @@ class NotedKeys:
         """The engine's own path made `made` for `name`: counted; SAVE notes the key the engine `filed` it under,
         found by identity (none where it filed it under none)."""
         self.counts["upstream"] += 1
+        if self.loading:
+            return
         key = next((k for k, v in filed.items() if v is made), None)
-        if not self.loading and isinstance(key, str):
+        if isinstance(key, str):
             self.noted[name] = key
 
 
