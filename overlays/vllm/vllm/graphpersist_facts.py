@@ -98,14 +98,10 @@ def refuse_unsupported_runner(worker: Any) -> None:
 
 
 def compile_forward(runner: Any) -> dict[str, float]:
-    """LOAD: a forward through the compiled model without the memory profiling around it, which loads the compiled
-    model as SAVE's profile run compiled it, and the sampler on its output, which compiles the sampler kernels the
-    first greedy request needs (without it, LOAD's first request JIT-compiled `_gumbel_sample_kernel`, measured on
-    the reference host). One token per request of the largest batch (max_num_seqs tokens), the sampler's shape in the
-    profile run; measured at TP=1 (recipes/diagnosis/vllm-qwen3-8b-tp1-startup) 2.5 s shorter than the profile run's
-    max_num_batched_tokens forward, first request as fast. Returns the parts in seconds: `forward` (loading the
-    compiled model included) and `sampler`; tools/gpdiag's variants of it also split out what vLLM's compile monitor
-    counted."""
+    """LOAD: a forward through the compiled model without the profiling around it (it loads the compiled model as
+    SAVE's profile run compiled it), then the sampler on its output (it compiles the kernels the first greedy request
+    needs), at one token per request of the largest batch; patches/vllm/README.md, "The worker's start", has the
+    measurements. Returns the parts in seconds: `forward` (the compiled model's load included) and `sampler`."""
     started = time.perf_counter()
     _, sample = runner._dummy_run(runner.max_num_reqs, skip_attn=True, is_profile=True)
     torch.cuda.synchronize()
