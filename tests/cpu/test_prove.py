@@ -683,6 +683,127 @@ def test_targets_are_met_not_met_or_not_measured(tmp_path: Path) -> None:
     assert "| ttft | - | <= 1 | not measured | load.ttft_long_s not in result.json |" in text
 
 
+def repeated_load(times: int = 3, extra: str = "") -> str:
+    """proof.toml with baseline, save and a load that runs `times` times (`repeat`), load listed between the two."""
+    toml = proof_toml(("baseline", "load", "save"), extra=extra)
+    return toml.replace('mode = "load"\narchive = "a"\n', f'mode = "load"\narchive = "a"\nrepeat = {times}\n')
+
+
+def test_repeat_makes_repetitions_right_after_their_run_with_its_settings(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path)
+    toml = repeated_load().replace("repeat = 3\n", 'repeat = 3\nargs = ["--x", "1"]\ncache = "fresh"\n')
+    (recipe / "proof.toml").write_text(toml)
+    parsed = prove.parse_recipe(recipe)
+    got = [(r.name, r.mode, r.archive, r.args, r.cache, r.repeats) for r in parsed.runs]
+    assert got == [
+        ("baseline", "off", None, (), "warm", None),
+        ("load", "load", "a", ("--x", "1"), "fresh", None),
+        ("load_2", "load", "a", ("--x", "1"), "fresh", "load"),
+        ("load_3", "load", "a", ("--x", "1"), "fresh", "load"),
+        ("save", "save", "a", (), "warm", None),
+    ]
+    assert [r.name for r in parsed.repetitions("load")] == ["load", "load_2", "load_3"]
+    assert [r.name for r in parsed.repetitions("save")] == ["save"]
+    assert [r.name for r in parsed.repetitions("load_2")] == ["load_2"]
+
+
+@pytest.mark.parametrize(
+    ("repeat", "message"),
+    [
+        ("0", "run[1].repeat: must be 1 to 9, got 0"),
+        ("10", "run[1].repeat: must be 1 to 9, got 10"),
+        ("2.5", "run[1].repeat: wrong type float (2.5)"),
+        ('"3"', "run[1].repeat: wrong type str ('3')"),
+        ("true", "run[1].repeat: wrong type bool (True)"),
+    ],
+)
+def test_a_repeat_out_of_1_to_9_or_not_an_integer_is_misuse_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], repeat: str, message: str
+) -> None:
+    recipe = make_recipe(tmp_path)
+    (recipe / "proof.toml").write_text(repeated_load().replace("repeat = 3", f"repeat = {repeat}"))
+    assert prove_cli(recipe, tmp_path / "out") == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_repetition_named_as_a_declared_run_is_misuse_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = make_recipe(tmp_path)
+    (recipe / "proof.toml").write_text(repeated_load() + '\n[[run]]\nname = "load_2"\nmode = "off"\n')
+    assert prove_cli(recipe, tmp_path / "out") == 2
+    assert "run[1].repeat: its repetition 'load_2' has the name of another run" in capsys.readouterr().err
+
+
+MEDIAN_TARGETS = """\
+[[target]]
+name = "first request, LOAD / baseline"
+num = "load.first_request_s"
+den = "baseline.first_request_s"
+max = 1
+"""
+
+
+def first_request(seconds: float) -> dict[str, Any]:
+    return {"latency": {"first_request_s": seconds, "decode_tps_b1": 250.0}}
+
+
+def test_a_target_over_a_repeated_run_reads_the_median_of_its_repetitions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behaviour = {"load": first_request(0.1), "load_2": first_request(0.3), "load_3": first_request(0.2)}
+    recipe = make_recipe(tmp_path, behaviour)
+    (recipe / "proof.toml").write_text(repeated_load(extra=MEDIAN_TARGETS))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out) == 0
+    assert "prove: [3/5] load_2: starting (mode=load, archive=a, cache=warm)" in capsys.readouterr().out
+    text, data, checks = report(out)
+    for run in ("load_2", "load_3"):  # each repetition is a run with LOAD's checks and its own timing row
+        assert checks[f"{run} restored every graph"]["status"] == "pass"
+        assert f"| {run} | load | warm |" in text
+    (row,) = data["targets"]
+    assert (row["status"], row["value"]) == ("met", pytest.approx(0.4))  # median 0.2 over the baseline's 0.5
+    assert row["detail"] == "median of 3 (0.1, 0.3, 0.2) / 0.5"
+
+
+def test_a_median_names_the_repetitions_without_a_result_and_runs_selects_one_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    behaviour = {"load": first_request(0.1), "load_2": first_request(0.3), "load_3": first_request(0.2)}
+    recipe = make_recipe(tmp_path, behaviour)
+    (recipe / "proof.toml").write_text(repeated_load(extra=MEDIAN_TARGETS))
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out, "--runs", "baseline,load,save") == 1
+    (row,) = report(out)[1]["targets"]
+    assert row["value"] == pytest.approx(0.2)  # 0.1 alone
+    assert row["detail"] == "median of 1 (0.1; load_2, load_3 have no result) / 0.5"
+    capsys.readouterr()
+    assert prove_cli(recipe, out, "--runs", "load_3") == 1  # an exact name: that repetition alone
+    assert "prove: [1/1] load_3: starting" in capsys.readouterr().out
+    (row,) = report(out)[1]["targets"]
+    assert row["value"] == pytest.approx(0.3)  # the median of 0.1 and 0.2, over 0.5
+    assert row["detail"] == "median of 2 (0.1, 0.2; load_2 has no result) / 0.5"
+
+
+def test_a_failing_repetition_fails_its_own_checks_and_only_them(tmp_path: Path) -> None:
+    recipe = make_recipe(tmp_path, {"load_2": {"crash": True}})
+    (recipe / "proof.toml").write_text(repeated_load())
+    out = tmp_path / "out"
+    assert prove_cli(recipe, out, "--keep-going") == 1
+    checks = report(out)[2]
+    assert checks["load_2 finished"]["detail"] == "exit 3; the log's last reason: RuntimeError: engine fell over"
+    assert checks["load_2 log clean"]["status"] == "FAIL"
+    assert {n for n, c in checks.items() if c["status"] != "pass"} == {
+        "load_2 finished",
+        "load_2 log clean",
+        "load_2 restored every graph",
+        "load_2 captured nothing",
+        "load_2 no new JIT files",
+        "outputs identical",
+    }
+    assert checks["outputs identical"]["detail"] == "not measured: no outputs from load_2"
+
+
 @pytest.mark.parametrize(
     ("toml", "key"),
     [

@@ -2,7 +2,8 @@
 
 Every check is pass, FAIL or "not run" (a run it needs has not run). Data a check needs but cannot find makes it
 FAIL with "not measured: ...": a proof never passes on missing evidence. Targets and the comparison of runs with
-`compare_outputs = false` are computed here too, but they are statements for the report, not checks. A run with
+`compare_outputs = false` are computed here too, but they are statements for the report, not checks (a target over
+a run proof.toml repeats reads the median of its repetitions). A run with
 `expect_refusal = true` gets one check of its own, "<run> refused", instead of LOAD's checks and the clean-log check.
 A persistence run whose driver counts the processes that ran its script (`script_runs`) must count as many as the
 first persistence-off run ("<run> runs the script as upstream"). Runs are compared only within their output group
@@ -15,6 +16,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -691,20 +693,51 @@ def _walk(data: Any, keys: list[str]) -> Any:
     return data
 
 
+def target_metric(recipe: Recipe, runs: dict[str, RunData], path: str) -> tuple[float | None, str]:
+    """`metric`, and how the Targets row states it (the value, or why there is none); for a run proof.toml repeats,
+    the median over the repetitions that have the value, naming those that have none (one start can be slow)."""
+    run, _, rest = path.partition(".")
+    reps = recipe.repetitions(run)
+    if len(reps) == 1:
+        value, why = metric(runs, path)
+        return value, why if value is None else f"{value:.4g}"
+    got: dict[str, float] = {}
+    no_result: list[str] = []
+    other: list[str] = []
+    for spec in reps:
+        data = runs[spec.name]
+        if not data.ran or data.result is None:
+            no_result.append(spec.name)
+            continue
+        value, why = metric(runs, f"{spec.name}.{rest}")
+        if value is None:
+            other.append(why)
+        else:
+            got[spec.name] = value
+    if no_result:
+        other.insert(0, f"{', '.join(no_result)} {'has' if len(no_result) == 1 else 'have'} no result")
+    lacking = "; ".join(other)
+    if not got:
+        return None, lacking
+    values = ", ".join(f"{v:.4g}" for v in got.values()) + (f"; {lacking}" if lacking else "")
+    return statistics.median(got.values()), f"median of {len(got)} ({values})"
+
+
 def evaluate_targets(recipe: Recipe, runs: dict[str, RunData]) -> list[dict[str, Any]]:
     rows = []
     for t in recipe.targets:
         bounds = (f">= {t.min:g}" if t.min is not None else "", f"<= {t.max:g}" if t.max is not None else "")
         bound = " and ".join(b for b in bounds if b)
-        num, why = metric(runs, t.num)
-        den, why_den = metric(runs, t.den) if t.den else (1.0, "")
+        num, num_text = target_metric(recipe, runs, t.num)
+        den, den_text = target_metric(recipe, runs, t.den) if t.den else (1.0, "")
         row: dict[str, Any] = {"name": t.name, "num": t.num, "den": t.den, "bound": bound, "value": None}
         if num is None or den is None or den == 0:
-            row.update(status="not measured", detail=why or why_den or f"{t.den} is 0")
+            why = num_text if num is None else den_text if den is None else f"{t.den} is 0"
+            row.update(status="not measured", detail=why)
         else:
             value = num / den
             met = (t.min is None or value >= t.min) and (t.max is None or value <= t.max)
-            detail = f"{num:.4g} / {den:.4g}" if t.den else f"{num:.4g}"
+            detail = f"{num_text} / {den_text}" if t.den else num_text
             row.update(value=value, status="met" if met else "NOT met", detail=detail)
         rows.append(row)
     if recipe.phase_check_stated:

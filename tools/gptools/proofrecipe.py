@@ -26,6 +26,9 @@ class RunSpec:
     # Runs are compared (outputs, archives, script runs) only within their group: a group's runs start one model,
     # e.g. "real" for the runs on a real checkpoint, whose tokens never equal the dummy-weight runs'.
     outputs: str = MAIN_OUTPUTS
+    # The run this one repeats (proof.toml `repeat = N`: `<name>_2` ... `<name>_N` after `<name>`), None for a declared
+    # run: a target over a repeated run reads the median of its repetitions (start-up times vary from start to start).
+    repeats: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class Recipe:
     phase_check: tuple[str, ...] = ()
     # True: their unaccounted share is a stated Targets row, not a check (until the driver times every phase).
     phase_check_stated: bool = False
+
+    def repetitions(self, name: str) -> tuple[RunSpec, ...]:
+        """The run `name` and the runs that repeat it, in run order (the run itself first); one when not repeated."""
+        return tuple(r for r in self.runs if name in (r.name, r.repeats))
 
     def archive_path(self, out: Path, name: str) -> Path:
         """Where a named archive lives: under `archive_dir`, which is relative to --out unless absolute."""

@@ -42,6 +42,11 @@ The driver contract:
   each other group gets "outputs identical (<group>)" over its own; archives are compared within the group of the
   run that writes them, a `compare_outputs = false` run with its group's first compared run, and a run's script
   count with its group's first persistence-off run (e.g. `outputs = "real"` for the runs on a real checkpoint).
+- repetitions: a run's `repeat = N` (1 to 9, default 1) makes N runs of its settings, `<name>`, `<name>_2` ...
+  `<name>_N`, run one after another where it is listed. Each is an ordinary run (its own folder, result, log, checks
+  and timing row); `--runs` takes them by exact name (`--runs load_2` runs that one). A [[target]]'s
+  `<run>.<metric>` of a repeated run reads the median over the repetitions that have a result (statistics.median;
+  the row's detail says of how many, and which have none), since start-up times vary from one start to the next.
 
 Misuse (a bad proof.toml, an unknown run) exits 2 naming the key; otherwise exit 0 when every check passes, else 1.
 """
@@ -49,6 +54,7 @@ Misuse (a bad proof.toml, an unknown run) exits 2 naming the key; otherwise exit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -76,7 +82,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # run and archive names become
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"title", "driver", "timeout_s", "archive_dir", "cache_env", "run", "target", "error_patterns"}
 TOP_KEYS |= {"ignore_patterns", "residual_phases", "phase_check", "phase_check_stated"}
-RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env", "outputs"}
+RUN_KEYS = {"name", "mode", "archive", "cache", "args", "compare_outputs", "expect_refusal", "env", "outputs", "repeat"}
+MAX_REPEAT = 9  # a run's `repeat`: 1 (default) to this many starts with the same settings
 TARGET_KEYS = {"name", "num", "den", "min", "max"}
 RUNNER_ENV = {proofkit.CACHE_DIRS_ENV, proofkit.STATS_DIR_ENV, "PYTHONUNBUFFERED", "PYTHONPATH"}
 REAL_MODEL = "{real_model}"  # in a run's args: the folder REAL_MODEL_ENV names
@@ -148,6 +155,25 @@ def _parse_run(table: Any, i: int) -> RunSpec:
     return RunSpec(name, mode, archive, cache, args, compare, refusal, env, outputs)
 
 
+def _parse_runs(tables: list[Any]) -> tuple[RunSpec, ...]:
+    """Every [[run]] in order, one with `repeat = N` followed by its repetitions `<name>_2` ... `<name>_N`: the same
+    settings, each an ordinary run of its own (folder, result, checks), so that a target can take their median."""
+    declared = {t["name"] for t in tables if isinstance(t, dict) and isinstance(t.get("name"), str)}
+    runs: list[RunSpec] = []
+    for i, table in enumerate(tables):
+        spec = _parse_run(table, i)
+        count = _get(table, "repeat", f"run[{i}].", int, 1)
+        if not 1 <= count <= MAX_REPEAT:
+            raise ProofConfigError(f"run[{i}].repeat: must be 1 to {MAX_REPEAT}, got {count}")
+        again = [dataclasses.replace(spec, name=f"{spec.name}_{k}", repeats=spec.name) for k in range(2, count + 1)]
+        if clash := [r.name for r in again if r.name in declared]:
+            raise ProofConfigError(
+                f"run[{i}].repeat: its repetition {clash[0]!r} has the name of another run; rename that run"
+            )
+        runs += [spec, *again]
+    return tuple(runs)
+
+
 def _run_env(table: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
     """A run's `env = { NAME = "value" }`: what one run changes in its driver's environment (e.g. a start method),
     never the variables the runner owns (cache folders, stats, PYTHONPATH)."""
@@ -194,7 +220,7 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
     if timeout <= 0:
         raise ProofConfigError(f"timeout_s: must be positive, got {timeout}")
     tables = _get(data, "run", "", list)
-    runs = tuple(_parse_run(t, i) for i, t in enumerate(tables))
+    runs = _parse_runs(tables)
     names = [r.name for r in runs]
     if not runs or len(set(names)) != len(names):
         raise ProofConfigError("run: needs at least one [[run]], each with its own name")
@@ -207,7 +233,7 @@ def parse_recipe(recipe_dir: Path) -> Recipe:
     cache_env = _strings(data, "cache_env", "")
     if bad := [v for v in cache_env if not ENV_NAME.fullmatch(v)]:
         raise ProofConfigError(f"cache_env: {bad[0]!r} is not an environment variable name")
-    for i, run in enumerate(runs):
+    for i, run in enumerate(r for r in runs if r.repeats is None):  # a repetition has its run's env
         if clash := [var for var, _ in run.env if var in cache_env]:
             raise ProofConfigError(f"run[{i}].env.{clash[0]}: a cache_env variable; the runner sets it per run")
     patterns = {
@@ -479,7 +505,11 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", metavar="RECIPE_DIR", help="the recipe folder holding proof.toml")
     p.add_argument("--out", required=True, help="where runs, archives, caches and the report go")
-    p.add_argument("--runs", help="comma-separated runs to (re-)run; the others keep what --out holds")
+    p.add_argument(
+        "--runs",
+        help="comma-separated runs to (re-)run, by exact name (a repeated run's repetitions are <name>_2, "
+        "<name>_3 ...: name each one to run); the others keep what --out holds",
+    )
     p.add_argument("--report", help="also write REPORT.md here (default: only <out>/REPORT.md)")
     p.add_argument("--python", default=sys.executable, help="the interpreter for {python} (default: this one)")
     p.add_argument("--keep-going", action="store_true", help="run the remaining runs after a failed one")
