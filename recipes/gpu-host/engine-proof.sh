@@ -11,9 +11,10 @@
 # with stacksample/stackview.py) into $OUT/proof/stacks.tgz; a LOAD's engine processes are left unsampled, since
 # sampling can make them refuse their setup (stacksample/sitecustomize.py says why).
 # Real weights: when the recipe's proof.toml uses `{real_model}` and RUNS is unset (every run) or names a run ending in
-# `_real` (the recipes name their real-checkpoint runs so), GP_REAL_MODEL=${REAL_MODEL:-/root/qwen3-8b-random} and
-# recipes/gpu-host/real_checkpoint.py writes that checkpoint first (about 16 GiB, 1-3 min, once: a no-op when it is
-# complete); the proof's time limit (LIMIT) is shortened by the time it took.
+# `_real` or a repetition of one (`load_real_2`; the recipes name their real-checkpoint runs so),
+# GP_REAL_MODEL=${REAL_MODEL:-/root/qwen3-8b-random} and recipes/gpu-host/real_checkpoint.py writes that checkpoint
+# first (about 16 GiB, 1-3 min, once: a no-op when it is complete); the proof's time limit (LIMIT) is shortened by the
+# time it took.
 # REFRESH=1 (debugging only) copies the repository's overlays over the installed ones first, so a Python-only change
 # needs no new bundle; a committed report must come from a bundle of its commit (or say which fix REFRESH carried).
 set -uo pipefail
@@ -51,7 +52,7 @@ if [[ ${REFRESH:-0} == 1 ]]; then
 fi
 export PYTHONPATH=$SITE:$PWD/tools
 limit=${LIMIT:-580}
-if grep -q '{real_model}' "recipes/$RECIPE/proof.toml" 2>/dev/null && [[ -z ${RUNS:-} || ,$RUNS, =~ _real, ]]; then
+if grep -q '{real_model}' "recipes/$RECIPE/proof.toml" 2>/dev/null && [[ -z ${RUNS:-} || ,$RUNS, =~ _real(_[0-9])?, ]]; then
   export GP_REAL_MODEL=${REAL_MODEL:-/root/qwen3-8b-random}
   echo "engine-proof: real-weight runs: GP_REAL_MODEL=$GP_REAL_MODEL; python3 recipes/gpu-host/real_checkpoint.py $GP_REAL_MODEL"
   t=$SECONDS

@@ -154,7 +154,11 @@ def test_host_bytecode_0_leaves_the_host_as_it_is(tmp_path: Path) -> None:
 REAL_RUNS = "save_real,load_real,baseline_real"
 
 
-@pytest.mark.parametrize("runs", [REAL_RUNS, "load_real", ""], ids=["real-runs", "one-real-run", "every-run"])
+@pytest.mark.parametrize(
+    "runs",
+    [REAL_RUNS, "load_real", "load,load_real_2", ""],
+    ids=["real-runs", "one-real-run", "a-repetition", "every-run"],
+)
 def test_real_weight_runs_get_the_checkpoint_written_first_and_named_to_the_proof(tmp_path: Path, runs: str) -> None:
     folder = tmp_path / "ckpt"
     proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS=runs, REAL_MODEL=str(folder))
@@ -177,7 +181,7 @@ def test_the_real_checkpoint_defaults_to_the_hosts_folder(tmp_path: Path, monkey
 
 
 def test_runs_without_real_weights_write_no_checkpoint(tmp_path: Path) -> None:
-    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS="save,load,baseline")
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS="save,load,load_2,baseline")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "real_checkpoint.py" not in (tmp_path / "rec.calls").read_text()
     assert not (tmp_path / "rec.real_model").exists() and "real-weight" not in proc.stdout
