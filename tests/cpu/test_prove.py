@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from serve_fixtures import gone
 
-from gptools import jsonfile, proofcheck, proofkit, prove
+from gptools import jsonfile, proofcheck, proofkit, proofreport, prove
 from gptools.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -307,6 +307,13 @@ def test_phases_adding_up_to_more_than_start_to_ready_fail(tmp_path: Path) -> No
     assert prove_cli(recipe, out, "--check-only") == 1
     _, _, checks = report(out)
     assert "the phases add up to more than start to ready" in checks["baseline unaccounted <= 5 %"]["detail"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 10, 16, 20])
+def test_every_phase_of_the_chart_gets_a_colour_of_its_own(n: int) -> None:
+    colors = proofreport.phase_colors(n)
+    assert len(colors) == n == len(set(colors))
+    assert all(len(c) == 7 and c.startswith("#") and int(c[1:], 16) >= 0 for c in colors)
 
 
 def test_phases_chart_or_a_note_without_matplotlib(tmp_path: Path) -> None:
@@ -1089,7 +1096,6 @@ def test_a_refused_load_raised_in_the_driver_is_recorded_with_its_type_and_first
 
 def test_archive_sizes_count_the_shared_kernel_images_once(tmp_path: Path) -> None:
     """images/ (one file per kernel image for all ranks) is its own column, apart from the ranks and other files."""
-    from gptools import proofreport
 
     recipe = prove.parse_recipe(make_recipe(tmp_path))
     out = tmp_path / "out"

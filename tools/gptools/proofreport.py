@@ -8,12 +8,14 @@ without it.
 
 from __future__ import annotations
 
+import colorsys
 import dataclasses
 import json
 import platform
 import shutil
 import socket
 import subprocess
+import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -198,6 +200,16 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
+def phase_colors(n: int) -> list[str]:
+    """`n` colours no two of which are alike, one per phase (a plotting library's default cycle repeats after ten,
+    and a start-up has more phases): hues spread around the circle, alternately darker and lighter."""
+    shades = ((0.75, 0.80), (0.55, 0.95))
+    return [
+        "#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in colorsys.hsv_to_rgb(i / max(n, 1), *shades[i % 2])))
+        for i in range(n)
+    ]
+
+
 def write_chart(path: Path, title: str, rows: list[tuple[str, dict[str, float]]], phases: list[str]) -> str:
     """A horizontal stacked bar per run (its phases, in seconds); returns "" or why there is no chart."""
     if not phases or not rows:
@@ -212,19 +224,18 @@ def write_chart(path: Path, title: str, rows: list[tuple[str, dict[str, float]]]
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * len(rows)))
     names = [name for name, _ in rows]
     left = [0.0] * len(rows)
-    for phase in phases:
+    for phase, color in zip(phases, phase_colors(len(phases)), strict=True):
         widths = [float(p.get(phase) or 0.0) for _, p in rows]
-        ax.barh(names, widths, left=left, label=phase)
+        ax.barh(names, widths, left=left, label=phase, color=color)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.1f} s", va="center")
     ax.set_xlim(0, 1.12 * max(left) or 1.0)  # room for the totals
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.set_title(f"{title}: start-up phases per run")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15 - 0.02 * len(rows)), ncol=min(len(phases), 5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.set_title(textwrap.fill(f"{title}: start-up phases per run", 90), fontsize="medium")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside the bars, whatever their count
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the title and the legend whole
     plt.close(fig)
     return ""
 
