@@ -1,12 +1,13 @@
 """tools/gpdiag/vllm_pieces.py (GP_DIAG_PIECES) without vLLM: which compile calls `reuse` answers itself, what
 `record` writes, how a call's path is told, what the rank's report holds, and how `count` splits the AOT load into its
-steps (stand-ins that sleep). Its wiring into the real vLLM classes is
+steps (stand-ins that sleep) with the third section of startprofile's text. Its wiring into the real vLLM classes is
 tested in the vLLM CPU venv (test_engine_vllm_persist_cpu.py, and the slow test at the end here)."""
 
 from __future__ import annotations
 
 import functools
 import gc
+import importlib.util
 import inspect
 import json
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpdiag import startprofile
 from gpdiag import vllm_pieces as vp
 
 
@@ -404,6 +406,42 @@ def test_a_key_computed_before_the_install_says_so(keys: tuple[types.ModuleType,
     assert [tally.first_calls[k]["cached_before"] for k in ("torch_key", "triton_key")] == [True, True]
     assert vp.computed(len) is None  # a kind of cache it does not know
     assert "; torch_key computed before gpdiag's install; triton_key computed before" in tally.summary()
+
+
+STEP_FILES = {
+    "torch/_dynamo/aot_compile.py": "def deserialize():\n    return callee_of_deserialize()\n\n"
+    "def callee_of_deserialize():\n    return sum(range(1000))\n",
+    "torch/_inductor/codecache.py": "def torch_key():\n    return b'key'\n",
+}
+
+
+def test_startprofiles_third_section_names_the_steps_callees_and_the_keys_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modules = {}
+    for relative, source in STEP_FILES.items():
+        path = tmp_path / "lib" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"gpdiag_standin_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        modules[path.stem] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+    def who_asks_for_torch_key() -> bytes:
+        return modules["codecache"].torch_key()
+
+    monkeypatch.setenv(startprofile.CPROFILE_ENV, str(tmp_path / "prof"))
+    startprofile.start()
+    modules["aot_compile"].deserialize()
+    who_asks_for_torch_key()
+    startprofile.stop(0)
+    text = (tmp_path / "prof" / "cprofile.rank0.txt").read_text()
+    third = text.split("=== the AOT load's steps")[1]
+    assert "aot_compile.py" in third and "callee_of_deserialize" in third and "who_asks_for_torch_key" in third
+    absent = third.split("not in the profile: ")[1]
+    assert "torch/fx/graph_module.py:recompile" in absent and "triton/runtime/cache.py:triton_key" in absent
+    assert "aot_compile.py:deserialize" not in absent and "codecache.py:torch_key" not in absent
 
 
 REAL_STEPS = """
