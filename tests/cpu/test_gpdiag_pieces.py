@@ -1,16 +1,27 @@
 """tools/gpdiag/vllm_pieces.py (GP_DIAG_PIECES) without vLLM: which compile calls `reuse` answers itself, what
-`record` writes, how a call's path is told, and what the rank's report holds. Its wiring into the real vLLM classes is
-tested in the vLLM CPU venv (test_engine_vllm_persist_cpu.py)."""
+`record` writes, how a call's path is told, what the rank's report holds, and how `count` splits the AOT load into its
+steps (stand-ins that sleep) with the third section of startprofile's text. Its wiring into the real vLLM classes is
+tested in the vLLM CPU venv (test_engine_vllm_persist_cpu.py, and the slow test at the end here)."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib.util
+import inspect
 import json
+import os
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpdiag import startprofile
 from gpdiag import vllm_pieces as vp
 
 
@@ -191,3 +202,296 @@ def test_the_collectors_passes_inside_a_block_are_counted_and_timed() -> None:
     gc.collect()  # outside the block: not counted
     assert seen == after and seen["gc_passes"] >= 2 and seen["gc_s"] >= 0
     assert all(getattr(c, "__name__", "") != "callback" for c in gc.callbacks)  # the callback is gone again
+
+
+# ------------------------------------------------------------------------ count: the AOT load's steps (8.1 of the note)
+
+NAP = 0.03  # what each stand-in step sleeps
+
+
+def nap() -> None:
+    time.sleep(NAP)
+
+
+class Pickler:  # torch's GraphPickler: `loads` a staticmethod
+    @staticmethod
+    def loads(data: bytes, fake_mode: Any) -> bytes:
+        nap()
+        return data
+
+
+class GraphModule:  # torch.fx.GraphModule: the graph's code made again
+    def recompile(self) -> str:
+        nap()
+        return "code"
+
+
+class Serializable:  # vLLM's VllmSerializableFunction: `deserialize_graph_module` a classmethod
+    @classmethod
+    def deserialize_graph_module(cls, data: bytes, fake_mode: Any) -> tuple[type, bytes]:
+        return cls, Pickler.loads(data, fake_mode)
+
+
+class Compiled:  # torch's AOTCompiledFunction: `deserialize` a classmethod that ends in __post_init__
+    def __post_init__(self) -> None:
+        nap()
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> Compiled:
+        Pickler.loads(b"inputs", None)
+        Serializable.deserialize_graph_module(data, None)
+        GraphModule().recompile()
+        made = cls()
+        made.__post_init__()
+        return made
+
+
+def standin_decorators() -> types.ModuleType:
+    """vLLM's decorators module: an AOT load that deserializes, checks the source, then splits (one recompile)."""
+    module = types.ModuleType("standin_decorators")
+
+    def verify(source_info: Any, vllm_config: Any) -> None:
+        nap()
+
+    def aot_load(model: Any, aot_compilation_path: str) -> Compiled:
+        compiled = Compiled.deserialize(b"graph")
+        module._verify_source_unchanged(None, None)
+        GraphModule().recompile()  # the split's pieces
+        return compiled
+
+    module._verify_source_unchanged = verify
+    module._try_load_aot_compiled_fn = aot_load
+    return module
+
+
+@pytest.fixture
+def steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[types.ModuleType, vp.Tally]]:
+    """The stand-ins, wrapped as `count` wraps vLLM's and torch's (classes restored afterwards)."""
+    monkeypatch.setattr(vp, "device_snapshot", dict)  # no torch here: no device numbers
+    for cls, name in ((Pickler, "loads"), (GraphModule, "recompile"), (Serializable, "deserialize_graph_module"),
+                      (Compiled, "deserialize"), (Compiled, "__post_init__")):  # fmt: skip
+        monkeypatch.setattr(cls, name, inspect.getattr_static(cls, name))
+    decorators, tally = standin_decorators(), vp.Tally("count")
+    vp._wrap_aot_load(decorators, tally)
+    for owner, name, step in ((Compiled, "deserialize", "aot_deserialize"), (Compiled, "__post_init__", "post_init"),
+                              (Pickler, "loads", "pickler_loads"), (GraphModule, "recompile", "recompile"),
+                              (Serializable, "deserialize_graph_module", "graph_unpickle"),
+                              (decorators, "_verify_source_unchanged", "verify_source")):  # fmt: skip
+        vp._wrap_step(owner, name, step, tally, "standin")
+    yield decorators, tally
+
+
+def test_count_times_each_step_of_the_aot_load_and_nothing_outside_it(
+    steps: tuple[types.ModuleType, vp.Tally],
+) -> None:
+    decorators, tally = steps
+    Compiled.deserialize(b"before")  # outside the AOT load: not timed
+    assert tally.steps == {}
+    decorators._try_load_aot_compiled_fn(None, "model")
+    got = {name: (len(s), sum(s)) for name, s in tally.steps.items()}
+    assert {name: n for name, (n, _) in got.items()} == {
+        "aot_deserialize": 1, "pickler_loads": 2, "graph_unpickle": 1, "recompile": 1, "post_init": 1,
+        "verify_source": 1, "recompile_after": 1}  # fmt: skip
+    sleeps = {"aot_deserialize": 4, "pickler_loads": 2}  # each step's naps, the others one
+    for name, (_, seconds) in got.items():
+        assert NAP * sleeps.get(name, 1) <= seconds < NAP * sleeps.get(name, 1) + 0.5, name
+    assert got["aot_deserialize"][1] < tally.loads[0]["seconds"]
+
+
+def test_count_keeps_a_staticmethod_and_a_classmethod_what_they_were(steps: tuple[types.ModuleType, vp.Tally]) -> None:
+    assert isinstance(inspect.getattr_static(Pickler, "loads"), staticmethod)
+    assert isinstance(inspect.getattr_static(Serializable, "deserialize_graph_module"), classmethod)
+    assert Pickler().loads(b"x", None) == b"x"  # called on an instance: no self is passed
+    assert Serializable.deserialize_graph_module(b"x", None) == (Serializable, b"x")
+
+
+def test_the_steps_land_in_the_stats_file_and_the_log_line(
+    steps: tuple[types.ModuleType, vp.Tally], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decorators, tally = steps
+    decorators._try_load_aot_compiled_fn(None, "model")
+    monkeypatch.setenv(vp.STATS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(vp, "_tally", tally)
+    lines: list[str] = []
+    data = vp.report(0, lambda message, *args: lines.append(message % args))
+    assert data == json.loads((tmp_path / "gpdiag-pieces.rank0.json").read_text())
+    assert data["steps"]["pickler_loads"]["n"] == 2
+    assert data["steps"]["verify_source"]["s"] == round(sum(tally.steps["verify_source"]), 4)
+    assert list(data["steps"]) == ["aot_deserialize", "pickler_loads", "graph_unpickle", "recompile", "post_init",
+                                   "verify_source", "recompile_after"]  # 8.1's order  # fmt: skip
+    assert f"; steps: aot_deserialize 1x {sum(tally.steps['aot_deserialize']):.2f} s, pickler_loads 2x " in lines[0]
+
+
+def test_a_step_whose_name_is_gone_is_listed_as_missing_and_the_others_still_timed(
+    steps: tuple[types.ModuleType, vp.Tally],
+) -> None:
+    decorators, tally = steps
+    vp._wrap_step(None, "deserialize", "aot_deserialize", tally, "torch._dynamo.aot_compile:AOTCompiledFunction")
+    vp._wrap_step(types.ModuleType("vllm.envs"), "compile_factors", "env_factors", tally, "vllm.envs")
+    vp._wrap_step(types.ModuleType("vllm.envs"), "compile_factors", "env_factors", tally, "vllm.envs")  # once listed
+    vp._wrap_first_call("gpdiag_no_such_module", "triton_key", tally)
+    decorators._try_load_aot_compiled_fn(None, "model")
+    assert tally.missing == ["torch._dynamo.aot_compile:AOTCompiledFunction.deserialize", "vllm.envs:compile_factors",
+                             "gpdiag_no_such_module:triton_key"]  # fmt: skip
+    assert "env_factors" not in tally.steps and tally.steps["verify_source"]
+    listed = "torch._dynamo.aot_compile:AOTCompiledFunction.deserialize, vllm.envs:compile_factors, gpdiag_no_such"
+    assert vp.Tally("count", missing=tally.missing).summary().endswith(f"; missing: {listed}_module:triton_key")
+
+
+def cached_once(compute: Callable[[], bytes]) -> Callable[[], bytes]:
+    """torch_key's kind of cache: the value kept in a closure's list `_cache`."""
+    _cache: list[bytes] = []
+
+    def key() -> bytes:
+        if not _cache:
+            _cache.append(compute())
+        return _cache[0]
+
+    return key
+
+
+def slow_key() -> bytes:
+    nap()
+    return b"key"
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, types.ModuleType]:
+    """A module defining torch_key (torch's cache) and triton_key (functools' cache), and one that bound both by name
+    before gpdiag's install, as torch's triton_compat binds triton_key."""
+    defining, bound = types.ModuleType("gpdiag_standin_keys"), types.ModuleType("gpdiag_standin_bound")
+    defining.torch_key = bound.torch_key = cached_once(slow_key)
+    defining.triton_key = bound.triton_key = functools.lru_cache(slow_key)
+    monkeypatch.setitem(sys.modules, defining.__name__, defining)
+    monkeypatch.setitem(sys.modules, bound.__name__, bound)
+    return defining, bound
+
+
+def get_system_standin(module: types.ModuleType) -> bytes:
+    return module.triton_key()
+
+
+def test_the_first_caller_of_torch_key_and_triton_key_is_named_with_its_seconds(
+    keys: tuple[types.ModuleType, types.ModuleType],
+) -> None:
+    defining, bound = keys
+    tally = vp.Tally("count")
+    for name in ("torch_key", "triton_key"):
+        vp._wrap_first_call(defining.__name__, name, tally)
+    assert bound.torch_key is defining.torch_key and getattr(bound.triton_key, "_gpdiag", False)
+    tally.running.add("aot_load")
+    assert get_system_standin(bound) == b"key"
+    tally.running.discard("aot_load")
+    assert defining.torch_key() == bound.torch_key() == b"key"
+    assert defining.triton_key() == b"key"
+    torch_key, triton_key = tally.first_calls["torch_key"], tally.first_calls["triton_key"]
+    here = __name__
+    assert triton_key["by"] == f"{here}:get_system_standin" and triton_key["in_aot_load"] is True
+    assert torch_key["by"] == f"{here}:test_the_first_caller_of_torch_key_and_triton_key_is_named_with_its_seconds"
+    assert torch_key["in_aot_load"] is False and (torch_key["calls"], triton_key["calls"]) == (2, 2)
+    assert NAP <= torch_key["s"] < NAP + 0.5 and NAP <= triton_key["s"] < NAP + 0.5
+    assert torch_key["cached_before"] is False and triton_key["cached_before"] is False
+    assert "; triton_key first by " + f"{here}:get_system_standin ({triton_key['s']:.2f} s, inside the AOT load)" in (
+        tally.summary()
+    )
+
+
+def test_a_key_computed_before_the_install_says_so(keys: tuple[types.ModuleType, types.ModuleType]) -> None:
+    defining, _ = keys
+    defining.torch_key()
+    defining.triton_key()
+    tally = vp.Tally("count")
+    for name in ("torch_key", "triton_key"):
+        vp._wrap_first_call(defining.__name__, name, tally)
+    assert [tally.first_calls[k]["cached_before"] for k in ("torch_key", "triton_key")] == [True, True]
+    assert vp.computed(len) is None  # a kind of cache it does not know
+    assert "; torch_key computed before gpdiag's install; triton_key computed before" in tally.summary()
+
+
+STEP_FILES = {
+    "torch/_dynamo/aot_compile.py": "def deserialize():\n    return callee_of_deserialize()\n\n"
+    "def callee_of_deserialize():\n    return sum(range(1000))\n",
+    "torch/_inductor/codecache.py": "def torch_key():\n    return b'key'\n",
+}
+
+
+def test_startprofiles_third_section_names_the_steps_callees_and_the_keys_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modules = {}
+    for relative, source in STEP_FILES.items():
+        path = tmp_path / "lib" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"gpdiag_standin_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        modules[path.stem] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+    def who_asks_for_torch_key() -> bytes:
+        return modules["codecache"].torch_key()
+
+    monkeypatch.setenv(startprofile.CPROFILE_ENV, str(tmp_path / "prof"))
+    startprofile.start()
+    modules["aot_compile"].deserialize()
+    who_asks_for_torch_key()
+    startprofile.stop(0)
+    text = (tmp_path / "prof" / "cprofile.rank0.txt").read_text()
+    third = text.split("=== the AOT load's steps")[1]
+    assert "aot_compile.py" in third and "callee_of_deserialize" in third and "who_asks_for_torch_key" in third
+    absent = third.split("not in the profile: ")[1]
+    assert "torch/fx/graph_module.py:recompile" in absent and "triton/runtime/cache.py:triton_key" in absent
+    assert "aot_compile.py:deserialize" not in absent and "codecache.py:torch_key" not in absent
+
+
+REAL_STEPS = """
+import inspect, json, sys
+from gpdiag import vllm_pieces as vp
+from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch.fx import GraphModule
+from torch.fx._graph_pickler import GraphPickler
+from vllm import envs
+from vllm.compilation import backends, caching, decorators
+
+tally = vp.install("count")
+vp.install("count")  # a second install wraps nothing twice
+
+
+def asks_for_torch_key():
+    from torch._inductor.codecache import torch_key
+    return torch_key()
+
+
+asks_for_torch_key()
+places = {"deserialize": (AOTCompiledFunction, "deserialize"), "post_init": (AOTCompiledFunction, "__post_init__"),
+          "loads": (GraphPickler, "loads"), "recompile": (GraphModule, "recompile"),
+          "graph_unpickle": (caching.VllmSerializableFunction, "deserialize_graph_module"),
+          "verify": (decorators, "_verify_source_unchanged"), "env": (envs, "compile_factors"),
+          "hash": (backends.CompilerManager, "compute_hash")}
+raw = {k: inspect.getattr_static(owner, name) for k, (owner, name) in places.items()}
+print(json.dumps({
+    "kinds": {k: type(v).__name__ for k, v in raw.items()},
+    "wrapped": sorted(k for k, v in raw.items() if getattr(getattr(v, "__func__", v), "_gpdiag", False)),
+    "missing": tally.missing,
+    "torch_key": tally.first_calls["torch_key"],
+}))
+"""
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_count_finds_every_step_in_the_pinned_vllm_and_the_venvs_torch(vllm_venv: Path) -> None:
+    """The names are the real ones: vLLM 0.26.0's, and torch's of the CPU venv (its torch is not the bundle's 2.11;
+    it has no Triton, so triton_key is listed missing there)."""
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHPERSIST_", "GP_", "VLLM_", "PYTHONPATH"))}
+    proc = subprocess.run([str(vllm_venv / "bin" / "python"), "-c", REAL_STEPS], env={**env, "PYTHONPATH": str(tools)},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kinds"] == {"deserialize": "classmethod", "post_init": "function", "loads": "staticmethod",
+                            "recompile": "function", "graph_unpickle": "classmethod", "verify": "function",
+                            "env": "function", "hash": "function"}  # fmt: skip
+    assert got["wrapped"] == sorted(got["kinds"])
+    assert got["missing"] in ([], ["triton.runtime.cache:triton_key"])
+    assert got["torch_key"]["by"] == "__main__:asks_for_torch_key" and got["torch_key"]["calls"] == 1

@@ -7,6 +7,11 @@ the worker's thread only. Unlike a stack sampler it keeps no frame alive, so the
 happen where they happen unprofiled (a sampler holding a frame for a moment kept a temporary's memory alive and made
 a LOAD refuse its setup phase: recipes/diagnosis/vllm-qwen3-8b-tp1-startup/README.md). It slows Python-heavy steps: its
 timings say where, not how long.
+
+The text has three sections: the top functions by cumulative time, by own time, and the AOT load's steps
+(recipes/diagnosis/vllm-qwen3-8b-tp1-startup/DEFER-COMPILE.md 8.1; what GP_DIAG_PIECES=count times unprofiled): what
+each step function present in the profile called (pstats `print_callees`), who called torch's `torch_key` and
+Triton's `triton_key` (`print_callers`), and which of them the profile does not hold.
 """
 
 from __future__ import annotations
@@ -15,11 +20,25 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import sys
 from pathlib import Path
 
 CPROFILE_ENV = "GP_DIAG_CPROFILE"
 TOP = 70
+# The AOT load's step functions (vllm_pieces' `count` steps) and the keys computed once per process, as pstats names
+# them: (the end of the file's path, the function's name).
+STEP_FUNCTIONS = (
+    ("torch/_dynamo/aot_compile.py", "deserialize"),
+    ("torch/_dynamo/aot_compile.py", "__post_init__"),
+    ("torch/fx/_graph_pickler.py", "loads"),
+    ("vllm/compilation/caching.py", "deserialize_graph_module"),
+    ("torch/fx/graph_module.py", "recompile"),
+    ("vllm/compilation/decorators.py", "_verify_source_unchanged"),
+    ("vllm/envs.py", "compile_factors"),
+    ("vllm/compilation/backends.py", "compute_hash"),
+)
+KEY_FUNCTIONS = (("torch/_inductor/codecache.py", "torch_key"), ("triton/runtime/cache.py", "triton_key"))
 
 _profiler: cProfile.Profile | None = None
 
@@ -50,5 +69,27 @@ def stop(rank: int) -> None:
     text = io.StringIO()
     for order in ("cumulative", "tottime"):
         pstats.Stats(_profiler, stream=text).sort_stats(order).print_stats(TOP)
+    steps_section(pstats.Stats(_profiler, stream=text).sort_stats("cumulative"), text)
     (where / f"cprofile.rank{rank}.txt").write_text(text.getvalue())
     _profiler = None
+
+
+def steps_section(stats: pstats.Stats, text: io.StringIO) -> None:
+    """The third section: callees of the step functions the profile holds, callers of the keys, and what is absent."""
+    held = {(path, name) for path, _, name in stats.stats}  # type: ignore[attr-defined]
+
+    def holds(file: str, name: str) -> bool:
+        return any(path.endswith(file) and function == name for path, function in held)
+
+    def pattern(file: str, name: str) -> str:  # pstats matches it against "path:line(function)"
+        return rf"{re.escape(file)}:\d+\({re.escape(name)}\)"
+
+    text.write("\n=== the AOT load's steps (DEFER-COMPILE.md 8.1): callees; callers of torch_key and triton_key\n")
+    for file, name in STEP_FUNCTIONS:
+        if holds(file, name):
+            stats.print_callees(pattern(file, name))
+    for file, name in KEY_FUNCTIONS:
+        if holds(file, name):
+            stats.print_callers(pattern(file, name))
+    absent = [f"{file}:{name}" for file, name in STEP_FUNCTIONS + KEY_FUNCTIONS if not holds(file, name)]
+    text.write(f"not in the profile: {', '.join(absent) or 'none'}\n")

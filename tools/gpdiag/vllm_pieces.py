@@ -24,6 +24,28 @@ Every mode also times the AOT load as a whole (`_try_load_aot_compiled_fn`, deco
 events and cursor, torch's allocated bytes) and kernel images the AOT load made (whether it could move beside an exact
 phase) and the garbage collector's passes during it (whether pausing the collector there would pay). The rank's
 numbers go to `$GRAPHPERSIST_STATS_DIR/gpdiag-pieces.rank<r>.json` and one log line.
+
+`count` also splits the AOT load (vLLM's "Dynamo bytecode transform time") into its steps (DEFER-COMPILE.md 8.1 numbers
+them), each a call upstream looks up by name when it runs, so wrapping the name times it; a step is timed only while
+the AOT load runs, unprofiled. The file's `steps` hold each step's calls and seconds (`n`, `s`):
+
+| key | what | 8.1 |
+|---|---|---|
+| `aot_deserialize` | torch's `AOTCompiledFunction.deserialize`, `__post_init__` included | 2-7 |
+| `post_init` | torch's `AOTCompiledFunction.__post_init__`: version checks, bytecode bound, guard manager | 7 |
+| `pickler_loads` | torch's `GraphPickler.loads`: the example inputs, then the graph | 4-5 |
+| `graph_unpickle` | vLLM's `VllmSerializableFunction.deserialize_graph_module` (its `loads` of the graph) | 5 |
+| `recompile` | `GraphModule.recompile` inside torch's deserialize | 6 |
+| `recompile_after` | `GraphModule.recompile` later in the AOT load (the split's pieces) | after 13 |
+| `verify_source` | vLLM's `_verify_source_unchanged` | 8 |
+| `env_factors` | vLLM's `envs.compile_factors` | 10 |
+| `compute_hash` | vLLM's `CompilerManager.compute_hash` (Inductor's system, torch and config factors) | 11 |
+
+`first_calls` says, for torch's `torch_key` and Triton's `triton_key` (each computed once per process, then cached),
+who called each first (`by`: the calling function, "module:qualname"), how long that call took (`s`), whether it fell
+inside the AOT load (`in_aot_load`), how many calls followed (`calls`), and whether it was already computed when gpdiag
+was installed at the session's begin (`cached_before`; null where that cannot be told). `missing` lists what could not
+be wrapped ("module:Class.name"): its step is absent, nothing else changes.
 """
 
 from __future__ import annotations
@@ -31,8 +53,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
+import inspect
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +68,9 @@ PIECES_ENV = "GP_DIAG_PIECES"
 MODES = ("count", "record", "reuse")
 PATHS = ("loaded", "hashed", "saved", "reused")
 KEYS_FILE = "gpdiag-piece-keys.json"
+# `count`'s steps of the AOT load, in the order DEFER-COMPILE.md 8.1 numbers them (the stats file and log line keep it)
+STEPS = ("aot_deserialize", "pickler_loads", "graph_unpickle", "recompile", "post_init", "verify_source", "env_factors",
+         "compute_hash", "recompile_after")  # fmt: skip
 STATS_DIR_ENV = "GRAPHPERSIST_STATS_DIR"  # where the runtime writes the rank's stats (graphpersist.rankstats)
 
 
@@ -54,6 +82,10 @@ class Tally:
     seconds: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PATHS})  # path -> per call
     spans: dict[str, float] = field(default_factory=dict)  # finalize, split: seconds summed
     loads: list[dict[str, Any]] = field(default_factory=list)  # one per AOT load: seconds, loaded, device deltas
+    steps: dict[str, list[float]] = field(default_factory=dict)  # `count`: the AOT load's steps, seconds per call
+    first_calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # torch_key, triton_key: their first call
+    missing: list[str] = field(default_factory=list)  # what `count` found no name to wrap for ("module:Class.name")
+    running: set[str] = field(default_factory=set)  # the AOT load and the steps running now (not reported)
 
     def add(self, path: str, seconds: float) -> None:
         self.seconds[path].append(seconds)
@@ -61,16 +93,38 @@ class Tally:
     def add_span(self, name: str, seconds: float) -> None:
         self.spans[name] = self.spans.get(name, 0.0) + seconds
 
+    def add_step(self, name: str, seconds: float) -> None:
+        self.steps.setdefault(name, []).append(seconds)
+
+    def ordered_steps(self) -> list[tuple[str, list[float]]]:
+        return sorted(self.steps.items(), key=lambda item: STEPS.index(item[0]) if item[0] in STEPS else len(STEPS))
+
     def as_json(self) -> dict[str, Any]:
         pieces = {p: {"n": len(s), "s": round(sum(s), 4)} for p, s in self.seconds.items()}
+        steps = {k: {"n": len(s), "s": round(sum(s), 4)} for k, s in self.ordered_steps()}
         return {"mode": self.mode, "pieces": pieces, "spans": {k: round(v, 4) for k, v in self.spans.items()},
-                "aot_loads": self.loads}  # fmt: skip
+                "aot_loads": self.loads, "steps": steps, "first_calls": self.first_calls,
+                "missing": self.missing}  # fmt: skip
 
     def summary(self) -> str:
         parts = [f"{len(s)} {p} ({sum(s):.2f} s)" for p, s in self.seconds.items() if s]
         loads = ", ".join(f"{d['seconds']:.2f} s" for d in self.loads) or "none"
         spans = ", ".join(f"{k} {v:.2f} s" for k, v in self.spans.items())
-        return f"compiled pieces: {', '.join(parts) or 'none'}; AOT load {loads}; {spans or 'no split'}"
+        line = f"compiled pieces: {', '.join(parts) or 'none'}; AOT load {loads}; {spans or 'no split'}"
+        if self.steps:
+            line += "; steps: " + ", ".join(f"{k} {len(s)}x {sum(s):.2f} s" for k, s in self.ordered_steps())
+        line += "".join(f"; {first_call_words(k, v)}" for k, v in self.first_calls.items())
+        return line + (f"; missing: {', '.join(self.missing)}" if self.missing else "")
+
+
+def first_call_words(name: str, seen: dict[str, Any]) -> str:
+    """One key's first call in the log line: who made it, how long it took, and whether inside the AOT load."""
+    if seen.get("cached_before"):
+        return f"{name} computed before gpdiag's install"
+    if not seen["calls"]:
+        return f"{name} not called"
+    where = "inside" if seen["in_aot_load"] else "outside"
+    return f"{name} first by {seen['by']} ({seen['s']:.2f} s, {where} the AOT load)"
 
 
 _tally: Tally | None = None
@@ -164,7 +218,139 @@ def install(how: str) -> Tally:
         caching.VllmSerializableFunction.finalize_loading = _timed(finalize, "finalize", _tally)
     if not getattr(backends.split_graph, "_gpdiag", False):  # VllmBackend.__call__ looks it up at each call
         backends.split_graph = _timed(backends.split_graph, "split", _tally)
+    if how == "count":
+        _install_steps(_tally)
     return _tally
+
+
+# `count`'s steps in torch, wrapped where torch defines them: (module, class, attribute, step). The names are torch
+# 2.11's (tools/gpdiag/contract.toml lists them; its lint checks vLLM's alone). torch.compiler.load_compiled_function
+# looks the class up at each call, the dataclass's __init__ calls __post_init__ on the class, vLLM calls
+# GraphPickler.loads on the class, and `gm.recompile()` finds GraphModule's by the MRO.
+TORCH_STEPS = (
+    ("torch._dynamo.aot_compile", "AOTCompiledFunction", "deserialize", "aot_deserialize"),
+    ("torch._dynamo.aot_compile", "AOTCompiledFunction", "__post_init__", "post_init"),
+    ("torch.fx._graph_pickler", "GraphPickler", "loads", "pickler_loads"),
+    ("torch.fx.graph_module", "GraphModule", "recompile", "recompile"),
+)
+# The keys computed once per process whose first call `count` times: (the module defining it, its name).
+FIRST_CALLS = (("torch._inductor.codecache", "torch_key"), ("triton.runtime.cache", "triton_key"))
+
+
+def _install_steps(tally: Tally) -> None:
+    """`count`: the AOT load's steps (the module's docstring) and the first calls of torch_key and triton_key."""
+    from vllm import envs
+    from vllm.compilation import backends, caching, decorators
+
+    for module, cls, name, step in TORCH_STEPS:
+        _wrap_step(_owner(module, cls), name, step, tally, f"{module}:{cls}")
+    # vLLM's, each looked up by name when it runs: a module global, `self.compiler_manager.compute_hash`,
+    # `cls.deserialize_graph_module`, `envs.compile_factors()`.
+    _wrap_step(decorators, "_verify_source_unchanged", "verify_source", tally, "vllm.compilation.decorators")
+    _wrap_step(envs, "compile_factors", "env_factors", tally, "vllm.envs")
+    _wrap_step(backends.CompilerManager, "compute_hash", "compute_hash", tally,
+               "vllm.compilation.backends:CompilerManager")  # fmt: skip
+    _wrap_step(caching.VllmSerializableFunction, "deserialize_graph_module", "graph_unpickle", tally,
+               "vllm.compilation.caching:VllmSerializableFunction")  # fmt: skip
+    for module, name in FIRST_CALLS:
+        _wrap_first_call(module, name, tally)
+
+
+def _owner(module: str, cls: str) -> Any | None:
+    """A library's class, or None where its module or the class is gone (the step is then listed as missing)."""
+    try:
+        return getattr(importlib.import_module(module), cls, None)
+    except ImportError:
+        return None
+
+
+def _wrap_step(owner: Any, name: str, step: str, tally: Tally, where: str) -> None:
+    """Wraps `owner.name` (a function, method, classmethod or staticmethod, kept what it was) so that each call while
+    the AOT load runs is timed as `step`; a missing owner or name is noted in `tally.missing`."""
+    raw = None if owner is None else inspect.getattr_static(owner, name, None)
+    if raw is None:
+        _missing(tally, f"{where}{'.' if ':' in where else ':'}{name}")
+        return
+    binder = type(raw) if isinstance(raw, (classmethod, staticmethod)) else None
+    fn = raw.__func__ if binder is not None else raw
+    if getattr(fn, "_gpdiag", False):
+        return
+    timed = _step_timer(fn, step, tally)
+    setattr(owner, name, binder(timed) if binder is not None else timed)
+
+
+def _missing(tally: Tally, name: str) -> None:
+    if name not in tally.missing:
+        tally.missing.append(name)
+
+
+def _step_timer(fn: Callable[..., Any], step: str, tally: Tally) -> Callable[..., Any]:
+    """Times `fn` as `step` while the AOT load runs and `step` is not running already (a call inside it is its own)."""
+
+    @functools.wraps(fn)
+    def step_timed(*args: Any, **kwargs: Any) -> Any:
+        if "aot_load" not in tally.running or step in tally.running:
+            return fn(*args, **kwargs)
+        # step 6 is the recompile inside torch's deserialize; the split's pieces recompile later in the load
+        name = "recompile_after" if step == "recompile" and "aot_deserialize" not in tally.running else step
+        tally.running.add(step)
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tally.running.discard(step)
+            tally.add_step(name, time.perf_counter() - started)
+
+    step_timed._gpdiag = True  # type: ignore[attr-defined]
+    return step_timed
+
+
+def _wrap_first_call(module_name: str, name: str, tally: Tally) -> None:
+    """Wraps a key computed once per process (torch_key, triton_key) in its module and in every module that bound it
+    by name already, so its first call's caller (one frame above), seconds and place are recorded."""
+    try:
+        original = getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        original = None
+    if original is None:
+        _missing(tally, f"{module_name}:{name}")
+        return
+    if getattr(original, "_gpdiag", False):
+        return
+    seen = tally.first_calls.setdefault(name, {"calls": 0, "cached_before": computed(original)})
+
+    @functools.wraps(original)
+    def first_call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seen["calls"] += 1
+            if seen["calls"] == 1:
+                seen.update(by=caller_name(sys._getframe(1)), s=round(time.perf_counter() - started, 4),
+                            in_aot_load="aot_load" in tally.running)  # fmt: skip
+
+    first_call._gpdiag = True  # type: ignore[attr-defined]
+    for module in list(sys.modules.values()):  # rebound in each namespace that holds it (triton_compat, autotuner)
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and namespace.get(name) is original:
+            namespace[name] = first_call
+
+
+def computed(key_fn: Any) -> bool | None:
+    """Whether a cached key was computed already: functools' cache (triton_key) or torch's `torch_key_cache`, whose
+    closure keeps the value in a list `_cache`; None for any other kind."""
+    if hasattr(key_fn, "cache_info"):
+        return key_fn.cache_info().currsize > 0
+    if not inspect.isfunction(key_fn):
+        return None
+    cache = inspect.getclosurevars(key_fn).nonlocals.get("_cache")
+    return bool(cache) if isinstance(cache, list) else None
+
+
+def caller_name(frame: Any) -> str:
+    """A frame's function as "module:qualname"."""
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_qualname}"
 
 
 def _wrap_compile(manager_cls: Any, counter: Any, how: str, tally: Tally) -> None:
@@ -208,8 +394,12 @@ def _wrap_aot_load(decorators: Any, tally: Tally) -> None:
     def aot_load(model: Any, aot_compilation_path: str) -> Any:
         before = device_snapshot()
         started = time.perf_counter()
-        with collections() as passes:
-            loaded = original(model, aot_compilation_path)
+        tally.running.add("aot_load")  # `count`'s steps are timed only now
+        try:
+            with collections() as passes:
+                loaded = original(model, aot_compilation_path)
+        finally:
+            tally.running.discard("aot_load")
         seconds = round(time.perf_counter() - started, 4)
         tally.loads.append({"seconds": seconds, "loaded": loaded is not None, **passes,
                             **delta(before, device_snapshot())})  # fmt: skip
