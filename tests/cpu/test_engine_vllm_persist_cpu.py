@@ -1488,6 +1488,153 @@ except PersistError as err:
     ]
 
 
+COMPILED = """
+import os, tempfile
+os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"  # torch 2.11's path (the bundle's); this venv's torch would default to 1
+os.environ["VLLM_CACHE_ROOT"] = root = tempfile.mkdtemp()
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+from vllm import graphpersist_compiled as compiled, graphpersist_pieces as pieces
+from vllm.compilation.backends import VllmBackend
+from vllm.compilation.caching import VllmSerializableFunction as Fn
+from vllm.compilation.passes.utility.fix_functionalization import FixFunctionalizationPass
+from vllm.config import CompilationConfig, CompilationMode, set_current_vllm_config
+
+# CPU stand-in: this pass names vLLM's CUDA-only _C operators, which a CPU install lacks
+FixFunctionalizationPass.__call__ = lambda self, graph: None
+
+
+@torch.library.custom_op("gptest::attn", mutates_args=())
+def attn(x: torch.Tensor) -> torch.Tensor:  # where vLLM splits the model, as at its attention
+    return x * 2
+
+
+@attn.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Model(torch.nn.Module):  # four compiled pieces; the two middle ones are equal (one artifact, one not listed)
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.ops.gptest.attn(self.a(x).relu())
+        y = torch.ops.gptest.attn(self.b(y) + 1)
+        y = torch.ops.gptest.attn(self.b(y) + 1)
+        return y.sin()
+
+
+def config():
+    return VllmConfig(compilation_config=CompilationConfig(
+        mode=CompilationMode.VLLM_COMPILE, splitting_ops=["gptest::attn"], cudagraph_mode=CUDAGraphMode.NONE,
+        backend="inductor", compile_sizes=[], pass_config={"fuse_rope_kvcache_cat_mla": False}))
+
+
+def persisting(mode, notes=None):
+    sess = engine.PersistSession(adapter(), switch.Mode(mode), Path("/nonexistent-archive"), 0, 1)
+    sess.saved_notes = notes or {}
+    sess.activate()
+    pieces.install(sess)
+    compiled.install(sess)
+    return sess
+
+
+torch.manual_seed(0)
+model, x, made = Model(), torch.randn(5, 8), {}
+save = persisting("save")
+with set_current_vllm_config(config()):  # vLLM's backend compiles the model with Inductor, as at SAVE
+    backend = VllmBackend(config(), prefix="backbone")
+
+    def compile_model(graph, example_inputs):
+        made["inputs"] = [5 if isinstance(i, torch.SymInt) else i for i in example_inputs]
+        made["fn"] = backend(graph, example_inputs)
+        return made["fn"]
+
+    saved_out = torch.compile(model, backend=compile_model, dynamic=True, fullgraph=True)(x)
+model_file = Fn.serialize_compile_artifacts(made["fn"])
+notes = json.loads(json.dumps(save.notes))  # as the archive stores them
+
+
+def load(notes):
+    sess, cfg = persisting("load", notes), config()
+    with set_current_vllm_config(cfg):
+        fn = Fn.deserialize_compile_artifacts(model_file)
+    fn.finalize_loading(cfg)
+    out = fn.optimized_call(*made["inputs"])[0]
+    return {
+        "equal": [torch.equal(out, saved_out), torch.allclose(out, model(x))],
+        "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
+        "stats": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("built_from_notes"),
+        "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
+        "folder": cfg.compilation_config.local_cache_dir == backend.compiler_manager.cache_dir,
+    }
+"""
+
+
+def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_graph(vllm: WarmPython) -> None:
+    """overlays/vllm/vllm/graphpersist_compiled.py on vLLM's own backend, Inductor and model file (CPU): SAVE notes
+    each compiled piece; LOAD builds the model from the notes and vLLM's cache file without unpickling the Dynamo
+    graph, and computes what vLLM's path computes. Notes of another compile cache folder, or none, take vLLM's path."""
+    got = vllm.run(
+        COMPILED
+        + """
+moved = json.loads(json.dumps(notes))
+moved[compiled.NOTES_KEY]["backbone"]["folder"] = "0123456789/rank_0_0/backbone"
+result = {"notes": notes[compiled.NOTES_KEY], "built": load(notes), "moved": load(moved),
+          "none": load({pieces.NOTES_KEY: notes[pieces.NOTES_KEY]})}
+"""
+    ).ok()
+    plan = got["notes"]["backbone"]
+    assert [name for name, _, _ in plan["pieces"]] == ["submod_0", "submod_2", "submod_4", "submod_6"]
+    assert all(sym == [1] and returns for _, sym, returns in plan["pieces"])  # the batch size is argument 1
+    assert plan["folder"].endswith("/rank_0_0/backbone")
+    built = got["built"]
+    assert built == {
+        "equal": [True, True],
+        "graph": "_Unread",
+        "stats": True,
+        "counts": {"listed": 3, "reused": 1},  # the third piece shares the second's artifact, as SAVE noted
+        "folder": True,  # the compile cache folder vLLM's backend would have set
+    }
+    for fallback in (got["moved"], got["none"]):  # vLLM's own path: the graph unpickled, nothing built from notes
+        assert fallback["equal"] == [True, True] and fallback["graph"] == "GraphModule"
+    assert got["moved"]["stats"] is False and got["none"]["stats"] is None
+
+
+@pytest.mark.parametrize(
+    "saved, line",
+    [
+        ("['submod_0']", "notes.compiled_model: saved ['submod_0'], expected an object"),
+        (
+            "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', ['os:system'], True]]}}",
+            "notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', "
+            "['os:system'], True]]}, expected {'folder': a string, 'pieces': [[a name, [integers], a boolean], ...]}",
+        ),
+    ],
+    ids=["not-an-object", "not-a-piece"],
+)
+def test_load_refuses_damaged_compiled_model_notes_at_the_workers_first_seam(
+    vllm: WarmPython, saved: str, line: str
+) -> None:
+    """Notes of another shape refuse the LOAD when the glue installs, naming the entry and its saved value."""
+    got = vllm.run(
+        f"""
+from vllm import graphpersist_compiled as compiled
+from graphpersist.errors import PersistError
+load = open_session("load")
+load.saved_notes = {{compiled.NOTES_KEY: {saved}}}
+try:
+    compiled.install(load)
+    result = "installed"
+except PersistError as err:
+    result = str(err).splitlines()
+"""
+    ).ok()
+    assert got[0] == f"graphpersist: cannot LOAD: {line}"
+    assert got[-1] == "Re-run with mode=save for this configuration."
+
+
 def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:
     """engine.commit is compared at LOAD: it is the pinned wheel's (vllm/_version.py), never empty."""
     from gpdist import pins

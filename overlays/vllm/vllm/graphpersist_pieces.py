@@ -31,8 +31,7 @@ def install(sess: engine.PersistSession) -> None:
                       is_encoder: bool = False) -> Any:  # fmt: skip
         now = engine.current()
         keys = now.noted_keys(NOTES_KEY) if now is not None else None
-        folder = "/".join(Path(self.cache_dir).parts[-3:])  # the compile cache's hash, rank and model
-        name = f"{folder}/{compile_range.start}-{compile_range.end}/{graph_index}"
+        name = f"{folder_of(self.cache_dir)}/{compile_range.start}-{compile_range.end}/{graph_index}"
         # Upstream would hash it (backends.py:296-364): not listed; after an Inductor compile set its process-wide
         # settings; neither the first nor the last piece (vLLM's compile timing and log lines).
         hashed = ((compile_range, graph_index, self.compiler.name) not in self.cache and self.compiler.name in _INDUCTOR
@@ -49,3 +48,8 @@ def install(sess: engine.PersistSession) -> None:
         return artifact
 
     CompilerManager.compile = compile_piece
+
+
+def folder_of(cache_dir: str) -> str:
+    """A compiled model's folder as the notes name it: the compile cache's hash, the rank and the model's prefix."""
+    return "/".join(Path(cache_dir).parts[-3:])

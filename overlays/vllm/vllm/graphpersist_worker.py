@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vllm import graphpersist_compiled as compiled
 from vllm import graphpersist_facts as facts
 from vllm import graphpersist_pieces as pieces
 from vllm.graphpersist_adapter import VllmAdapter
@@ -38,6 +39,7 @@ class PersistWorker(Worker):
         # before vLLM's compile redirects Inductor's and Triton's caches, and before distributed init
         self._persist = engine.PersistSession.begin(VllmAdapter(self))
         pieces.install(self.persist)  # LOAD hands equal compiled pieces their artifact (refuses damaged notes)
+        compiled.install(self.persist)  # LOAD builds the compiled model from SAVE's notes (refuses damaged ones)
         super().init_device()
         facts.refuse_unsupported_runner(self)
         self.persist.timed("init_device", started)

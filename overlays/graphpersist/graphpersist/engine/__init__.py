@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
+from graphpersist.archive.validate import ADVICE
 from graphpersist.engine import breakable, warmup
 from graphpersist.engine.adapter import (
     Communicator,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
 
 __all__ = [
+    "ADVICE",
     "KERNEL_WARMUP",
     "MULTICAST_OFF",
     "Communicator",
