@@ -1565,7 +1565,7 @@ def load(notes):
     return {
         "equal": [torch.equal(out, saved_out), torch.allclose(out, model(x))],
         "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
-        "stats": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("built_from_notes"),
+        "stats": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {}).get("built_from_notes"),
         "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
         "folder": cfg.compilation_config.local_cache_dir == backend.compiler_manager.cache_dir,
     }

@@ -99,7 +99,7 @@ if args.mode != "off" and not todo.get("no_stats"):
         calls = captured if args.mode == "save" else todo.get("capture_calls", 0)
         record = {"rank": rank, "mode": args.mode, "captured": captured, "restored": restored,
                   "capture_calls": calls, "phases": {}}
-        for counted in ("kernel_choices", "noted_keys"):
+        for counted in ("kernel_choices", "noted_keys", "compiled_model"):
             if counted in todo:
                 record[counted] = todo[counted]
         (stats / f"rank_{rank}.json").write_text(json.dumps(record))
@@ -422,6 +422,16 @@ MISBEHAVING_LOADS = {
         "timed no kernel choice",
         "not measured: kernel_choices is not a count table on every rank",
     ),
+    "l_compiled": (
+        {"compiled_model": {"backbone": {"built_from_notes": False, "s": 1.5}}},
+        "built the compiled model from SAVE's notes",
+        "built from notes per rank {0: {'backbone': False}, 1: {'backbone': False}}, seconds",
+    ),
+    "l_models": (
+        {"compiled_model": {}},
+        "built the compiled model from SAVE's notes",
+        "not measured: compiled_model is not a table of models on every rank",
+    ),
 }
 
 
@@ -458,6 +468,25 @@ def test_a_load_that_launched_saves_kernel_choices_passes_and_an_engine_without_
         "detail": "timed per rank [0, 0], launched SAVE's choice per rank [5, 5]",
     }
     assert "load_fresh timed no kernel choice" not in checks  # its stats count no choices (as SGLang's)
+
+
+def test_a_load_that_built_its_compiled_model_from_notes_passes_and_one_without_such_stats_has_no_such_check(
+    tmp_path: Path,
+) -> None:
+    """vLLM's LOAD reports, per rank and compiled model, whether it was built from SAVE's notes
+    (overlays/vllm/vllm/graphpersist_compiled.py); SGLang's stats have no such table, and no check."""
+    behaviour = {"load": {"compiled_model": {"backbone": {"built_from_notes": True, "s": 0.05}}}}
+    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load", "load_fresh"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    checks = report(out)[2]
+    assert checks["load built the compiled model from SAVE's notes"] == {
+        "name": "load built the compiled model from SAVE's notes",
+        "status": "pass",
+        "detail": "built from notes per rank {0: {'backbone': True}, 1: {'backbone': True}}, seconds "
+        "{0: {'backbone': 0.05}, 1: {'backbone': 0.05}}",
+    }
+    assert "load_fresh built the compiled model from SAVE's notes" not in checks
 
 
 COUNT_TABLES = {

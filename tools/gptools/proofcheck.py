@@ -152,7 +152,7 @@ def evaluate(recipe: Recipe, out: Path, runs: dict[str, RunData], python: str) -
         if spec.mode == "load" and not spec.expect_refusal:
             load = runs[spec.name]
             checks += [check_restored(recipe, runs, load), check_no_capture(load), check_no_jit(load)]
-            checks += check_kernel_choices(load)
+            checks += check_kernel_choices(load) + check_compiled_model(load)
     checks += check_unaccounted(recipe, runs)
     checks += check_script_runs(runs)
     checks += [
@@ -499,6 +499,21 @@ def check_kernel_choices(load: RunData) -> list[Check]:
     pinned = [int(counts[r].get("pinned", 0)) for r in sorted(counts)]
     detail = f"timed per rank {timed}, launched SAVE's choice per rank {pinned}"
     return [Check(name, PASS if not any(timed) else FAIL, detail)]
+
+
+def check_compiled_model(load: RunData) -> list[Check]:
+    """LOAD built every compiled model from SAVE's notes, not by the engine's own load (vLLM's Dynamo graph unpickled
+    and split again: overlays/vllm/vllm/graphpersist_compiled.py). Only for stats that report it (vLLM's)."""
+    name = f"{load.spec.name} built the compiled model from SAVE's notes"
+    if not load.ran or _stats_problem(load) or not any("compiled_model" in s for s in load.stats):
+        return []
+    models = {s["rank"]: s.get("compiled_model") for s in load.stats}
+    if not all(isinstance(m, dict) and m and all(isinstance(v, dict) for v in m.values()) for m in models.values()):
+        return [Check(name, FAIL, f"not measured: compiled_model is not a table of models on every rank: {models}")]
+    built = {r: {p: v.get("built_from_notes") is True for p, v in models[r].items()} for r in sorted(models)}
+    seconds = {r: {p: v.get("s") for p, v in models[r].items()} for r in sorted(models)}
+    ok = all(all(b.values()) for b in built.values())
+    return [Check(name, PASS if ok else FAIL, f"built from notes per rank {built}, seconds {seconds}")]
 
 
 def check_no_jit(load: RunData) -> Check:

@@ -91,7 +91,8 @@ def install(sess: engine.PersistSession) -> None:
         else:
             self.optimized_call, self._fake_mode = built, None  # as vLLM's own finalize leaves it
         took, sess = time.perf_counter() - started, engine.current()
-        sess.stats_extra[NOTES_KEY] = {"built_from_notes": built is not None, "s": round(took, 4)}  # type: ignore
+        made = {"built_from_notes": built is not None, "s": round(took, 4)}  # the rank's stats, by model
+        sess.stats_extra.setdefault(NOTES_KEY, {})[self.prefix] = made  # type: ignore[union-attr]
         how = "built from SAVE's notes" if built else "loaded by vLLM's own path (the notes do not cover it)"
         sess.log("compiled model %s %s in %.2f s", self.prefix, how, took)  # type: ignore[union-attr]
 
