@@ -1558,6 +1558,9 @@ notes = json.loads(json.dumps(save.notes))  # as the archive stores them
 
 def load(notes):
     sess, cfg = persisting("load", notes), config()
+    # a fresh process's functorch settings, not those vLLM compiled under (the model file keeps them): vLLM's own load
+    # names the compile cache folder under the saved ones, and so must the notes' path
+    torch._functorch.config.debug_partitioner = not made["fn"].aot_autograd_config["debug_partitioner"]
     with set_current_vllm_config(cfg):
         fn = Fn.deserialize_compile_artifacts(model_file)
     fn.finalize_loading(cfg)
@@ -1566,6 +1569,7 @@ def load(notes):
         "equal": [torch.equal(out, saved_out), torch.allclose(out, model(x))],
         "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
         "stats": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {}).get("built_from_notes"),
+        "why_not": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {}).get("why_not"),
         "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
         "folder": cfg.compilation_config.local_cache_dir == backend.compiler_manager.cache_dir,
     }
@@ -1594,12 +1598,15 @@ result = {"notes": notes[compiled.NOTES_KEY], "built": load(notes), "moved": loa
         "equal": [True, True],
         "graph": "_Unread",
         "stats": True,
+        "why_not": "",
         "counts": {"listed": 3, "reused": 1},  # the third piece shares the second's artifact, as SAVE noted
         "folder": True,  # the compile cache folder vLLM's backend would have set
     }
     for fallback in (got["moved"], got["none"]):  # vLLM's own path: the graph unpickled, nothing built from notes
         assert fallback["equal"] == [True, True] and fallback["graph"] == "GraphModule"
     assert got["moved"]["stats"] is False and got["none"]["stats"] is None
+    folder = plan["folder"]
+    assert got["moved"]["why_not"] == f"compile cache folder {folder}, SAVE's 0123456789/rank_0_0/backbone"
 
 
 @pytest.mark.parametrize(

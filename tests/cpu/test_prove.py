@@ -423,9 +423,10 @@ MISBEHAVING_LOADS = {
         "not measured: kernel_choices is not a count table on every rank",
     ),
     "l_compiled": (
-        {"compiled_model": {"backbone": {"built_from_notes": False, "s": 1.5}}},
+        {"compiled_model": {"backbone": {"built_from_notes": False, "s": 1.5, "why_not": "compiler inductor"}}},
         "built the compiled model from SAVE's notes",
-        "built from notes per rank {0: {'backbone': False}, 1: {'backbone': False}}, seconds",
+        "built from notes per rank {0: {'backbone': False}, 1: {'backbone': False}}, seconds {0: {'backbone': 1.5}, "
+        "1: {'backbone': 1.5}}; why not: {0: {'backbone': 'compiler inductor'}, 1: {'backbone': 'compiler inductor'}}",
     ),
     "l_models": (
         {"compiled_model": {}},
@@ -475,7 +476,7 @@ def test_a_load_that_built_its_compiled_model_from_notes_passes_and_one_without_
 ) -> None:
     """vLLM's LOAD reports, per rank and compiled model, whether it was built from SAVE's notes
     (overlays/vllm/vllm/graphpersist_compiled.py); SGLang's stats have no such table, and no check."""
-    behaviour = {"load": {"compiled_model": {"backbone": {"built_from_notes": True, "s": 0.05}}}}
+    behaviour = {"load": {"compiled_model": {"backbone": {"built_from_notes": True, "s": 0.05, "why_not": ""}}}}
     recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load", "load_fresh"))
     out = tmp_path / "out"
     prove_cli(recipe, out)

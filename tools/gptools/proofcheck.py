@@ -513,7 +513,9 @@ def check_compiled_model(load: RunData) -> list[Check]:
     built = {r: {p: v.get("built_from_notes") is True for p, v in models[r].items()} for r in sorted(models)}
     seconds = {r: {p: v.get("s") for p, v in models[r].items()} for r in sorted(models)}
     ok = all(all(b.values()) for b in built.values())
-    return [Check(name, PASS if ok else FAIL, f"built from notes per rank {built}, seconds {seconds}")]
+    why = {r: {p: v.get("why_not") for p, v in models[r].items() if v.get("why_not")} for r in sorted(models)}
+    detail = f"built from notes per rank {built}, seconds {seconds}" + ("" if ok else f"; why not: {why}")
+    return [Check(name, PASS if ok else FAIL, detail)]
 
 
 def check_no_jit(load: RunData) -> Check:

@@ -82,7 +82,7 @@ def install(sess: engine.PersistSession) -> None:
             return upstream_finalize(self, vllm_config)
         started = time.perf_counter()
         plan = plans(engine.current()).get(self.prefix)  # type: ignore[arg-type]
-        built = None if plan is None else _build(self, plan, vllm_config)
+        built, why = (None, "SAVE noted no such model") if plan is None else _build(self, plan, vllm_config)
         if built is None:  # vLLM's own path, from the model file again (it reads the current config as at first)
             with set_current_vllm_config(vllm_config):
                 whole = upstream_deserialize(data)
@@ -91,9 +91,9 @@ def install(sess: engine.PersistSession) -> None:
         else:
             self.optimized_call, self._fake_mode = built, None  # as vLLM's own finalize leaves it
         took, sess = time.perf_counter() - started, engine.current()
-        made = {"built_from_notes": built is not None, "s": round(took, 4)}  # the rank's stats, by model
+        made = {"built_from_notes": built is not None, "s": round(took, 4), "why_not": why}  # rank stats, by model
         sess.stats_extra.setdefault(NOTES_KEY, {})[self.prefix] = made  # type: ignore[union-attr]
-        how = "built from SAVE's notes" if built else "loaded by vLLM's own path (the notes do not cover it)"
+        how = f"loaded by vLLM's own path ({why})" if built is None else "built from SAVE's notes"
         sess.log("compiled model %s %s in %.2f s", self.prefix, how, took)  # type: ignore[union-attr]
 
     Fn.deserialize_compile_artifacts = classmethod(deserialize)
@@ -164,25 +164,31 @@ def _unfinished(*args: Any, **kwargs: Any) -> Any:
     raise PersistError("graphpersist: vLLM's compiled model was called before its load finished (finalize_loading)")
 
 
-def _build(fn: Any, plan: dict[str, Any], cfg: Any) -> Any | None:
-    """The compiled model's call, as vLLM's own builder for cached artifacts makes it; None where this start's compile
-    cache folder is not SAVE's or an artifact is neither listed in vLLM's cache file nor noted by key."""
+def _build(fn: Any, plan: dict[str, Any], cfg: Any) -> tuple[Any | None, str]:
+    """The compiled model's call, as vLLM's own builder for cached artifacts makes it, or None and why not. Under the
+    functorch settings the model was compiled with, as vLLM's own load names the folder and builds (caching.py,
+    `finalize_loading`): the compiler's hash, part of the folder's name, reads them."""
+    import torch
+
+    saved_config = fn.aot_autograd_config
+    with torch._functorch.config.patch(saved_config) if saved_config else contextlib.nullcontext():
+        return _build_patched(fn, plan, cfg)
+
+
+def _build_patched(fn: Any, plan: dict[str, Any], cfg: Any) -> tuple[Any | None, str]:
     import torch
     from vllm.compilation.backends import CompilerManager
     from vllm.compilation.caching import StandaloneCompiledArtifacts, reconstruct_serializable_fn_from_mega_artifact
 
     cc, prefix = cfg.compilation_config, fn.prefix
-    if (
-        fn.is_encoder
-        or fn.execution_code is None
-        or cc.cudagraph_copy_inputs
-        or cc.dynamic_shapes_config.evaluate_guards
-    ):
-        return None  # encoders, compiler-managed input copies, guards evaluated at run time: vLLM's path
+    if fn.is_encoder or cc.cudagraph_copy_inputs or cc.dynamic_shapes_config.evaluate_guards or not fn.execution_code:
+        return None, "an encoder, compiler-managed input copies, guards evaluated at run time or no stitching code"
     manager = CompilerManager(cc)
+    if manager.compiler.name != "inductor_standalone":
+        return None, f"compiler {manager.compiler.name}"
     cache_dir, local = _cache_folders(cfg, manager, prefix)
-    if manager.compiler.name != "inductor_standalone" or pieces.folder_of(local) != plan["folder"]:
-        return None
+    if pieces.folder_of(local) != plan["folder"]:
+        return None, f"compile cache folder {pieces.folder_of(local)}, SAVE's {plan['folder']}"
     manager.initialize_cache(local, False, prefix)
     keys = engine.current().noted_keys(pieces.NOTES_KEY)  # type: ignore[union-attr]
     wanted = [(name, rng, index) for index, (name, _, _) in enumerate(plan["pieces"]) for rng in _ranges(cc)]
@@ -194,25 +200,23 @@ def _build(fn: Any, plan: dict[str, Any], cfg: Any) -> Any | None:
     noted = keys.saved.get
     handed = {f"{name}_{rng}": listed[(rng, index)] or (noted(f"{plan['folder']}/{rng.start}-{rng.end}/{index}"), "")
               for name, rng, index in wanted}  # fmt: skip
-    if any(key not in by_key for key, _ in handed.values()):
-        return None
+    if lacking := [shape_key for shape_key, (key, _) in handed.items() if key not in by_key]:
+        return None, f"{len(lacking)} artifact(s) neither listed in vLLM's cache file nor noted, e.g. {lacking[0]}"
     artifacts = StandaloneCompiledArtifacts()
     for shape_key, (key, path) in handed.items():
         keys.counts["listed" if path else "reused"] += 1
         artifacts.submodule_bytes[shape_key] = key
         artifacts.submodule_bytes_store[key] = b""  # nothing to load: `load_all` finds every one loaded
         artifacts.loaded_submodule_store[key] = by_key[key]
-    state = {k: v for k, v in vars(fn).items() if k not in _NOT_STATE}  # what vLLM's constructor takes
-    saved_config = fn.aot_autograd_config
-    with torch._functorch.config.patch(saved_config) if saved_config else contextlib.nullcontext():
-        built = reconstruct_serializable_fn_from_mega_artifact(
-            state=state, standalone_compile_artifacts=artifacts, vllm_config=cfg,
-            sym_shape_indices_map={name: sym for name, sym, _ in plan["pieces"]},
-            returns_tuple_map={name: returns for name, _, returns in plan["pieces"]}, fake_mode=None,
-        )  # fmt: skip
+    built = reconstruct_serializable_fn_from_mega_artifact(
+        state={k: v for k, v in vars(fn).items() if k not in _NOT_STATE},  # what vLLM's constructor takes
+        standalone_compile_artifacts=artifacts, vllm_config=cfg,
+        sym_shape_indices_map={name: sym for name, sym, _ in plan["pieces"]},
+        returns_tuple_map={name: returns for name, _, returns in plan["pieces"]}, fake_mode=None,
+    )  # fmt: skip
     cc.cache_dir, cc.local_cache_dir = cache_dir, local  # as vLLM's backend leaves them
     cc.traced_files.clear()
-    return built.optimized_call
+    return built.optimized_call, ""
 
 
 def _entry(value: Any) -> tuple[str, str] | None:
