@@ -1489,10 +1489,10 @@ except PersistError as err:
 
 
 COMPILED = """
-import os, tempfile
+import os
 os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"  # torch 2.11's path (the bundle's); this venv's torch would default to 1
-os.environ["VLLM_CACHE_ROOT"] = root = tempfile.mkdtemp()
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+os.environ["VLLM_CACHE_ROOT"] = str(work / "cache")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "cache" / "inductor")
 from vllm import graphpersist_compiled as compiled, graphpersist_pieces as pieces
 from vllm.compilation.backends import VllmBackend
 from vllm.compilation.caching import VllmSerializableFunction as Fn
@@ -1538,8 +1538,9 @@ def persisting(mode, notes=None):
     pieces.install(sess)
     compiled.install(sess)
     return sess
+"""
 
-
+COMPILED_SAVE = """
 torch.manual_seed(0)
 model, x, made = Model(), torch.randn(5, 8), {}
 save = persisting("save")
@@ -1552,61 +1553,71 @@ with set_current_vllm_config(config()):  # vLLM's backend compiles the model wit
         return made["fn"]
 
     saved_out = torch.compile(model, backend=compile_model, dynamic=True, fullgraph=True)(x)
-model_file = Fn.serialize_compile_artifacts(made["fn"])
-notes = json.loads(json.dumps(save.notes))  # as the archive stores them
-
-
-def load(notes):
-    sess, cfg = persisting("load", notes), config()
-    # a fresh process's functorch settings, not those vLLM compiled under (the model file keeps them): vLLM's own load
-    # names the compile cache folder under the saved ones, and so must the notes' path
-    torch._functorch.config.debug_partitioner = not made["fn"].aot_autograd_config["debug_partitioner"]
-    with set_current_vllm_config(cfg):
-        fn = Fn.deserialize_compile_artifacts(model_file)
-    fn.finalize_loading(cfg)
-    out = fn.optimized_call(*made["inputs"])[0]
-    return {
-        "equal": [torch.equal(out, saved_out), torch.allclose(out, model(x))],
-        "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
-        "stats": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {}).get("built_from_notes"),
-        "why_not": sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {}).get("why_not"),
-        "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
-        "folder": cfg.compilation_config.local_cache_dir == backend.compiler_manager.cache_dir,
-    }
+(work / "model").write_bytes(Fn.serialize_compile_artifacts(made["fn"]))
+(work / "notes.json").write_text(json.dumps(save.notes))  # as the archive stores them
+torch.save({"inputs": made["inputs"], "saved": saved_out, "eager": model(x).detach(),
+            "aot_autograd_config": made["fn"].aot_autograd_config}, work / "io.pt")
+result = backend.compiler_manager.cache_dir
 """
 
+COMPILED_LOAD = """
+notes, io = json.loads((work / "notes.json").read_text()), torch.load(work / "io.pt", weights_only=False)
+sess, cfg = persisting("load", edit(notes)), config()
+# another functorch setting than vLLM compiled under (the model file keeps those): vLLM's own load names the compile
+# cache folder under the saved ones, and so must the notes' path
+torch._functorch.config.debug_partitioner = not io["aot_autograd_config"]["debug_partitioner"]
+with set_current_vllm_config(cfg):
+    fn = Fn.deserialize_compile_artifacts((work / "model").read_bytes())
+fn.finalize_loading(cfg)
+out = fn.optimized_call(*io["inputs"])[0]
+made = sess.stats_extra.get(compiled.NOTES_KEY, {}).get("backbone", {})
+result = {
+    "equal": [torch.equal(out, io["saved"]), torch.allclose(out, io["eager"])],
+    "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
+    "built": made.get("built_from_notes"),
+    "why_not": made.get("why_not"),
+    "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
+    "folder": cfg.compilation_config.local_cache_dir,
+    "notes": notes[compiled.NOTES_KEY],
+}
+"""
 
-def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_graph(vllm: WarmPython) -> None:
+LOAD_CASES = {
+    "notes": "lambda notes: notes",
+    "moved": "lambda notes: {**notes, compiled.NOTES_KEY: {'backbone': {**notes[compiled.NOTES_KEY]['backbone'], "
+    "'folder': '0123456789/rank_0_0/backbone'}}}",
+    "none": "lambda notes: {pieces.NOTES_KEY: notes[pieces.NOTES_KEY]}",
+}
+
+
+def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_graph(
+    vllm: WarmPython, tmp_path: Path
+) -> None:
     """overlays/vllm/vllm/graphpersist_compiled.py on vLLM's own backend, Inductor and model file (CPU): SAVE notes
-    each compiled piece; LOAD builds the model from the notes and vLLM's cache file without unpickling the Dynamo
-    graph, and computes what vLLM's path computes. Notes of another compile cache folder, or none, take vLLM's path."""
-    got = vllm.run(
-        COMPILED
-        + """
-moved = json.loads(json.dumps(notes))
-moved[compiled.NOTES_KEY]["backbone"]["folder"] = "0123456789/rank_0_0/backbone"
-result = {"notes": notes[compiled.NOTES_KEY], "built": load(notes), "moved": load(moved),
-          "none": load({pieces.NOTES_KEY: notes[pieces.NOTES_KEY]})}
-"""
-    ).ok()
-    plan = got["notes"]["backbone"]
+    each compiled piece; a LOAD in another process builds the model from the notes and vLLM's cache file without
+    unpickling the Dynamo graph, and computes what vLLM's path computes. Notes of another compile cache folder, or
+    none, take vLLM's path."""
+    work = f"work = Path({str(tmp_path)!r})\n"
+    folder = vllm.run(work + COMPILED + COMPILED_SAVE).ok()
+    got = {
+        case: vllm.run(work + f"edit = {edit}\n" + COMPILED + COMPILED_LOAD).ok() for case, edit in LOAD_CASES.items()
+    }
+    plan = got["notes"]["notes"]["backbone"]
     assert [name for name, _, _ in plan["pieces"]] == ["submod_0", "submod_2", "submod_4", "submod_6"]
     assert all(sym == [1] and returns for _, sym, returns in plan["pieces"])  # the batch size is argument 1
-    assert plan["folder"].endswith("/rank_0_0/backbone")
-    built = got["built"]
-    assert built == {
+    assert plan["folder"] == "/".join(Path(folder).parts[-3:]) and plan["folder"].endswith("/rank_0_0/backbone")
+    assert {k: v for k, v in got["notes"].items() if k != "notes"} == {
         "equal": [True, True],
         "graph": "_Unread",
-        "stats": True,
+        "built": True,
         "why_not": "",
         "counts": {"listed": 3, "reused": 1},  # the third piece shares the second's artifact, as SAVE noted
-        "folder": True,  # the compile cache folder vLLM's backend would have set
+        "folder": folder,  # the compile cache folder vLLM's backend would have set
     }
     for fallback in (got["moved"], got["none"]):  # vLLM's own path: the graph unpickled, nothing built from notes
         assert fallback["equal"] == [True, True] and fallback["graph"] == "GraphModule"
-    assert got["moved"]["stats"] is False and got["none"]["stats"] is None
-    folder = plan["folder"]
-    assert got["moved"]["why_not"] == f"compile cache folder {folder}, SAVE's 0123456789/rank_0_0/backbone"
+    assert got["moved"]["built"] is False and got["none"]["built"] is None
+    assert got["moved"]["why_not"] == f"compile cache folder {plan['folder']}, SAVE's 0123456789/rank_0_0/backbone"
 
 
 @pytest.mark.parametrize(
