@@ -339,6 +339,50 @@ def test_check_refuses_the_values_load_cannot_use(loadable: Path, name: str) -> 
     refused_everywhere(loadable, 0, says)
 
 
+NOTES = {  # the sections of an engine's notes whose form the runtime knows (graphpersist.archive.notedsections)
+    "a piece's key that is no string": (
+        {"compiled_pieces": {"h/rank_0_0/backbone/1-16384/1": 7}},
+        "extra.engine_notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved 7, expected a string",
+    ),
+    "a compiled model's piece of another shape": (
+        {"compiled_model": {"backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", ["1"], True]]}}},
+        "extra.engine_notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': "
+        "[['submod_0', ['1'], True]]}, expected {'folder': a string",
+    ),
+    "compiled models that are no object": (
+        {"compiled_model": ["backbone"]},
+        "extra.engine_notes.compiled_model: saved ['backbone'], expected an object of compiled models by name",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOTES))
+def test_check_refuses_the_engine_notes_load_refuses(loadable: Path, name: str) -> None:
+    """vLLM's glue refuses these entries at LOAD (graphpersist_pieces, graphpersist_compiled); `check`, without the
+    engine, refuses them too, naming the entry and its saved value."""
+    from graphpersist.archive import notedsections
+    from graphpersist.errors import PersistError
+
+    notes, says = NOTES[name]
+    section = next(iter(notes))
+    with pytest.raises(PersistError, match=re.escape(says.removeprefix("extra.engine_notes."))):
+        notedsections.READERS[section](section, notes[section])  # what the glue calls at LOAD
+    edit_json(loadable, "rank_1/rank.json", lambda r: r["extra"].update(engine_notes=notes))
+    refused_everywhere(loadable, 1, says)
+
+
+def test_check_accepts_well_formed_engine_notes(loadable: Path) -> None:
+    notes = {
+        "compiled_pieces": {"h/rank_0_0/backbone/1-16384/1": "a-key"},
+        "compiled_model": {"backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", [1], True]]}},
+    }
+    edit_json(loadable, "rank_1/rank.json", lambda r: r["extra"].update(engine_notes=notes))
+    code, out, err = run_cli("check", str(loadable))
+    assert code != 2 and "payloads verified" in out, out + err  # 1: this host is not the archive's
+    load_stage(loadable, 1)  # LOAD's CPU stage takes them too
+    assert open_archive(loadable).rank_facts(1).engine_notes() == notes
+
+
 def test_a_kernel_attribute_key_in_other_digits_is_refused(loadable: Path) -> None:
     from graphpersist.graph import format as graphformat
 

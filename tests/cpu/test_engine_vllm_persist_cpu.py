@@ -1623,7 +1623,7 @@ def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_grap
 @pytest.mark.parametrize(
     "saved, line",
     [
-        ("['submod_0']", "notes.compiled_model: saved ['submod_0'], expected an object"),
+        ("['submod_0']", "notes.compiled_model: saved ['submod_0'], expected an object of compiled models by name"),
         (
             "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', ['os:system'], True]]}}",
             "notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', "

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.archive import Archive, ArchiveError, archive_path
+from graphpersist.archive import Archive, ArchiveError, archive_path, notedsections
 from graphpersist.archive.fields import I64, U64, Refusal, kind, list_at, uint_at
 from graphpersist.archive.manifest import RANK_RECORD_NAME, RankRecord, rank_dir
 from graphpersist.archive.shown import shown
@@ -256,7 +256,9 @@ def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> N
     """The engine's notes name code only by registry id (structure.check_notes: a call record's function, a
     dataclass's type); each leaf of their records is a tensor spec in the rank's region or the engine's own leaf, an
     object of strings (SGLang's `{"module": <name in the model>}`). Whether the live engine's registry holds an id is
-    LOAD's question: the engine's glue asks it (structure.decode_call), check cannot."""
+    LOAD's question: the engine's glue asks it (structure.decode_call), check cannot. The sections whose form the
+    runtime knows (graphpersist.archive.notedsections: vLLM's compiled pieces and models) are read as LOAD reads them.
+    """
 
     def leaf(spec: Any, where: str) -> None:
         if type(spec) is dict and set(spec) == {"addr", "dtype", "shape", "stride"}:
@@ -268,6 +270,11 @@ def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> N
         structure.check_notes(notes, leaf, "engine_notes")
     except structure.StructureError as exc:
         raise Refusal(rel, "", f"extra.{exc}", NAMES_ADVICE) from None
+    try:  # the sections whose form the runtime knows, read as LOAD's glue reads them
+        notedsections.check(notes)
+    except PersistError as exc:
+        line = str(exc).splitlines()[0].removeprefix("graphpersist: cannot LOAD: ")
+        raise Refusal(rel, "", f"extra.engine_{line}") from None
 
 
 def _spec_checker(rel: str, where: str, region: tuple[int, int]) -> Callable[[Any, str], None]:

@@ -20,7 +20,7 @@ from vllm import graphpersist_pieces as pieces
 from graphpersist import engine
 from graphpersist.engine import PersistError
 
-NOTES_KEY = "compiled_model"  # by model prefix: {"folder": <hash>/<rank>/<model>, "pieces": [[name, [sym...], tuple]]}
+NOTES_KEY = engine.COMPILED_MODEL  # by model prefix: {"folder": <hash>/<rank>/<model>, "pieces": [[name, sym, tuple]]}
 _NOT_STATE = ("optimized_call", "shape_env", "vllm_backend", "_fake_mode")  # VllmSerializableFunction's own
 _installed: set[str] = set()  # the process-wide wrappers: "save" or "load"
 _pending: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()  # LOAD: model file bytes by function
@@ -109,28 +109,9 @@ class _Unread:
 
 
 def plans(sess: engine.PersistSession) -> dict[str, dict[str, Any]]:
-    """LOAD: SAVE's notes by model prefix ({} where it noted none); an entry of another shape refuses the LOAD."""
-    saved = sess.saved_notes.get(NOTES_KEY)
-    if saved is None:
-        return {}
-    bad = [] if isinstance(saved, dict) else [f"notes.{NOTES_KEY}: saved {saved!r:.120}, expected an object"]
-    for prefix, plan in saved.items() if not bad else ():
-        if not _is_plan(plan):
-            bad.append(f"notes.{NOTES_KEY}[{prefix!r:.80}]: saved {plan!r:.120}, expected {{'folder': a string, "
-                       "'pieces': [[a name, [integers], a boolean], ...]}")  # fmt: skip
-    if bad:
-        raise PersistError("\n".join([*(f"graphpersist: cannot LOAD: {line}" for line in bad), engine.ADVICE]))
-    return saved
-
-
-def _is_plan(plan: Any) -> bool:
-    if not isinstance(plan, dict) or set(plan) != {"folder", "pieces"} or not isinstance(plan["folder"], str):
-        return False
-    return isinstance(plan["pieces"], list) and all(
-        isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[2], bool)
-        and isinstance(p[1], list) and all(type(i) is int for i in p[1])
-        for p in plan["pieces"]
-    )  # fmt: skip
+    """LOAD: SAVE's notes by model prefix ({} where it noted none); an entry of another shape refuses the LOAD
+    (graphpersist.archive.notedsections: `graphpersist check` refuses the same)."""
+    return engine.read_noted_models(NOTES_KEY, sess.saved_notes.get(NOTES_KEY))
 
 
 def _plan_of(backend: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from graphpersist import engine
 
-NOTES_KEY = "compiled_pieces"  # the rank's notes: AOTAutograd's key by piece, <hash>/<rank>/<model>/<range>/<index>
+NOTES_KEY = engine.COMPILED_PIECES  # the rank's notes: AOTAutograd's key by piece, <hash>/<rank>/<model>/<range>/<i>
 _INDUCTOR = ("inductor_standalone", "inductor")  # their compile moves num_inductor_compiles first (compiler_interface)
 _upstream: Any = None  # CompilerManager.compile as vLLM defines it, once wrapped (the wrapper is process-wide)
 

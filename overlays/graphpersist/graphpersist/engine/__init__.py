@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
-from graphpersist.archive.validate import ADVICE
+from graphpersist.archive.notedsections import COMPILED_MODEL, COMPILED_PIECES
+from graphpersist.archive.notedsections import read_models as read_noted_models
 from graphpersist.engine import breakable, warmup
 from graphpersist.engine.adapter import (
     Communicator,
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
 
 __all__ = [
-    "ADVICE",
+    "COMPILED_MODEL",
+    "COMPILED_PIECES",
     "KERNEL_WARMUP",
     "MULTICAST_OFF",
     "Communicator",
@@ -82,6 +84,7 @@ __all__ = [
     "opted_in",
     "per_shape_tensors",
     "put_back",
+    "read_noted_models",
     "recording_refusals",
     "refusal_or",
     "refusal_recorded",

@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphpersist.archive.shown import shown
-from graphpersist.archive.validate import ADVICE
-from graphpersist.errors import PersistError
+from graphpersist.archive.notedsections import read_keys as read
 
 
 @dataclass
@@ -60,22 +58,3 @@ class NotedKeys:
         key = next((k for k, v in filed.items() if v is made), None)
         if isinstance(key, str):
             self.noted[name] = key
-
-
-def read(section: str, saved: Any) -> dict[str, str]:
-    """SAVE's keys by piece name; {} where the archive noted none (saved before the engine noted them). Anything but
-    an object of strings is refused: one line per damaged entry (its name, the saved value), then the advice."""
-    if saved is None:
-        return {}
-    if not isinstance(saved, dict):
-        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of keys by piece name"]
-    else:
-        lines = [
-            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(key), 120)}, expected a string (the key "
-            "SAVE noted for that piece)"
-            for name, key in saved.items()
-            if not isinstance(key, str)
-        ]
-    if lines:
-        raise PersistError("\n".join([*(f"graphpersist: cannot LOAD: {line}" for line in lines), ADVICE]))
-    return dict(saved)

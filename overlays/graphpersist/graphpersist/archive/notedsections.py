@@ -1,0 +1,78 @@
+"""The sections of an engine's notes whose form the runtime knows, read the same way by LOAD (through the engine's
+glue) and by `graphpersist check` (without the engine, graphpersist.loadplan): so check refuses every damaged entry
+LOAD refuses. An archive is data, never code: each is plain strings, numbers and booleans, only compared with what
+the live engine made. vLLM's glue notes them (overlays/vllm/vllm/graphpersist_pieces.py, graphpersist_compiled.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graphpersist.archive.shown import shown
+from graphpersist.archive.validate import ADVICE
+from graphpersist.errors import PersistError
+
+COMPILED_PIECES = "compiled_pieces"  # piece name -> the key its compiled artifact is filed under (engine.notedkeys)
+COMPILED_MODEL = "compiled_model"  # model name -> {"folder": ..., "pieces": [[name, [SymInt positions], tuple?]]}
+
+
+def read_keys(section: str, saved: Any) -> dict[str, str]:
+    """SAVE's keys by piece name; {} where the archive noted none (saved before the engine noted them). Anything but
+    an object of strings is refused: one line per damaged entry (its name, the saved value), then the advice."""
+    if saved is None:
+        return {}
+    if not isinstance(saved, dict):
+        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of keys by piece name"]
+    else:
+        lines = [
+            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(key), 120)}, expected a string (the key "
+            "SAVE noted for that piece)"
+            for name, key in saved.items()
+            if not isinstance(key, str)
+        ]
+    _refuse(lines)
+    return dict(saved)
+
+
+def read_models(section: str, saved: Any) -> dict[str, dict[str, Any]]:
+    """SAVE's compiled models by name, each its compile cache folder and its pieces in compile order (name, SymInt
+    argument positions, whether it returns a tuple); {} where the archive noted none. Anything else is refused: one
+    line per damaged entry, then the advice."""
+    if saved is None:
+        return {}
+    if not isinstance(saved, dict):
+        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of compiled models by name"]
+    else:
+        lines = [
+            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(model), 120)}, expected {{'folder': a "
+            "string, 'pieces': [[a name, [integers], a boolean], ...]}"
+            for name, model in saved.items()
+            if not _is_model(model)
+        ]
+    _refuse(lines)
+    return dict(saved)
+
+
+def _is_model(model: Any) -> bool:
+    if not isinstance(model, dict) or set(model) != {"folder", "pieces"} or not isinstance(model["folder"], str):
+        return False
+    return isinstance(model["pieces"], list) and all(
+        isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[1], list)
+        and all(type(i) is int for i in p[1]) and isinstance(p[2], bool)
+        for p in model["pieces"]
+    )  # fmt: skip
+
+
+READERS: dict[str, Callable[[str, Any], Any]] = {COMPILED_PIECES: read_keys, COMPILED_MODEL: read_models}
+
+
+def check(notes: dict[str, Any]) -> None:
+    """Every known section of a rank's notes read as LOAD reads it (`graphpersist check`); the first refused raises."""
+    for section, read in READERS.items():
+        read(section, notes.get(section))
+
+
+def _refuse(lines: list[str]) -> None:
+    if lines:
+        raise PersistError("\n".join([*(f"graphpersist: cannot LOAD: {line}" for line in lines), ADVICE]))
