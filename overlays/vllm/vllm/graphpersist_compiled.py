@@ -30,30 +30,35 @@ _unread: list[bool] = []  # LOAD: not empty while vLLM's deserializer reads a mo
 def install(sess: engine.PersistSession) -> None:
     """SAVE notes each compiled model's pieces as vLLM's backend made them; LOAD builds from those notes (refusing
     damaged ones here). Wraps once per process."""
-    from vllm.compilation.backends import VllmBackend
-    from vllm.compilation.caching import VllmSerializableFunction as Fn
-    from vllm.config import set_current_vllm_config
-
     if sess.loading:
         plans(sess)
         threading.Thread(target=_hash_sources, name="graphpersist-source-hashes", daemon=True).start()
     side = "load" if sess.loading else "save"
-    if side in _installed:
-        return
-    _installed.add(side)
-    if not sess.loading:
-        upstream_call = VllmBackend.__call__
+    if side not in _installed:
+        _installed.add(side)
+        (_wrap_load if sess.loading else _wrap_save)()
 
-        @functools.wraps(upstream_call)
-        def call(self: Any, graph: Any, example_inputs: Any) -> Any:
-            made = upstream_call(self, graph, example_inputs)
-            now = engine.current()
-            if now is not None and not now.loading:
-                now.notes.setdefault(NOTES_KEY, {})[self.prefix] = _plan_of(self)
-            return made
 
-        VllmBackend.__call__ = call
-        return
+def _wrap_save() -> None:
+    from vllm.compilation.backends import VllmBackend
+
+    upstream_call = VllmBackend.__call__
+
+    @functools.wraps(upstream_call)
+    def call(self: Any, graph: Any, example_inputs: Any) -> Any:
+        made = upstream_call(self, graph, example_inputs)
+        now = engine.current()
+        if now is not None and not now.loading:
+            now.notes.setdefault(NOTES_KEY, {})[self.prefix] = _plan_of(self)
+        return made
+
+    VllmBackend.__call__ = call
+
+
+def _wrap_load() -> None:
+    from vllm.compilation.caching import VllmSerializableFunction as Fn
+    from vllm.config import set_current_vllm_config
+
     upstream_deserialize, upstream_finalize = Fn.deserialize_compile_artifacts, Fn.finalize_loading
     upstream_graph = Fn.deserialize_graph_module
 
