@@ -18,39 +18,33 @@ COMPILED_MODEL = "compiled_model"  # model name -> {"folder": ..., "pieces": [[n
 
 
 def read_keys(section: str, saved: Any) -> dict[str, str]:
-    """SAVE's keys by piece name; {} where the archive noted none (saved before the engine noted them). Anything but
-    an object of strings is refused: one line per damaged entry (its name, the saved value), then the advice."""
-    if saved is None:
-        return {}
-    if not isinstance(saved, dict):
-        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of keys by piece name"]
-    else:
-        lines = [
-            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(key), 120)}, expected a string (the key "
-            "SAVE noted for that piece)"
-            for name, key in saved.items()
-            if not isinstance(key, str)
-        ]
-    _refuse(lines)
-    return dict(saved)
+    """SAVE's keys by piece name; {} where the archive noted none (saved before the engine noted them)."""
+    return _read(section, saved, "keys by piece name", lambda key: isinstance(key, str),
+                 "a string (the key SAVE noted for that piece)")  # fmt: skip
 
 
 def read_models(section: str, saved: Any) -> dict[str, dict[str, Any]]:
     """SAVE's compiled models by name, each its compile cache folder and its pieces in compile order (name, SymInt
-    argument positions, whether it returns a tuple); {} where the archive noted none. Anything else is refused: one
-    line per damaged entry, then the advice."""
+    argument positions, whether it returns a tuple); {} where the archive noted none."""
+    return _read(section, saved, "compiled models by name", _is_model,
+                 "{'folder': a string, 'pieces': [[a name, [integers], a boolean], ...]}")  # fmt: skip
+
+
+def _read(section: str, saved: Any, of: str, fits: Callable[[Any], bool], expected: str) -> dict[str, Any]:
+    """`saved` when it is an object whose every entry `fits`; else refused: one line per damaged entry (its name, the
+    saved value, what was `expected`), then the advice."""
     if saved is None:
         return {}
     if not isinstance(saved, dict):
-        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of compiled models by name"]
+        lines = [f"notes.{section}: saved {shown(repr(saved), 120)}, expected an object of {of}"]
     else:
         lines = [
-            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(model), 120)}, expected {{'folder': a "
-            "string, 'pieces': [[a name, [integers], a boolean], ...]}"
-            for name, model in saved.items()
-            if not _is_model(model)
+            f"notes.{section}[{shown(repr(name), 80)}]: saved {shown(repr(value), 120)}, expected {expected}"
+            for name, value in saved.items()
+            if not fits(value)
         ]
-    _refuse(lines)
+    if lines:
+        raise PersistError("\n".join([*(f"graphpersist: cannot LOAD: {line}" for line in lines), ADVICE]))
     return dict(saved)
 
 
@@ -71,8 +65,3 @@ def check(notes: dict[str, Any]) -> None:
     """Every known section of a rank's notes read as LOAD reads it (`graphpersist check`); the first refused raises."""
     for section, read in READERS.items():
         read(section, notes.get(section))
-
-
-def _refuse(lines: list[str]) -> None:
-    if lines:
-        raise PersistError("\n".join([*(f"graphpersist: cannot LOAD: {line}" for line in lines), ADVICE]))
