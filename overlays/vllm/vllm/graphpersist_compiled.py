@@ -18,7 +18,6 @@ from typing import Any
 from vllm import graphpersist_pieces as pieces
 
 from graphpersist import engine
-from graphpersist.engine import PersistError
 
 NOTES_KEY = engine.COMPILED_MODEL  # by model prefix: {"folder": <hash>/<rank>/<model>, "pieces": [[name, sym, tuple]]}
 _NOT_STATE = ("optimized_call", "shape_env", "vllm_backend", "_fake_mode")  # VllmSerializableFunction's own
@@ -144,10 +143,6 @@ def _hash_sources() -> None:
         from triton.runtime.cache import triton_key
 
         triton_key()
-
-
-def _unfinished(*args: Any, **kwargs: Any) -> Any:
-    raise PersistError("graphpersist: vLLM's compiled model was called before its load finished (finalize_loading)")
 
 
 def _build(fn: Any, plan: dict[str, Any], cfg: Any) -> tuple[Any | None, str]:
