@@ -1466,28 +1466,6 @@ result = {{
         assert got["compiled"] == [1, 1, 1] and got["stats"] == {"compiled_pieces": {"upstream": 3}}
 
 
-def test_load_refuses_damaged_piece_notes_at_the_workers_first_seam(vllm: WarmPython) -> None:
-    """A noted key that is no string (an archive names data, never code) refuses the LOAD when the glue installs."""
-    got = vllm.run(
-        """
-from vllm import graphpersist_pieces as pieces
-from graphpersist.errors import PersistError
-load = open_session("load")
-load.saved_notes = {pieces.NOTES_KEY: {"h/rank_0_0/backbone/1-16384/1": {"fn": "os:system"}}}
-try:
-    pieces.install(load)
-    result = "installed"
-except PersistError as err:
-    result = str(err).splitlines()
-"""
-    ).ok()
-    assert got == [
-        "graphpersist: cannot LOAD: notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved {'fn': 'os:system'}, "
-        "expected a string (the key SAVE noted for that piece)",
-        "Re-run with mode=save for this configuration.",
-    ]
-
-
 COMPILED = """
 import os
 os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"  # torch 2.11's path (the bundle's); this venv's torch would default to 1
@@ -1621,36 +1599,47 @@ def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_grap
 
 
 @pytest.mark.parametrize(
-    "saved, line",
+    "module, saved, line",
     [
-        ("['submod_0']", "notes.compiled_model: saved ['submod_0'], expected an object of compiled models by name"),
         (
+            "graphpersist_pieces",
+            "{'h/rank_0_0/backbone/1-16384/1': {'fn': 'os:system'}}",
+            "notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved {'fn': 'os:system'}, expected a string (the "
+            "key SAVE noted for that piece)",
+        ),
+        (
+            "graphpersist_compiled",
+            "['submod_0']",
+            "notes.compiled_model: saved ['submod_0'], expected an object of compiled models by name",
+        ),
+        (
+            "graphpersist_compiled",
             "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', ['os:system'], True]]}}",
             "notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', "
             "['os:system'], True]]}, expected {'folder': a string, 'pieces': [[a name, [integers], a boolean], ...]}",
         ),
     ],
-    ids=["not-an-object", "not-a-piece"],
+    ids=["piece-key-not-a-string", "models-not-an-object", "model-piece-of-another-shape"],
 )
-def test_load_refuses_damaged_compiled_model_notes_at_the_workers_first_seam(
-    vllm: WarmPython, saved: str, line: str
+def test_load_refuses_damaged_compiled_notes_at_the_workers_first_seam(
+    vllm: WarmPython, module: str, saved: str, line: str
 ) -> None:
-    """Notes of another shape refuse the LOAD when the glue installs, naming the entry and its saved value."""
+    """Notes of another shape (an archive names data, never code) refuse the LOAD when the glue installs, naming the
+    entry and its saved value."""
     got = vllm.run(
         f"""
-from vllm import graphpersist_compiled as compiled
+from vllm import {module} as glue
 from graphpersist.errors import PersistError
 load = open_session("load")
-load.saved_notes = {{compiled.NOTES_KEY: {saved}}}
+load.saved_notes = {{glue.NOTES_KEY: {saved}}}
 try:
-    compiled.install(load)
+    glue.install(load)
     result = "installed"
 except PersistError as err:
     result = str(err).splitlines()
 """
     ).ok()
-    assert got[0] == f"graphpersist: cannot LOAD: {line}"
-    assert got[-1] == "Re-run with mode=save for this configuration."
+    assert got == [f"graphpersist: cannot LOAD: {line}", "Re-run with mode=save for this configuration."]
 
 
 def test_the_archive_records_the_commit_the_wheel_was_built_from(vllm: WarmPython) -> None:
