@@ -341,13 +341,14 @@ def test_check_refuses_the_values_load_cannot_use(loadable: Path, name: str) -> 
 
 NOTES = {  # the sections of an engine's notes whose form the runtime knows (graphpersist.archive.notedsections)
     "a piece's key that is no string": (
-        {"compiled_pieces": {"h/rank_0_0/backbone/1-16384/1": 7}},
-        "extra.engine_notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved 7, expected a string",
+        {"compiled_model": {"backbone": {"folder": "h/m", "pieces": [["submod_0", [1], True, {"1-8": 7}]]}}},
+        "extra.engine_notes.compiled_model['backbone']: saved {'folder': 'h/m', 'pieces': [['submod_0', [1], True, "
+        "{'1-8': 7}]]}, expected {'folder': a string",
     ),
     "a compiled model's piece of another shape": (
-        {"compiled_model": {"backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", ["1"], True]]}}},
+        {"compiled_model": {"backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", ["1"], True, {}]]}}},
         "extra.engine_notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': "
-        "[['submod_0', ['1'], True]]}, expected {'folder': a string",
+        "[['submod_0', ['1'], True, {}]]}, expected {'folder': a string",
     ),
     "compiled models that are no object": (
         {"compiled_model": ["backbone"]},
@@ -358,8 +359,8 @@ NOTES = {  # the sections of an engine's notes whose form the runtime knows (gra
 
 @pytest.mark.parametrize("name", sorted(NOTES))
 def test_check_refuses_the_engine_notes_load_refuses(loadable: Path, name: str) -> None:
-    """vLLM's glue refuses these entries at LOAD (graphpersist_pieces, graphpersist_compiled); `check`, without the
-    engine, refuses them too, naming the entry and its saved value."""
+    """vLLM's glue refuses these entries at LOAD (graphpersist_compiled); `check`, without the engine, refuses them too,
+    naming the entry and its saved value."""
     from graphpersist.archive import notedsections
     from graphpersist.errors import PersistError
 
@@ -373,8 +374,9 @@ def test_check_refuses_the_engine_notes_load_refuses(loadable: Path, name: str) 
 
 def test_check_accepts_well_formed_engine_notes(loadable: Path) -> None:
     notes = {
-        "compiled_pieces": {"h/rank_0_0/backbone/1-16384/1": "a-key"},
-        "compiled_model": {"backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", [1], True]]}},
+        "compiled_model": {
+            "backbone": {"folder": "h/rank_0_0/backbone", "pieces": [["submod_0", [1], True, {"1-8": "k"}]]}
+        },
     }
     edit_json(loadable, "rank_1/rank.json", lambda r: r["extra"].update(engine_notes=notes))
     code, out, err = run_cli("check", str(loadable))

@@ -1380,98 +1380,12 @@ def test_gpdiag_pieces_wraps_vllms_compile_steps_and_reuses_only_where_vllms_cac
     assert got == {"wrapped": [True] * 4, "listed": None, "middle": "middle artifact", "counted": 1, "reused": 1}
 
 
-PIECES = """
-from vllm import graphpersist_pieces as pieces
-from vllm.compilation import backends
-from vllm.compilation.counter import compilation_counter
-from vllm.config.utils import Range
-import tempfile
-
-folder = Path(tempfile.mkdtemp()) / "hash0" / "rank_0_0" / "backbone"
-folder.mkdir(parents=True, exist_ok=True)
-(folder / "vllm_compile_cache.py").write_text(
-    "{((1, 16384), 0, 'inductor_standalone'): {'graph_handle': ('k', 'p'), 'cache_key': 'a-first'}}")
-comp = engine_config().compilation_config
-comp.backend = "inductor"
-whole = Range(start=1, end=16384)
-
-
-def manager(made):
-    # a real CompilerManager over vLLM's cache file; its compiler files `made` under a key, as Inductor would
-    m = backends.CompilerManager(comp)
-    m.initialize_cache(str(folder), False, "backbone")
-    calls = []
-
-    def compile(graph, example_inputs, config, compile_range, key):
-        calls.append(compile_range.start)
-        compilation_counter.num_inductor_compiles += 1
-        m.loaded_artifacts.setdefault(made[0], made[1])
-        return m.loaded_artifacts[made[0]], None
-
-    m.compiler.compile = compile
-    return m, calls
-
-
-def piece(m, index):
-    return m.compile(None, [], {}, comp, compile_range=whole, graph_index=index, num_graphs=4)
-"""
-
-
-@pytest.mark.parametrize("saved", [True, False], ids=["noted", "saved-before-noting"])
-def test_load_hands_an_unlisted_piece_the_artifact_save_noted_without_compiling_it(
-    vllm: WarmPython, saved: bool
-) -> None:
-    """overlays/vllm/vllm/graphpersist_pieces.py on vLLM's own CompilerManager: SAVE notes the AOTAutograd key each
-    piece got under the piece's name; LOAD hands an unlisted middle piece the artifact filed under it, moving vLLM's
-    counters as the StopCompiling path does; listed, first and last pieces, and archives without notes, take vLLM's
-    path."""
-    got = vllm.run(
-        PIECES
-        + f"""
-save = open_session("save")
-pieces.install(save)
-pieces.install(save)  # once per process
-m, calls = manager(("a-layer", "layer artifact"))
-m.loaded_artifacts["a-first"] = "first artifact"
-done = [piece(m, i) for i in (1, 2)]
-noted = dict(save.notes[pieces.NOTES_KEY])
-
-load = engine.PersistSession(adapter(), switch.Mode.LOAD, Path("/nonexistent-archive"), 0, 1)  # a second process's
-load.saved_notes = {{pieces.NOTES_KEY: noted}} if {saved!r} else {{}}
-load.activate()
-pieces.install(load)
-m, calls = manager(("a-layer", "compiled again"))
-m.loaded_artifacts["a-layer"] = "layer artifact"  # what the listed piece's load filed, in the real engine
-before = (compilation_counter.num_backend_compilations, compilation_counter.num_inductor_compiles)
-handed = [piece(m, i) for i in (1, 2, 3)]
-result = {{
-    "noted": noted,
-    "handed": handed,
-    "compiled": calls,
-    "moved": [compilation_counter.num_backend_compilations - before[0],
-              compilation_counter.num_inductor_compiles - before[1]],
-    "stats": load.stats().get("noted_keys"),
-    "wrapped": backends.CompilerManager.compile.__module__,
-}}
-"""
-    ).ok()
-    folder = "hash0/rank_0_0/backbone/1-16384"
-    assert got["noted"] == {f"{folder}/1": "a-layer", f"{folder}/2": "a-layer"}
-    assert got["handed"] == ["layer artifact"] * 3
-    assert got["wrapped"] == "vllm.compilation.backends"
-    assert got["moved"] == [3, 3]  # each piece moves both counters once, handed out or compiled
-    if saved:  # the last piece (3) is vLLM's: its compile timing and log line
-        assert got["compiled"] == [1] and got["stats"] == {"compiled_pieces": {"reused": 2, "upstream": 1}}
-    else:
-        assert got["compiled"] == [1, 1, 1] and got["stats"] == {"compiled_pieces": {"upstream": 3}}
-
-
 COMPILED = """
 import os
 os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"  # torch 2.11's path (the bundle's); this venv's torch would default to 1
 os.environ["VLLM_CACHE_ROOT"] = str(work / "cache")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "cache" / "inductor")
-from vllm import graphpersist_compiled as compiled, graphpersist_pieces as pieces
+from vllm import graphpersist_compiled as compiled
 from vllm.compilation.backends import VllmBackend
 from vllm.compilation.caching import VllmSerializableFunction as Fn
 from vllm.compilation.passes.utility.fix_functionalization import FixFunctionalizationPass
@@ -1513,7 +1427,6 @@ def persisting(mode, notes=None):
     sess = engine.PersistSession(adapter(), switch.Mode(mode), Path("/nonexistent-archive"), 0, 1)
     sess.saved_notes = notes or {}
     sess.activate()
-    pieces.install(sess)
     compiled.install(sess)
     return sess
 """
@@ -1554,7 +1467,6 @@ result = {
     "graph": "GraphModule" if isinstance(fn.graph_module, torch.fx.GraphModule) else type(fn.graph_module).__name__,
     "built": made.get("built_from_notes"),
     "why_not": made.get("why_not"),
-    "counts": dict(sess.keymaps[pieces.NOTES_KEY].counts),
     "folder": cfg.compilation_config.local_cache_dir,
     "notes": notes[compiled.NOTES_KEY],
 }
@@ -1564,7 +1476,9 @@ LOAD_CASES = {
     "notes": "lambda notes: notes",
     "moved": "lambda notes: {**notes, compiled.NOTES_KEY: {'backbone': {**notes[compiled.NOTES_KEY]['backbone'], "
     "'folder': '0123456789/rank_0_0/backbone'}}}",
-    "none": "lambda notes: {pieces.NOTES_KEY: notes[pieces.NOTES_KEY]}",
+    "unkeyed": "lambda notes: {compiled.NOTES_KEY: {'backbone': {**notes[compiled.NOTES_KEY]['backbone'], "
+    "'pieces': [[*piece[:3], {}] for piece in notes[compiled.NOTES_KEY]['backbone']['pieces']]}}}",
+    "none": "lambda notes: {}",
 }
 
 
@@ -1573,62 +1487,63 @@ def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_grap
 ) -> None:
     """overlays/vllm/vllm/graphpersist_compiled.py on vLLM's own backend, Inductor and model file (CPU): SAVE notes
     each compiled piece; a LOAD in another process builds the model from the notes and vLLM's cache file without
-    unpickling the Dynamo graph, and computes what vLLM's path computes. Notes of another compile cache folder, or
-    none, take vLLM's path."""
+    unpickling the Dynamo graph, and computes what vLLM's path computes; the piece vLLM's cache file does not list gets
+    the artifact under the key SAVE noted for it. Notes of another compile cache folder, without that key, or none,
+    take vLLM's path."""
     work = f"work = Path({str(tmp_path)!r})\n"
     folder = vllm.run(work + COMPILED + COMPILED_SAVE).ok()
     got = {
         case: vllm.run(work + f"edit = {edit}\n" + COMPILED + COMPILED_LOAD).ok() for case, edit in LOAD_CASES.items()
     }
     plan = got["notes"]["notes"]["backbone"]
-    assert [name for name, _, _ in plan["pieces"]] == ["submod_0", "submod_2", "submod_4", "submod_6"]
-    assert all(sym == [1] and returns for _, sym, returns in plan["pieces"])  # the batch size is argument 1
+    assert [name for name, *_ in plan["pieces"]] == ["submod_0", "submod_2", "submod_4", "submod_6"]
+    assert all(sym == [1] and returns for _, sym, returns, _ in plan["pieces"])  # the batch size is argument 1
+    keys = [list(by_range.values()) for *_, by_range in plan["pieces"]]  # one compile range, one key each
+    assert [len(k) for k in keys] == [1] * 4 and keys[1] == keys[2] and len({k[0] for k in keys}) == 3  # 2, 4 equal
     assert plan["folder"] == "/".join(Path(folder).parts[-3:]) and plan["folder"].endswith("/rank_0_0/backbone")
     assert {k: v for k, v in got["notes"].items() if k != "notes"} == {
         "equal": [True, True],
         "graph": "_Unread",
         "built": True,
         "why_not": "",
-        "counts": {"listed": 3, "reused": 1},  # the third piece shares the second's artifact, as SAVE noted
         "folder": folder,  # the compile cache folder vLLM's backend would have set
     }
-    for fallback in (got["moved"], got["none"]):  # vLLM's own path: the graph unpickled, nothing built from notes
+    for fallback in (got["moved"], got["unkeyed"], got["none"]):  # vLLM's path: the graph unpickled, nothing built
         assert fallback["equal"] == [True, True] and fallback["graph"] == "GraphModule"
-    assert got["moved"]["built"] is False and got["none"]["built"] is None
+    assert got["moved"]["built"] is False and got["unkeyed"]["built"] is False and got["none"]["built"] is None
     assert got["moved"]["why_not"] == f"compile cache folder {plan['folder']}, SAVE's 0123456789/rank_0_0/backbone"
+    assert got["unkeyed"]["why_not"].startswith("1 artifact(s) neither listed in vLLM's cache file nor noted, e.g. ")
 
 
 @pytest.mark.parametrize(
-    "module, saved, line",
+    "saved, line",
     [
         (
-            "graphpersist_pieces",
-            "{'h/rank_0_0/backbone/1-16384/1': {'fn': 'os:system'}}",
-            "notes.compiled_pieces['h/rank_0_0/backbone/1-16384/1']: saved {'fn': 'os:system'}, expected a string (the "
-            "key SAVE noted for that piece)",
-        ),
-        (
-            "graphpersist_compiled",
             "['submod_0']",
             "notes.compiled_model: saved ['submod_0'], expected an object of compiled models by name",
         ),
         (
-            "graphpersist_compiled",
-            "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', ['os:system'], True]]}}",
+            "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', ['os:system'], True, {}]]}}",
             "notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', "
-            "['os:system'], True]]}, expected {'folder': a string, 'pieces': [[a name, [integers], a boolean], ...]}",
+            "['os:system'], True, {}]]}, expected {'folder': a string, 'pieces': [[a name, [integers], a boolean, "
+            "{range: key}], ...]}",
+        ),
+        (
+            "{'backbone': {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', [1], True, "
+            "{'1-8': {'fn': 'os:system'}}]]}}",
+            "notes.compiled_model['backbone']: saved {'folder': 'h/rank_0_0/backbone', 'pieces': [['submod_0', [1], "
+            "True, {'1-8': {'fn': 'os:system'}}]]}, expected {'folder': a string, 'pieces': [[a name, [integers], a "
+            "boolean, {range: key}], ...]}",
         ),
     ],
-    ids=["piece-key-not-a-string", "models-not-an-object", "model-piece-of-another-shape"],
+    ids=["models-not-an-object", "model-piece-of-another-shape", "piece-key-not-a-string"],
 )
-def test_load_refuses_damaged_compiled_notes_at_the_workers_first_seam(
-    vllm: WarmPython, module: str, saved: str, line: str
-) -> None:
+def test_load_refuses_damaged_compiled_notes_at_the_workers_first_seam(vllm: WarmPython, saved: str, line: str) -> None:
     """Notes of another shape (an archive names data, never code) refuse the LOAD when the glue installs, naming the
     entry and its saved value."""
     got = vllm.run(
         f"""
-from vllm import {module} as glue
+from vllm import graphpersist_compiled as glue
 from graphpersist.errors import PersistError
 load = open_session("load")
 load.saved_notes = {{glue.NOTES_KEY: {saved}}}

@@ -99,7 +99,7 @@ if args.mode != "off" and not todo.get("no_stats"):
         calls = captured if args.mode == "save" else todo.get("capture_calls", 0)
         record = {"rank": rank, "mode": args.mode, "captured": captured, "restored": restored,
                   "capture_calls": calls, "phases": {}}
-        for counted in ("kernel_choices", "noted_keys", "compiled_model"):
+        for counted in ("kernel_choices", "compiled_model"):
             if counted in todo:
                 record[counted] = todo[counted]
         (stats / f"rank_{rank}.json").write_text(json.dumps(record))
@@ -499,21 +499,22 @@ COUNT_TABLES = {
          "| save | 0 | 14 | 10 | 1 | 0 |", "| save | 1 | 14 | 10 | 1 | 0 |",
          "| load | 0 | 0 | 0 | 0 | 5 |", "| load | 1 | 0 | 0 | 0 | 5 |"],
     ),
-    "noted_keys": (
-        {"save": {"noted_keys": {"compiled_pieces": {"upstream": 37}}},
-         "load": {"noted_keys": {"compiled_pieces": {"upstream": 3, "reused": 34}}}},
-        "## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)",
-        ["| run | rank | section | upstream | reused |", "|---|---|---|---|---|",
-         "| save | 0 | compiled_pieces | 37 | 0 |", "| save | 1 | compiled_pieces | 37 | 0 |",
-         "| load | 0 | compiled_pieces | 3 | 34 |", "| load | 1 | compiled_pieces | 3 | 34 |"],
+    "compiled_model": (
+        {"load": {"compiled_model": {"backbone": {"built_from_notes": True, "s": 0.41, "why_not": ""},
+                                     "encoder": {"built_from_notes": False, "s": 3.2, "why_not": "an encoder"}}}},
+        "## The compiled model at LOAD (graphpersist_compiled, per rank)",
+        ["| run | rank | model | built from | s |", "|---|---|---|---|---|",
+         "| load | 0 | backbone | SAVE's notes | 0.410 |",
+         "| load | 0 | encoder | vLLM's own path: an encoder | 3.20 |",
+         "| load | 1 | backbone | SAVE's notes | 0.410 |",
+         "| load | 1 | encoder | vLLM's own path: an encoder | 3.20 |"],
     ),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("counted", sorted(COUNT_TABLES))
 def test_the_report_tables_the_counts_of_the_runs_whose_stats_have_them(tmp_path: Path, counted: str) -> None:
-    """Kernel choices (graphpersist.graph.kernelchoice) and pieces handed a noted object
-    (graphpersist.engine.notedkeys), per run and rank."""
+    """Kernel choices (graphpersist.graph.kernelchoice) and how LOAD made vLLM's compiled model, per run and rank."""
     behaviour, heading, table = COUNT_TABLES[counted]
     recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load"))
     out = tmp_path / "out"
@@ -523,12 +524,12 @@ def test_the_report_tables_the_counts_of_the_runs_whose_stats_have_them(tmp_path
     assert lines[at + 2 : at + 8] == table
 
 
-def test_a_report_without_kernel_choices_or_noted_keys_has_no_such_table(tmp_path: Path) -> None:
+def test_a_report_without_kernel_choices_or_compiled_models_has_no_such_table(tmp_path: Path) -> None:
     recipe = make_recipe(tmp_path, {}, runs=("baseline", "save", "load"))
     out = tmp_path / "out"
     prove_cli(recipe, out)
     text = report(out)[0]
-    assert "Inductor kernel choices" not in text and "## Pieces handed" not in text
+    assert "Inductor kernel choices" not in text and "## The compiled model at LOAD" not in text
 
 
 def test_ignore_patterns_silence_known_log_lines(tmp_path: Path) -> None:

@@ -149,16 +149,17 @@ def kernel_choice_rows(runs: dict[str, RunData]) -> list[list[Any]]:
     return rows
 
 
-def noted_key_rows(runs: dict[str, RunData]) -> list[list[Any]]:
-    """Per run, rank and notes section, how many pieces the engine's own path made and how many LOAD handed the object
-    SAVE noted (graphpersist.engine.notedkeys; vLLM's compiled pieces). Runs whose stats count none have no row."""
+def compiled_model_rows(runs: dict[str, RunData]) -> list[list[Any]]:
+    """Per run, rank and compiled model, how vLLM's LOAD made it: from SAVE's notes or by vLLM's own path (and why),
+    and in how many seconds (overlays/vllm/vllm/graphpersist_compiled.py). Runs whose stats have none have no row."""
     rows = []
     for name, d in runs.items():
         for stat in d.stats if d.ran else []:
-            sections = stat.get("noted_keys")
-            for section, counts in sections.items() if isinstance(sections, dict) else ():
-                if isinstance(counts, dict):
-                    rows.append([name, stat.get("rank"), section, counts.get("upstream", 0), counts.get("reused", 0)])
+            models = stat.get("compiled_model")
+            for prefix, made in models.items() if isinstance(models, dict) else ():
+                if isinstance(made, dict):
+                    how = "SAVE's notes" if made.get("built_from_notes") else f"vLLM's own path: {made.get('why_not')}"
+                    rows.append([name, stat.get("rank"), prefix, how, made.get("s")])
     return rows
 
 
@@ -284,10 +285,10 @@ def render(recipe: Recipe, runs: dict[str, RunData], checks: list[Check], data: 
     if choices:
         lines += ["", "## Inductor kernel choices (graphpersist.graph.kernelchoice, per rank)", ""]
         lines += _table(["run", "rank", *CHOICE_COUNTS], choices)
-    noted = noted_key_rows(runs)
-    if noted:
-        lines += ["", "## Pieces handed SAVE's noted object (graphpersist.engine.notedkeys, per rank)", ""]
-        lines += _table(["run", "rank", "section", "upstream", "reused"], noted)
+    models = compiled_model_rows(runs)
+    if models:
+        lines += ["", "## The compiled model at LOAD (graphpersist_compiled, per rank)", ""]
+        lines += _table(["run", "rank", "model", "built from", "s"], models)
     if data["informational"]:
         lines += ["", "## Outputs of runs not compared (compare_outputs = false)", ""]
         lines += [f"- {n['run']} vs {n['reference']}: {n['comparison']}" for n in data["informational"]]

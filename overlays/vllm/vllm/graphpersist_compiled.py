@@ -1,7 +1,7 @@
 """LOAD builds vLLM's compiled model from SAVE's notes: each piece's place, SymInt positions and output form, and the
-artifacts vLLM's cache file lists or SAVE noted by key, without unpickling the Dynamo graph, splitting it and running
-it through an interpreter (patches/vllm/README.md, "The compiled model at LOAD"). What the notes do not cover takes
-vLLM's own path."""
+artifacts vLLM's cache file lists or the key SAVE saw each piece's artifact filed under, without unpickling the Dynamo
+graph, splitting it, running it through an interpreter and hashing the unlisted pieces again (patches/vllm/README.md,
+"The compiled model at LOAD"). What the notes do not cover takes vLLM's own path."""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from vllm import graphpersist_pieces as pieces
-
 from graphpersist import engine
 
-NOTES_KEY = engine.COMPILED_MODEL  # by model prefix: {"folder": <hash>/<rank>/<model>, "pieces": [[name, sym, tuple]]}
+NOTES_KEY = engine.COMPILED_MODEL  # by prefix: {"folder": <hash>/<rank>/<model>, "pieces": [[name, sym, tuple, keys]]}
 _NOT_STATE = ("optimized_call", "shape_env", "vllm_backend", "_fake_mode")  # VllmSerializableFunction's own
 _installed: set[str] = set()  # the process-wide wrappers: "save" or "load"
 _pending: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()  # LOAD: model file bytes by function
@@ -119,17 +117,31 @@ def plans(sess: engine.PersistSession) -> dict[str, dict[str, Any]]:
 
 
 def _plan_of(backend: Any) -> dict[str, Any]:
-    """SAVE: the pieces vLLM's backend compiled, in its compile order, and the compile cache folder it used."""
+    """SAVE: the pieces vLLM's backend compiled, in its compile order, each with the key its artifact is filed under by
+    compile range, and the compile cache folder it used. vLLM files only the first of equal pieces in its cache file;
+    the others find their artifact under that key after hashing as far as AOTAutograd's key, which LOAD skips."""
     from vllm.compilation.piecewise_backend import PiecewiseBackend
 
-    found = {}
+    manager, found = backend.compiler_manager, {}
     for name, _ in backend.split_gm.named_children():
         child = getattr(backend.split_gm, name)  # the wrapper vLLM put over the submodule
         piece = getattr(child, "runnable", child)
         if isinstance(piece, PiecewiseBackend):
-            found[piece.piecewise_compile_index] = [name, list(piece.sym_shape_indices), bool(piece.returns_tuple)]
-    return {"folder": pieces.folder_of(backend.compiler_manager.cache_dir),
-            "pieces": [found[i] for i in sorted(found)]}  # fmt: skip
+            keys = {f"{r.start}-{r.end}": _key_of(entry.runnable, manager.loaded_artifacts)
+                    for r, entry in piece.range_entries.items()}  # fmt: skip
+            found[piece.piecewise_compile_index] = [name, list(piece.sym_shape_indices), bool(piece.returns_tuple),
+                                                    {r: k for r, k in keys.items() if k is not None}]  # fmt: skip
+    return {"folder": folder_of(manager.cache_dir), "pieces": [found[i] for i in sorted(found)]}
+
+
+def _key_of(artifact: Any, filed: dict[str, Any]) -> str | None:
+    """The key vLLM's compiler manager filed `artifact` under, by identity (none for a compiler that files nothing)."""
+    return next((key for key, made in filed.items() if made is artifact), None)
+
+
+def folder_of(cache_dir: str) -> str:
+    """A compiled model's folder as the notes name it: the compile cache's hash, the rank and the model's prefix."""
+    return "/".join(Path(cache_dir).parts[-3:])
 
 
 def _hash_sources() -> None:
@@ -168,32 +180,29 @@ def _build_patched(fn: Any, plan: dict[str, Any], cfg: Any) -> tuple[Any | None,
     if manager.compiler.name != "inductor_standalone":
         return None, f"compiler {manager.compiler.name}"
     cache_dir, local = _cache_folders(cfg, manager, prefix)
-    if pieces.folder_of(local) != plan["folder"]:
-        return None, f"compile cache folder {pieces.folder_of(local)}, SAVE's {plan['folder']}"
+    if folder_of(local) != plan["folder"]:
+        return None, f"compile cache folder {folder_of(local)}, SAVE's {plan['folder']}"
     manager.initialize_cache(local, False, prefix)
-    keys = engine.current().noted_keys(pieces.NOTES_KEY)  # type: ignore[union-attr]
-    wanted = [(name, rng, index) for index, (name, _, _) in enumerate(plan["pieces"]) for rng in _ranges(cc)]
+    wanted = [(name, rng, index) for index, (name, *_) in enumerate(plan["pieces"]) for rng in _ranges(cc)]
     listed = {(rng, index): _entry(manager.cache.get((rng, index, manager.compiler.name))) for _, rng, index in wanted}
     by_key = {  # loaded as vLLM's adaptor loads them, without its wrapper (the pieces' own wraps the output)
         key: torch._inductor.CompiledArtifact.load(path=path, format=manager.compiler.save_format)
         for key, path in (e for e in listed.values() if e is not None)
     }  # fmt: skip
-    noted = keys.saved.get
-    handed = {f"{name}_{rng}": listed[(rng, index)] or (noted(f"{plan['folder']}/{rng.start}-{rng.end}/{index}"), "")
+    handed = {f"{name}_{rng}": listed[(rng, index)] or (plan["pieces"][index][3].get(f"{rng.start}-{rng.end}"), "")
               for name, rng, index in wanted}  # fmt: skip
     if lacking := [shape_key for shape_key, (key, _) in handed.items() if key not in by_key]:
         return None, f"{len(lacking)} artifact(s) neither listed in vLLM's cache file nor noted, e.g. {lacking[0]}"
     artifacts = StandaloneCompiledArtifacts()
-    for shape_key, (key, path) in handed.items():
-        keys.counts["listed" if path else "reused"] += 1
+    for shape_key, (key, _) in handed.items():
         artifacts.submodule_bytes[shape_key] = key
         artifacts.submodule_bytes_store[key] = b""  # nothing to load: `load_all` finds every one loaded
         artifacts.loaded_submodule_store[key] = by_key[key]
     built = reconstruct_serializable_fn_from_mega_artifact(
         state={k: v for k, v in vars(fn).items() if k not in _NOT_STATE},  # what vLLM's constructor takes
         standalone_compile_artifacts=artifacts, vllm_config=cfg,
-        sym_shape_indices_map={name: sym for name, sym, _ in plan["pieces"]},
-        returns_tuple_map={name: returns for name, _, returns in plan["pieces"]}, fake_mode=None,
+        sym_shape_indices_map={name: sym for name, sym, *_ in plan["pieces"]},
+        returns_tuple_map={name: returns for name, _, returns, _ in plan["pieces"]}, fake_mode=None,
     )  # fmt: skip
     cc.cache_dir, cc.local_cache_dir = cache_dir, local  # as vLLM's backend leaves them
     cc.traced_files.clear()

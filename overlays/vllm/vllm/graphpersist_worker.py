@@ -8,7 +8,6 @@ from typing import Any
 
 from vllm import graphpersist_compiled as compiled
 from vllm import graphpersist_facts as facts
-from vllm import graphpersist_pieces as pieces
 from vllm.graphpersist_adapter import VllmAdapter
 from vllm.v1.worker.gpu_worker import Worker
 
@@ -38,7 +37,6 @@ class PersistWorker(Worker):
         started = time.perf_counter()
         # before vLLM's compile redirects Inductor's and Triton's caches, and before distributed init
         self._persist = engine.PersistSession.begin(VllmAdapter(self))
-        pieces.install(self.persist)  # LOAD hands equal compiled pieces their artifact (refuses damaged notes)
         compiled.install(self.persist)  # LOAD builds the compiled model from SAVE's notes (refuses damaged ones)
         super().init_device()
         facts.refuse_unsupported_runner(self)

@@ -1,7 +1,7 @@
 """The sections of an engine's notes whose form the runtime knows, read the same way by LOAD (through the engine's
 glue) and by `graphpersist check` (without the engine, graphpersist.loadplan): so check refuses every damaged entry
 LOAD refuses. An archive is data, never code: each is plain strings, numbers and booleans, only compared with what
-the live engine made. vLLM's glue notes them (overlays/vllm/vllm/graphpersist_pieces.py, graphpersist_compiled.py).
+the live engine made. vLLM's glue notes them (overlays/vllm/vllm/graphpersist_compiled.py).
 """
 
 from __future__ import annotations
@@ -13,21 +13,15 @@ from graphpersist.archive.shown import shown
 from graphpersist.archive.validate import ADVICE
 from graphpersist.errors import PersistError
 
-COMPILED_PIECES = "compiled_pieces"  # piece name -> the key its compiled artifact is filed under (engine.notedkeys)
-COMPILED_MODEL = "compiled_model"  # model name -> {"folder": ..., "pieces": [[name, [SymInt positions], tuple?]]}
-
-
-def read_keys(section: str, saved: Any) -> dict[str, str]:
-    """SAVE's keys by piece name; {} where the archive noted none (saved before the engine noted them)."""
-    return _read(section, saved, "keys by piece name", lambda key: isinstance(key, str),
-                 "a string (the key SAVE noted for that piece)")  # fmt: skip
+COMPILED_MODEL = "compiled_model"  # model name -> {"folder": ..., "pieces": [[name, [SymInt positions], tuple?, keys]]}
 
 
 def read_models(section: str, saved: Any) -> dict[str, dict[str, Any]]:
     """SAVE's compiled models by name, each its compile cache folder and its pieces in compile order (name, SymInt
-    argument positions, whether it returns a tuple); {} where the archive noted none."""
+    argument positions, whether it returns a tuple, its artifacts' keys by compile range); {} where the archive noted
+    none."""
     return _read(section, saved, "compiled models by name", _is_model,
-                 "{'folder': a string, 'pieces': [[a name, [integers], a boolean], ...]}")  # fmt: skip
+                 "{'folder': a string, 'pieces': [[a name, [integers], a boolean, {range: key}], ...]}")  # fmt: skip
 
 
 def _read(section: str, saved: Any, of: str, fits: Callable[[Any], bool], expected: str) -> dict[str, Any]:
@@ -52,13 +46,14 @@ def _is_model(model: Any) -> bool:
     if not isinstance(model, dict) or set(model) != {"folder", "pieces"} or not isinstance(model["folder"], str):
         return False
     return isinstance(model["pieces"], list) and all(
-        isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[1], list)
-        and all(type(i) is int for i in p[1]) and isinstance(p[2], bool)
+        isinstance(p, list) and len(p) == 4 and isinstance(p[0], str) and isinstance(p[1], list)
+        and all(type(i) is int for i in p[1]) and isinstance(p[2], bool) and isinstance(p[3], dict)
+        and all(isinstance(part, str) for part in (*p[3], *p[3].values()))
         for p in model["pieces"]
     )  # fmt: skip
 
 
-READERS: dict[str, Callable[[str, Any], Any]] = {COMPILED_PIECES: read_keys, COMPILED_MODEL: read_models}
+READERS: dict[str, Callable[[str, Any], Any]] = {COMPILED_MODEL: read_models}
 
 
 def check(notes: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphpersist import switch
-from graphpersist.archive.notedsections import COMPILED_MODEL, COMPILED_PIECES
+from graphpersist.archive.notedsections import COMPILED_MODEL
 from graphpersist.archive.notedsections import read_models as read_noted_models
 from graphpersist.engine import breakable, warmup
 from graphpersist.engine.adapter import (
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPILED_MODEL",
-    "COMPILED_PIECES",
     "KERNEL_WARMUP",
     "MULTICAST_OFF",
     "Communicator",

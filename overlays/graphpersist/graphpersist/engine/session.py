@@ -36,7 +36,6 @@ from graphpersist import gcpause, rankstats, switch
 from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
-from graphpersist.engine.notedkeys import NotedKeys
 from graphpersist.engine.prepared import PreparedState
 from graphpersist.errors import PersistError
 from graphpersist.records import Facts
@@ -104,7 +103,6 @@ class PersistSession:
     saved_flags: dict[str, Any] = field(default_factory=dict)  # LOAD: SAVE's flags (read at begin)
     timings: dict[str, float] = field(default_factory=dict)  # phases in seconds, in order
     stats_extra: dict[str, Any] = field(default_factory=dict)  # engine-specific keys of the stats file
-    keymaps: dict[str, NotedKeys] = field(default_factory=dict)  # noted_keys() by notes section
     captured: int = 0
     restored: int = 0
     capture_calls: int = 0
@@ -218,15 +216,6 @@ class PersistSession:
         choices = kernelchoice.install(loading=self.loading, saved=saved, log=lambda m: self.log("%s", m))
         if not self.loading:
             self.notes[kernelchoice.NOTES_KEY] = choices.used  # filled as kernels first launch
-
-    def noted_keys(self, section: str) -> NotedKeys:
-        """The keys the engine files equal pieces' objects under, by piece, in the notes' `section`
-        (graphpersist.engine.notedkeys): SAVE notes them, LOAD reads SAVE's. The first call at LOAD refuses a damaged
-        entry, so the glue makes it at a seam before anything is handed out."""
-        if section not in self.keymaps:
-            notes = self.saved_notes if self.loading else self.notes
-            self.keymaps[section] = NotedKeys.of(section, self.loading, notes)
-        return self.keymaps[section]
 
     def _count_capture(self) -> None:
         if current() is self:  # LOAD must begin no capture; the proof reads the count
@@ -500,6 +489,4 @@ class PersistSession:
         }
         if self.run.kernel_choices is not None:  # only an engine that pins Inductor's choices counts them
             stats["kernel_choices"] = dict(self.run.kernel_choices.counts)
-        if self.keymaps:  # only an engine that hands out noted keys counts them
-            stats["noted_keys"] = {section: dict(keys.counts) for section, keys in self.keymaps.items()}
         return {**stats, **self.stats_extra}
