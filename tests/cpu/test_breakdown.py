@@ -37,3 +37,9 @@ def test_a_load_line_splits_the_graphs_into_rebuild_instantiate_and_upload() -> 
     line = breakdown.of_load(timings)
     assert line.startswith("open + validate 0.080 s, memory 0.010 s, images 0.040 s, graphs 0.900 s: ")
     assert line.endswith("rebuild 0.200 s, instantiate 0.310 s, upload 0.250 s")
+
+
+def test_a_load_line_says_what_was_read_ahead() -> None:
+    timings = {"validate_s": 0.01, "read_ahead_s": 0.45, "memory_s": 0.01, "images_s": 0.04, "graphs_s": 0.9,
+               "rebuild_s": 0.2, "instantiate_s": 0.31, "upload_s": 0.25}  # fmt: skip
+    assert breakdown.of_load(timings).startswith("open + validate 0.010 s (read ahead in 0.450 s), memory 0.010 s, ")

@@ -1121,7 +1121,9 @@ live = engine_config(**{live_args!r})
 torch.cuda.current_device = lambda: 0
 sess = open_session("load", {str(archive)!r}, cfg=live)
 sess._check_before_setup()
-result = {{"kv_bytes": sess.saved_budget, "model": sess.model, "notes": sess.saved_notes}}
+ahead = sess.read_ahead
+result = {{"kv_bytes": sess.saved_budget, "model": sess.model, "notes": sess.saved_notes,
+          "ahead": [str(ahead.directory), ahead.rank, ahead.archive_for(ahead.directory, ahead.rank) is not None]}}
 """
 
 
@@ -1133,6 +1135,7 @@ def test_early_check_accepts_the_configuration_it_saved(vllm: WarmPython, tmp_pa
     # the rank's notes are read this early: the kernel choices LOAD launches before it restores any graph
     assert got["notes"] == {"kernel_choices": {"c4f2": {"kernel": "triton_red_fused_0", "candidates": ["a", "b"],
                                                         "chosen": "b"}}}  # fmt: skip
+    assert got["ahead"] == [str(tmp_path / "archive"), 0, True]  # the restore's reading began beside the start
 
 
 def test_early_check_refuses_another_configuration_naming_every_fact(vllm: WarmPython, tmp_path: Path) -> None:

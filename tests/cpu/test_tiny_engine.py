@@ -28,13 +28,14 @@ import torch
 import tiny_engine as te
 from graphpersist import api, engine, run
 from graphpersist.engine import budget, caches, session as session_mod
+from graphpersist.loadahead import ReadAhead
 
 session_mod.interposer_loaded = lambda: True
 torch.cuda.set_device = lambda index: None
 torch.cuda.mem_get_info = lambda: (40 << 30, 80 << 30)  # what a GPU would have free
 api.start_region = lambda: types.SimpleNamespace(base=0x500000000000, size=1 << 40)
 api.use_layout = lambda directory, rank: None
-marks, captured_at = [], []
+marks, captured_at, handed = [], [], []
 api.mark_setup = lambda tensors: marks.append(sorted(tensors)) or 0
 api.verify_state = lambda: []
 
@@ -86,6 +87,7 @@ def check_before_setup(self):
     self.saved_flags, self.saved_notes = dict(archive["flags"]), archive["notes"]
     self.saved_budget = budget.saved(self.saved_flags, self.directory)
     self.adapter.read_saved(self)
+    self.read_ahead = ReadAhead(self.directory, self.rank)  # what the real check starts (its archive is no real one)
 
 
 class Result(dict):
@@ -98,6 +100,7 @@ class Result(dict):
 def load(directory, facts, **kwargs):
     # LOAD's rebuild stand-in: every saved graph, running against the live engine's tensors (SAVE's addresses)
     eng = engine.current().adapter.eng
+    handed.append(kwargs["ahead"] is engine.current().read_ahead is not None)  # the session's reading ahead
     graphs = Result()
     for name, (bs, mode) in archive["graphs"].items():
         graphs[name] = CpuGraph(lambda bs=bs: eng.model(eng.inputs[bs], eng.cache), torch.zeros(bs, eng.cfg.hidden))
@@ -144,6 +147,7 @@ print(json.dumps({
     "counts": [save.captured, load_sess.restored, load_sess.capture_calls],
     "budget": [save.budget_bytes, load_sess.budget_bytes],
     "refused": refused,
+    "handed": handed,
 }))
 """
 
@@ -165,6 +169,7 @@ def test_a_third_engine_saves_and_loads_through_its_adapter_alone(vllm_venv: Pat
     assert got["budget"] == [1 << 30, 1 << 30]  # LOAD reuses SAVE's budget; the cache is laid out the same
     assert got["steps"] == ["finish", "finish"] and got["marks"] == 3  # the refused LOAD marked its setup too
     assert got["counts"] == [3, 3, 0]
+    assert got["handed"] == [True, True]  # each LOAD's restore was handed the archive its start began reading
     assert got["refused"] == (
         "PersistError: graphpersist: decode graphs differ: not in the archive none, saved but not replayed by this "
         "configuration ['tiny/4']. Re-run with mode=save for this configuration."

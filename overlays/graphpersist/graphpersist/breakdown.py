@@ -21,8 +21,11 @@ def of_save(summary: Mapping[str, Any]) -> str:
 
 
 def of_load(timings: Mapping[str, float]) -> str:
-    """LoadResult.timings: validation, memory, images, then the graphs' rebuild, instantiation and upload."""
+    """LoadResult.timings: validation (and the reading done ahead in a thread, graphpersist.loadahead), memory,
+    images, then the graphs' rebuild, instantiation and upload."""
     t = timings
-    return (f"open + validate {t['validate_s']:.3f} s, memory {t['memory_s']:.3f} s, images {t['images_s']:.3f} s, "
+    ahead = f" (read ahead in {t['read_ahead_s']:.3f} s)" if t.get("read_ahead_s") else ""
+    return (f"open + validate {t['validate_s']:.3f} s{ahead}, memory {t['memory_s']:.3f} s, "
+            f"images {t['images_s']:.3f} s, "
             f"graphs {t['graphs_s']:.3f} s: rebuild {t['rebuild_s']:.3f} s, instantiate {t['instantiate_s']:.3f} s, "
             f"upload {t['upload_s']:.3f} s")  # fmt: skip

@@ -27,6 +27,7 @@ from graphpersist.gcpause import paused_gc
 from graphpersist.graph import build as graphbuild
 from graphpersist.graph import images, structure
 from graphpersist.graph.graphset import GraphSet
+from graphpersist.loadahead import ReadAhead
 from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
@@ -194,6 +195,7 @@ def load(
     setup_tensors: Mapping[str, torch.Tensor] | None = None,
     gather: ranks.Gather | None = None,
     output_types: Mapping[str, type] | None = None,
+    ahead: ReadAhead | None = None,
 ) -> LoadResult:
     """Validates the archive against this process, restores memory, images and graphs. Raises before replay.
 
@@ -206,7 +208,8 @@ def load(
     every kernel node and recomputes each graph's topology fingerprint, which costs about as much as the rest of
     LOAD for engine-sized archives: recipes/runtime-scale). `output_types` (id -> dataclass) is the live engine's
     registry, the only place an output dataclass the archive names by id is looked up (Saver's, at SAVE); an id it
-    lacks refuses the LOAD.
+    lacks refuses the LOAD. `ahead` (graphpersist.loadahead): the archive as a thread already read it, used where it
+    is this folder's and rank's and still the archive in the folder.
     """
     par = parallel_layout(facts.parallel)
     coll = collective(par, rank, gather)
@@ -221,6 +224,7 @@ def load(
                 par,
                 setup_tensors,
                 output_types or {},
+                ahead,
             )
     except Exception as exc:
         if coll.world_size > 1:
@@ -247,13 +251,15 @@ def _load_rank(
     par: dict[str, int],
     setup_tensors: Mapping[str, torch.Tensor] | None,
     output_types: Mapping[str, type],
+    ahead: ReadAhead | None,
 ) -> LoadResult:
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
-    archive, t_open, t_facts = _open_checked(archive_dir, facts, sizes, modes, rank, par)
+    read = ahead.archive_for(archive_dir, rank) if ahead is not None else None
+    archive, t_open, t_facts = _open_checked(archive_dir, facts, sizes, modes, rank, par, read)
     # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
     # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
-    plan = loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
+    plan = ahead.plan() if read is not None else loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
     setup.check_setup_tensors(plan.setup_tensors, setup_tensors)
     setup.check_pointer_blocks(plan.torch_blocks)
     t_validate = time.perf_counter()
@@ -271,6 +277,7 @@ def _load_rank(
         out,
         {
             "open_archive_s": t_open - t0,
+            "read_ahead_s": ahead.seconds if read is not None and ahead.seconds is not None else 0.0,
             "collect_live_s": t_facts - t_open,
             "validate_s": t_validate - t0,
             "memory_s": t_memory - t_validate,
@@ -286,10 +293,16 @@ def _load_rank(
 
 
 def _open_checked(
-    archive_dir: Path | str, facts: Facts, sizes: Sequence[int], modes: Sequence[str], rank: int, par: dict[str, int]
+    archive_dir: Path | str,
+    facts: Facts,
+    sizes: Sequence[int],
+    modes: Sequence[str],
+    rank: int,
+    par: dict[str, int],
+    read: Archive | None,
 ) -> tuple[Archive, float, float]:
-    """The archive, opened for `rank` and its facts checked against the live ones (LoadRefused naming each that
-    differs); with the times the open and the live facts were done."""
+    """The archive, opened for `rank` (`read`: already opened) and its facts checked against the live ones
+    (LoadRefused naming each that differs); with the times the open and the live facts were done."""
     info = region.info()
     # The live facts (nvidia-smi runs as a subprocess: tens of ms) are collected while the archive is read.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -303,7 +316,7 @@ def _open_checked(
             flags=dict(facts.flags or {}),
             region={"base": info.base, "size": info.size},
         )
-        archive = open_archive(archive_dir, keep_rank=rank)
+        archive = read if read is not None else open_archive(archive_dir, keep_rank=rank)
         t_open = time.perf_counter()
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped

@@ -68,6 +68,11 @@ class Archive:
     def ranks(self) -> tuple[int, ...]:
         return self.manifest.ranks
 
+    def unchanged(self) -> bool:
+        """Whether the folder still holds the archive that was opened (False where a SAVE replaced it or its manifest
+        was rewritten since, or the open did not note what it read)."""
+        return self._identity is not None and _identity(self.root) == self._identity
+
     def rank_facts(self, rank: int) -> RankRecord:
         if rank not in self._records:
             raise ArchiveError(self.root, f"it holds no rank {rank} (ranks {list(self.ranks)})", advice="")

@@ -38,6 +38,7 @@ from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
 from graphpersist.engine.prepared import PreparedState
 from graphpersist.errors import PersistError
+from graphpersist.loadahead import ReadAhead
 from graphpersist.records import Facts
 from graphpersist.run import Run, active, fresh
 
@@ -108,6 +109,7 @@ class PersistSession:
     capture_calls: int = 0
     budget_bytes: int | None = None  # the memory budget the engine sized its KV cache by (memory_budget)
     saved_budget: int | None = None  # LOAD: SAVE's budget (read at begin)
+    read_ahead: ReadAhead | None = None  # LOAD: the archive read in a thread from begin on (graphpersist.loadahead)
     model: dict[str, str] = field(default_factory=dict)  # model facts, computed at begin in SAVE and LOAD alike
     caches: SessionCaches = field(default_factory=SessionCaches)
     written: bool = False  # SAVE: the archive is written (later captures are upstream's own)
@@ -206,6 +208,7 @@ class PersistSession:
         self.saved_notes = archive.rank_facts(self.rank).engine_notes()
         self.saved_budget = budget.saved(self.saved_flags, self.directory)
         self.adapter.read_saved(self)
+        self.read_ahead = ReadAhead(self.directory, self.rank)  # the restore's reading, beside the engine's start
 
     def _pin_kernel_choices(self) -> None:
         """Inductor's timed launch configs (graphpersist.graph.kernelchoice): SAVE records its choices in the rank's
@@ -461,6 +464,7 @@ class PersistSession:
             setup_tensors=self.adapter.setup_tensors(),
             gather=self.adapter.cpu_gather(),
             output_types=self.adapter.output_types(),
+            ahead=self.read_ahead,
         )
         self.kept.append(result)
         if prepared is not None:
