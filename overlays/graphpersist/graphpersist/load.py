@@ -7,9 +7,10 @@ images and rebuilds the graphs. No warm-up and no capture happen in B.
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ from graphpersist.loadplan import LoadPlan
 from graphpersist.memory import hostmem, layout, phases, region, setup
 from graphpersist.memory.tensors import tensor_at
 from graphpersist.records import Facts
+
+Opened = Callable[[], Archive]  # the archive of a LOAD: read ahead (graphpersist.loadahead) or opened now
 
 
 @dataclass
@@ -256,7 +259,8 @@ def _load_rank(
     """This rank's LOAD: validate, restore memory, load images, rebuild and instantiate its graphs."""
     t0 = time.perf_counter()
     read = ahead.archive_for(archive_dir, rank) if ahead is not None else None
-    archive, t_open, t_facts = _open_checked(archive_dir, facts, sizes, modes, rank, par, read)
+    opened = (lambda: read) if read is not None else functools.partial(open_archive, archive_dir, keep_rank=rank)
+    archive, t_open, t_facts = _open_checked(opened, facts, sizes, modes, rank, par)
     # LOAD's CPU stage (the one `graphpersist check` runs): everything LOAD takes from the archive is read and
     # checked before anything is mapped or loaded; the native path never looks at kernel nodes' JSON.
     plan = ahead.plan() if read is not None else loadstage.rank_stage(archive, rank)  # ArchiveError naming the field
@@ -293,16 +297,10 @@ def _load_rank(
 
 
 def _open_checked(
-    archive_dir: Path | str,
-    facts: Facts,
-    sizes: Sequence[int],
-    modes: Sequence[str],
-    rank: int,
-    par: dict[str, int],
-    read: Archive | None,
+    opened: Opened, facts: Facts, sizes: Sequence[int], modes: Sequence[str], rank: int, par: dict[str, int]
 ) -> tuple[Archive, float, float]:
-    """The archive, opened for `rank` (`read`: already opened) and its facts checked against the live ones
-    (LoadRefused naming each that differs); with the times the open and the live facts were done."""
+    """The archive `opened` for `rank`, its facts checked against the live ones (LoadRefused naming each that
+    differs); with the times the open and the live facts were done."""
     info = region.info()
     # The live facts (nvidia-smi runs as a subprocess: tens of ms) are collected while the archive is read.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -316,7 +314,7 @@ def _open_checked(
             flags=dict(facts.flags or {}),
             region={"base": info.base, "size": info.size},
         )
-        archive = read if read is not None else open_archive(archive_dir, keep_rank=rank)
+        archive = opened()
         t_open = time.perf_counter()
         live = live_job.result()
     t_facts = time.perf_counter()  # collect_live_s: what it took beyond the open it overlapped
