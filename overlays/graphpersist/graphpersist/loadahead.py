@@ -4,9 +4,9 @@ its weights and compiled code. Inside the restore this reading took 0.22-0.74 s 
 reference hosts (recipes/vllm-qwen3-8b-tp1, "open + validate"), all of it before the first GPU call.
 
 Nothing is decided differently: the restore takes what was read only for the same folder and rank, and only while
-the archive is the one that was read (a SAVE that replaced it since makes the restore read it again); a problem the
-thread met is raised where LOAD meets it today, the open's before the facts are compared, the stage's after. No
-torch here: the session starts it before the engine has set anything up.
+the archive is the one that was read; where it is not (a SAVE replaced it since) or the open failed, the restore
+opens it itself, as before, and meets any problem there. The stage's refusal of the archive it read is raised where
+LOAD runs its stage. No torch here: the session starts it before the engine has set anything up.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ReadAhead:
         started = time.perf_counter()
         try:
             archive = open_archive(self.directory, keep_rank=self.rank)
-        except Exception as exc:  # raised again by archive_for, where LOAD opens the archive
+        except Exception as exc:  # the restore opens the archive itself, and meets the problem if it lasts
             self.seconds = time.perf_counter() - started
             self._opened.set_exception(exc)
             return
@@ -51,9 +51,9 @@ class ReadAhead:
         self._staged.set_result(plan)
 
     def archive_for(self, archive_dir: Path | str, rank: int) -> Archive | None:
-        """The archive read ahead, once opened (what the open raised, raised here); None where it is not this
-        folder's or rank's or the archive was replaced since: the caller then reads it itself."""
-        if Path(archive_dir) != self.directory or rank != self.rank:
+        """The archive read ahead, once opened; None where it is not this folder's or rank's, the open failed or the
+        archive was replaced since: the caller then opens it itself."""
+        if Path(archive_dir) != self.directory or rank != self.rank or self._opened.exception() is not None:
             return None
         archive = self._opened.result()
         return archive if archive.unchanged() else None
