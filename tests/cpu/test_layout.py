@@ -14,7 +14,7 @@ import pytest
 from archive_fixtures import device, world
 
 from graphpersist import run
-from graphpersist.archive import ArchiveWriter
+from graphpersist.archive import ArchiveWriter, open_archive
 from graphpersist.errors import PersistError
 from graphpersist.memory import layout, phases, region
 
@@ -154,7 +154,7 @@ def test_load_refuses_a_variable_phase_past_its_headroom(procs: Processes, tmp_p
     engine(gpu, 2, loading=False)
     write_archive(tmp_path / "a", gpu, [])
     fresh = procs.start()
-    layout.use_layout(tmp_path / "a")
+    layout.use_layout(open_archive(tmp_path / "a"))  # already open, as an engine's early check leaves it
     with pytest.raises(PersistError, match=r"phase 'profile' overran at LOAD.*more headroom.*: refused"):
         engine(fresh, 2 + 5, loading=True)  # 40 MiB more than SAVE, 32 MiB headroom
 

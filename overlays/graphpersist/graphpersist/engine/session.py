@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
 from graphpersist import gcpause, rankstats, switch
+from graphpersist.archive import Archive
 from graphpersist.engine import budget, refusal
 from graphpersist.engine.adapter import EngineAdapter
 from graphpersist.engine.caches import SessionCaches
@@ -189,17 +190,17 @@ class PersistSession:
         torch.cuda.set_device(self.adapter.device_index())
         info = api.start_region()
         if self.loading:
-            self._check_before_setup()
+            archive = self._check_before_setup()
             self.caches.restore(self)
-            api.use_layout(self.directory, rank=self.rank)
+            api.use_layout(archive, rank=self.rank)  # the archive the check opened, not opened again
         if self.adapter.pins_kernel_choices:
             self._pin_kernel_choices()
         self.log("%s %s, region %#x + %d GiB", self.mode.value, self.directory, info.base, info.size >> 30)
 
-    def _check_before_setup(self) -> None:
+    def _check_before_setup(self) -> Archive:
         """LOAD: versions, GPU, layout, model and the flags known this early, each named with its saved and live
         value; then what the session and the engine reuse from SAVE (the memory budget, the engine's notes), refused
-        where the archive lacks it."""
+        where the archive lacks it. Starts reading the archive ahead for the restore; returns it as opened."""
         from graphpersist import api
 
         early = Facts(self.adapter.engine_facts(), self.model, self.adapter.parallel(), self.adapter.config_flags())
@@ -209,6 +210,7 @@ class PersistSession:
         self.saved_budget = budget.saved(self.saved_flags, self.directory)
         self.adapter.read_saved(self)
         self.read_ahead = ReadAhead(self.directory, self.rank)  # the restore's reading, beside the engine's start
+        return archive
 
     def _pin_kernel_choices(self) -> None:
         """Inductor's timed launch configs (graphpersist.graph.kernelchoice): SAVE records its choices in the rank's

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpersist import run
-from graphpersist.archive import open_archive
+from graphpersist.archive import Archive, open_archive
 from graphpersist.errors import PersistError
 from graphpersist.memory import phases, region, state
 from graphpersist.memory.savedlayout import read_layout
@@ -79,14 +79,15 @@ def saved_phases(archive: Any, rank: int) -> tuple[list[phases.Phase], list[regi
     return saved, evs
 
 
-def use_layout(archive_dir: Path | str, *, rank: int = 0) -> list[str]:
+def use_layout(archive: Archive | Path | str, *, rank: int = 0) -> list[str]:
     """LOAD: reads the archive's phases before setup, so each phase begins at its saved anchor and a variable
     phase cannot shift the ones after it. Call it after start_region(), before the first phase. Returns the
-    saved phase names."""
+    saved phase names. `archive`: its folder, or the archive already open (an engine's early check opened it)."""
     rec = recorder()
     if rec.phases or rec.setup_done:
         raise PersistError("use_layout() must come before the first phase and before mark_setup()")
-    archive = open_archive(archive_dir, verify_checksums=False)  # load() verifies it all; read() checks what it returns
+    if not isinstance(archive, Archive):  # load() verifies it all; read() checks what it returns
+        archive = open_archive(archive, verify_checksums=False)
     saved, evs = saved_phases(archive, rank)
     rec.saved, rec.saved_events = saved, evs
     return [p.name for p in saved]
