@@ -131,7 +131,7 @@ def _plan_of(backend: Any) -> dict[str, Any]:
                     for r, entry in piece.range_entries.items()}  # fmt: skip
             found[piece.piecewise_compile_index] = [name, list(piece.sym_shape_indices), bool(piece.returns_tuple),
                                                     {r: k for r, k in keys.items() if k is not None}]  # fmt: skip
-    return {"folder": folder_of(manager.cache_dir), "pieces": [found[i] for i in sorted(found)]}
+    return {"folder": _folder_of(manager.cache_dir), "pieces": [found[i] for i in sorted(found)]}
 
 
 def _key_of(artifact: Any, filed: dict[str, Any]) -> str | None:
@@ -139,7 +139,7 @@ def _key_of(artifact: Any, filed: dict[str, Any]) -> str | None:
     return next((key for key, made in filed.items() if made is artifact), None)
 
 
-def folder_of(cache_dir: str) -> str:
+def _folder_of(cache_dir: str) -> str:
     """A compiled model's folder as the notes name it: the compile cache's hash, the rank and the model's prefix."""
     return "/".join(Path(cache_dir).parts[-3:])
 
@@ -180,8 +180,8 @@ def _build_patched(fn: Any, plan: dict[str, Any], cfg: Any) -> tuple[Any | None,
     if manager.compiler.name != "inductor_standalone":
         return None, f"compiler {manager.compiler.name}"
     cache_dir, local = _cache_folders(cfg, manager, prefix)
-    if folder_of(local) != plan["folder"]:
-        return None, f"compile cache folder {folder_of(local)}, SAVE's {plan['folder']}"
+    if _folder_of(local) != plan["folder"]:
+        return None, f"compile cache folder {_folder_of(local)}, SAVE's {plan['folder']}"
     manager.initialize_cache(local, False, prefix)
     wanted = [(name, rng, index) for index, (name, *_) in enumerate(plan["pieces"]) for rng in _ranges(cc)]
     listed = {(rng, index): _entry(manager.cache.get((rng, index, manager.compiler.name))) for _, rng, index in wanted}
