@@ -455,39 +455,34 @@ def test_each_misbehaving_load_fails_its_own_check_and_only_it(tmp_path: Path) -
     assert checks["l_stats restored every graph"]["detail"].startswith("l_stats: not measured: no stats files in")
 
 
-def test_a_load_that_launched_saves_kernel_choices_passes_and_an_engine_without_them_has_no_such_check(
-    tmp_path: Path,
-) -> None:
-    behaviour = {"load": {"kernel_choices": {"pinned": 5, "unkeyed": 1}}}
-    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load", "load_fresh"))
-    out = tmp_path / "out"
-    prove_cli(recipe, out)
-    checks = report(out)[2]
-    assert checks["load timed no kernel choice"] == {
-        "name": "load timed no kernel choice",
-        "status": "pass",
-        "detail": "timed per rank [0, 0], launched SAVE's choice per rank [5, 5]",
-    }
-    assert "load_fresh timed no kernel choice" not in checks  # its stats count no choices (as SGLang's)
-
-
-def test_a_load_that_built_its_compiled_model_from_notes_passes_and_one_without_such_stats_has_no_such_check(
-    tmp_path: Path,
-) -> None:
-    """vLLM's LOAD reports, per rank and compiled model, whether it was built from SAVE's notes
-    (overlays/vllm/vllm/graphpersist_compiled.py); SGLang's stats have no such table, and no check."""
-    behaviour = {"load": {"compiled_model": {"backbone": {"built_from_notes": True, "s": 0.05, "why_not": ""}}}}
-    recipe = make_recipe(tmp_path, behaviour, runs=("baseline", "save", "load", "load_fresh"))
-    out = tmp_path / "out"
-    prove_cli(recipe, out)
-    checks = report(out)[2]
-    assert checks["load built the compiled model from SAVE's notes"] == {
-        "name": "load built the compiled model from SAVE's notes",
-        "status": "pass",
-        "detail": "built from notes per rank {0: {'backbone': True}, 1: {'backbone': True}}, seconds "
+LOAD_COUNTED = {  # a LOAD check that only engines whose stats count it get: its stats, its name, its detail
+    "kernel_choices": (
+        {"pinned": 5, "unkeyed": 1},
+        "timed no kernel choice",
+        "timed per rank [0, 0], launched SAVE's choice per rank [5, 5]",
+    ),
+    "compiled_model": (  # vLLM's, per rank and compiled model (overlays/vllm/vllm/graphpersist_compiled.py)
+        {"backbone": {"built_from_notes": True, "s": 0.05, "why_not": ""}},
+        "built the compiled model from SAVE's notes",
+        "built from notes per rank {0: {'backbone': True}, 1: {'backbone': True}}, seconds "
         "{0: {'backbone': 0.05}, 1: {'backbone': 0.05}}",
-    }
-    assert "load_fresh built the compiled model from SAVE's notes" not in checks
+    ),
+}
+
+
+@pytest.mark.parametrize("counted", sorted(LOAD_COUNTED))
+def test_a_load_whose_stats_count_it_passes_and_one_without_such_stats_has_no_such_check(
+    tmp_path: Path, counted: str
+) -> None:
+    """Kernel choices launched from SAVE's (none timed) and vLLM's compiled model built from SAVE's notes: checked
+    for a LOAD whose stats report them; a LOAD whose stats do not (SGLang's) has no such check."""
+    stats, check, detail = LOAD_COUNTED[counted]
+    recipe = make_recipe(tmp_path, {"load": {counted: stats}}, runs=("baseline", "save", "load", "load_fresh"))
+    out = tmp_path / "out"
+    prove_cli(recipe, out)
+    checks = report(out)[2]
+    assert checks[f"load {check}"] == {"name": f"load {check}", "status": "pass", "detail": detail}
+    assert f"load_fresh {check}" not in checks
 
 
 COUNT_TABLES = {

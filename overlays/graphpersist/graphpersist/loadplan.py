@@ -257,7 +257,7 @@ def _engine_notes(notes: dict[str, Any], rel: str, region: tuple[int, int]) -> N
     dataclass's type); each leaf of their records is a tensor spec in the rank's region or the engine's own leaf, an
     object of strings (SGLang's `{"module": <name in the model>}`). Whether the live engine's registry holds an id is
     LOAD's question: the engine's glue asks it (structure.decode_call), check cannot. The sections whose form the
-    runtime knows (graphpersist.archive.notedsections: vLLM's compiled pieces and models) are read as LOAD reads them.
+    runtime knows (graphpersist.archive.notedsections: vLLM's compiled models) are read as LOAD reads them.
     """
 
     def leaf(spec: Any, where: str) -> None:
