@@ -7,6 +7,11 @@ Two kinds of tables (the format is documented in `gptools.hooks`, which checks t
 * `[[attrs]]`: names the glue reads, writes or wraps on an upstream class (`target = "module:Class"`) or module
   (`target = "module"`).
 
+and, for an engine, what a roll may cost (`gptools.rollcost` counts it): `[budget]`, the glue lines and upstream
+names the engine's glue may take, and `[[backport]]`, a glue module that carries what a later upstream release does
+itself, with the release that lets it go (`drop_when`): it is deleted on that roll, never ported, so it is counted
+apart from the budget.
+
 `gptools.gluelint` reads the index to decide whether a name the glue touches is declared; `gptools.hooks` checks
 each declaration against a tree, and `gptools.usage` that each is used (by the glue, or by what its `used_by` names).
 Nothing here reads an upstream tree or imports the engine.
@@ -24,6 +29,8 @@ HOOKS_FILE = "hooks.toml"
 KINDS = ("function", "class")
 HOOK_KEYS = {"target", "kind", "params", "requires", "used_by", "why"}
 ATTRS_KEYS = {"target", "names", "optional", "computed_in", "used_by", "why"}
+BUDGET_KEYS = {"glue_lines", "upstream_names", "why"}
+BACKPORT_KEYS = {"glue", "drop_when", "why"}
 
 
 class HooksFileError(Exception):
@@ -85,6 +92,24 @@ class Attrs:
     @property
     def all_names(self) -> tuple[str, ...]:
         return (*self.names, *self.optional)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the engine's glue may cost a roll, backports apart: its lines and the upstream names it touches."""
+
+    glue_lines: int
+    upstream_names: int
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Backport:
+    """A glue module doing what a later upstream release does itself: deleted on the roll to that release."""
+
+    glue: str  # its path under overlays/<engine> ("vllm/graphpersist_compiled.py")
+    drop_when: str
+    why: str = ""
 
 
 def _strings(where: str, key: str, value: object, *, required: bool = False) -> tuple[str, ...]:
@@ -160,6 +185,30 @@ def _attrs(where: str, entry: dict, line: int = 0) -> Attrs:
     return Attrs(target, names, optional, computed, used_by, str(entry.get("why", "")), line)
 
 
+def _budget(where: str, entry: object) -> Budget:
+    if not isinstance(entry, dict):
+        raise HooksFileError(f"{where}: budget must be a table ([budget])")
+    unknown = set(entry) - BUDGET_KEYS
+    if unknown:
+        raise HooksFileError(f"{where}: budget: unknown keys {', '.join(sorted(unknown))}")
+    counts = [entry.get(key) for key in ("glue_lines", "upstream_names")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts):
+        raise HooksFileError(f"{where}: budget: glue_lines and upstream_names must be positive integers, got {counts}")
+    return Budget(counts[0], counts[1], str(entry.get("why", "")))
+
+
+def _backport(where: str, entry: dict) -> Backport:
+    unknown = set(entry) - BACKPORT_KEYS
+    if unknown:
+        raise HooksFileError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    glue, drop_when = entry.get("glue"), entry.get("drop_when")
+    if not isinstance(glue, str) or not glue.endswith(".py") or glue.startswith("/") or ".." in glue.split("/"):
+        raise HooksFileError(f"{where}: glue must be a .py path under the engine's overlay folder, got {glue!r}")
+    if not isinstance(drop_when, str) or not drop_when.strip():
+        raise HooksFileError(f"{where} ({glue}): drop_when must say which upstream release lets it go")
+    return Backport(glue, drop_when, str(entry.get("why", "")))
+
+
 @dataclass(frozen=True)
 class Contract:
     """Every declaration of one hooks.toml, with the look-ups the glue lint needs."""
@@ -167,6 +216,8 @@ class Contract:
     path: Path
     hooks: tuple[Hook, ...]
     attrs: tuple[Attrs, ...] = ()
+    budget: Budget | None = None
+    backports: tuple[Backport, ...] = ()
 
     @cached_property
     def modules(self) -> frozenset[str]:
@@ -257,9 +308,10 @@ def load_contract(hooks_file: Path) -> Contract:
         data = tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise HooksFileError(f"{hooks_file}: {err}") from err
-    unknown = set(data) - {"hook", "attrs"}
+    unknown = set(data) - {"hook", "attrs", "budget", "backport"}
     if unknown:
-        raise HooksFileError(f"{hooks_file}: unknown tables {', '.join(sorted(unknown))} (use [[hook]] or [[attrs]])")
+        raise HooksFileError(f"{hooks_file}: unknown tables {', '.join(sorted(unknown))} (use [[hook]], [[attrs]], "
+                             "[budget] or [[backport]])")  # fmt: skip
     hook_entries, attrs_entries = data.get("hook", []), data.get("attrs", [])
     if not isinstance(hook_entries, list) or not isinstance(attrs_entries, list):
         raise HooksFileError(f"{hooks_file}: hook and attrs must be arrays of tables ([[hook]], [[attrs]])")
@@ -279,7 +331,14 @@ def load_contract(hooks_file: Path) -> Contract:
                 raise HooksFileError(
                     f"{hooks_file}: attrs #{i} ({a.target}): {name} is declared already (attrs #{first})"
                 )
-    return Contract(hooks_file, hooks, attrs)
+    budget = _budget(str(hooks_file), data["budget"]) if "budget" in data else None
+    backport_entries = data.get("backport", [])
+    if not isinstance(backport_entries, list) or not all(isinstance(e, dict) for e in backport_entries):
+        raise HooksFileError(f"{hooks_file}: backport must be an array of tables ([[backport]])")
+    backports = tuple(_backport(f"{hooks_file}: backport #{i}", e) for i, e in enumerate(backport_entries, 1))
+    if len({b.glue for b in backports}) < len(backports):
+        raise HooksFileError(f"{hooks_file}: a glue module is named by two [[backport]] tables")
+    return Contract(hooks_file, hooks, attrs, budget, backports)
 
 
 def load_hooks(hooks_file: Path) -> list[Hook]:

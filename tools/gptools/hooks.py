@@ -16,7 +16,9 @@ upstream release can rename a method, drop a parameter or an attribute without m
    touches it, no `used_by` entry holds) fails, and so does a `used_by` entry that does not hold (a patch not in
    the series or that neither edits nor names the declaration, a file that does not name it). Who in the glue uses
    a name is never written: the lint finds it (`python -m gptools hooks --engine vllm --uses` lists each declared
-   name with the glue lines touching it), so it cannot go stale. Its rule is in usage's docstring.
+   name with the glue lines touching it), so it cannot go stale. Its rule is in usage's docstring;
+4. what a roll costs (`gptools.rollcost`, with a tree): the glue's lines and the upstream names it touches, held to
+   hooks.toml's `[budget]`, each `[[backport]]` module counted apart with the release that lets it go.
 
 `tools/gpdiag/contract.toml` (`--engine gpdiag`, and `all`) is the diagnosis tools' contract, in the same format and
 checked the same way: the product's names it declares against overlays/graphpersist and overlays/vllm, vLLM's
@@ -47,6 +49,16 @@ hooks.toml format::
                                      # must make one; every name of the table then counts as used there)
     why = "the worker reads its runner and rank"
 
+    [budget]                         # an engine's: what its glue may cost a roll, backports apart
+    glue_lines = 700                 # lines of overlays/<engine>/**/*.py
+    upstream_names = 97              # declared names something other than a backport uses
+    why = "issue 40"
+
+    [[backport]]                     # a glue module doing what a later upstream release does itself
+    glue = "vllm/graphpersist_compiled.py"   # its path under overlays/<engine>
+    drop_when = "vLLM requires torch >= 2.12 (its mega AOT artifact on by default)"
+    why = "..."
+
 A method the glue calls with keywords is best declared as a [[hook]] with its params: the lint then checks the
 keywords too. Several [[attrs]] tables may name one target (grouped by who uses them); a name is declared once. A
 class the glue imports needs no [[hook]] of its own when an [[attrs]] table names it: that table checks the class.
@@ -62,7 +74,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptools import gluelint, usage
+from gptools import gluelint, rollcost, usage
 from gptools.contract import (
     HOOKS_FILE,
     KINDS,
@@ -351,6 +363,7 @@ class Report:
     changes: list[Finding] = field(default_factory=list)
     lint: gluelint.LintReport | None = None  # when the glue was linted
     usage: usage.UsageReport | None = None  # with the lint and a tree
+    roll: rollcost.RollCost | None = None  # with the usage, for a contract with a budget or backports
     layers: tuple[Path, ...] = ()  # our source read before the tree
 
     @property
@@ -360,6 +373,8 @@ class Report:
             lines += [u.text() for u in self.lint.undeclared]
         if self.usage is not None:
             lines += self.usage.findings()
+        if self.roll is not None:
+            lines += self.roll.findings()
         return lines
 
 
@@ -396,6 +411,8 @@ def run(
             roots = (overlays,) if sub.glue.is_relative_to(overlays) else (overlays, sub.glue)
             places = usage.Places(patches, roots, REPO_ROOT, tree)
             report.usage = usage.check(contract, report.lint.uses, places, frozenset(report.lint.computed_sites))
+            if contract.budget is not None or contract.backports:
+                report.roll = rollcost.count(engine, contract, glue, report.usage)
     return report
 
 
@@ -427,6 +444,10 @@ def _print_human(r: Report, *, show_tree: bool) -> None:
     elif r.usage is not None:
         print(f"{r.engine}: each of the {r.usage.used} declared names is used: by the glue, or by what its used_by "
               "names")  # fmt: skip
+    if r.roll is not None:
+        print(r.roll.line())
+        for line in r.roll.findings():
+            print(line)
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
@@ -464,6 +485,12 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
             }
             if r.lint is not None:
                 entry["lint"] = r.lint.to_json()
+            if r.roll is not None:
+                entry["roll_cost"] = {
+                    "glue": asdict(r.roll.glue),
+                    "budget": asdict(r.roll.contract.budget) if r.roll.contract.budget else None,
+                    "backports": [{**asdict(b), **asdict(part)} for b, part in r.roll.backports],
+                }
             out.append(entry)
         print(json.dumps(out, indent=2))
     elif args.uses:
