@@ -69,9 +69,8 @@ def test_the_glue_within_its_budget_passes_and_the_backport_is_counted_apart(rep
 def test_glue_over_its_line_budget_fails_naming_the_count_and_the_key(repo: Repo) -> None:
     findings = roll(repo, DECLARED + budget(glue_lines(repo) - 1, 3) + BACKPORT).findings
     assert len(findings) == 1
-    assert f"takes {glue_lines(repo)} lines, over its budget of {glue_lines(repo) - 1} ([budget] glue_lines)" in (
-        findings[0]
-    )
+    expected = f"takes {glue_lines(repo)} lines, over its budget of {glue_lines(repo) - 1} ([budget] glue_lines)"
+    assert expected in findings[0]
     assert "raise the budget there and say why" in findings[0]
 
 

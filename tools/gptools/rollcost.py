@@ -43,8 +43,11 @@ class RollCost:
         budget = self.contract.budget
         if budget is None:
             return out
-        for what, have, cap, key in (("lines", self.glue.lines, budget.glue_lines, "glue_lines"),
-                                     ("upstream names", self.glue.names, budget.upstream_names, "upstream_names")):  # fmt: skip
+        measured = (
+            ("lines", self.glue.lines, budget.glue_lines, "glue_lines"),
+            ("upstream names", self.glue.names, budget.upstream_names, "upstream_names"),
+        )
+        for what, have, cap, key in measured:
             if have > cap:
                 out.append(
                     f"{where}: {self.engine}'s glue outside backports takes {have} {what}, over its budget of {cap} "
