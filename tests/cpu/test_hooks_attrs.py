@@ -139,7 +139,10 @@ def test_a_hooked_method_that_moved_points_at_its_new_name(tmp_path: Path) -> No
         ('[[attrs]]\ntarget = "pkg.runner:"\nnames = ["a"]\n', "target must be"),
         ('[[attrs]]\ntarget = "m:C"\nnames = ["a"]\n[[attrs]]\ntarget = "m:C"\nnames = ["a"]\n', "declared already"),
         ('[[attrs]]\ntarget = "m:C"\nnames = ["a"]\ncomputed_in = ["f.py"]\n', "computed_in entries must be"),
-        ('[[attr]]\ntarget = "m:C"\nnames = ["a"]\n', r"unknown tables attr \(use \[\[hook\]\] or \[\[attrs\]\]\)"),
+        (
+            '[[attr]]\ntarget = "m:C"\nnames = ["a"]\n',
+            r"unknown tables attr \(use \[\[hook\]\], \[\[attrs\]\], \[budget\] or \[\[backport\]\]\)",
+        ),
     ],
 )
 def test_malformed_attrs_tables_are_usage_errors(tmp_path: Path, body: str, message: str) -> None:
