@@ -112,6 +112,13 @@ class Backport:
     why: str = ""
 
 
+def _known_keys(where: str, entry: dict, allowed: set[str]) -> None:
+    """Refuses a table with keys its kind does not have (a typo would otherwise be ignored)."""
+    unknown = set(entry) - allowed
+    if unknown:
+        raise HooksFileError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+
+
 def _strings(where: str, key: str, value: object, *, required: bool = False) -> tuple[str, ...]:
     if value is None and not required:
         return ()
@@ -150,9 +157,7 @@ def _hook(where: str, entry: dict, line: int = 0) -> Hook:
     for name, value in (("params", params), ("requires", entry.get("requires", []))):
         if value is not None and (not isinstance(value, list) or not all(isinstance(p, str) for p in value)):
             raise HooksFileError(f"{where}: {name} must be a list of strings")
-    unknown = set(entry) - HOOK_KEYS
-    if unknown:
-        raise HooksFileError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    _known_keys(where, entry, HOOK_KEYS)
     return Hook(
         target=target,
         kind=kind,
@@ -167,9 +172,7 @@ def _hook(where: str, entry: dict, line: int = 0) -> Hook:
 def _attrs(where: str, entry: dict, line: int = 0) -> Attrs:
     target = _target(where, entry.get("target"), module_ok=True)
     where = f"{where} ({target})"
-    unknown = set(entry) - ATTRS_KEYS
-    if unknown:
-        raise HooksFileError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    _known_keys(where, entry, ATTRS_KEYS)
     names = _strings(where, "names", entry.get("names", []))
     optional = _strings(where, "optional", entry.get("optional"))
     if not names and not optional:
@@ -188,9 +191,7 @@ def _attrs(where: str, entry: dict, line: int = 0) -> Attrs:
 def _budget(where: str, entry: object) -> Budget:
     if not isinstance(entry, dict):
         raise HooksFileError(f"{where}: budget must be a table ([budget])")
-    unknown = set(entry) - BUDGET_KEYS
-    if unknown:
-        raise HooksFileError(f"{where}: budget: unknown keys {', '.join(sorted(unknown))}")
+    _known_keys(f"{where}: budget", entry, BUDGET_KEYS)
     counts = [entry.get(key) for key in ("glue_lines", "upstream_names")]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts):
         raise HooksFileError(f"{where}: budget: glue_lines and upstream_names must be positive integers, got {counts}")
@@ -198,9 +199,7 @@ def _budget(where: str, entry: object) -> Budget:
 
 
 def _backport(where: str, entry: dict) -> Backport:
-    unknown = set(entry) - BACKPORT_KEYS
-    if unknown:
-        raise HooksFileError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    _known_keys(where, entry, BACKPORT_KEYS)
     glue, drop_when = entry.get("glue"), entry.get("drop_when")
     if not isinstance(glue, str) or not glue.endswith(".py") or glue.startswith("/") or ".." in glue.split("/"):
         raise HooksFileError(f"{where}: glue must be a .py path under the engine's overlay folder, got {glue!r}")
