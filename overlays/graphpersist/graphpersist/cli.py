@@ -473,6 +473,26 @@ def _run_diff(args: argparse.Namespace) -> int:
     return EXIT_FINDING if lines else EXIT_OK
 
 
+def _configure_allocdiff(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("save", metavar="SAVE", help="SAVE's trace, e.g. DIR/save-rank0.json.gz")
+    parser.add_argument("load", metavar="LOAD", help="LOAD's trace of the same rank, e.g. DIR/load-rank0.json.gz")
+
+
+def _run_allocdiff(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from graphpersist.memory import alloctrace
+
+    try:
+        saved, live = alloctrace.read(Path(args.save)), alloctrace.read(Path(args.load))
+    except ValueError as exc:
+        out(f"graphpersist allocdiff: {exc}", err=True)
+        return EXIT_MISUSE
+    found = alloctrace.parting(saved, live)
+    out(found or f"SAVE and LOAD made the same {len(saved)} allocator actions up to mark_setup().")
+    return EXIT_FINDING if found else EXIT_OK
+
+
 def _configure_exec(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="PROGRAM [ARG ...]", help="what to run")
 
@@ -509,6 +529,23 @@ register(
         ),
         configure=_configure_diff,
         run=_run_diff,
+    )
+)
+register(
+    Command(
+        name="allocdiff",
+        help="where SAVE's and LOAD's allocations parted before a setup tensor moved (exit 1 if they did)",
+        description=(
+            "Compares the allocator actions two starts made up to mark_setup(), as recorded with\n"
+            "GRAPHPERSIST_ALLOC_TRACE=DIR set for SAVE and for LOAD (torch's allocation history with Python\n"
+            "stacks; off by default, it slows every allocation), and names the first action where they part: an\n"
+            "allocation or free only one start made, with where it was asked for. A LOAD refused with `setup\n"
+            "tensor N differs` says which files to compare.\n\n"
+            "  GRAPHPERSIST_ALLOC_TRACE=/tmp/trace <SAVE command>; GRAPHPERSIST_ALLOC_TRACE=/tmp/trace <LOAD command>\n"
+            "  graphpersist allocdiff /tmp/trace/save-rank0.json.gz /tmp/trace/load-rank0.json.gz"
+        ),
+        configure=_configure_allocdiff,
+        run=_run_allocdiff,
     )
 )
 register(

@@ -15,7 +15,7 @@ import torch
 
 from graphpersist import run
 from graphpersist.errors import PersistError
-from graphpersist.memory import layout, region
+from graphpersist.memory import alloctrace, layout, region
 from graphpersist.memory.phases import block_problems, find_range, held_blocks
 from graphpersist.memory.tensors import tensor_key
 
@@ -43,7 +43,9 @@ def start_region() -> region.RegionInfo:
     torch.cuda.init()
     torch.cuda.current_device()
     torch.empty(0, device="cuda")  # context is current on this thread
-    return region.start()
+    info = region.start()
+    alloctrace.start()  # GRAPHPERSIST_ALLOC_TRACE: torch's allocation history from here on
+    return info
 
 
 def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = False) -> int:
@@ -65,6 +67,7 @@ def mark_setup(tensors: Mapping[str, torch.Tensor], *, allow_unnamed: bool = Fal
     layout.finish_setup()  # ends setup's last phase (the whole setup is one exact phase when none was named)
     evs = region.events()
     segments, blocks = _torch_blocks()
+    alloctrace.dump()
     named = [[name, *tensor_key(t)] for name, t in tensors.items()]
     run.current().mark = SetupMark(len(evs), region.info().cursor, named, segments, blocks,
                                    region.host_info().n_events)  # fmt: skip
@@ -140,9 +143,12 @@ def check_setup_tensors(saved: list[list[Any]], live: Mapping[str, torch.Tensor]
     live_rows = [[name, *tensor_key(t)] for name, t in (live or {}).items()]
     for i, (want, got) in enumerate(zip(saved, live_rows, strict=False)):
         if want != got:
+            held = alloctrace.holder(want[1]) if want[1] != got[1] else ""
             raise PersistError(
                 f"setup tensor {i} differs: saved {want[0]!r} at {want[1]:#x} {want[2]} {want[3]}, "
                 f"live {got[0]!r} at {got[1]:#x} {got[2]} {got[3]} (setup code or its order differs)"
+                + (f"; {held}" if held else "")
+                + (f". {alloctrace.advice()}" if want[1] != got[1] else "")
             )
     if len(saved) != len(live_rows):
         raise PersistError(f"setup tensors: SAVE recorded {len(saved)}, LOAD passed {len(live_rows)}")

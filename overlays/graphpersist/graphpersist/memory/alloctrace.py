@@ -1,0 +1,199 @@
+"""Which allocation put a setup tensor elsewhere at LOAD than at SAVE: torch's allocation history, on request.
+
+LOAD proves each named setup tensor sits where SAVE had it (memory.setup.check_setup_tensors). When one does not,
+something before it allocated or freed otherwise, and the two addresses do not say what. With
+GRAPHPERSIST_ALLOC_TRACE=DIR set for SAVE and for LOAD, each process records torch's allocation history with the
+Python stack of each allocation and free from start_region() on and writes its allocator actions up to mark_setup() to
+DIR/<save|load>-rank<r>.json.gz; a refusal then names the allocation holding the saved address, and `graphpersist
+allocdiff` names the first action where the two starts part. Off unless set: a stack costs time at every allocation.
+torch records beside its allocator, so the trace moves no allocation and is not an environment pin.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV = "GRAPHPERSIST_ALLOC_TRACE"
+FORMAT = 1
+MAX_ENTRIES = 1_000_000  # torch keeps the newest ones; a vLLM start makes tens of thousands before mark_setup()
+FRAMES_KEPT = 8  # innermost frames outside torch's own package, per action
+WINDOW = 400  # actions after the parting compared by kind, size and caller
+SHOWN = 4  # actions listed per side
+# torch's trace entries that change what the allocator hands out next (trace entries of torch.cuda.memory._snapshot)
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One allocator action: its kind, address, size and the Python stack it happened in (innermost frame first)."""
+
+    kind: str
+    addr: int
+    size: int
+    frames: tuple[str, ...]
+
+    def key(self) -> tuple[str, int, int, str]:
+        """The action with its caller: a stray allocation that took the address SAVE gave another one differs."""
+        return self.kind, self.addr, self.size, self.frames[0] if self.frames else ""
+
+    def request(self) -> tuple[str, int, str]:
+        """What was asked, wherever it landed: the kind, the size and the innermost caller."""
+        return self.kind, self.size, self.frames[0] if self.frames else ""
+
+    def line(self) -> str:
+        where = "\n      <- ".join(self.frames) if self.frames else "(no Python frames)"
+        return f"{self.kind} {self.size} B at {self.addr:#x}\n      <- {where}"
+
+
+def folder() -> Path | None:
+    """The trace folder GRAPHPERSIST_ALLOC_TRACE names, or None (tracing off)."""
+    value = os.environ.get(ENV, "").strip()
+    return Path(value) if value else None
+
+
+def start() -> bool:
+    """Turns torch's allocation history on (Python stacks) if GRAPHPERSIST_ALLOC_TRACE is set; whether it did."""
+    if folder() is None:
+        return False
+    import torch
+
+    # context "all": a free's own stack too (a tensor freed by the garbage collector shows where it ran)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+    return True
+
+
+def frames_of(frames: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """`file:line function`, innermost first, without torch's own frames (all of them where no other is left)."""
+    shown = [f"{f.get('filename', '?')}:{f.get('line', '?')} {f.get('name', '?')}" for f in frames]
+    outside = [s for s, f in zip(shown, frames, strict=True) if f"{os.sep}torch{os.sep}" not in str(f.get("filename"))]
+    return tuple((outside or shown)[:FRAMES_KEPT])
+
+
+def actions_of(snapshot: Mapping[str, Any], device: int) -> list[Action]:
+    """The allocator actions of `device` in a torch memory snapshot, oldest first."""
+    traces = snapshot.get("device_traces") or []
+    entries = traces[device] if device < len(traces) else []
+    return [
+        Action(str(e["action"]), int(e["addr"]), int(e["size"]), frames_of(e.get("frames") or ()))
+        for e in entries
+        if e.get("action") in ACTIONS
+    ]
+
+
+def label() -> str:
+    """`save-rank0` / `load-rank1` in an engine's session; `setup-<pid>` for the runtime used alone."""
+    from graphpersist import run
+
+    sess = run.current().session
+    return f"{sess.mode.value}-rank{sess.rank}" if sess is not None else f"setup-{os.getpid()}"
+
+
+def path_for(name: str) -> Path | None:
+    where = folder()
+    return where / f"{name}.json.gz" if where is not None else None
+
+
+def dump() -> Path | None:
+    """mark_setup(): writes this start's allocator actions (when tracing) and says where."""
+    path = path_for(label())
+    if path is None:
+        return None
+    import torch
+
+    actions = actions_of(torch.cuda.memory._snapshot(), torch.cuda.current_device())
+    write(path, label(), actions)
+    print(f"graphpersist: allocation trace: {len(actions)} allocator actions up to mark_setup() in {path}",
+          file=sys.stderr)  # fmt: skip
+    return path
+
+
+def write(path: Path, name: str, actions: Sequence[Action]) -> None:
+    """The trace file read() reads: gzipped JSON, one row per action."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [[a.kind, a.addr, a.size, list(a.frames)] for a in actions]
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        json.dump({"format": FORMAT, "label": name, "max_entries": MAX_ENTRIES, "actions": rows}, fh)
+
+
+def read(path: Path) -> list[Action]:
+    """A trace dump() wrote; ValueError naming the file when it is not one."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            doc = json.load(fh)
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, this runtime reads format {FORMAT}")
+        return [Action(str(k), int(a), int(s), tuple(str(f) for f in fr)) for k, a, s, fr in doc["actions"]]
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not an allocation trace of graphpersist ({exc})") from exc
+
+
+def parting(saved: Sequence[Action], live: Sequence[Action]) -> str:
+    """Where two starts' allocator actions part, and how; '' where they are the same."""
+    first = next((i for i, (a, b) in enumerate(zip(saved, live, strict=False)) if a.key() != b.key()), None)
+    if first is None:
+        if len(saved) == len(live):
+            return ""
+        first = min(len(saved), len(live))
+    head = (
+        f"SAVE and LOAD part at allocator action {first} (of {len(saved)} and {len(live)}); the earlier ones are equal."
+    )
+    for name, acts in (("SAVE", saved), ("LOAD", live)):
+        if len(acts) >= MAX_ENTRIES:
+            head += f" {name}'s trace is full ({MAX_ENTRIES} actions): its oldest ones are missing."
+    a, b = saved[first : first + WINDOW], live[first : first + WINDOW]
+    ops = difflib.SequenceMatcher(None, [x.request() for x in a], [x.request() for x in b], autojunk=False)
+    tag, i1, i2, j1, j2 = next((op for op in ops.get_opcodes() if op[0] != "equal"), ("same", 0, 0, 0, 0))
+    if tag == "same" or (i1, j1) != (0, 0):  # the same request first, at another address
+        return "\n".join([
+            head,
+            "The same request landed elsewhere: the allocator's state differed although every traced action before it "
+            "was equal (memory torch does not trace: another pool, a library's own mapping, the region's cursor).",
+            f"  SAVE: {a[0].line()}",
+            f"  LOAD: {b[0].line()}",
+        ])  # fmt: skip
+    lines = [head]
+    for name, acts, lo, hi in (("SAVE", a, i1, i2), ("LOAD", b, j1, j2)):
+        if hi > lo:
+            only = "has" if tag != "replace" else "made instead"
+            lines.append(f"{name} {only} {hi - lo} action(s) here, first:")
+            lines += [f"  {x.line()}" for x in acts[lo : min(hi, lo + SHOWN)]]
+    return "\n".join(lines)
+
+
+def holder(address: int) -> str:
+    """Tracing: the block of torch's allocator that holds `address` now, and where it was allocated; else ''."""
+    if folder() is None:
+        return ""
+    import torch
+
+    for seg in torch.cuda.memory._snapshot().get("segments", []):
+        for block in seg.get("blocks", []):
+            start, size = int(block["address"]), int(block["size"])
+            if start <= address < start + size:
+                where = "\n      <- ".join(frames_of(block.get("frames") or ())) or "(no Python frames)"
+                state = block.get("state")
+                return f"at LOAD, {address:#x} lies in a {size} B block ({state}) allocated\n      <- {where}"
+    return f"at LOAD, no block of torch's allocator holds {address:#x}"
+
+
+def advice() -> str:
+    """What a refusal over a moved setup tensor says to do next."""
+    from graphpersist import run
+
+    where, sess = folder(), run.current().session
+    if sess is not None:
+        pair = " ".join(f"{where or 'DIR'}/{mode}-rank{sess.rank}.json.gz" for mode in ("save", "load"))
+    else:
+        pair = f"{where or 'DIR'}/setup-<SAVE's pid>.json.gz {where or 'DIR'}/setup-<LOAD's pid>.json.gz"
+    if where is None:
+        return (f"To name the allocation that moved it, run SAVE and LOAD with {ENV}=DIR set and compare them: "
+                f"`graphpersist allocdiff {pair}`.")  # fmt: skip
+    return f"Compare the two starts: `graphpersist allocdiff {pair}`."
