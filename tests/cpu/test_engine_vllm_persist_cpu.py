@@ -1518,6 +1518,34 @@ def test_load_builds_the_compiled_model_from_saves_notes_without_its_dynamo_grap
     assert got["unkeyed"]["why_not"].startswith("1 artifact(s) neither listed in vLLM's cache file nor noted, e.g. ")
 
 
+IMPORTED_AT_INSTALL = """
+import json, sys, types
+from vllm import graphpersist_compiled as compiled
+
+before = set(list(sys.modules))
+compiled.install(types.SimpleNamespace(loading=sys.argv[1] == "load", saved_notes={}))
+print(json.dumps(sorted(m for m in list(sys.modules) if m.startswith("vllm") and m not in before)))
+"""
+
+
+def test_save_and_load_import_the_same_vllm_modules_before_the_worker_starts(
+    vllm_venv: Path, vllm_env: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """graphpersist_compiled.install runs before vLLM's worker starts: SAVE and LOAD leave it with the same vLLM modules
+    imported, vLLM's compile backend among them. A module one side imported only later, while vLLM builds the model
+    under the GPU as default device, would make its import-time tensors device memory on that side alone."""
+    script = tmp_path / "imported.py"
+    script.write_text(IMPORTED_AT_INSTALL)
+    got = {}
+    for mode in ("save", "load"):  # a fresh interpreter each: the warm one has imported vLLM's backend already
+        proc = subprocess.run([str(vllm_venv / "bin" / "python"), str(script), mode], env=vllm_env[1],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "vllm.compilation.backends" in got["load"], got["load"]
+    assert got["save"] == got["load"], sorted(set(got["save"]) ^ set(got["load"]))
+
+
 @pytest.mark.parametrize(
     "saved, line",
     [

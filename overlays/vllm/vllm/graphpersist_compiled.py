@@ -26,7 +26,16 @@ _unread: list[bool] = []  # LOAD: not empty while vLLM's deserializer reads a mo
 
 def install(sess: engine.PersistSession) -> None:
     """SAVE notes each compiled model's pieces as vLLM's backend made them; LOAD builds from those notes (refusing
-    damaged ones here). Wraps once per process."""
+    damaged ones here). Wraps once per process.
+
+    Both sides first import the modules either side's wrappers need, before the worker starts: a module vLLM would
+    import later, while it builds the model under the GPU as default device, would make any tensor it creates at
+    import device memory there, so SAVE and LOAD must not import it at different times. The suspected cause of the
+    twenty-sixth session's refusals (layer 0's q_norm 512 bytes off at LOAD): its LOAD no longer imported vLLM's
+    backend here, which SAVE and the earlier LOADs did."""
+    from vllm import config  # noqa: F401
+    from vllm.compilation import backends, caching  # noqa: F401
+
     if sess.loading:
         plans(sess)
         threading.Thread(target=_hash_sources, name="graphpersist-source-hashes", daemon=True).start()
