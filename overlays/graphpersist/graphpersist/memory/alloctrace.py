@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "GRAPHPERSIST_ALLOC_TRACE"
+SUFFIX = ".json.gz"
 FORMAT = 1
 MAX_ENTRIES = 1_000_000  # torch keeps the newest ones; a vLLM start makes tens of thousands before mark_setup()
 FRAMES_KEPT = 8  # innermost frames outside torch's own package, per action
@@ -93,23 +94,28 @@ def label() -> str:
     from graphpersist import run
 
     sess = run.current().session
-    return f"{sess.mode.value}-rank{sess.rank}" if sess is not None else f"setup-{os.getpid()}"
+    return _label(sess.mode.value, sess.rank) if sess is not None else f"setup-{os.getpid()}"
+
+
+def _label(mode: str, rank: int) -> str:
+    return f"{mode}-rank{rank}"
 
 
 def path_for(name: str) -> Path | None:
     where = folder()
-    return where / f"{name}.json.gz" if where is not None else None
+    return where / f"{name}{SUFFIX}" if where is not None else None
 
 
 def dump() -> Path | None:
     """mark_setup(): writes this start's allocator actions (when tracing) and says where."""
-    path = path_for(label())
+    name = label()
+    path = path_for(name)
     if path is None:
         return None
     import torch
 
     actions = actions_of(torch.cuda.memory._snapshot(), torch.cuda.current_device())
-    write(path, label(), actions)
+    write(path, name, actions)
     print(f"graphpersist: allocation trace: {len(actions)} allocator actions up to mark_setup() in {path}",
           file=sys.stderr)  # fmt: skip
     return path
@@ -174,8 +180,8 @@ def holder(address: int) -> str:
         return ""
     import torch
 
-    for seg in torch.cuda.memory._snapshot().get("segments", []):
-        for block in seg.get("blocks", []):
+    for seg in torch.cuda.memory_snapshot():  # as memory.setup reads torch's blocks
+        for block in seg["blocks"]:
             start, size = int(block["address"]), int(block["size"])
             if start <= address < start + size:
                 where = "\n      <- ".join(frames_of(block.get("frames") or ())) or "(no Python frames)"
@@ -189,10 +195,12 @@ def advice() -> str:
     from graphpersist import run
 
     where, sess = folder(), run.current().session
-    if sess is not None:
-        pair = " ".join(f"{where or 'DIR'}/{mode}-rank{sess.rank}.json.gz" for mode in ("save", "load"))
-    else:
-        pair = f"{where or 'DIR'}/setup-<SAVE's pid>.json.gz {where or 'DIR'}/setup-<LOAD's pid>.json.gz"
+    names = (
+        [_label(m, sess.rank) for m in ("save", "load")]
+        if sess is not None
+        else ["setup-<SAVE's pid>", "setup-<LOAD's pid>"]
+    )
+    pair = " ".join(f"{where or 'DIR'}/{name}{SUFFIX}" for name in names)
     if where is None:
         return (f"To name the allocation that moved it, run SAVE and LOAD with {ENV}=DIR set and compare them: "
                 f"`graphpersist allocdiff {pair}`.")  # fmt: skip

@@ -143,12 +143,13 @@ def check_setup_tensors(saved: list[list[Any]], live: Mapping[str, torch.Tensor]
     live_rows = [[name, *tensor_key(t)] for name, t in (live or {}).items()]
     for i, (want, got) in enumerate(zip(saved, live_rows, strict=False)):
         if want != got:
-            held = alloctrace.holder(want[1]) if want[1] != got[1] else ""
+            moved = want[1] != got[1]  # then say which allocation holds the saved address, or how to find it
+            held = alloctrace.holder(want[1]) if moved else ""
             raise PersistError(
                 f"setup tensor {i} differs: saved {want[0]!r} at {want[1]:#x} {want[2]} {want[3]}, "
                 f"live {got[0]!r} at {got[1]:#x} {got[2]} {got[3]} (setup code or its order differs)"
                 + (f"; {held}" if held else "")
-                + (f". {alloctrace.advice()}" if want[1] != got[1] else "")
+                + (f". {alloctrace.advice()}" if moved else "")
             )
     if len(saved) != len(live_rows):
         raise PersistError(f"setup tensors: SAVE recorded {len(saved)}, LOAD passed {len(live_rows)}")
