@@ -265,6 +265,20 @@ def test_hostile_tars_are_refused_and_leave_the_cache_folders_as_they_were(tmp_p
     assert not any(c in str(caught.value) for c in "\0\n\x1b")
 
 
+def test_a_header_whose_checksum_sums_signed_bytes_is_read_as_well(tmp_path: Path) -> None:
+    """Some tar writers sum a header's bytes as signed: a name with bytes of 0x80 and more then carries a checksum
+    256 less per such byte. Both sums are accepted; any other checksum is refused (the hostile catalogue)."""
+    name = "triton/caf\u00e9.json".encode()
+    block = bytearray(hostile_tars.header(name, size=2))
+    unsigned = int(block[148:154], 8)
+    signed = unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b & 0x80)
+    assert signed != unsigned
+    block[148:156] = b"%06o\0 " % signed
+    stats = restore(hostile_tars.tar(bytes(block) + hostile_tars.padded(b"{}")), {"triton": tmp_path / "t"})
+    assert stats.files == {"triton": 1}
+    assert (tmp_path / "t" / "caf\u00e9.json").read_bytes() == b"{}"
+
+
 def test_folders_in_the_tar_are_made_below_the_cache_folder(tmp_path: Path) -> None:
     blob = tar_of((member("triton/dir", tarfile.DIRTYPE), b""), (member("triton/empty", tarfile.DIRTYPE), b""),
                   (member("triton/dir/sub/f.json"), b"{}"))  # fmt: skip
