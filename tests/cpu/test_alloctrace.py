@@ -4,10 +4,12 @@ the form torch.cuda.memory._snapshot() documents; recording them for real is tes
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,6 +95,40 @@ def test_a_start_that_stops_early_and_a_full_trace_are_said(monkeypatch: pytest.
     assert "LOAD has 1 action(s) here" in alloctrace.parting(saved[:2], saved)
     monkeypatch.setattr(alloctrace, "MAX_ENTRIES", 3)
     assert "SAVE's trace is full (3 actions)" in alloctrace.parting(saved, saved[:2])
+
+
+def test_the_collectors_passes_are_recorded_and_a_free_inside_one_is_marked() -> None:
+    """GcPasses times real passes (gc.callbacks); a free whose time_us lies in a pass carries GC_FRAME, an allocation
+    or a free outside every pass does not. allocdiff's text then says which free the collector made."""
+    passes = alloctrace.GcPasses()
+    gc.callbacks.append(passes.callback)
+    try:
+        before = time.time_ns() // 1000
+        gc.collect()
+        gc.collect()
+    finally:
+        gc.callbacks.remove(passes.callback)
+    assert len(passes.spans) == 2 and passes.began is None, passes
+    (b1, e1), (b2, e2) = passes.spans
+    assert before <= b1 <= e1 <= b2 <= e2, passes.spans
+    assert passes.covers(b1) and passes.covers(e2) and not passes.covers(b1 - 1) and not passes.covers(e2 + 1)
+    assert not alloctrace.GcPasses().covers(b1)
+
+    def at(e: dict[str, Any], us: int) -> dict[str, Any]:
+        return {**e, "time_us": us}
+
+    cycle = entry("alloc", BASE + (1 << 20), 512, "cyclic_holder")
+    by_gc = [at(entry(k, BASE + (1 << 20), 512, "unrelated_line"), e1) for k in ("free_requested", "free_completed")]
+    saved = alloctrace.actions_of({"device_traces": [start(at(cycle, b1), *by_gc)]}, 0, passes)
+    assert [a.frames[0] for a in saved[2:5]] == ["/venv/lib/python3.12/site-packages/vllm/model.py:1 cyclic_holder",
+                                                 alloctrace.GC_FRAME, alloctrace.GC_FRAME]  # fmt: skip
+    outside = alloctrace.actions_of({"device_traces": [[at(e, e2 + 1) for e in by_gc]]}, 0, passes)
+    assert all(alloctrace.GC_FRAME not in a.frames for a in outside)
+    assert all(alloctrace.GC_FRAME not in a.frames for a in alloctrace.actions_of({"device_traces": [by_gc]}, 0))
+    found = alloctrace.parting(saved, actions(start(cycle)))  # LOAD: the holder not yet collected
+    assert "SAVE has 2 action(s) here, first:\n  free_requested 512 B" in found, found
+    assert f"<- {alloctrace.GC_FRAME}\n      <- /venv/lib/python3.12/site-packages/vllm/model.py:1 unrelated" in found
+    assert "LOAD has" not in found, found
 
 
 def test_the_refusals_advice_names_the_files_to_compare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,7 @@ class Run:
     mark: Any = None  # graphpersist.memory.setup.SetupMark, once mark_setup() ran
     graph_blocks: list[tuple[int, int]] = field(default_factory=list)  # torch blocks graphs read (SAVE, LOAD)
     kernel_choices: Any = None  # graphpersist.graph.kernelchoice.Choices, when Inductor's choices are pinned
+    gc_passes: Any = None  # graphpersist.memory.alloctrace.GcPasses, while an allocation trace records
     session: Any = None  # graphpersist.engine.PersistSession running this, or None (the runtime used alone)
 
 

@@ -7,17 +7,25 @@ Python stack of each allocation and free from start_region() on and writes its a
 DIR/<save|load>-rank<r>.json.gz; a refusal then names the allocation holding the saved address, and `graphpersist
 allocdiff` names the first action where the two starts part. Off unless set: a stack costs time at every allocation.
 torch records beside its allocator, so the trace moves no allocation and is not an environment pin.
+
+A tensor held in a reference cycle is freed by Python's cyclic garbage collector, whenever a pass runs; when passes
+run depends on how many objects the process made, threads included, so SAVE and LOAD can free it at different
+points. The stack of such a free is wherever the pass began, which reads like an unrelated line: a free inside a pass
+(by the clock of torch's trace entries, Unix time) carries the frame GC_FRAME first.
 """
 
 from __future__ import annotations
 
+import bisect
 import difflib
+import gc
 import gzip
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,8 @@ WINDOW = 400  # actions after the parting compared by kind, size and caller
 SHOWN = 4  # actions listed per side
 # torch's trace entries that change what the allocator hands out next (trace entries of torch.cuda.memory._snapshot)
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
+FREES = ("free_requested", "free_completed")
+GC_FRAME = "(freed in a pass of Python's cyclic garbage collector)"
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,28 @@ class Action:
         return f"{self.kind} {self.size} B at {self.addr:#x}\n      <- {where}"
 
 
+@dataclass
+class GcPasses:
+    """The cyclic collector's passes while tracing, as (began, ended) in microseconds of Unix time: the clock of the
+    `time_us` of torch's trace entries. A gc.callbacks entry from start() to dump()."""
+
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    began: int | None = None
+
+    def callback(self, phase: str, info: Mapping[str, int]) -> None:
+        now = time.time_ns() // 1000
+        if phase == "start":
+            self.began = now
+        elif self.began is not None:
+            self.spans.append((self.began, now))
+            self.began = None
+
+    def covers(self, time_us: int) -> bool:
+        """Whether a pass ran at `time_us` (the spans are in time order and do not overlap)."""
+        i = bisect.bisect_right(self.spans, (time_us, float("inf"))) - 1
+        return i >= 0 and self.spans[i][0] <= time_us <= self.spans[i][1]
+
+
 def folder() -> Path | None:
     """The trace folder GRAPHPERSIST_ALLOC_TRACE names, or None (tracing off)."""
     value = os.environ.get(ENV, "").strip()
@@ -66,8 +98,12 @@ def start() -> bool:
         return False
     import torch
 
-    # context "all": a free's own stack too (a tensor freed by the garbage collector shows where it ran)
+    from graphpersist import run
+
+    # context "all": a free's own stack too (a tensor freed by the garbage collector shows where its pass began)
     torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+    passes = run.current().gc_passes = GcPasses()
+    gc.callbacks.append(passes.callback)
     return True
 
 
@@ -78,15 +114,22 @@ def frames_of(frames: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple((outside or shown)[:FRAMES_KEPT])
 
 
-def actions_of(snapshot: Mapping[str, Any], device: int) -> list[Action]:
-    """The allocator actions of `device` in a torch memory snapshot, oldest first."""
+def actions_of(snapshot: Mapping[str, Any], device: int, passes: GcPasses | None = None) -> list[Action]:
+    """The allocator actions of `device` in a torch memory snapshot, oldest first; a free made during one of
+    `passes` gets GC_FRAME first."""
     traces = snapshot.get("device_traces") or []
     entries = traces[device] if device < len(traces) else []
     return [
-        Action(str(e["action"]), int(e["addr"]), int(e["size"]), frames_of(e.get("frames") or ()))
+        Action(str(e["action"]), int(e["addr"]), int(e["size"]), _by_gc(e, passes) + frames_of(e.get("frames") or ()))
         for e in entries
         if e.get("action") in ACTIONS
     ]
+
+
+def _by_gc(entry: Mapping[str, Any], passes: GcPasses | None) -> tuple[str, ...]:
+    at = entry.get("time_us")
+    by_gc = passes is not None and entry.get("action") in FREES and at is not None and passes.covers(int(at))
+    return (GC_FRAME,) if by_gc else ()
 
 
 def label() -> str:
@@ -114,7 +157,12 @@ def dump() -> Path | None:
         return None
     import torch
 
-    actions = actions_of(torch.cuda.memory._snapshot(), torch.cuda.current_device())
+    from graphpersist import run
+
+    passes = run.current().gc_passes
+    if passes is not None and passes.callback in gc.callbacks:
+        gc.callbacks.remove(passes.callback)
+    actions = actions_of(torch.cuda.memory._snapshot(), torch.cuda.current_device(), passes)
     write(path, name, actions)
     print(f"graphpersist: allocation trace: {len(actions)} allocator actions up to mark_setup() in {path}",
           file=sys.stderr)  # fmt: skip
