@@ -30,9 +30,9 @@ def install(sess: engine.PersistSession) -> None:
 
     Both sides first import the modules either side's wrappers need, before the worker starts: a module vLLM would
     import later, while it builds the model under the GPU as default device, would make any tensor it creates at
-    import device memory there, so SAVE and LOAD must not import it at different times. The suspected cause of the
-    twenty-sixth session's refusals (layer 0's q_norm 512 bytes off at LOAD): its LOAD no longer imported vLLM's
-    backend here, which SAVE and the earlier LOADs did."""
+    import device memory there, so SAVE and LOAD must not import it at different times. (It does not explain the
+    twenty-sixth session's refusal, layer 0's q_norm 512 bytes off: vLLM imports its backend only after the model's
+    own __init__ has built every layer.)"""
     from vllm import config  # noqa: F401
     from vllm.compilation import backends, caching  # noqa: F401
 
