@@ -1121,6 +1121,7 @@ live = engine_config(**{live_args!r})
 torch.cuda.current_device = lambda: 0
 sess = open_session("load", {str(archive)!r}, cfg=live)
 sess._check_before_setup()
+sess.start_reading_ahead()
 ahead = sess.read_ahead
 result = {{"kv_bytes": sess.saved_budget, "model": sess.model, "notes": sess.saved_notes,
           "ahead": [str(ahead.directory), ahead.rank, ahead.archive_for(ahead.directory, ahead.rank) is not None]}}

@@ -28,14 +28,13 @@ import torch
 import tiny_engine as te
 from graphpersist import api, engine, run
 from graphpersist.engine import budget, caches, session as session_mod
-from graphpersist.loadahead import ReadAhead
 
 session_mod.interposer_loaded = lambda: True
 torch.cuda.set_device = lambda index: None
 torch.cuda.mem_get_info = lambda: (40 << 30, 80 << 30)  # what a GPU would have free
 api.start_region = lambda: types.SimpleNamespace(base=0x500000000000, size=1 << 40)
 api.use_layout = lambda directory, rank: None
-marks, captured_at, handed = [], [], []
+marks, captured_at, handed, ahead_at_caches = [], [], [], []
 api.mark_setup = lambda tensors: marks.append(sorted(tensors)) or 0
 api.verify_state = lambda: []
 
@@ -87,7 +86,6 @@ def check_before_setup(self):
     self.saved_flags, self.saved_notes = dict(archive["flags"]), archive["notes"]
     self.saved_budget = budget.saved(self.saved_flags, self.directory)
     self.adapter.read_saved(self)
-    self.read_ahead = ReadAhead(self.directory, self.rank)  # what the real check starts (its archive is no real one)
 
 
 class Result(dict):
@@ -111,7 +109,8 @@ api.load = load
 import graphpersist.save
 graphpersist.save.Saver = KeepingSaver
 session_mod.PersistSession._check_before_setup = check_before_setup
-caches.SessionCaches.restore = lambda self, sess: None  # the stand-in archive carries no JIT caches
+# the stand-in archive carries no JIT caches; the reading ahead begins only after their restore (the GIL)
+caches.SessionCaches.restore = lambda self, sess: ahead_at_caches.append(sess.read_ahead)
 
 cfg = te.TinyConfig(hidden=64, layers=3, sizes=(1, 2, 4), cache_bytes=(1 << 30) + (5 << 20))
 x = {bs: torch.randn(bs, cfg.hidden, generator=torch.Generator().manual_seed(bs)) for bs in cfg.sizes}
@@ -148,6 +147,7 @@ print(json.dumps({
     "budget": [save.budget_bytes, load_sess.budget_bytes],
     "refused": refused,
     "handed": handed,
+    "ahead_at_caches": [repr(a) for a in ahead_at_caches],
 }))
 """
 
@@ -170,6 +170,7 @@ def test_a_third_engine_saves_and_loads_through_its_adapter_alone(vllm_venv: Pat
     assert got["steps"] == ["finish", "finish"] and got["marks"] == 3  # the refused LOAD marked its setup too
     assert got["counts"] == [3, 3, 0]
     assert got["handed"] == [True, True]  # each LOAD's restore was handed the archive its start began reading
+    assert got["ahead_at_caches"] == ["None", "None"]  # and began it after the JIT caches' restore
     assert got["refused"] == (
         "PersistError: graphpersist: decode graphs differ: not in the archive none, saved but not replayed by this "
         "configuration ['tiny/4']. Re-run with mode=save for this configuration."

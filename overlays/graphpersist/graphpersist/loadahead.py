@@ -1,5 +1,6 @@
 """A rank's archive read ahead of its LOAD: opened (this rank's files hashed) and put through LOAD's CPU stage
-(graphpersist.loadstage) in a thread started once the early checks pass, while the engine builds its model, loads
+(graphpersist.loadstage) in a thread started once the early checks pass and the JIT caches are back (both Python
+work on the main thread, which the thread would slow through the GIL), while the engine builds its model, loads
 its weights and compiled code. Inside the restore this reading took 0.22-0.74 s of a TP=1 vLLM LOAD on the
 reference hosts (recipes/vllm-qwen3-8b-tp1, "open + validate"), all of it before the first GPU call.
 
