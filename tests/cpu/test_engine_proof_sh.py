@@ -30,12 +30,17 @@ printf '%s\\n' "$*" >> "$PROVE_RECORD.calls"
 [[ $1 == -m && $2 == compileall ]] && exit 0
 [[ $1 == *real_checkpoint.py ]] && exit "${FAKE_CHECKPOINT_RC:-0}"  # writes the real checkpoint on the host
 [[ -n ${GP_REAL_MODEL:-} ]] && printf '%s\n' "$GP_REAL_MODEL" > "$PROVE_RECORD.real_model"
+[[ $2 == gptools.prove ]] && printf '%s\n' "${GRAPHPERSIST_ALLOC_TRACE:-}" > "$PROVE_RECORD.alloc_trace"
+[[ $2 == graphpersist ]] && { echo "allocdiff: SAVE and LOAD part at allocator action 7"; exit 1; }
+[[ $2 == pytest ]] && { echo "1 passed"; exit 0; }
 printf '%s\\n' "$*" > "$PROVE_RECORD"
 printf '%s\\n' "$PYTHONPATH" >> "$PROVE_RECORD"
 """
 
 
-def run_script(tmp_path: Path, recipe: str, bundle_engine: str = "sglang", **env: str) -> subprocess.CompletedProcess:
+def run_script(
+    tmp_path: Path, recipe: str, bundle_engine: str = "sglang", script: Path = SCRIPT, **env: str
+) -> subprocess.CompletedProcess:
     bundle, bin_dir = tmp_path / "bundle", tmp_path / "bin"
     for folder, name, text in ((bundle, "install.sh", FAKE_INSTALL), (bin_dir, "python3", FAKE_PYTHON)):
         folder.mkdir(exist_ok=True)
@@ -51,7 +56,7 @@ def run_script(tmp_path: Path, recipe: str, bundle_engine: str = "sglang", **env
     }
     full["PATH"] = f"{bin_dir}{os.pathsep}{full['PATH']}"
     full.update(env)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=full, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", str(script)], cwd=REPO, env=full, capture_output=True, text=True, timeout=60)
 
 
 def test_an_sglang_recipe_installs_the_sglang_bundle_and_proves_the_recipe(tmp_path: Path) -> None:
@@ -191,3 +196,22 @@ def test_a_checkpoint_that_cannot_be_written_stops_before_the_proof(tmp_path: Pa
     proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", RUNS=REAL_RUNS, FAKE_CHECKPOINT_RC="1")
     assert proc.returncode == 1
     assert "gptools.prove" not in (tmp_path / "rec.calls").read_text()
+
+
+def test_traced_pair_proves_save_and_load_with_the_trace_then_compares_the_traces(tmp_path: Path) -> None:
+    """recipes/gpu-host/traced-pair.sh: engine-proof.sh's SAVE and LOAD with GRAPHPERSIST_ALLOC_TRACE under $OUT, then
+    allocdiff of rank 0's two traces (its exit and text shown), then the GPU test of the trace."""
+    traced = REPO / "recipes" / "gpu-host" / "traced-pair.sh"
+    proc = run_script(tmp_path, "vllm-qwen3-8b-tp1", bundle_engine="vllm", script=traced)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "o"
+    assert (tmp_path / "rec.alloc_trace").read_text().strip() == str(out / "alloctrace")
+    calls = (tmp_path / "rec.calls").read_text().splitlines()
+    prove = f"-m gptools.prove recipes/vllm-qwen3-8b-tp1 --out {tmp_path / 'proof'} --runs save,load --keep-going"
+    diff = f"-m graphpersist allocdiff {out}/alloctrace/save-rank0.json.gz {out}/alloctrace/load-rank0.json.gz"
+    gpu_test = "-m pytest -m gpu tests/gpu/test_alloctrace_gpu.py -p no:cacheprovider -rA -s"
+    assert [c for c in calls if c.startswith("-m ") and "compileall" not in c] == [prove, diff, gpu_test], calls
+    assert "traced-pair: allocdiff exit 1" in proc.stdout and "part at allocator action 7" in proc.stdout
+    assert "tests/gpu/test_alloctrace_gpu.py exit 0" in proc.stdout and "1 passed" in proc.stdout, proc.stdout
+    helped = subprocess.run(["bash", str(traced), "--help"], capture_output=True, text=True, timeout=30)
+    assert helped.returncode == 0 and helped.stdout.startswith("A SAVE and a LOAD of an engine recipe"), helped.stdout
