@@ -4,6 +4,7 @@ the GPU (its free memory)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from graphpersist import run, switch
+from graphpersist import gcpause, run, switch
 from graphpersist.engine import EngineAdapter, Inventory, PersistSession, budget
+from graphpersist.engine import session as session_module
 from graphpersist.errors import PersistError
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -156,6 +158,62 @@ def test_finish_writes_the_stats_once_and_ends_the_start(tmp_path: Path, monkeyp
     assert json.loads((tmp_path / "rank_0.json").read_text()) == first
     assert sess.finished and first["mode"] == "load" and first["restored"] == 0
     assert "kernel_choices" not in first  # an engine that pins no Inductor choices counts none
+
+
+def test_the_collector_comes_back_at_the_budget_or_when_a_start_ends_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_start() pauses the collector's automatic passes until memory_budget(), whose profile runs with them again; a
+    start that fails before it (a LOAD refused at begin, an engine error) must not leave the process without them:
+    finish() ends the window."""
+    monkeypatch.setenv("GRAPHPERSIST_STATS_DIR", str(tmp_path))
+    assert gc.isenabled()
+    sess = session(switch.Mode.LOAD)
+    sess.setup_gc.enter_context(gcpause.paused_gc())  # what _start() does (it needs a GPU)
+    assert not gc.isenabled()
+    try:
+        sess.finish()
+        assert gc.isenabled()
+        saving = session(switch.Mode.SAVE)
+        saving.setup_gc.enter_context(gcpause.paused_gc())
+        on_in_profile: list[bool] = []
+        assert saving.memory_budget(lambda: on_in_profile.append(gc.isenabled()) or 4 << 30) == 4 << 30
+        assert on_in_profile == [True] and gc.isenabled()  # the window ends where the budget begins
+    finally:
+        gc.enable()
+
+
+def test_a_load_refused_in_its_start_turns_the_collector_back_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine run in the user's process (vLLM's in-process core) lives on after a refused LOAD: begin() must not
+    leave it without the collector's passes when _start() refuses inside the setup window."""
+
+    class Starting(Minimal):
+        def rank(self) -> int:
+            return 0
+
+        def parallel(self) -> dict[str, int]:
+            return {"world_size": 1}
+
+        def model_facts(self) -> dict[str, str]:
+            return {}
+
+    def refusing_start(sess: PersistSession) -> None:
+        sess.setup_gc.enter_context(gcpause.paused_gc())  # as _start() does, before its early check refuses
+        raise PersistError("graphpersist: cannot LOAD: flags.max_model_len: saved 4096, live 2048")
+
+    monkeypatch.setenv("GRAPHPERSIST_MODE", "load")
+    monkeypatch.setenv("GRAPHPERSIST_DIR", str(tmp_path))
+    monkeypatch.setattr(session_module, "interposer_loaded", lambda: True)
+    monkeypatch.setattr(PersistSession, "_start", refusing_start)
+    monkeypatch.setattr(session_module.rankstats, "count_captures", lambda on_capture: None)  # needs torch
+    try:
+        with pytest.raises(PersistError, match="max_model_len"):
+            PersistSession.begin(Starting())
+        assert gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_the_graphs_differ_refusal_names_both_sides_and_the_advice() -> None:

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 
 SCRIPT = r"""
-import json, sys, types
+import gc, json, sys, types
 sys.path.insert(0, HERE)
 import torch
 import tiny_engine as te
@@ -34,8 +34,10 @@ torch.cuda.set_device = lambda index: None
 torch.cuda.mem_get_info = lambda: (40 << 30, 80 << 30)  # what a GPU would have free
 api.start_region = lambda: types.SimpleNamespace(base=0x500000000000, size=1 << 40)
 api.use_layout = lambda directory, rank: None
-marks, captured_at, handed, ahead_at_caches = [], [], [], []
-api.mark_setup = lambda tensors: marks.append(sorted(tensors)) or 0
+marks, captured_at, handed, ahead_at_caches, gc_on = [], [], [], [], {"build": [], "marked": []}
+api.mark_setup = lambda tensors: marks.append(sorted(tensors)) or gc_on["marked"].append(gc.isenabled()) or 0
+built = te.TinyModel.__init__
+te.TinyModel.__init__ = lambda self, cfg: gc_on["build"].append(gc.isenabled()) or built(self, cfg)
 api.verify_state = lambda: []
 
 
@@ -148,6 +150,8 @@ print(json.dumps({
     "refused": refused,
     "handed": handed,
     "ahead_at_caches": [repr(a) for a in ahead_at_caches],
+    "gc_on": gc_on,
+    "gc_on_after": gc.isenabled(),
 }))
 """
 
@@ -171,6 +175,10 @@ def test_a_third_engine_saves_and_loads_through_its_adapter_alone(vllm_venv: Pat
     assert got["counts"] == [3, 3, 0]
     assert got["handed"] == [True, True]  # each LOAD's restore was handed the archive its start began reading
     assert got["ahead_at_caches"] == ["None", "None"]  # and began it after the JIT caches' restore
+    # the collector's automatic passes: as upstream's when off; paused while SAVE and LOAD build the model (the refused
+    # LOAD's too), on again from the memory budget (the graphs) and after the last start
+    assert got["gc_on"] == {"build": [True, False, False, False], "marked": [True, True, True]}, got["gc_on"]
+    assert got["gc_on_after"] is True
     assert got["refused"] == (
         "PersistError: graphpersist: decode graphs differ: not in the archive none, saved but not replayed by this "
         "configuration ['tiny/4']. Re-run with mode=save for this configuration."

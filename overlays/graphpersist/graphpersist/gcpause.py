@@ -1,5 +1,6 @@
 """Python's cyclic garbage collector during persistence: paused while LOAD reads and rebuilds an archive and while
-SAVE serializes and writes one, and the start-up heap frozen when a SAVE's or a LOAD's session starts (below).
+SAVE serializes and writes one, paused from a session's start to its memory budget (the setup window, below), and
+the start-up heap frozen when a SAVE's or a LOAD's session starts (below).
 
 LOAD allocates hundreds of thousands of small containers (records, descriptions, index entries) that it keeps,
 and none of them form cycles; SAVE's serialization of every graph node and its writing do the same. Every few
@@ -28,6 +29,18 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# ------------------------------------------------------------------------------------------------- the setup window
+#
+# Everything allocated on the device from the region's start to the memory budget (the engine's buffers, the weights)
+# must land where SAVE had it: LOAD's graphs read those addresses. A tensor held in a reference cycle is freed when an
+# automatic pass of the collector runs, and when that is depends on how many objects the process made, threads
+# included: LOAD runs Python work SAVE does not (the archive's early check, the read-ahead and source-hash threads),
+# so such a free could come at another point, and a later tensor land elsewhere (a LOAD then refuses, naming it).
+# PersistSession pauses the automatic passes for that window on both sides; explicit gc.collect() calls (vLLM makes
+# them right before and after it loads the model) still run, at the same points on both sides; the cycles made
+# meanwhile are collected there or by the first pass after the window.
 
 
 # ---------------------------------------------------------------------------------------------- the start-up heap

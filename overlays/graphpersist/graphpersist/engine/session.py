@@ -117,6 +117,8 @@ class PersistSession:
     kept: list[Any] = field(default_factory=list)  # objects LOAD must keep alive (loaded graphs, peer mappings)
     frozen: int | None = None  # start-up heap objects gc.freeze() moved out of the collector's way (None: not yet)
     gc_meter: gcpause.CollectionMeter = field(default_factory=gcpause.CollectionMeter, repr=False)
+    # the collector's automatic passes paused from _start() to memory_budget() (gcpause, "the setup window")
+    setup_gc: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     step: str = "begin"
     _graphs_done: float | None = field(default=None, repr=False)
     _lapped: float = field(default_factory=time.perf_counter, repr=False)  # where the next lap starts (begin: its end)
@@ -145,7 +147,11 @@ class PersistSession:
                 "inherit it, or under `python -m graphpersist exec`"
             )
         sess = cls.open(adapter, resolved, adapter.rank(), adapter.parallel()["world_size"])
-        sess._start()
+        try:
+            sess._start()
+        except BaseException:
+            sess.setup_gc.close()  # a refused start leaves the collector as it found it (an in-process engine lives on)
+            raise
         sess.timed("start", started)
         sess._lapped = time.perf_counter()
         return sess
@@ -177,9 +183,10 @@ class PersistSession:
         self.run = fresh(session=self)
 
     def _start(self) -> None:
-        """Freezes the start-up heap (graphpersist.gcpause) and starts the region on this rank's GPU (before any
-        library allocates); LOAD also refuses what the facts known this early contradict, puts the JIT caches back
-        before anything compiles, and anchors the phases; then Inductor's kernel choices are pinned where the engine
+        """Freezes the start-up heap and pauses the collector's automatic passes until the memory budget
+        (graphpersist.gcpause), then starts the region on this rank's GPU (before any library allocates); LOAD also
+        refuses what the facts known this early contradict, puts the JIT caches back before anything compiles, starts
+        reading the archive ahead, and anchors the phases; then Inductor's kernel choices are pinned where the engine
         compiles with it."""
         import torch
 
@@ -187,6 +194,7 @@ class PersistSession:
 
         self.gc_meter.start()
         self.frozen = gcpause.freeze_at_start()  # the imports' heap, before any device memory exists
+        self.setup_gc.enter_context(gcpause.paused_gc())  # frees of the setup at the same points in SAVE and LOAD
         torch.cuda.set_device(self.adapter.device_index())
         info = api.start_region()
         if self.loading:
@@ -331,6 +339,7 @@ class PersistSession:
         recorded in the archive (flags.memory_budget_bytes). LOAD: SAVE's budget, never profiled (`profile` is not
         called), refused when this GPU's free memory cannot hold it."""
         self._enter("budget")
+        self.setup_gc.close()  # the setup window ends: the collector's automatic passes run again
         if self.loading:
             assert self.saved_budget is not None  # read (and refused if absent) at begin
             budget.check_free(self.saved_budget, self.adapter.budget_what)
@@ -411,6 +420,7 @@ class PersistSession:
         if self.finished:
             return
         self.step = "finish"
+        self.setup_gc.close()  # a start that failed before its budget
         self.gc_meter.stop()
         rankstats.write(self.rank, self.stats())
 
