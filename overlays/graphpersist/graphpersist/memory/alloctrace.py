@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphpersist import run
+
 ENV = "GRAPHPERSIST_ALLOC_TRACE"
 SUFFIX = ".json.gz"
 FORMAT = 1
@@ -60,8 +62,12 @@ class Action:
         return self.kind, self.size, self.frames[0] if self.frames else ""
 
     def line(self) -> str:
-        where = "\n      <- ".join(self.frames) if self.frames else "(no Python frames)"
-        return f"{self.kind} {self.size} B at {self.addr:#x}\n      <- {where}"
+        return f"{self.kind} {self.size} B at {self.addr:#x}{_stack(self.frames)}"
+
+
+def _stack(frames: Sequence[str]) -> str:
+    """A stack under the line it belongs to, innermost frame first."""
+    return "".join(f"\n      <- {f}" for f in frames or ("(no Python frames)",))
 
 
 @dataclass
@@ -98,8 +104,6 @@ def start() -> bool:
         return False
     import torch
 
-    from graphpersist import run
-
     # context "all": a free's own stack too (a tensor freed by the garbage collector shows where its pass began)
     torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
     passes = run.current().gc_passes = GcPasses()
@@ -134,8 +138,6 @@ def _by_gc(entry: Mapping[str, Any], passes: GcPasses | None) -> tuple[str, ...]
 
 def label() -> str:
     """`save-rank0` / `load-rank1` in an engine's session; `setup-<pid>` for the runtime used alone."""
-    from graphpersist import run
-
     sess = run.current().session
     return _label(sess.mode.value, sess.rank) if sess is not None else f"setup-{os.getpid()}"
 
@@ -156,8 +158,6 @@ def dump() -> Path | None:
     if path is None:
         return None
     import torch
-
-    from graphpersist import run
 
     passes = run.current().gc_passes
     if passes is not None and passes.callback in gc.callbacks:
@@ -232,16 +232,13 @@ def holder(address: int) -> str:
         for block in seg["blocks"]:
             start, size = int(block["address"]), int(block["size"])
             if start <= address < start + size:
-                where = "\n      <- ".join(frames_of(block.get("frames") or ())) or "(no Python frames)"
-                state = block.get("state")
-                return f"at LOAD, {address:#x} lies in a {size} B block ({state}) allocated\n      <- {where}"
+                where = _stack(frames_of(block.get("frames") or ()))
+                return f"at LOAD, {address:#x} lies in a {size} B block ({block.get('state')}) allocated{where}"
     return f"at LOAD, no block of torch's allocator holds {address:#x}"
 
 
 def advice() -> str:
     """What a refusal over a moved setup tensor says to do next."""
-    from graphpersist import run
-
     where, sess = folder(), run.current().session
     names = (
         [_label(m, sess.rank) for m in ("save", "load")]
